@@ -1,0 +1,360 @@
+"""Run configuration: one TOML file in sections, validated into dataclasses.
+
+Every user mistake becomes a `ConfigError` whose message names the file, the key and what was
+expected; the front-ends print it and exit 2. Unknown keys are errors (with the closest valid
+name), never silently ignored. This module imports no torch: the front-end validates presets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+
+
+class ConfigError(ValueError):
+    """A mistake in the user's input: shown as one message, exit code 2, no traceback."""
+
+
+@dataclass
+class ModelConfig:
+    n_layer: int = 4
+    d_model: int = 256
+    n_head: int = 4
+    n_kv_head: int = 2
+    head_dim: int = 0  # 0: d_model // n_head
+    mlp_hidden: int = 0  # 0: the multiple of 64 nearest 8/3 · d_model (SwiGLU's usual width)
+    max_seq_len: int = 1024
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+
+
+@dataclass
+class DataConfig:
+    source: str = "python-stdlib"  # "python-stdlib", a text file or folder, or a .jsonl file
+    text_field: str = "text"  # the JSONL field holding the text
+    val_fraction: float = 0.02  # share of documents (files) held out for validation
+    max_bytes: int = 0  # 0: all of it; else a deterministic slice of about this many bytes
+    cache_dir: str = ""  # "": $XDG_CACHE_HOME/lmcockpit
+
+
+@dataclass
+class TokenizerConfig:
+    kind: str = "bpe"  # "bpe": a byte-level BPE trained on the source; else a local tokenizer folder
+    vocab_size: int = 8192
+    train_bytes: int = 8_000_000  # how much training text the BPE learns merges from
+
+
+@dataclass
+class TrainingConfig:
+    max_steps: int = 400
+    micro_batch_size: int = 16
+    grad_accum_steps: int = 1
+    seq_len: int = 256
+    seed: int = 1337
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    compile: bool = True
+    grad_clip: float = 1.0  # 0: no clipping
+    log_every: int = 10
+    on_nan: Literal["stop", "skip"] = "stop"
+    max_nan_skips: int = 10
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 3e-3  # AdamW: embedding (tied head) and norms
+    muon_lr: float = 0.02  # Muon: the 2-D matrices inside the blocks
+    muon_momentum: float = 0.95
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    schedule: Literal["cosine", "wsd"] = "cosine"
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1  # the final learning rate as a share of the peak
+    decay_fraction: float = 0.2  # wsd: the share of steps spent decaying at the end
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0  # 0: only at the end
+    keep: int = 3
+
+
+@dataclass
+class EvalConfig:
+    every: int = 100  # 0: only at the end
+    batches: int = 8  # micro-batches of held-out text per evaluation
+
+
+@dataclass
+class SampleConfig:
+    every: int = 0  # 0: never during training
+    prompts: list[str] = field(default_factory=lambda: ["def fibonacci("])
+    max_new_tokens: int = 64
+    temperature: float = 0.8
+    top_k: int = 50
+
+
+@dataclass
+class HardwareConfig:
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    gpu_class: str = "cpu"  # the card this preset was sized for
+    vram_gb: float = 0.0  # its memory, for the fit verdict
+
+
+@dataclass
+class DistributedConfig:
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    nproc: int = 1
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+    # Derived values the rest of the code reads, so the 0-means-default rules live in one place.
+    @property
+    def head_dim(self) -> int:
+        return self.model.head_dim or self.model.d_model // self.model.n_head
+
+    @property
+    def mlp_hidden(self) -> int:
+        if self.model.mlp_hidden:
+            return self.model.mlp_hidden
+        return max(64, round(8 * self.model.d_model / 3 / 64) * 64)
+
+    @property
+    def tokens_per_step(self) -> int:
+        t = self.training
+        return t.micro_batch_size * t.grad_accum_steps * t.seq_len * self.distributed.nproc
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+    def hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+SECTIONS: dict[str, type] = {f.name: f.default_factory().__class__ for f in dataclasses.fields(Config)}
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+
+def shipped_presets() -> dict[str, Path]:
+    """Name → path of every preset shipped as package data."""
+    root = resources.files("lmcockpit.presets")
+    return {Path(p.name).stem: Path(str(p)) for p in root.iterdir() if p.name.endswith(".toml")}
+
+
+def resolve_preset(spec: str) -> Path:
+    """A path to a TOML file, or the name of a shipped preset (`cpu`, `presets/3090.toml`)."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path
+    shipped = shipped_presets()
+    name = path.stem if path.suffix == ".toml" else spec
+    # `presets/cpu.toml` works from any folder, not only from a checkout's root.
+    if name in shipped and (path.suffix != ".toml" or path.parent.name in ("presets", "")):
+        return shipped[name]
+    if path.exists():
+        raise ConfigError(f"{spec}: is a folder, expected a preset TOML file")
+    hint = _closest(name, shipped)
+    raise ConfigError(
+        f"preset {spec!r} not found: no such file, and no shipped preset of that name"
+        f" (shipped: {', '.join(sorted(shipped))}){hint}"
+    )
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text, expected a TOML file") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        # tomllib's message already carries "(at line L, column C)".
+        raise ConfigError(f"{path}: TOML syntax error: {e}") from None
+
+
+def parse_override(item: str) -> tuple[str, str, Any]:
+    """`section.key=VALUE` with VALUE in TOML syntax → (section, key, value)."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not sep or len(parts) != 2 or not all(parts):
+        raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. --set training.max_steps=200")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        # A bare word is the common case for strings (`--set data.source=./corpus`).
+        if raw.strip() and not any(c in raw for c in "\"'[]{}=\n"):
+            value = raw.strip()
+        else:
+            raise ConfigError(
+                f"--set {item!r}: {raw.strip()!r} is not a TOML value"
+                " (strings in quotes, numbers, true/false, [lists])"
+            ) from None
+    return parts[0], parts[1], value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for item in overrides:
+        section, key, value = parse_override(item)
+        target = out.setdefault(section, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"--set {item!r}: {section!r} is not a section")
+        target[key] = value
+    return out
+
+
+def load_config(spec: str | Path, overrides: list[str] | None = None) -> tuple[Config, Path]:
+    path = resolve_preset(str(spec))
+    raw = apply_overrides(read_toml(path), overrides or [])
+    from_set = {".".join(parse_override(item)[:2]) for item in overrides or []}
+    return config_from_dict(raw, source=str(path), from_set=from_set), path
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "<config>", from_set: set[str] = frozenset()) -> Config:
+    """`from_set`: the keys that came from `--set`, so their errors blame `--set`, not the file."""
+    sections: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name not in SECTIONS:
+            raise ConfigError(f"{source}: unknown section [{name}]{_closest(name, SECTIONS)}")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {name} must be a [{name}] section, got a {_toml_type(value)}")
+        sections[name] = _build_section(name, SECTIONS[name], value, source, from_set)
+    cfg = Config(**sections)
+    validate(cfg, source)
+    return cfg
+
+
+def _build_section(name: str, cls: type, values: dict[str, Any], source: str, from_set: set[str]):
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        where = "--set" if f"{name}.{key}" in from_set else source
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key {name}.{key}{_closest(key, known, prefix=name + '.')}")
+        kwargs[key] = _check_type(f"{name}.{key}", value, hints[key], where)
+    return cls(**kwargs)
+
+
+def _check_type(key: str, value: Any, hint: Any, source: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            allowed = " | ".join(repr(c) for c in choices)
+            raise ConfigError(f"{source}: {key} = {value!r} is not one of {allowed}")
+        return value
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
+            raise ConfigError(f"{source}: {key} must be a list of {item.__name__}, got {value!r}")
+        return list(value)
+    ok = {
+        bool: lambda v: isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        str: lambda v: isinstance(v, str),
+    }[hint](value)
+    if not ok:
+        raise ConfigError(f"{source}: {key} must be {_article(hint)}, got {_toml_type(value)} {value!r}")
+    return float(value) if hint is float else value
+
+
+def validate(cfg: Config, source: str = "<config>") -> None:
+    """Ranges and consistency between keys; each message names the key and what was expected."""
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ConfigError(f"{source}: {msg}")
+
+    m, t, o = cfg.model, cfg.training, cfg.optimizer
+    for key, value in [
+        ("model.n_layer", m.n_layer), ("model.d_model", m.d_model), ("model.n_head", m.n_head),
+        ("model.n_kv_head", m.n_kv_head), ("model.max_seq_len", m.max_seq_len),
+        ("training.max_steps", t.max_steps), ("training.micro_batch_size", t.micro_batch_size),
+        ("training.grad_accum_steps", t.grad_accum_steps), ("training.seq_len", t.seq_len),
+        ("training.log_every", t.log_every), ("tokenizer.vocab_size", cfg.tokenizer.vocab_size),
+        ("checkpoint.keep", cfg.checkpoint.keep), ("eval.batches", cfg.eval.batches),
+        ("sample.max_new_tokens", cfg.sample.max_new_tokens), ("distributed.nproc", cfg.distributed.nproc),
+    ]:
+        need(value > 0, f"{key} = {value} must be a positive integer")
+    for key, value in [("model.head_dim", m.head_dim), ("model.mlp_hidden", m.mlp_hidden),
+                       ("checkpoint.every", cfg.checkpoint.every), ("eval.every", cfg.eval.every),
+                       ("sample.every", cfg.sample.every), ("data.max_bytes", cfg.data.max_bytes),
+                       ("optimizer.warmup_steps", o.warmup_steps), ("training.seed", t.seed),
+                       ("training.max_nan_skips", t.max_nan_skips), ("sample.top_k", cfg.sample.top_k),
+                       ("tokenizer.train_bytes", cfg.tokenizer.train_bytes)]:
+        need(value >= 0, f"{key} = {value} must be 0 or more")
+    need(m.n_head % m.n_kv_head == 0,
+         f"model.n_kv_head = {m.n_kv_head} must divide model.n_head = {m.n_head} (grouped-query attention)")
+    need(m.head_dim > 0 or m.d_model % m.n_head == 0,
+         f"model.n_head = {m.n_head} must divide model.d_model = {m.d_model} (or set model.head_dim)")
+    need(cfg.head_dim % 2 == 0, f"the head dimension ({cfg.head_dim}) must be even for rotary embeddings")
+    need(t.seq_len <= m.max_seq_len,
+         f"training.seq_len = {t.seq_len} is above the model's context, model.max_seq_len = {m.max_seq_len}")
+    need(cfg.tokenizer.vocab_size >= 260 or cfg.tokenizer.kind != "bpe",
+         f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} must be at least 260 (256 bytes + specials)")
+    need(0 < cfg.data.val_fraction < 1, f"data.val_fraction = {cfg.data.val_fraction} must be between 0 and 1")
+    for key, value in [("optimizer.lr", o.lr), ("optimizer.muon_lr", o.muon_lr)]:
+        need(value > 0, f"{key} = {value} must be positive")
+    for key, value in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2),
+                       ("optimizer.muon_momentum", o.muon_momentum)]:
+        need(0 <= value < 1, f"{key} = {value} must be in [0, 1)")
+    need(0 <= o.min_lr_ratio <= 1, f"optimizer.min_lr_ratio = {o.min_lr_ratio} must be in [0, 1]")
+    need(0 <= o.decay_fraction <= 1, f"optimizer.decay_fraction = {o.decay_fraction} must be in [0, 1]")
+    need(o.weight_decay >= 0, f"optimizer.weight_decay = {o.weight_decay} must be 0 or more")
+    need(t.grad_clip >= 0, f"training.grad_clip = {t.grad_clip} must be 0 or more")
+    need(cfg.sample.temperature >= 0, f"sample.temperature = {cfg.sample.temperature} must be 0 or more")
+    dev = cfg.hardware.device
+    need(dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()),
+         f"hardware.device = {dev!r} must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")
+
+
+def write_config(cfg: Config, path: Path) -> None:
+    path.write_text(f"# resolved lmcockpit config: `lmcockpit --run {path}` repeats this run\n" + cfg.to_toml())
+
+
+def _closest(word: str, choices, prefix: str = "") -> str:
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {prefix}{match[0]}?)" if match else ""
+
+
+def _toml_type(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a float", str: "a string",
+            list: "a list", dict: "a table"}.get(type(value), type(value).__name__)
+
+
+def _article(hint: type) -> str:
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[hint]

@@ -1,0 +1,150 @@
+"""The engine process: owns torch, the model and the GPU; speaks only the protocol.
+
+`main` is the target of a `spawn` process. It points its own stdout and stderr, at the file
+descriptor level (so compiler and C++ warnings too), into a pipe that a thread copies to
+`train.log` and forwards as log events. It ignores SIGINT (Ctrl-C reaches the whole foreground
+process group: the front-end turns it into a command), turns SIGTERM and SIGHUP into "checkpoint
+and stop", and does the same when its parent vanishes. Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import platform
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import traceback
+from pathlib import Path
+
+from . import protocol as P
+from .config import ConfigError, config_from_dict
+from .runfolder import TRAIN_LOG
+
+_EOF = "\x00lmcockpit-log-eof\x00"
+
+
+class _LogPump:
+    """Copies everything written to fd 1 and 2 into train.log and onto the events queue."""
+
+    def __init__(self, log_path: Path, events):
+        self.events = events
+        self.log_file = open(log_path, "a", encoding="utf-8", errors="replace", buffering=1)
+        r, w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        os.close(w)
+        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+        self._reader = open(r, encoding="utf-8", errors="replace")
+        self.thread = threading.Thread(target=self._pump, name="log-pump", daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        for line in self._reader:
+            line = line.rstrip("\n")
+            if line == _EOF:
+                break
+            self.log_file.write(line + "\n")
+            self.events.put(P.LogLine(line))
+
+    def close(self) -> None:
+        # A sentinel rather than EOF: compile workers inherit fd 1/2 and keep the pipe open.
+        print(_EOF, flush=True)
+        sys.stderr.flush()
+        self.thread.join(timeout=10)
+        self.log_file.close()
+
+
+def _header(spec_run_dir: str) -> str:
+    """What makes a result reproducible: versions, machine and GPUs, written first in train.log."""
+    import torch
+    from lmcockpit import __version__
+
+    lines = [f"lmcockpit {__version__} | python {platform.python_version()} | torch {torch.__version__}"
+             f" | {platform.platform()} | pid {os.getpid()}", f"run folder: {spec_run_dir}"]
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=10).stdout
+            lines.append(out.rstrip())
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return "\n".join(lines)
+
+
+class _Commands:
+    """Commands from the front-end, plus the engine's own reasons to stop (signals, lost parent)."""
+
+    def __init__(self, commands):
+        self.commands = commands
+        self.signalled: str | None = None
+        self.parent = mp.parent_process()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signalled = signal.Signals(signum).name
+
+    def next(self, block: bool):
+        if self.signalled:
+            print(f"engine: {self.signalled} received; writing a checkpoint and stopping")
+            self.signalled = None
+            return P.Abort(save=True, interrupted=True)
+        if self.parent is not None and not self.parent.is_alive():
+            print("engine: the front-end is gone; writing a checkpoint and stopping")
+            self.parent = None
+            return P.Abort(save=True, interrupted=True)
+        try:
+            return self.commands.get(timeout=0.2) if block else self.commands.get_nowait()
+        except queue.Empty:
+            return None
+        except (EOFError, OSError):  # the queue's other end closed: same as a lost parent
+            return P.Abort(save=True, interrupted=True)
+
+
+def main(run_dir: str, config: dict, events, commands) -> None:
+    """Spawn target. Exit code 0 for any orderly end (finished, aborted, interrupted), 1 on failure."""
+    pump = _LogPump(Path(run_dir) / TRAIN_LOG, events)
+    cmds = _Commands(commands)
+    final, failure = P.FAILED, None
+    trainer = None
+    try:
+        print(_header(run_dir))
+        from .trainer import Trainer
+
+        cfg = config_from_dict(config, source=str(Path(run_dir) / "config.toml"))
+        trainer = Trainer(cfg, Path(run_dir), events.put, print, cmds.next)
+        final = trainer.run()
+    except ConfigError as e:
+        failure = P.Failure(str(e), user_error=True)
+    except Exception as e:  # noqa: BLE001 - every failure must reach the front-end
+        tb = traceback.format_exc()
+        print(tb, end="")
+        failure = P.Failure(f"{type(e).__name__}: {e}", tb)
+    finally:
+        if trainer is not None:
+            if failure is not None:
+                trainer.metrics.write("failure", step=trainer.step, message=failure.message)
+            trainer.close()
+    if failure is not None:
+        print(f"engine: run failed: {failure.message}")
+    print(f"engine: {final}")
+    pump.close()
+    if failure is not None:
+        events.put(failure)
+    events.put(P.StateChanged(final, failure.message if failure else ""))
+    events.close()
+    events.join_thread()
+    sys.exit(1 if failure is not None else 0)
+
+
+if __name__ == "__main__":  # pragma: no cover - only ever started through runner.EngineProcess
+    sys.exit("the engine is started by the lmcockpit front-end")
+

@@ -1,0 +1,175 @@
+"""The GPT that lmcockpit trains: a Qwen3-shaped decoder in one readable module.
+
+Architecture choices, and why:
+
+* Token embedding tied to the LM head (one matrix, counted once): fewer parameters at small
+  scale, and the export is a `Qwen3ForCausalLM` with `tie_word_embeddings = true`.
+* Pre-norm blocks with RMSNorm (no biases anywhere): the modern default, cheaper than LayerNorm.
+* Grouped-query attention: `n_kv_head` key/value heads shared by `n_head` query heads, computed by
+  `scaled_dot_product_attention(is_causal=True, enable_gqa=True)` with no mask. A materialised
+  mask or repeated K/V heads doubles attention's cost; this is where we beat transformers' path.
+* RMSNorm on queries and keys per head (QK-norm, as Qwen3), applied before rotary: keeps
+  attention logits bounded, which lets Muon run hot learning rates without loss spikes.
+* Rotary position embedding in the non-interleaved (rotate-half) layout of Qwen3, computed in
+  float32 and cast back to the input dtype so bf16 runs keep positional precision.
+* SwiGLU MLP (`down(silu(gate(x)) * up(x))`).
+* Parameter names follow Qwen3 (`embed_tokens`, `layers.N.self_attn.q_proj`, ...), so export is a
+  renaming-free copy and transformers reproduces our logits.
+* The loss is computed in float32 from logits the matmul produced in the autocast dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class GPTShape:
+    vocab_size: int
+    n_layer: int
+    d_model: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    mlp_hidden: int
+    max_seq_len: int
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 as Qwen3 does, so bf16 activations do not lose the small variances.
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+def rotary_tables(head_dim: int, seq_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables of shape (seq_len, head_dim), float32, in the rotate-half layout."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    t = torch.arange(seq_len, dtype=torch.float32, device=device)
+    freqs = torch.outer(t, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, H, T, D). Rotation in float32, result in x's dtype."""
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, s: GPTShape):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = s.n_head, s.n_kv_head, s.head_dim
+        self.q_proj = nn.Linear(s.d_model, s.n_head * s.head_dim, bias=False)
+        self.k_proj = nn.Linear(s.d_model, s.n_kv_head * s.head_dim, bias=False)
+        self.v_proj = nn.Linear(s.d_model, s.n_kv_head * s.head_dim, bias=False)
+        self.o_proj = nn.Linear(s.n_head * s.head_dim, s.d_model, bias=False)
+        self.q_norm = RMSNorm(s.head_dim, s.norm_eps)
+        self.k_norm = RMSNorm(s.head_dim, s.norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, s: GPTShape):
+        super().__init__()
+        self.gate_proj = nn.Linear(s.d_model, s.mlp_hidden, bias=False)
+        self.up_proj = nn.Linear(s.d_model, s.mlp_hidden, bias=False)
+        self.down_proj = nn.Linear(s.mlp_hidden, s.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, s: GPTShape):
+        super().__init__()
+        self.input_layernorm = RMSNorm(s.d_model, s.norm_eps)
+        self.self_attn = Attention(s)
+        self.post_attention_layernorm = RMSNorm(s.d_model, s.norm_eps)
+        self.mlp = MLP(s)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, shape: GPTShape):
+        super().__init__()
+        self.shape = shape
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.d_model)
+        self.layers = nn.ModuleList(Block(shape) for _ in range(shape.n_layer))
+        self.norm = RMSNorm(shape.d_model, shape.norm_eps)
+        cos, sin = rotary_tables(shape.head_dim, shape.max_seq_len, shape.rope_theta)
+        # Not parameters and not saved: rebuilt from the shape, so checkpoints hold weights only.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        std = self.shape.init_std
+        # Residual-branch outputs are scaled down by depth so the residual stream's variance
+        # does not grow with the number of layers at initialisation (GPT-2's rule).
+        out_std = std / math.sqrt(2 * self.shape.n_layer)
+        for name, p in self.named_parameters():
+            if p.ndim == 1:
+                nn.init.ones_(p)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                nn.init.normal_(p, mean=0.0, std=out_std)
+            else:
+                nn.init.normal_(p, mean=0.0, std=std)
+
+    def num_params(self) -> int:
+        """Unique parameters: the tied embedding/head matrix counts once."""
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6·N for the matmuls plus 12·L·H·Q·T for attention scores."""
+        s = self.shape
+        return 6 * self.num_params() + 12 * s.n_layer * s.n_head * s.head_dim * seq_len
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        T = idx.shape[1]
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        x = self.embed_tokens(idx)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.norm(x)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, V) without targets; the mean cross-entropy with them."""
+        logits = F.linear(self.hidden(idx), self.embed_tokens.weight)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+    def token_losses(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Per-token cross-entropy (B, T) in float32, for bits-per-byte."""
+        logits = F.linear(self.hidden(idx), self.embed_tokens.weight)
+        return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")

@@ -1,0 +1,57 @@
+"""Which parameters each optimizer owns, and the learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import OptimizerConfig
+from .muon import Muon
+
+
+def split_params(model: torch.nn.Module) -> tuple[list[tuple[str, torch.nn.Parameter]], list[tuple[str, torch.nn.Parameter]]]:
+    """(Muon's, AdamW's): Muon takes the 2-D matrices inside the blocks; AdamW takes the
+    embedding (which is also the tied head: Muon's orthogonal updates suit neither) and norms."""
+    muon, adamw = [], []
+    for name, p in model.named_parameters():
+        (muon if p.ndim == 2 and name.startswith("layers.") else adamw).append((name, p))
+    return muon, adamw
+
+
+def build_optimizers(model: torch.nn.Module, cfg: OptimizerConfig, device: torch.device) -> list[torch.optim.Optimizer]:
+    muon, adamw = split_params(model)
+    opts: list[torch.optim.Optimizer] = [
+        torch.optim.AdamW([p for _, p in adamw], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                          weight_decay=0.0, fused=device.type == "cuda"),
+    ]
+    if muon:
+        opts.append(Muon([p for _, p in muon], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
+                         weight_decay=cfg.weight_decay))
+    for opt in opts:
+        for group in opt.param_groups:
+            group["peak_lr"] = group["lr"]
+    return opts
+
+
+def lr_multiplier(step: int, max_steps: int, cfg: OptimizerConfig) -> float:
+    """Share of the peak learning rate at `step` (0-based): linear warmup, then cosine decay to
+    `min_lr_ratio`, or warmup-stable-decay with a linear decay over the last `decay_fraction`."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    floor = cfg.min_lr_ratio
+    if cfg.schedule == "cosine":
+        span = max(1, max_steps - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    decay_start = max(cfg.warmup_steps, int(max_steps * (1 - cfg.decay_fraction)))
+    if step < decay_start:
+        return 1.0
+    progress = min(1.0, (step - decay_start) / max(1, max_steps - decay_start))
+    return 1.0 - (1 - floor) * progress
+
+
+def set_lr(opts: list[torch.optim.Optimizer], multiplier: float) -> None:
+    for opt in opts:
+        for group in opt.param_groups:
+            group["lr"] = group["peak_lr"] * multiplier

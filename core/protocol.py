@@ -1,0 +1,133 @@
+"""The messages between a front-end and the engine process: frozen dataclasses, no tensors.
+
+Events flow engine → front-end on one queue, commands front-end → engine on another. Both
+front-ends (the Textual cockpit and the headless console) speak exactly this, nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+# Run states, in the order a healthy run passes through them.
+PREPARING = "preparing data"
+COMPILING = "compiling"
+RUNNING = "running"
+PAUSED = "paused"
+EVALUATING = "evaluating"
+CHECKPOINTING = "checkpointing"
+FINISHED = "finished"
+ABORTED = "aborted"
+FAILED = "failed"
+INTERRUPTED = "interrupted"
+TERMINAL_STATES = frozenset({FINISHED, ABORTED, FAILED, INTERRUPTED})
+
+
+# ------------------------------------------------------------------------------------- events
+@dataclass(frozen=True)
+class RunStarted:
+    run_dir: str
+    config: dict[str, Any]
+    n_params: int
+    device: str
+    precision: str
+    start_step: int
+    max_steps: int
+    tokens_per_step: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A long preparation phase (tokenizer training, tokenising): done out of total units."""
+    phase: str
+    done: int
+    total: int
+    unit: str = ""
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float
+    tokens_per_s: float
+    mfu: float | None
+    dt: float
+    tokens_seen: int
+    mem: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EvalMetrics:
+    step: int
+    val_loss: float
+    val_bpb: float
+
+
+@dataclass(frozen=True)
+class CheckpointWritten:
+    step: int
+    path: str
+
+
+@dataclass(frozen=True)
+class SampleText:
+    """A piece of generated text; `done` marks the last piece of a request."""
+    request_id: str
+    step: int
+    prompt: str
+    text: str
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class LogLine:
+    text: str
+
+
+@dataclass(frozen=True)
+class StateChanged:
+    state: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Failure:
+    message: str
+    traceback: str = ""
+    user_error: bool = False  # a mistake in the input (bad data path, corpus too small): exit 2
+
+
+# ----------------------------------------------------------------------------------- commands
+@dataclass(frozen=True)
+class Pause:
+    pass
+
+
+@dataclass(frozen=True)
+class Resume:
+    pass
+
+
+@dataclass(frozen=True)
+class CheckpointNow:
+    pass
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Stop the run; with `save`, after writing a checkpoint of the current step."""
+    save: bool = True
+    interrupted: bool = False  # a signal asked for it: the run ends as INTERRUPTED, exit 130
+
+
+@dataclass(frozen=True)
+class Sample:
+    request_id: str
+    prompt: str
+    max_new_tokens: int = 64
+    temperature: float = 0.8
+    top_k: int = 50
+    seed: int = 0

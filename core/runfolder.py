@@ -1,0 +1,65 @@
+"""The run folder: where a run's config, metrics, log, tokenizer and checkpoints live.
+
+Created by the front-end before the engine starts (so a bad `--out` is a usage error, and the
+folder is known even if the engine dies at once); filled by the engine. No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from .config import Config, ConfigError, write_config
+
+CONFIG = "config.toml"
+METRICS = "metrics.jsonl"
+TRAIN_LOG = "train.log"
+TOKENIZER = "tokenizer"
+CHECKPOINTS = "checkpoints"
+
+
+def default_run_dir(name: str, runs_root: Path = Path("runs")) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = runs_root / f"{name}-{stamp}"
+    n = 1
+    while path.exists():  # two runs started within the same second
+        n += 1
+        path = runs_root / f"{name}-{stamp}-{n}"
+    return path
+
+
+def create_run_dir(cfg: Config, name: str, out: str | None) -> Path:
+    path = Path(out).expanduser() if out else default_run_dir(name)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ConfigError(f"--out {path}: already exists and is not an empty folder; "
+                          "choose a new folder (or --resume to continue a run)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        write_config(cfg, path / CONFIG)
+    except OSError as e:
+        raise ConfigError(f"--out {path}: cannot create the run folder ({e.strerror})") from None
+    return path
+
+
+class MetricsLog:
+    """`metrics.jsonl`: one JSON object per line, each with `kind` and `time`; flushed per line so
+    a crash loses nothing that was reported."""
+
+    def __init__(self, path: Path):
+        self._fh = open(path, "a", encoding="utf-8", buffering=1)
+
+    def write(self, kind: str, **fields: Any) -> None:
+        self._fh.write(json.dumps({"kind": kind, "time": round(time.time(), 3), **fields}) + "\n")
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_metrics(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if kind is None or r["kind"] == kind]

@@ -1,0 +1,79 @@
+"""The front-end's handle on the engine process: start it, send commands, receive events.
+
+No torch here: the engine process imports it, the front-end never does. An engine that dies
+without saying so (SIGKILL, the OOM killer, a segfault) is noticed from its exit code and
+reported as a `Failure` like any other.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import signal
+from pathlib import Path
+
+from . import protocol as P
+from .config import Config
+
+
+class EngineProcess:
+    def __init__(self, cfg: Config, run_dir: Path):
+        ctx = mp.get_context("spawn")
+        self.events = ctx.Queue()
+        self.commands = ctx.Queue()
+        from .engine import main  # torch-free at import: torch loads in the child
+
+        self.process = ctx.Process(target=main, name="lmcockpit-engine",
+                                   args=(str(run_dir), cfg.to_dict(), self.events, self.commands))
+        self.run_dir = Path(run_dir)
+        self.final_state: str | None = None
+        self.failure: P.Failure | None = None
+
+    def start(self) -> None:
+        self.process.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def send(self, command: object) -> None:
+        if self.process.is_alive():
+            self.commands.put(command)
+
+    def poll(self, timeout: float = 0.1) -> object | None:
+        """The next event, or None when none came within `timeout`. After the engine ended and
+        every event was read, returns a final StateChanged once, synthesised if the engine died
+        without one; `done` is then true."""
+        try:
+            event = self.events.get(timeout=timeout)
+        except queue.Empty:
+            if self.process.is_alive() or self.final_state is not None:
+                return None
+            return self._death()
+        if isinstance(event, P.Failure):
+            self.failure = event
+        elif isinstance(event, P.StateChanged) and event.state in P.TERMINAL_STATES:
+            self.final_state = event.state
+        return event
+
+    def _death(self) -> P.StateChanged:
+        self.process.join()
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            what = f"the engine process was killed by {signal.Signals(-code).name}"
+        else:
+            what = f"the engine process exited with code {code} without reporting why"
+        self.failure = P.Failure(what)
+        self.final_state = P.FAILED
+        return P.StateChanged(P.FAILED, what)
+
+    @property
+    def done(self) -> bool:
+        return self.final_state is not None
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.process.join(timeout)

@@ -1,0 +1,104 @@
+"""The tokenizer: a byte-level BPE trained with `tokenizers`, saved as a transformers fast tokenizer.
+
+Encoding during training uses `tokenizers.Tokenizer` directly (it imports in milliseconds);
+`transformers` is imported only to save the folder in the ecosystem's own format, once per cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from .config import ConfigError, TokenizerConfig
+
+EOS = "<|endoftext|>"
+
+
+def train_bpe(texts: Iterable[str], cfg: TokenizerConfig):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,  # it draws with \r on stderr, which lands in train.log as noise
+    )
+    tok.train_from_iterator(_budgeted(texts, cfg.train_bytes), trainer=trainer)
+    return tok
+
+
+def _budgeted(texts: Iterable[str], budget: int) -> Iterable[str]:
+    used = 0
+    for t in texts:
+        if budget and used >= budget:
+            return
+        yield t
+        used += len(t)
+
+
+def load_tokenizer(kind: str, trained_dir: Path | None):
+    """The raw `tokenizers.Tokenizer` of a cache folder or of a local pretrained folder."""
+    from tokenizers import Tokenizer
+
+    folder = trained_dir if kind == "bpe" else Path(kind).expanduser()
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise ConfigError(f"tokenizer.kind = {kind!r}: expected \"bpe\" or a local folder holding "
+                          f"tokenizer.json; {path} does not exist")
+    return Tokenizer.from_file(str(path))
+
+
+def save_hf_tokenizer(tok, folder: Path) -> None:
+    """Save as a transformers `PreTrainedTokenizerFast` folder (AutoTokenizer loads it offline)."""
+    from transformers import PreTrainedTokenizerFast
+
+    eos = EOS if tok.token_to_id(EOS) is not None else None
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=eos)
+    hf.save_pretrained(str(folder))
+
+
+def eos_id(tok) -> int | None:
+    return tok.token_to_id(EOS)
+
+
+def token_byte_lengths(tok, vocab_size: int) -> np.ndarray:
+    """UTF-8 bytes each token id stands for (0 for specials and unused ids), for bits per byte.
+
+    In byte-level BPE every character of a token's string stands for exactly one byte.
+    """
+    lengths = np.zeros(vocab_size, dtype=np.int64)
+    specials = {t.content for t in tok.get_added_tokens_decoder().values()}
+    for token, idx in tok.get_vocab().items():
+        if idx < vocab_size and token not in specials:
+            lengths[idx] = len(token)
+    return lengths
+
+
+def encode_documents(tok, texts: list[str], eos: int | None, on_batch: Callable[[int], None]) -> Iterable[np.ndarray]:
+    """Token arrays for consecutive batches of documents, each document followed by EOS."""
+    batch: list[str] = []
+    batch_bytes = 0
+    for text in texts:
+        batch.append(text)
+        batch_bytes += len(text)
+        if batch_bytes >= 1 << 20:
+            yield _encode_batch(tok, batch, eos)
+            on_batch(batch_bytes)
+            batch, batch_bytes = [], 0
+    if batch:
+        yield _encode_batch(tok, batch, eos)
+        on_batch(batch_bytes)
+
+
+def _encode_batch(tok, texts: list[str], eos: int | None) -> np.ndarray:
+    ids: list[int] = []
+    for enc in tok.encode_batch(texts, add_special_tokens=False):
+        ids.extend(enc.ids)
+        if eos is not None:
+            ids.append(eos)
+    return np.asarray(ids, dtype=np.int64)

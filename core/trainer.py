@@ -1,0 +1,283 @@
+"""The training loop: data, model, optimizers, evaluation, checkpoints and commands between steps.
+
+The Trainer knows nothing of processes or terminals: it reports through `emit` (protocol events)
+and `log` (text lines), and asks `next_command` for front-end commands between optimizer steps.
+Steps are numbered from 1 in everything it reports; step N's batches use the 0-based index N-1.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import batches, checkpoint, protocol as P, token_cache
+from .config import Config
+from .device import autocast_dtype, memory_stats, peak_flops, resolve_device, resolve_precision
+from .gpt import GPT, GPTShape
+from .optim import build_optimizers, lr_multiplier, set_lr
+from .runfolder import CHECKPOINTS, METRICS, TOKENIZER, MetricsLog
+from .sampling import generate_ids, stream_text
+
+Emit = Callable[[object], None]
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+class Trainer:
+    def __init__(self, cfg: Config, run_dir: Path, emit: Emit, log: Callable[[str], None],
+                 next_command: Callable[[bool], object | None], rank: int = 0, world: int = 1):
+        self.cfg, self.run_dir, self.emit, self.log = cfg, Path(run_dir), emit, log
+        self.next_command = next_command
+        self.rank, self.world = rank, world
+        self.metrics = MetricsLog(self.run_dir / METRICS)
+        self.stop: P.Abort | None = None
+        self.paused = False
+        self.step = 0  # optimizer steps completed
+        self.tokens_seen = 0
+        self.nan_skips = 0
+
+    # ------------------------------------------------------------------------------- set-up
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.emit(P.StateChanged(P.PREPARING))
+        self.device = resolve_device(cfg.hardware.device)
+        self.precision = resolve_precision(cfg.training.precision, self.device)
+        self.amp_dtype = autocast_dtype(self.precision)
+        self.data = token_cache.prepare(cfg, self.log, lambda *a: self.emit(P.Progress(*a)))
+        tok_dst = self.run_dir / TOKENIZER
+        if not tok_dst.exists():
+            shutil.copytree(self.data.tokenizer_dir, tok_dst)
+        from tokenizers import Tokenizer
+        self.tokenizer = Tokenizer.from_file(str(tok_dst / "tokenizer.json"))
+
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        torch.manual_seed(cfg.training.seed)
+        m = cfg.model
+        shape = GPTShape(vocab_size=cfg.tokenizer.vocab_size, n_layer=m.n_layer, d_model=m.d_model,
+                         n_head=m.n_head, n_kv_head=m.n_kv_head, head_dim=cfg.head_dim,
+                         mlp_hidden=cfg.mlp_hidden, max_seq_len=m.max_seq_len, rope_theta=m.rope_theta,
+                         norm_eps=m.norm_eps, init_std=m.init_std)
+        # Initialised on CPU and then moved, so a seed gives the same weights on any device.
+        self.model = GPT(shape).to(self.device)
+        self.optimizers = build_optimizers(self.model, cfg.optimizer, self.device)
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
+        self.train_model = torch.compile(self.model) if cfg.training.compile else self.model
+        self.flops_per_token = self.model.flops_per_token(cfg.training.seq_len)
+        self.peak = peak_flops(self.device)
+        self.n_params = self.model.num_params()
+        self.log(f"model: {self.n_params:,} parameters, {m.n_layer} layers, d_model {m.d_model}, "
+                 f"{m.n_head} heads / {m.n_kv_head} kv heads; device {self.device}, precision {self.precision}, "
+                 f"compile {'on' if cfg.training.compile else 'off'}, {cfg.tokens_per_step:,} tokens/step")
+        self.emit(P.RunStarted(str(self.run_dir), cfg.to_dict(), self.n_params, str(self.device),
+                               self.precision, self.step, cfg.training.max_steps, cfg.tokens_per_step))
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
+                              enabled=self.amp_dtype is not None)
+
+    # -------------------------------------------------------------------------------- loop
+    def run(self) -> str:
+        """Train to max_steps or until told to stop; returns the final state."""
+        self.setup()
+        t = self.cfg.training
+        self.emit(P.StateChanged(P.COMPILING if t.compile else P.RUNNING))
+        while self.step < t.max_steps:
+            self.handle_commands()
+            if self.stop:
+                break
+            self.train_step()
+            if self.step == 1 and t.compile:
+                self.emit(P.StateChanged(P.RUNNING))
+            every = self.cfg.eval.every
+            if every and self.step % every == 0 and self.step < t.max_steps:
+                self.evaluate()
+            every = self.cfg.checkpoint.every
+            if every and self.step % every == 0 and self.step < t.max_steps:
+                self.save_checkpoint()
+            every = self.cfg.sample.every
+            if every and self.step % every == 0:
+                self.periodic_samples()
+        if self.stop is None:
+            self.evaluate()
+            self.save_checkpoint()
+            self.periodic_samples()
+            return P.FINISHED
+        if self.stop.save and self.step > 0:
+            self.save_checkpoint()
+        return P.INTERRUPTED if self.stop.interrupted else P.ABORTED
+
+    def train_step(self) -> None:
+        cfg, t = self.cfg, self.cfg.training
+        t0 = time.perf_counter()
+        set_lr(self.optimizers, lr_multiplier(self.step, t.max_steps, cfg.optimizer))
+        if self.device.type == "cuda" and t.compile:
+            torch.compiler.cudagraph_mark_step_begin()
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(t.grad_accum_steps):
+            g = batches.global_index(self.step, self.rank, micro, self.world, t.grad_accum_steps)
+            x, y = (torch.from_numpy(a).to(self.device, non_blocking=True)
+                    for a in batches.get_batch(self.data.train, t.seed, g, t.micro_batch_size, t.seq_len))
+            with self.autocast():
+                loss = self.train_model(x, y) / t.grad_accum_steps
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            loss_sum += loss.detach()
+        if self.scaler:
+            for opt in self.optimizers:
+                self.scaler.unscale_(opt)
+        max_norm = t.grad_clip if t.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        # One sync per step: the loss is needed on the host anyway, and a non-finite value must
+        # be caught before any optimizer touches the weights.
+        loss_val, norm_val = (float(v) for v in torch.stack([loss_sum, grad_norm.float()]).tolist())
+        if not (math.isfinite(loss_val) and math.isfinite(norm_val)) and not self.scaler:
+            self.on_non_finite(loss_val, norm_val)
+            return
+        for opt in self.optimizers:
+            if self.scaler:
+                self.scaler.step(opt)
+            else:
+                opt.step()
+        if self.scaler:
+            self.scaler.update()
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens_seen += cfg.tokens_per_step
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        tps = cfg.tokens_per_step / dt
+        mfu = self.flops_per_token * tps / self.peak if self.peak else None
+        lr = self.optimizers[0].param_groups[0]["lr"]
+        mem = memory_stats(self.device)
+        self.metrics.write("step", step=self.step, loss=loss_val, lr=lr, grad_norm=norm_val,
+                           tokens_per_s=tps, mfu=mfu, dt=dt, mem=mem or None)
+        self.emit(P.StepMetrics(self.step, loss_val, lr, norm_val, tps, mfu, dt, self.tokens_seen, mem))
+
+    def on_non_finite(self, loss: float, grad_norm: float) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        what = f"loss {loss}, grad norm {grad_norm}"
+        if self.cfg.training.on_nan == "skip" and self.nan_skips < self.cfg.training.max_nan_skips:
+            self.nan_skips += 1
+            self.log(f"warning: non-finite values at step {self.step + 1} ({what}); update skipped "
+                     f"({self.nan_skips}/{self.cfg.training.max_nan_skips})")
+            self.step += 1
+            return
+        raise NonFiniteLoss(f"non-finite values at step {self.step + 1} ({what}); the weights of step "
+                            f"{self.step} were kept. Lower optimizer.lr / optimizer.muon_lr or set "
+                            "training.on_nan = \"skip\".")
+
+    # ----------------------------------------------------------------------------- commands
+    def handle_commands(self) -> None:
+        """Everything queued now; while paused, wait for more without spinning."""
+        while True:
+            cmd = self.next_command(self.paused)
+            if cmd is None:
+                if self.paused and not self.stop:
+                    continue
+                return
+            if isinstance(cmd, P.Pause) and not self.paused:
+                self.paused = True
+                self.emit(P.StateChanged(P.PAUSED))
+            elif isinstance(cmd, P.Resume) and self.paused:
+                self.paused = False
+                self.emit(P.StateChanged(P.RUNNING))
+            elif isinstance(cmd, P.CheckpointNow):
+                if self.step > 0:
+                    self.save_checkpoint()
+            elif isinstance(cmd, P.Sample):
+                self.answer_sample(cmd)
+            elif isinstance(cmd, P.Abort):
+                self.stop, self.paused = cmd, False
+                return
+
+    # ---------------------------------------------------------------------- eval and saving
+    @torch.no_grad()
+    def evaluate(self) -> None:
+        cfg, t = self.cfg, self.cfg.training
+        self.emit(P.StateChanged(P.EVALUATING))
+        starts = batches.eval_windows(len(self.data.val), cfg.eval.batches, t.micro_batch_size, t.seq_len)
+        nats, n_bytes, n_tokens, loss_sum = 0.0, 0, 0, 0.0
+        token_bytes = torch.from_numpy(self.data.token_bytes).to(self.device)
+        for row_starts in starts:
+            x, y = (torch.from_numpy(a).to(self.device) for a in batches.rows_at(self.data.val, row_starts, t.seq_len))
+            with self.autocast():
+                losses = self.model.token_losses(x, y)
+            b = token_bytes[y]
+            nats += float((losses * (b > 0)).sum())
+            n_bytes += int(b.sum())
+            loss_sum += float(losses.sum())
+            n_tokens += losses.numel()
+        val_loss = loss_sum / n_tokens
+        val_bpb = nats / (math.log(2) * max(1, n_bytes))
+        self.metrics.write("eval", step=self.step, val_loss=val_loss, val_bpb=val_bpb)
+        self.emit(P.EvalMetrics(self.step, val_loss, val_bpb))
+        self.emit(P.StateChanged(P.PAUSED if self.paused else P.RUNNING))
+
+    def save_checkpoint(self) -> None:
+        self.emit(P.StateChanged(P.CHECKPOINTING))
+        path = checkpoint.save(self.run_dir / CHECKPOINTS, self.step, self.model, self.optimizers,
+                               {"tokens_seen": self.tokens_seen, "nan_skips": self.nan_skips,
+                                "config_hash": self.cfg.hash()}, self.cfg.checkpoint.keep)
+        self.metrics.write("checkpoint", step=self.step, path=str(path))
+        self.emit(P.CheckpointWritten(self.step, str(path)))
+        self.log(f"checkpoint: step {self.step} written to {path}")
+        self.emit(P.StateChanged(P.PAUSED if self.paused else P.RUNNING))
+
+    # ------------------------------------------------------------------------------ samples
+    def sample_text(self, request: P.Sample) -> str:
+        ids = self.tokenizer.encode(request.prompt, add_special_tokens=False).ids
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self.autocast():
+                stream = generate_ids(self.model, ids, request.max_new_tokens, request.temperature,
+                                      request.top_k, request.seed, self.data.eos_id, self.device)
+                pieces = []
+                for piece in stream_text(stream, self.tokenizer.decode):
+                    pieces.append(piece)
+                    self.emit(P.SampleText(request.request_id, self.step, request.prompt, piece))
+        finally:
+            self.model.train(was_training)
+        text = "".join(pieces)
+        self.emit(P.SampleText(request.request_id, self.step, request.prompt, "", done=True))
+        return text
+
+    def answer_sample(self, request: P.Sample) -> None:
+        text = self.sample_text(request)
+        self.metrics.write("sample", step=self.step, prompt=request.prompt, text=text)
+
+    def periodic_samples(self) -> None:
+        s = self.cfg.sample
+        for i, prompt in enumerate(s.prompts):
+            req = P.Sample(f"periodic-{self.step}-{i}", prompt, s.max_new_tokens, s.temperature, s.top_k,
+                           seed=self.cfg.training.seed + i)
+            text = self.sample_text(req)
+            self.metrics.write("sample", step=self.step, prompt=prompt, text=text)
+            self.log(f"sample at step {self.step}: {prompt + text!r}")
+
+    def close(self) -> None:
+        self.metrics.close()
+
+
+def run_in_process(cfg: Config, run_dir: Path, emit: Emit = lambda e: None,
+                   log: Callable[[str], None] = print) -> Trainer:
+    """Train without the engine process (tests and benchmarks that compare against it)."""
+    trainer = Trainer(cfg, run_dir, emit, log, lambda block: None)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    return trainer
+
+

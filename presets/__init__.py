@@ -1,0 +1,1 @@
+"""Shipped presets: one TOML file per GPU class, plus `cpu` (the embedded default) and `debug`."""

@@ -1,0 +1,79 @@
+"""Shared fixtures: an isolated cache, tiny configs, and helpers that drive the real engine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lmcockpit.core import protocol as P
+from lmcockpit.core.config import Config, load_config
+from lmcockpit.core.runfolder import create_run_dir
+
+# Small everywhere: a 1 MB slice of the stdlib, a 512-token BPE, a 2-layer model of width 64.
+TINY = [
+    "training.max_steps=12", "training.log_every=4", "eval.every=6", "eval.batches=2",
+    "sample.prompts=[]", "checkpoint.keep=2", "hardware.device=\"cpu\"",
+]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache(tmp_path_factory) -> Path:
+    """Every test (and every engine process they start) shares one token cache of its own."""
+    cache = tmp_path_factory.mktemp("xdg-cache")
+    os.environ["XDG_CACHE_HOME"] = str(cache)
+    return cache / "lmcockpit"
+
+
+def tiny_config(*overrides: str) -> Config:
+    cfg, _ = load_config("debug", [*TINY, *overrides])
+    return cfg
+
+
+def drive_engine(cfg: Config, run_dir: Path, on_event=None, timeout: float = 300):
+    """Run the real engine process to its end; returns (engine, every event in order).
+    `on_event(engine, event)` may send commands as events arrive."""
+    import time
+
+    from lmcockpit.core.runner import EngineProcess
+
+    run_dir = create_run_dir(cfg, "test", str(run_dir))
+    engine = EngineProcess(cfg, run_dir)
+    engine.start()
+    events = []
+    deadline = time.monotonic() + timeout
+    try:
+        while not engine.done:
+            assert time.monotonic() < deadline, f"engine did not finish in {timeout}s"
+            ev = engine.poll(timeout=0.5)
+            if ev is not None:
+                events.append(ev)
+                if on_event:
+                    on_event(engine, ev)
+    finally:
+        engine.join(timeout=60)  # it exits on its own right after its last event
+        engine.kill()  # only if a failed assertion left it running
+        engine.join(timeout=30)
+    return engine, events
+
+
+def losses(events) -> list[float]:
+    return [e.loss for e in events if isinstance(e, P.StepMetrics)]
+
+
+def cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The real `lmcockpit` command, piped (so plain lines), as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One tiny run through the CLI, shared by the tests that only read what it left behind."""
+    out = tmp_path_factory.mktemp("trained") / "run"
+    proc = cli("--run", "debug", *[a for s in TINY for a in ("--set", s)], "--set", "sample.prompts=[\"def \"]",
+               "--set", "checkpoint.every=6", "--out", str(out))
+    return out, proc

@@ -1,0 +1,77 @@
+"""`lmcockpit --run` as a user runs it: a real process, piped, with real files."""
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from lmcockpit.core.runfolder import read_metrics
+
+from .conftest import TINY, cli
+
+
+def test_piped_run_prints_plain_lines_and_where_the_run_is(trained_run):
+    run, proc = trained_run
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for expected in ["step 1/12 | loss", "step 4/12 | loss", "step 12/12 | loss", "eval step 6 | val loss",
+                     f"run folder: {run}", f"lmcockpit chat {run}", "finished 12 steps"]:
+        assert expected in out, expected
+    assert "\x1b[" not in out and "\r" not in out  # no terminal control when piped
+    assert "step 3/12" not in out  # one line per log interval, not per step
+
+
+def test_set_overrides_land_in_the_resolved_config(trained_run):
+    run, _ = trained_run
+    text = (run / "config.toml").read_text()
+    assert "max_steps = 12" in text and 'device = "cpu"' in text and "every = 6" in text
+
+
+def test_second_run_reuses_the_data_cache(trained_run, tmp_path):
+    proc = cli("--run", "debug", *[a for s in TINY for a in ("--set", s)], "--set", "training.max_steps=2",
+               "--out", str(tmp_path / "again"))
+    assert proc.returncode == 0, proc.stderr
+    assert "reusing token cache" in proc.stdout
+    assert "trained a byte-level BPE" not in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--run", "nosuchpreset"], "preset 'nosuchpreset' not found"),
+    (["--run", "debug", "--set", "training.max_steps"], "expected SECTION.KEY=VALUE"),
+    (["--run", "debug", "--set", "training.maxsteps=3"], "did you mean training.max_steps"),
+    (["--run", "debug", "--set", "model.n_kv_head=3"], "model.n_kv_head = 3 must divide"),
+    (["--run", "debug", "--bogus"], "unrecognized arguments: --bogus"),
+    (["--run", "debug", "--set", "data.source=\"/nonexistent/corpus\""], "no such file or folder"),
+])
+def test_user_mistakes_exit_2_with_one_message(args, message, tmp_path):
+    proc = cli(*args, "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_non_empty_out_is_refused_and_left_alone(tmp_path):
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    proc = cli("--run", "debug", "--out", str(out))
+    assert proc.returncode == 2 and "already exists and is not an empty folder" in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["precious.txt"]
+
+
+def test_sigint_checkpoints_and_exits_130(tmp_path):
+    out = tmp_path / "run"
+    args = [a for s in TINY for a in ("--set", s)]
+    proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug", *args,
+                             "--set", "training.max_steps=100000", "--set", "eval.every=0", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # wait until training is really under way
+        if line.startswith("step 4/"):
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    ck = read_metrics(out, "checkpoint")
+    assert len(ck) == 1 and ck[0]["step"] >= 4
+    assert "resume with" in rest

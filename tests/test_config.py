@@ -1,0 +1,100 @@
+from pathlib import Path
+
+import pytest
+
+from lmcockpit.core.config import Config, ConfigError, load_config, parse_override, shipped_presets
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "preset.toml"
+    p.write_text(text)
+    return p
+
+
+def test_shipped_presets_load_and_are_named():
+    shipped = shipped_presets()
+    assert {"cpu", "debug"} <= set(shipped)
+    for name in shipped:
+        cfg, path = load_config(name)
+        assert path == shipped[name]
+        assert isinstance(cfg, Config)
+
+
+def test_preset_by_relative_path_works_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no presets/ folder here: falls back to the shipped one
+    cfg, path = load_config("presets/cpu.toml")
+    assert path == shipped_presets()["cpu"]
+    assert cfg.model.d_model == 256
+
+
+def test_set_overrides_use_toml_values():
+    cfg, _ = load_config("debug", ["training.max_steps=7", "training.compile=true", "optimizer.lr=1e-3",
+                                   "data.source=\"/x/y\"", "sample.prompts=[\"a\", \"b\"]", "data.text_field=body"])
+    assert cfg.training.max_steps == 7 and cfg.training.compile is True
+    assert cfg.optimizer.lr == 1e-3 and cfg.data.source == "/x/y"
+    assert cfg.sample.prompts == ["a", "b"] and cfg.data.text_field == "body"
+
+
+def test_int_is_accepted_for_float_keys_and_stored_as_float():
+    cfg, _ = load_config("debug", ["optimizer.lr=1"])
+    assert cfg.optimizer.lr == 1.0 and isinstance(cfg.optimizer.lr, float)
+
+
+@pytest.mark.parametrize("item", ["training.max_steps", "max_steps=3", "a.b.c=1", "training.seed=[1,"])
+def test_malformed_set_is_a_config_error(item):
+    with pytest.raises(ConfigError, match="--set"):
+        parse_override(item)
+
+
+def test_unknown_key_names_the_closest(tmp_path):
+    p = write(tmp_path, "[training]\nmax_step = 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(p))
+    assert str(p) in str(e.value) and "training.max_step" in str(e.value)
+    assert "did you mean training.max_steps" in str(e.value)
+
+
+def test_unknown_section_names_the_closest(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown section \[traning\].*did you mean training"):
+        load_config(str(write(tmp_path, "[traning]\nmax_steps = 3\n")))
+
+
+def test_toml_syntax_error_has_line_and_column(tmp_path):
+    with pytest.raises(ConfigError, match=r"TOML syntax error.*line 2, column"):
+        load_config(str(write(tmp_path, "[training]\nmax_steps = = 3\n")))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("training.max_steps=\"ten\"", "training.max_steps must be an integer, got a string"),
+    ("training.compile=1", "training.compile must be true or false"),
+    ("training.precision=\"fp8\"", "training.precision = 'fp8' is not one of"),
+    ("training.max_steps=-5", "training.max_steps = -5 must be a positive integer"),
+    ("model.n_kv_head=3", "model.n_kv_head = 3 must divide model.n_head = 4"),
+    ("model.n_head=6", "model.n_head = 6 must divide model.d_model = 64"),
+    ("training.seq_len=1000", "above the model's context, model.max_seq_len = 64"),
+    ("hardware.device=\"gpu\"", "hardware.device = 'gpu' must be"),
+])
+def test_bad_values_are_named(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config("debug", [override])
+
+
+def test_missing_preset_lists_the_shipped_ones():
+    with pytest.raises(ConfigError, match=r"preset 'cpuu' not found.*did you mean cpu"):
+        load_config("cpuu")
+
+
+def test_resolved_config_round_trips(tmp_path):
+    from lmcockpit.core.config import write_config
+
+    cfg, _ = load_config("debug", ["training.max_steps=9", "sample.prompts=[\"x\"]"])
+    write_config(cfg, tmp_path / "config.toml")
+    again, _ = load_config(str(tmp_path / "config.toml"))
+    assert again == cfg and again.hash() == cfg.hash()
+
+
+def test_derived_sizes():
+    cfg, _ = load_config("debug", ["model.d_model=96", "model.n_head=4"])
+    assert cfg.head_dim == 24
+    assert cfg.mlp_hidden == 256  # 8/3 · 96 = 256, already a multiple of 64
+    assert cfg.tokens_per_step == cfg.training.micro_batch_size * cfg.training.seq_len

@@ -1,0 +1,132 @@
+"""The real engine process, spawned, driven through the protocol."""
+
+import os
+import signal
+
+from lmcockpit.core import protocol as P
+from lmcockpit.core.config import load_config
+from lmcockpit.core.runfolder import read_metrics
+
+from .conftest import drive_engine, losses, tiny_config
+
+
+def test_engine_runs_in_its_own_process_and_fills_the_run_folder(tmp_path):
+    cfg = tiny_config()
+    engine, events = drive_engine(cfg, tmp_path / "run")
+    assert engine.pid != os.getpid()
+    assert engine.final_state == P.FINISHED and engine.process.exitcode == 0
+    run = tmp_path / "run"
+    # the engine wrote its own pid into train.log: the run really happened over there
+    assert f"pid {engine.pid}" in (run / "train.log").read_text()
+    for name in ["config.toml", "metrics.jsonl", "train.log", "tokenizer/tokenizer.json", "checkpoints/latest"]:
+        assert (run / name).exists(), name
+    started = next(e for e in events if isinstance(e, P.RunStarted))
+    assert started.n_params > 0 and started.device == "cpu" and started.max_steps == 12
+    steps = [e.step for e in events if isinstance(e, P.StepMetrics)]
+    assert steps == list(range(1, 13))
+    evals = [e.step for e in events if isinstance(e, P.EvalMetrics)]
+    assert evals == [6, 12]
+    states = [e.state for e in events if isinstance(e, P.StateChanged)]
+    assert states[0] == P.PREPARING and states[-1] == P.FINISHED
+    assert any(isinstance(e, P.LogLine) and "parameters" in e.text for e in events)
+
+
+def test_same_seed_same_losses_other_seed_other_losses(tmp_path):
+    a = losses(drive_engine(tiny_config("training.max_steps=6"), tmp_path / "a")[1])
+    b = losses(drive_engine(tiny_config("training.max_steps=6"), tmp_path / "b")[1])
+    c = losses(drive_engine(tiny_config("training.max_steps=6", "training.seed=7"), tmp_path / "c")[1])
+    assert len(a) == 6 and a == b
+    assert a != c
+
+
+def test_resolved_config_reproduces_the_run(tmp_path):
+    cfg = tiny_config("training.max_steps=5", "optimizer.muon_lr=0.05", "training.grad_accum_steps=2")
+    first = losses(drive_engine(cfg, tmp_path / "first")[1])
+    written = tmp_path / "first" / "config.toml"
+    text = written.read_text()
+    assert "muon_lr = 0.05" in text and "grad_accum_steps = 2" in text and "max_steps = 5" in text
+    again, _ = load_config(str(written))
+    assert again == cfg
+    assert losses(drive_engine(again, tmp_path / "again")[1]) == first
+
+
+def test_loss_falls_through_the_engine(tmp_path):
+    _, events = drive_engine(tiny_config("training.max_steps=30", "eval.every=0"), tmp_path / "run")
+    ls = losses(events)
+    val = [e.val_loss for e in events if isinstance(e, P.EvalMetrics)]
+    assert sum(ls[-5:]) / 5 < 0.85 * ls[0]
+    assert val[-1] < 0.85 * ls[0]
+
+
+def test_metrics_jsonl_schema(trained_run):
+    run, proc = trained_run
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = read_metrics(run)
+    assert all(isinstance(r["time"], float) for r in rows)
+    kinds = {r["kind"] for r in rows}
+    assert {"step", "eval", "checkpoint", "sample"} <= kinds
+    step = read_metrics(run, "step")[0]
+    assert set(step) == {"kind", "time", "step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "dt", "mem"}
+    assert step["step"] == 1 and step["mfu"] is None and step["tokens_per_s"] > 0
+    assert [r["step"] for r in read_metrics(run, "step")] == list(range(1, 13))
+    ev = read_metrics(run, "eval")[-1]
+    assert set(ev) == {"kind", "time", "step", "val_loss", "val_bpb"} and ev["step"] == 12
+    assert 0 < ev["val_bpb"] < ev["val_loss"] * 2
+    ck = read_metrics(run, "checkpoint")
+    assert [c["step"] for c in ck] == [6, 12] and all(os.path.isdir(c["path"]) for c in ck)
+    sample = read_metrics(run, "sample")[-1]
+    assert set(sample) == {"kind", "time", "step", "prompt", "text"} and sample["prompt"] == "def "
+
+
+def test_pause_holds_the_step_counter_and_resume_releases_it(tmp_path):
+    seen = {"paused_at": None, "steps_while_paused": 0}
+
+    def steer(engine, ev):
+        if isinstance(ev, P.StepMetrics) and ev.step == 3:
+            engine.send(P.Pause())
+        elif isinstance(ev, P.StateChanged) and ev.state == P.PAUSED and seen["paused_at"] is None:
+            seen["paused_at"] = "paused"
+            engine.send(P.CheckpointNow())
+        elif isinstance(ev, P.CheckpointWritten) and seen["paused_at"] == "paused":
+            seen["paused_at"] = ev.step
+            engine.send(P.Resume())
+        elif isinstance(ev, P.StepMetrics) and seen["paused_at"] == "paused":
+            seen["steps_while_paused"] += 1
+
+    engine, events = drive_engine(tiny_config("training.max_steps=8", "eval.every=0"), tmp_path / "run", steer)
+    assert engine.final_state == P.FINISHED
+    assert seen["steps_while_paused"] == 0
+    assert seen["paused_at"] in (3, 4)  # paused within a step of asking, checkpointed while paused
+    assert losses(events) and len(losses(events)) == 8
+
+
+def test_abort_with_save_writes_a_checkpoint(tmp_path):
+    def steer(engine, ev):
+        if isinstance(ev, P.StepMetrics) and ev.step == 2:
+            engine.send(P.Abort(save=True))
+
+    engine, events = drive_engine(tiny_config("training.max_steps=50", "eval.every=0"), tmp_path / "run", steer)
+    assert engine.final_state == P.ABORTED and engine.process.exitcode == 0
+    ck = [e for e in events if isinstance(e, P.CheckpointWritten)]
+    assert len(ck) == 1 and ck[0].step < 50
+    assert (tmp_path / "run" / "checkpoints" / f"step_{ck[0].step:06d}" / "model.safetensors").is_file()
+
+
+def test_an_engine_killed_from_outside_is_reported_as_failed(tmp_path):
+    def kill(engine, ev):
+        if isinstance(ev, P.StepMetrics) and ev.step == 2:
+            os.kill(engine.pid, signal.SIGKILL)
+
+    engine, events = drive_engine(tiny_config("training.max_steps=500", "eval.every=0"), tmp_path / "run", kill)
+    assert engine.final_state == P.FAILED
+    assert "SIGKILL" in engine.failure.message
+
+
+def test_an_exception_in_the_engine_arrives_with_its_traceback(tmp_path):
+    # An absurd learning rate makes the loss non-finite: a real failure, raised inside the engine.
+    engine, events = drive_engine(tiny_config("optimizer.lr=1e30", "optimizer.muon_lr=1e30",
+                                              "training.max_steps=20", "training.grad_clip=0"), tmp_path / "run")
+    assert engine.final_state == P.FAILED and engine.process.exitcode == 1
+    assert "non-finite" in engine.failure.message
+    assert "Traceback" in engine.failure.traceback
+    assert read_metrics(tmp_path / "run", "failure")

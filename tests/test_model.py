@@ -1,0 +1,67 @@
+import torch
+
+from lmcockpit.core.gpt import GPT, GPTShape, apply_rotary, rotary_tables
+from lmcockpit.core.optim import build_optimizers
+from lmcockpit.core.config import OptimizerConfig
+
+SHAPE = GPTShape(vocab_size=97, n_layer=2, d_model=32, n_head=4, n_kv_head=2, head_dim=8, mlp_hidden=64,
+                 max_seq_len=32)
+
+
+def test_parameter_count_by_hand():
+    model = GPT(SHAPE)
+    d, hd = 32, 8
+    per_layer = (d * 4 * hd + 2 * d * 2 * hd + 4 * hd * d  # q, k, v, o
+                 + 3 * d * 64  # gate, up, down
+                 + 2 * d + 2 * hd)  # two block norms, q_norm, k_norm
+    assert model.num_params() == 97 * d + 2 * per_layer + d  # tied embedding once, final norm
+    assert "lm_head.weight" not in model.state_dict()
+
+
+def test_causal_future_tokens_do_not_change_the_past():
+    torch.manual_seed(0)
+    model = GPT(SHAPE)
+    x = torch.randint(0, 97, (2, 16))
+    y = x.clone()
+    y[:, 10:] = torch.randint(0, 97, (2, 6))
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    assert torch.allclose(a[:, :10], b[:, :10], atol=1e-6)
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+def test_rotary_runs_in_float32_and_returns_the_input_dtype():
+    cos, sin = rotary_tables(8, 16, 10000.0)
+    assert cos.dtype == torch.float32
+    x = torch.randn(1, 2, 16, 8).bfloat16()
+    out = apply_rotary(x, cos, sin)
+    assert out.dtype == torch.bfloat16
+    ref = apply_rotary(x.float(), cos, sin)
+    assert torch.allclose(out.float(), ref, atol=1e-2)
+    # a rotation keeps the norm of each (i, i + D/2) pair
+    assert torch.allclose(ref.norm(dim=-1), x.float().norm(dim=-1), atol=1e-4)
+
+
+def test_loss_falls_on_a_tiny_model():
+    torch.manual_seed(0)
+    model = GPT(SHAPE)
+    opts = build_optimizers(model, OptimizerConfig(lr=0.01, muon_lr=0.03), torch.device("cpu"))
+    x = torch.randint(0, 97, (4, 32))
+    first = None
+    for _ in range(40):
+        loss = model(x[:, :-1], x[:, 1:])
+        loss.backward()
+        for o in opts:
+            o.step()
+            o.zero_grad()
+        first = first if first is not None else loss.item()
+    assert first > 4.0  # about ln(97) at initialisation
+    assert loss.item() < 0.5 * first
+
+
+def test_token_losses_agree_with_the_mean_loss():
+    torch.manual_seed(0)
+    model = GPT(SHAPE)
+    x = torch.randint(0, 97, (2, 17))
+    with torch.no_grad():
+        assert torch.allclose(model.token_losses(x[:, :-1], x[:, 1:]).mean(), model(x[:, :-1], x[:, 1:]))

@@ -1,0 +1,91 @@
+import torch
+
+from lmcockpit.core import muon as muon_mod
+from lmcockpit.core.gpt import GPT, GPTShape
+from lmcockpit.core.muon import Muon, newton_schulz
+from lmcockpit.core.optim import build_optimizers, lr_multiplier, split_params
+from lmcockpit.core.config import OptimizerConfig
+
+
+def tiny_model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTShape(vocab_size=128, n_layer=2, d_model=32, n_head=4, n_kv_head=2, head_dim=8,
+                        mlp_hidden=64, max_seq_len=16))
+
+
+def test_singular_values_land_in_the_quintic_band():
+    torch.manual_seed(0)
+    for shape in [(64, 64), (32, 96), (96, 32)]:
+        # singular values spread over two orders of magnitude, none tiny
+        u, _ = torch.linalg.qr(torch.randn(shape[0], shape[0]))
+        v, _ = torch.linalg.qr(torch.randn(shape[1], shape[1]))
+        k = min(shape)
+        s = torch.logspace(-1, 1, k)
+        G = u[:, :k] @ torch.diag(s) @ v[:, :k].T
+        sv = torch.linalg.svdvals(newton_schulz(G).float())
+        assert sv.min() > 0.65 and sv.max() < 1.25, (shape, sv.min(), sv.max())
+
+
+def test_batched_call_equals_one_call_per_matrix():
+    torch.manual_seed(1)
+    stack = torch.randn(5, 24, 40)
+    batched = newton_schulz(stack)
+    single = torch.stack([newton_schulz(m) for m in stack])
+    assert torch.equal(batched, single)
+
+
+def test_step_orthogonalises_once_per_shape(monkeypatch):
+    model = tiny_model()
+    muon_params = [p for _, p in split_params(model)[0]]
+    shapes = {p.shape for p in muon_params}
+    calls = []
+    real = muon_mod.newton_schulz
+
+    def counting(G, steps=5):
+        calls.append(tuple(G.shape))
+        return real(G, steps)
+
+    monkeypatch.setattr(muon_mod, "newton_schulz", counting)
+    opt = Muon(muon_params, lr=0.02)
+    for p in muon_params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert len(calls) == len(shapes)
+    # each call stacks every matrix of its shape: 2 layers × (k, v) share one shape, and so on
+    assert sum(c[0] for c in calls) == len(muon_params)
+
+
+def test_muon_update_is_nesterov_momentum_orthogonalised_and_scaled():
+    torch.manual_seed(2)
+    p = torch.nn.Parameter(torch.randn(48, 16))
+    g = torch.randn(48, 16)
+    before = p.detach().clone()
+    opt = Muon([p], lr=0.1, momentum=0.9)
+    p.grad = g.clone()
+    opt.step()
+    buf = 0.1 * g  # lerp of a zero buffer toward g by (1 - 0.9)
+    expected = newton_schulz(g.lerp(buf, 0.9)[None])[0].float() * (48 / 16) ** 0.5
+    assert torch.allclose(before - p.detach(), 0.1 * expected, atol=1e-6)
+
+
+def test_parameter_grouping():
+    model = tiny_model()
+    muon, adamw = split_params(model)
+    muon_names = {n for n, _ in muon}
+    adamw_names = {n for n, _ in adamw}
+    assert muon_names == {n for n, p in model.named_parameters() if p.ndim == 2 and n.startswith("layers.")}
+    assert "embed_tokens.weight" in adamw_names  # the tied head too
+    assert all(p.ndim == 1 for n, p in adamw if n != "embed_tokens.weight")
+    assert len(muon) + len(adamw) == len(list(model.parameters()))
+    opts = build_optimizers(model, OptimizerConfig(), torch.device("cpu"))
+    assert [type(o).__name__ for o in opts] == ["AdamW", "Muon"]
+
+
+def test_schedules():
+    cos = OptimizerConfig(warmup_steps=10, min_lr_ratio=0.1, schedule="cosine")
+    assert lr_multiplier(0, 100, cos) == 0.1 and lr_multiplier(9, 100, cos) == 1.0
+    assert abs(lr_multiplier(55, 100, cos) - 0.55) < 1e-9  # half way down: floor + (1 - floor)/2
+    assert abs(lr_multiplier(100, 100, cos) - 0.1) < 1e-9
+    wsd = OptimizerConfig(warmup_steps=10, min_lr_ratio=0.0, schedule="wsd", decay_fraction=0.2)
+    assert lr_multiplier(50, 100, wsd) == 1.0 and lr_multiplier(79, 100, wsd) == 1.0
+    assert abs(lr_multiplier(90, 100, wsd) - 0.5) < 1e-9 and lr_multiplier(100, 100, wsd) == 0.0

@@ -1,0 +1,73 @@
+"""The `lmcockpit` command.
+
+Exit codes everywhere: 0 done, 1 the run failed, 2 usage or input error (one clear message, no
+traceback), 130 interrupted. This module never imports torch: the engine process does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from lmcockpit import __version__
+from lmcockpit.core.config import ConfigError, load_config
+from lmcockpit.core.runfolder import create_run_dir
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own exit is 2 too, but we want our one-line format
+        raise UsageError(f"{message} (see `lmcockpit --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="lmcockpit", description="Pretrain language models from scratch, from a terminal cockpit.",
+                epilog="Shipped presets: run `lmcockpit --run cpu` to train the embedded default.")
+    p.add_argument("preset", nargs="?", help="open the cockpit and start this preset at once (path or shipped name)")
+    p.add_argument("--run", metavar="PRESET", help="train headless: a preset TOML path or a shipped preset name")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, VALUE in TOML syntax (repeatable): --set training.max_steps=200")
+    p.add_argument("--out", metavar="DIR", help="run folder (default: runs/<preset>-<timestamp>)")
+    p.add_argument("--version", action="version", version=f"lmcockpit {__version__}")
+    return p
+
+
+def error(message: str) -> int:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(Text(f"error: {message}"), style="bold red")
+    return 2
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from lmcockpit.core.runner import EngineProcess
+    from lmcockpit.tui.headless import Headless
+
+    cfg, path = load_config(args.run, args.overrides)
+    run_dir = create_run_dir(cfg, Path(path).stem, args.out)
+    return Headless(EngineProcess(cfg, run_dir), cfg.training.log_every).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = build_parser().parse_args(argv)
+        if args.run and args.preset:
+            raise UsageError(f"give the preset once: either `lmcockpit {args.preset}` or `--run {args.run}`")
+        if args.run:
+            return cmd_run(args)
+        raise UsageError("the interactive cockpit is not built yet; train headless with "
+                         "`lmcockpit --run cpu` (or --run PRESET.toml)")
+    except (UsageError, ConfigError) as e:
+        return error(str(e))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

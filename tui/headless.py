@@ -1,0 +1,234 @@
+"""The headless front-end of `lmcockpit --run`: a live progress line on a terminal, plain lines
+when piped. It drives the same engine process, through the same protocol, as the cockpit."""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from lmcockpit.core import protocol as P
+from lmcockpit.core.runner import EngineProcess
+from lmcockpit.core.telemetry import Reading, Telemetry
+
+EXIT_CODES = {P.FINISHED: 0, P.ABORTED: 0, P.INTERRUPTED: 130, P.FAILED: 1}
+DASH = "–"
+
+
+def fmt_count(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def fmt_duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def bar(fraction: float, width: int = 20) -> str:
+    eighths = " ▏▎▍▌▋▊▉█"
+    filled = max(0.0, min(1.0, fraction)) * width
+    full = int(filled)
+    part = eighths[int((filled - full) * 8)] if full < width else ""
+    return ("█" * full + part).ljust(width)
+
+
+@dataclass
+class RunView:
+    """What the front-end knows of the run, folded from events (the cockpit reuses it)."""
+    state: str = P.PREPARING
+    run_dir: str = ""
+    max_steps: int = 0
+    start_step: int = 0
+    step: int = 0
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    dt_ema: float | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    train_started_at: float | None = None
+    progress: P.Progress | None = None
+    last_eval: P.EvalMetrics | None = None
+    first_loss: float | None = None
+    last_checkpoint: str = ""
+    samples: dict[str, str] = field(default_factory=dict)
+
+    def apply(self, ev: object) -> None:
+        if isinstance(ev, P.RunStarted):
+            self.run_dir, self.max_steps = ev.run_dir, ev.max_steps
+            self.start_step = self.step = ev.start_step
+        elif isinstance(ev, P.StepMetrics):
+            if self.train_started_at is None:
+                self.train_started_at = time.monotonic()
+            self.step, self.loss, self.tokens_per_s, self.mfu = ev.step, ev.loss, ev.tokens_per_s, ev.mfu
+            if self.first_loss is None:
+                self.first_loss = ev.loss
+            elif self.dt_ema is None:  # the first step carries compilation: leave it out of the rate
+                self.dt_ema = ev.dt
+            else:
+                self.dt_ema = 0.9 * self.dt_ema + 0.1 * ev.dt
+        elif isinstance(ev, P.EvalMetrics):
+            self.last_eval = ev
+        elif isinstance(ev, P.Progress):
+            self.progress = ev
+        elif isinstance(ev, P.StateChanged):
+            self.state = ev.state
+        elif isinstance(ev, P.CheckpointWritten):
+            self.last_checkpoint = ev.path
+        elif isinstance(ev, P.SampleText):
+            self.samples[ev.request_id] = self.samples.get(ev.request_id, "") + ev.text
+
+    @property
+    def eta(self) -> float | None:
+        return self.dt_ema * (self.max_steps - self.step) if self.dt_ema else None
+
+
+def progress_line(v: RunView, reading: Reading | None) -> str:
+    if v.state == P.PREPARING or v.max_steps == 0:
+        p = v.progress
+        if p is None:
+            return "Preparing data…"
+        if p.total and p.unit == "bytes":
+            return (f"Preparing data: {p.phase} [{bar(p.done / p.total)}] {100 * p.done / p.total:.0f}% "
+                    f"({p.done / 1e6:.1f}/{p.total / 1e6:.1f} MB)")
+        return f"Preparing data: {p.phase}…"
+    if v.state == P.COMPILING:
+        return f"Compiling the model (torch.compile)… {fmt_duration(time.monotonic() - v.started_at)}"
+    gpu = reading.gpus[0] if reading and reading.gpus else None
+    vram = f"{gpu.mem_used / 1e9:.1f}/{gpu.mem_total / 1e9:.1f}GB" if gpu else DASH
+    frac = v.step / v.max_steps if v.max_steps else 0.0
+    fields = [
+        f"Training: {v.step}/{v.max_steps} [{bar(frac)}] {100 * frac:.0f}%",
+        f"Loss {v.loss:.4f}" if v.loss is not None else f"Loss {DASH}",
+        f"VRAM {vram}",
+        f"GPU {gpu.util:.0f}%" if gpu else f"GPU {DASH}",
+        f"{1 / v.dt_ema:.2f} step/s" if v.dt_ema else f"{DASH} step/s",
+        f"{fmt_count(v.tokens_per_s)} tok/s" if v.tokens_per_s else f"{DASH} tok/s",
+        f"MFU {100 * v.mfu:.0f}%" if v.mfu is not None else f"MFU {DASH}",
+        f"ETA {fmt_duration(v.eta)}" if v.eta is not None else f"ETA {DASH}",
+    ]
+    if v.state not in (P.RUNNING, P.COMPILING):
+        fields.append(v.state)
+    return " | ".join(fields)
+
+
+def step_line(ev: P.StepMetrics, v: RunView) -> str:
+    mfu = f"{100 * ev.mfu:.1f}%" if ev.mfu is not None else DASH
+    eta = fmt_duration(v.eta) if v.eta is not None else DASH
+    return (f"step {ev.step}/{v.max_steps} | loss {ev.loss:.4f} | lr {ev.lr:.2e} | grad norm {ev.grad_norm:.3f} | "
+            f"{fmt_count(ev.tokens_per_s)} tok/s | {1000 * ev.dt:.0f} ms/step | MFU {mfu} | ETA {eta}")
+
+
+def eval_line(ev: P.EvalMetrics) -> str:
+    return f"eval step {ev.step} | val loss {ev.val_loss:.4f} | val bpb {ev.val_bpb:.4f}"
+
+
+class Headless:
+    def __init__(self, engine: EngineProcess, log_every: int, console: Console | None = None):
+        self.engine = engine
+        self.console = console or Console(highlight=False, soft_wrap=True)
+        self.interactive = self.console.is_terminal
+        self.log_every = log_every
+        self.view = RunView()
+        self.telemetry = Telemetry()
+        self.reading: Reading | None = None
+        self.read_at = 0.0
+        self.interrupts = 0
+        self._last_progress_print = 0.0
+
+    # ----------------------------------------------------------------------------- signals
+    def _on_signal(self, signum, frame) -> None:
+        self.interrupts += 1
+        if self.interrupts == 1:
+            self.engine.send(P.Abort(save=True, interrupted=True))
+            self.say(f"{signal.Signals(signum).name}: finishing this step and writing a checkpoint "
+                     "(Ctrl-C again to stop at once)")
+        elif signum == signal.SIGINT:
+            # The checkpoint being written (if any) is in a temporary folder: killing the engine
+            # now leaves the previous checkpoint untouched.
+            self.engine.kill()
+            self.say("stopped at once; the last complete checkpoint is intact")
+            raise KeyboardInterrupt
+
+    def say(self, text: str) -> None:
+        self.console.print(Text(text))
+
+    # -------------------------------------------------------------------------------- loop
+    def run(self) -> int:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        self.engine.start()
+        try:
+            if self.interactive:
+                with Live(Text(""), console=self.console, refresh_per_second=4, transient=True) as live:
+                    self._loop(lambda: live.update(Text(progress_line(self.view, self._telemetry()))))
+            else:
+                self._loop(lambda: None)
+        except KeyboardInterrupt:
+            self.engine.join(timeout=10)
+            return 130
+        return self._finish()
+
+    def _telemetry(self) -> Reading | None:
+        now = time.monotonic()
+        if now - self.read_at >= 1.0:
+            self.reading, self.read_at = self.telemetry.read(), now
+        return self.reading
+
+    def _loop(self, redraw) -> None:
+        while not self.engine.done:
+            ev = self.engine.poll(timeout=0.25)
+            if ev is not None:
+                self.view.apply(ev)
+                self._print_event(ev)
+            redraw()
+        self.engine.join(timeout=30)
+
+    def _print_event(self, ev: object) -> None:
+        if isinstance(ev, P.LogLine):
+            self.say(ev.text)
+        elif isinstance(ev, P.StepMetrics):
+            last = ev.step == self.view.max_steps
+            if not self.interactive and (ev.step % self.log_every == 0 or ev.step == 1 or last):
+                self.say(step_line(ev, self.view))
+        elif isinstance(ev, P.EvalMetrics):
+            self.say(eval_line(ev))
+        elif isinstance(ev, P.Progress) and not self.interactive:
+            now = time.monotonic()
+            if now - self._last_progress_print >= 5 or (ev.total and ev.done == ev.total):
+                self._last_progress_print = now
+                self.say(progress_line(self.view, None))
+        elif isinstance(ev, P.StateChanged) and ev.state == P.COMPILING and not self.interactive:
+            self.say("compiling the model (torch.compile); the first step waits for it")
+
+    def _finish(self) -> int:
+        v, state = self.view, self.engine.final_state or P.FAILED
+        failure = self.engine.failure
+        if failure is not None and failure.user_error:
+            self.console.print(Text(f"error: {failure.message}"), style="bold red")
+            return 2
+        if failure is not None:
+            self.console.print(Text(f"run failed: {failure.message}"), style="bold red")
+        elif state == P.FINISHED:
+            summary = f"finished {v.step} steps"
+            if v.first_loss is not None and v.loss is not None:
+                summary += f": loss {v.first_loss:.3f} → {v.loss:.3f}"
+            if v.last_eval:
+                summary += f", val loss {v.last_eval.val_loss:.3f} ({v.last_eval.val_bpb:.3f} bits/byte)"
+            self.console.print(Text(summary), style="bold green")
+        else:
+            self.say(f"{state} at step {v.step}")
+        if v.run_dir:
+            self.say(f"run folder: {v.run_dir}")
+            if v.last_checkpoint:
+                self.say(f"last checkpoint: {v.last_checkpoint}")
+                self.say(f"chat with it:    lmcockpit chat {v.run_dir}")
+            if state == P.INTERRUPTED:
+                self.say(f"resume with:     lmcockpit --run {v.run_dir}/config.toml --resume {v.run_dir}")
+        return EXIT_CODES.get(state, 1)
