@@ -70,10 +70,23 @@ def cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess
                           text=True, timeout=timeout)
 
 
+# The cpu preset shrunk to the debug preset's sizes; everything else (compile on) stays as shipped.
+SHRINK_CPU = [
+    "model.n_layer=2", "model.d_model=64", "model.mlp_hidden=0", "model.max_seq_len=64", "training.seq_len=64",
+    "training.micro_batch_size=8", "data.max_bytes=1_000_000", "tokenizer.vocab_size=512",
+    "tokenizer.train_bytes=300_000", "sample.max_new_tokens=16",
+]
+
+
+def as_flags(overrides: list[str]) -> list[str]:
+    return [a for s in overrides for a in ("--set", s)]
+
+
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """One tiny run through the CLI, shared by the tests that only read what it left behind."""
+    """One shrunk cpu-preset run through the CLI, compiled, shared by the tests that only read
+    what it left behind."""
     out = tmp_path_factory.mktemp("trained") / "run"
-    proc = cli("--run", "debug", *[a for s in TINY for a in ("--set", s)], "--set", "sample.prompts=[\"def \"]",
-               "--set", "checkpoint.every=6", "--out", str(out))
+    proc = cli("--run", "cpu", *as_flags([*SHRINK_CPU, *TINY, "sample.prompts=[\"def \"]", "checkpoint.every=6"]),
+               "--out", str(out))
     return out, proc

@@ -8,7 +8,7 @@ import pytest
 
 from lmcockpit.core.runfolder import read_metrics
 
-from .conftest import TINY, cli
+from .conftest import TINY, as_flags, cli
 
 
 def test_piped_run_prints_plain_lines_and_where_the_run_is(trained_run):
@@ -16,7 +16,8 @@ def test_piped_run_prints_plain_lines_and_where_the_run_is(trained_run):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     for expected in ["step 1/12 | loss", "step 4/12 | loss", "step 12/12 | loss", "eval step 6 | val loss",
-                     f"run folder: {run}", f"lmcockpit chat {run}", "finished 12 steps"]:
+                     f"run folder: {run}", f"lmcockpit chat {run}", "finished 12 steps",
+                     "compiling the model (torch.compile)", "compile on"]:
         assert expected in out, expected
     assert "\x1b[" not in out and "\r" not in out  # no terminal control when piped
     assert "step 3/12" not in out  # one line per log interval, not per step
@@ -26,10 +27,11 @@ def test_set_overrides_land_in_the_resolved_config(trained_run):
     run, _ = trained_run
     text = (run / "config.toml").read_text()
     assert "max_steps = 12" in text and 'device = "cpu"' in text and "every = 6" in text
+    assert "d_model = 64" in text and "compile = true" in text
 
 
 def test_second_run_reuses_the_data_cache(trained_run, tmp_path):
-    proc = cli("--run", "debug", *[a for s in TINY for a in ("--set", s)], "--set", "training.max_steps=2",
+    proc = cli("--run", "debug", *as_flags(TINY), "--set", "training.max_steps=2",
                "--out", str(tmp_path / "again"))
     assert proc.returncode == 0, proc.stderr
     assert "reusing token cache" in proc.stdout
@@ -62,8 +64,7 @@ def test_non_empty_out_is_refused_and_left_alone(tmp_path):
 
 def test_sigint_checkpoints_and_exits_130(tmp_path):
     out = tmp_path / "run"
-    args = [a for s in TINY for a in ("--set", s)]
-    proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug", *args,
+    proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug", *as_flags(TINY),
                              "--set", "training.max_steps=100000", "--set", "eval.every=0", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:  # wait until training is really under way
