@@ -14,6 +14,7 @@ import json
 import os
 import random
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-FORMAT_VERSION = 1
+from .resume import FORMAT_VERSION
+from .runfolder import CONFIG, list_checkpoints
+
 LATEST = "latest"
 
 
@@ -78,15 +81,20 @@ def estimate_bytes(model: torch.nn.Module, optimizers: list[torch.optim.Optimize
     return total
 
 
+def check_free_space(folder: Path, need: int) -> None:
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise CheckpointError(f"not enough free disk for a checkpoint in {folder}: {free / 2**30:.2f} GiB free, "
+                              f"about {need / 2**30:.2f} GiB needed; free some space (older runs, "
+                              "checkpoint.keep) and resume")
+
+
 def save(ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer],
-         state: dict[str, Any], keep: int) -> Path:
+         state: dict[str, Any], config_toml: str, keep: int) -> Path:
+    """Write checkpoint `step` atomically; a checkpoint folder is self-contained (its own config)."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
     _clean_partial(ckpt_root)
-    need = estimate_bytes(model, optimizers) * 1.1 + (1 << 20)
-    free = shutil.disk_usage(ckpt_root).free
-    if free < need:
-        raise CheckpointError(f"not enough free disk for a checkpoint in {ckpt_root}: "
-                              f"{free / 2**30:.2f} GiB free, about {need / 2**30:.2f} GiB needed")
+    check_free_space(ckpt_root, int(estimate_bytes(model, optimizers) * 1.1) + (1 << 20))
     final = ckpt_root / step_dir_name(step)
     tmp = ckpt_root / f".tmp-{step_dir_name(step)}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -94,7 +102,9 @@ def save(ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list[to
     save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, tmp / "model.safetensors")
     torch.save([opt.state_dict() for opt in optimizers], tmp / "optimizer.pt")
     full_state = {"format": FORMAT_VERSION, "step": step, **state, "rng": rng_state()}
+    (tmp / CONFIG).write_text(config_toml)
     (tmp / "state.json").write_text(json.dumps(full_state, indent=1))
+    _test_hold(tmp, step)
     for f in tmp.iterdir():
         _fsync_file(f)
     _fsync_dir(tmp)
@@ -105,6 +115,15 @@ def save(ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list[to
     _write_latest(ckpt_root, final.name)
     _prune(ckpt_root, keep)
     return final
+
+
+def _test_hold(tmp: Path, step: int) -> None:
+    """Tests only: with LMCOCKPIT_TEST_HOLD_CHECKPOINT=N, the checkpoint of step N announces that
+    its files are written but not yet renamed into place, and waits there, so a test can kill the
+    engine inside that window deterministically."""
+    if os.environ.get("LMCOCKPIT_TEST_HOLD_CHECKPOINT") == str(step):
+        (tmp.parent.parent / "checkpoint-held").write_text(tmp.name)
+        threading.Event().wait()
 
 
 def _write_latest(ckpt_root: Path, name: str) -> None:
@@ -122,20 +141,9 @@ def _clean_partial(ckpt_root: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def list_checkpoints(ckpt_root: Path) -> list[Path]:
-    if not ckpt_root.is_dir():
-        return []
-    return sorted(p for p in ckpt_root.glob("step_*") if p.is_dir() and (p / "state.json").is_file())
-
-
-def latest(ckpt_root: Path) -> Path | None:
-    pointer = ckpt_root / LATEST
-    if pointer.is_file():
-        target = ckpt_root / pointer.read_text().strip()
-        if (target / "state.json").is_file():
-            return target
+def latest_step(ckpt_root: Path) -> int | None:
     found = list_checkpoints(ckpt_root)
-    return found[-1] if found else None
+    return int(found[-1].name.split("_")[1]) if found else None
 
 
 def _prune(ckpt_root: Path, keep: int) -> None:

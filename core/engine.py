@@ -109,7 +109,7 @@ class _Commands:
             return P.Abort(save=True, interrupted=True)
 
 
-def main(run_dir: str, config: dict, events, commands) -> None:
+def main(run_dir: str, config: dict, resume_from: str | None, events, commands) -> None:
     """Spawn target. Exit code 0 for any orderly end (finished, aborted, interrupted), 1 on failure."""
     pump = _LogPump(Path(run_dir) / TRAIN_LOG, events)
     cmds = _Commands(commands)
@@ -120,7 +120,7 @@ def main(run_dir: str, config: dict, events, commands) -> None:
         from .trainer import Trainer
 
         cfg = config_from_dict(config, source=str(Path(run_dir) / "config.toml"))
-        trainer = Trainer(cfg, Path(run_dir), events.put, print, cmds.next)
+        trainer = Trainer(cfg, Path(run_dir), events.put, print, cmds.next, resume_from=resume_from)
         final = trainer.run()
     except ConfigError as e:
         failure = P.Failure(str(e), user_error=True)

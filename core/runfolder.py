@@ -43,6 +43,25 @@ def create_run_dir(cfg: Config, name: str, out: str | None) -> Path:
     return path
 
 
+def list_checkpoints(ckpt_root: Path) -> list[Path]:
+    """Complete checkpoints (state.json is written before the folder is renamed into place), oldest first."""
+    if not ckpt_root.is_dir():
+        return []
+    return sorted(p for p in ckpt_root.glob("step_*") if p.is_dir() and (p / "state.json").is_file())
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint: the one `latest` names if it is whole, else the highest step."""
+    root = Path(run_dir) / CHECKPOINTS
+    pointer = root / "latest"
+    if pointer.is_file():
+        target = root / pointer.read_text().strip()
+        if (target / "state.json").is_file():
+            return target
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
 class MetricsLog:
     """`metrics.jsonl`: one JSON object per line, each with `kind` and `time`; flushed per line so
     a crash loses nothing that was reported."""

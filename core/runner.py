@@ -14,20 +14,23 @@ from pathlib import Path
 
 from . import protocol as P
 from .config import Config
+from .runfolder import METRICS, TRAIN_LOG, MetricsLog
 
 
 class EngineProcess:
-    def __init__(self, cfg: Config, run_dir: Path):
+    def __init__(self, cfg: Config, run_dir: Path, resume_from: Path | None = None):
         ctx = mp.get_context("spawn")
         self.events = ctx.Queue()
         self.commands = ctx.Queue()
         from .engine import main  # torch-free at import: torch loads in the child
 
         self.process = ctx.Process(target=main, name="lmcockpit-engine",
-                                   args=(str(run_dir), cfg.to_dict(), self.events, self.commands))
+                                   args=(str(run_dir), cfg.to_dict(), str(resume_from) if resume_from else None,
+                                         self.events, self.commands))
         self.run_dir = Path(run_dir)
         self.final_state: str | None = None
         self.failure: P.Failure | None = None
+        self.last_step = 0
 
     def start(self) -> None:
         self.process.start()
@@ -50,7 +53,11 @@ class EngineProcess:
             if self.process.is_alive() or self.final_state is not None:
                 return None
             return self._death()
-        if isinstance(event, P.Failure):
+        if isinstance(event, P.StepMetrics):
+            self.last_step = event.step
+        elif isinstance(event, P.RunStarted):
+            self.last_step = event.start_step
+        elif isinstance(event, P.Failure):
             self.failure = event
         elif isinstance(event, P.StateChanged) and event.state in P.TERMINAL_STATES:
             self.final_state = event.state
@@ -65,6 +72,12 @@ class EngineProcess:
             what = f"the engine process exited with code {code} without reporting why"
         self.failure = P.Failure(what)
         self.final_state = P.FAILED
+        # The engine could not record its own death: the run folder gets it from here.
+        with open(self.run_dir / TRAIN_LOG, "a", encoding="utf-8") as fh:
+            fh.write(f"front-end: {what}\n")
+        metrics = MetricsLog(self.run_dir / METRICS)
+        metrics.write("failure", step=self.last_step, message=what)
+        metrics.close()
         return P.StateChanged(P.FAILED, what)
 
     @property

@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
-from . import batches, checkpoint, protocol as P, token_cache
-from .config import Config
+from . import batches, checkpoint, nan_debug, protocol as P, token_cache
+from .config import Config, ConfigError
 from .device import autocast_dtype, memory_stats, peak_flops, resolve_device, resolve_precision
 from .gpt import GPT, GPTShape
 from .optim import build_optimizers, lr_multiplier, set_lr
@@ -32,8 +32,10 @@ class NonFiniteLoss(RuntimeError):
 
 class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, emit: Emit, log: Callable[[str], None],
-                 next_command: Callable[[bool], object | None], rank: int = 0, world: int = 1):
+                 next_command: Callable[[bool], object | None], rank: int = 0, world: int = 1,
+                 resume_from: Path | None = None):
         self.cfg, self.run_dir, self.emit, self.log = cfg, Path(run_dir), emit, log
+        self.resume_from = Path(resume_from) if resume_from else None
         self.next_command = next_command
         self.rank, self.world = rank, world
         self.metrics = MetricsLog(self.run_dir / METRICS)
@@ -70,6 +72,8 @@ class Trainer:
         self.model = GPT(shape).to(self.device)
         self.optimizers = build_optimizers(self.model, cfg.optimizer, self.device)
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
+        if self.resume_from:
+            self.load_checkpoint(self.resume_from)
         self.train_model = torch.compile(self.model) if cfg.training.compile else self.model
         self.flops_per_token = self.model.flops_per_token(cfg.training.seq_len)
         self.peak = peak_flops(self.device)
@@ -79,6 +83,22 @@ class Trainer:
                  f"compile {'on' if cfg.training.compile else 'off'}, {cfg.tokens_per_step:,} tokens/step")
         self.emit(P.RunStarted(str(self.run_dir), cfg.to_dict(), self.n_params, str(self.device),
                                self.precision, self.step, cfg.training.max_steps, cfg.tokens_per_step))
+
+    def load_checkpoint(self, path: Path) -> None:
+        try:
+            weights, opt_states, state = checkpoint.load(path, self.device)
+            self.model.load_state_dict(weights)
+            if len(opt_states) != len(self.optimizers):
+                raise ValueError(f"{len(opt_states)} optimizer states for {len(self.optimizers)} optimizers")
+            for opt, st in zip(self.optimizers, opt_states):
+                opt.load_state_dict(st)
+        except Exception as e:  # noqa: BLE001 - safetensors, torch and pickle each raise their own
+            raise ConfigError(f"--resume {path}: the checkpoint does not fit this model or is damaged "
+                              f"({str(e).splitlines()[0]})") from None
+        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+        self.nan_skips = state.get("nan_skips", 0)
+        checkpoint.restore_rng_state(state["rng"])
+        self.log(f"resumed from {path} at step {self.step} ({self.tokens_seen:,} tokens seen)")
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
@@ -94,7 +114,11 @@ class Trainer:
             self.handle_commands()
             if self.stop:
                 break
-            self.train_step()
+            try:
+                self.train_step()
+            except NonFiniteLoss:
+                self.save_last_good()
+                raise
             if self.step == 1 and t.compile:
                 self.emit(P.StateChanged(P.RUNNING))
             every = self.cfg.eval.every
@@ -122,10 +146,12 @@ class Trainer:
         if self.device.type == "cuda" and t.compile:
             torch.compiler.cudagraph_mark_step_begin()
         loss_sum = torch.zeros((), device=self.device)
+        step_batches = []
         for micro in range(t.grad_accum_steps):
             g = batches.global_index(self.step, self.rank, micro, self.world, t.grad_accum_steps)
             x, y = (torch.from_numpy(a).to(self.device, non_blocking=True)
                     for a in batches.get_batch(self.data.train, t.seed, g, t.micro_batch_size, t.seq_len))
+            step_batches.append((x, y))
             with self.autocast():
                 loss = self.train_model(x, y) / t.grad_accum_steps
             (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -139,7 +165,7 @@ class Trainer:
         # be caught before any optimizer touches the weights.
         loss_val, norm_val = (float(v) for v in torch.stack([loss_sum, grad_norm.float()]).tolist())
         if not (math.isfinite(loss_val) and math.isfinite(norm_val)) and not self.scaler:
-            self.on_non_finite(loss_val, norm_val)
+            self.on_non_finite(loss_val, norm_val, step_batches)
             return
         for opt in self.optimizers:
             if self.scaler:
@@ -163,10 +189,13 @@ class Trainer:
                            tokens_per_s=tps, mfu=mfu, dt=dt, mem=mem or None)
         self.emit(P.StepMetrics(self.step, loss_val, lr, norm_val, tps, mfu, dt, self.tokens_seen, mem))
 
-    def on_non_finite(self, loss: float, grad_norm: float) -> None:
+    def on_non_finite(self, loss: float, grad_norm: float, step_batches) -> None:
+        lr = self.optimizers[0].param_groups[0]["lr"]
+        folder, report = nan_debug.dump(self.run_dir, self.step + 1, self.model, step_batches, loss, grad_norm, lr)
+        self.log(report)
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-        what = f"loss {loss}, grad norm {grad_norm}"
+        what = f"loss {loss}, grad norm {grad_norm}; report in {folder}"
         if self.cfg.training.on_nan == "skip" and self.nan_skips < self.cfg.training.max_nan_skips:
             self.nan_skips += 1
             self.log(f"warning: non-finite values at step {self.step + 1} ({what}); update skipped "
@@ -224,11 +253,17 @@ class Trainer:
         self.emit(P.EvalMetrics(self.step, val_loss, val_bpb))
         self.emit(P.StateChanged(P.PAUSED if self.paused else P.RUNNING))
 
+    def save_last_good(self) -> None:
+        """After a non-finite step: the weights in memory are still the last good step's."""
+        last = checkpoint.latest_step(self.run_dir / CHECKPOINTS)
+        if self.step > 0 and last != self.step:
+            self.save_checkpoint()
+
     def save_checkpoint(self) -> None:
         self.emit(P.StateChanged(P.CHECKPOINTING))
         path = checkpoint.save(self.run_dir / CHECKPOINTS, self.step, self.model, self.optimizers,
                                {"tokens_seen": self.tokens_seen, "nan_skips": self.nan_skips,
-                                "config_hash": self.cfg.hash()}, self.cfg.checkpoint.keep)
+                                "config_hash": self.cfg.hash()}, self.cfg.to_toml(), self.cfg.checkpoint.keep)
         self.metrics.write("checkpoint", step=self.step, path=str(path))
         self.emit(P.CheckpointWritten(self.step, str(path)))
         self.log(f"checkpoint: step {self.step} written to {path}")
@@ -271,9 +306,9 @@ class Trainer:
 
 
 def run_in_process(cfg: Config, run_dir: Path, emit: Emit = lambda e: None,
-                   log: Callable[[str], None] = print) -> Trainer:
+                   log: Callable[[str], None] = print, resume_from: Path | None = None) -> Trainer:
     """Train without the engine process (tests and benchmarks that compare against it)."""
-    trainer = Trainer(cfg, run_dir, emit, log, lambda block: None)
+    trainer = Trainer(cfg, run_dir, emit, log, lambda block: None, resume_from=resume_from)
     try:
         trainer.run()
     finally:

@@ -38,6 +38,39 @@ def test_second_run_reuses_the_data_cache(trained_run, tmp_path):
     assert "trained a byte-level BPE" not in proc.stdout
 
 
+def preset_file(tmp_path, text):
+    p = tmp_path / "mine.toml"
+    p.write_text(text)
+    return str(p)
+
+
+def small_corpus(tmp_path):
+    folder = tmp_path / "small"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"{i}.txt").write_text("short text " * 3)
+    return f"data.source=\"{folder}\""
+
+
+@pytest.mark.parametrize("make_args, message", [
+    (lambda t: ["--run", preset_file(t, "[training]\nmax_steps = = 3\n")], "TOML syntax error"),
+    (lambda t: ["--run", preset_file(t, "[trainig]\n")], "unknown section [trainig] (did you mean training?)"),
+    (lambda t: ["--run", "debug", "--set", "training.seed=\"x\""], "training.seed must be an integer, got a string"),
+    (lambda t: ["--run", "debug", "--set", "training.max_steps=-1"], "training.max_steps = -1 must be a positive"),
+    (lambda t: ["--run", "debug", "--set", "model.n_head=6"], "model.n_head = 6 must divide model.d_model = 64"),
+    (lambda t: ["--run", "debug", "--set", "training.seq_len=128"], "above the model's context"),
+    (lambda t: ["--run", "debug", "--set", f"data.source=\"{(t / 'empty').mkdir() or t / 'empty'}\""],
+     "no text found there (empty)"),
+    (lambda t: ["--run", "debug", "--set", small_corpus(t), "--set", "data.max_bytes=0",
+                "--set", "data.val_fraction=0.4", "--set", "tokenizer.vocab_size=300"], "fewer than one sequence"),
+])
+def test_each_bad_input_exits_2_with_its_message(tmp_path, make_args, message):
+    proc = cli(*make_args(tmp_path), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["--run", "nosuchpreset"], "preset 'nosuchpreset' not found"),
     (["--run", "debug", "--set", "training.max_steps"], "expected SECTION.KEY=VALUE"),

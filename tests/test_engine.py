@@ -120,6 +120,9 @@ def test_an_engine_killed_from_outside_is_reported_as_failed(tmp_path):
     engine, events = drive_engine(tiny_config("training.max_steps=500", "eval.every=0"), tmp_path / "run", kill)
     assert engine.final_state == P.FAILED
     assert "SIGKILL" in engine.failure.message
+    # the engine could not record its own death; the front-end did, in the run folder
+    assert "killed by SIGKILL" in (tmp_path / "run" / "train.log").read_text()
+    assert "SIGKILL" in read_metrics(tmp_path / "run", "failure")[-1]["message"]
 
 
 def test_an_exception_in_the_engine_arrives_with_its_traceback(tmp_path):

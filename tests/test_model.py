@@ -65,3 +65,13 @@ def test_token_losses_agree_with_the_mean_loss():
     x = torch.randint(0, 97, (2, 17))
     with torch.no_grad():
         assert torch.allclose(model.token_losses(x[:, :-1], x[:, 1:]).mean(), model(x[:, :-1], x[:, 1:]))
+
+
+def test_checkpoint_refuses_to_start_without_the_disk_space(tmp_path):
+    import pytest
+
+    from lmcockpit.core.checkpoint import CheckpointError, check_free_space
+
+    check_free_space(tmp_path, 1 << 20)  # a megabyte is there
+    with pytest.raises(CheckpointError, match=r"not enough free disk for a checkpoint in .*GiB free"):
+        check_free_space(tmp_path, 1 << 60)  # an exabyte is not

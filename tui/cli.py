@@ -15,6 +15,7 @@ from rich.text import Text
 
 from lmcockpit import __version__
 from lmcockpit.core.config import ConfigError, load_config
+from lmcockpit.core.resume import plan_resume
 from lmcockpit.core.runfolder import create_run_dir
 
 
@@ -31,10 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="lmcockpit", description="Pretrain language models from scratch, from a terminal cockpit.",
                 epilog="Shipped presets: run `lmcockpit --run cpu` to train the embedded default.")
     p.add_argument("preset", nargs="?", help="open the cockpit and start this preset at once (path or shipped name)")
-    p.add_argument("--run", metavar="PRESET", help="train headless: a preset TOML path or a shipped preset name")
+    p.add_argument("--run", metavar="PRESET", nargs="?", const="",
+                   help="train headless: a preset TOML path or a shipped preset name (none with --resume)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, VALUE in TOML syntax (repeatable): --set training.max_steps=200")
     p.add_argument("--out", metavar="DIR", help="run folder (default: runs/<preset>-<timestamp>)")
+    p.add_argument("--resume", metavar="PATH",
+                   help="continue a run folder in place (from its latest checkpoint), or a checkpoint folder "
+                        "into a new run folder")
     p.add_argument("--version", action="version", version=f"lmcockpit {__version__}")
     return p
 
@@ -48,9 +53,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from lmcockpit.core.runner import EngineProcess
     from lmcockpit.tui.headless import Headless
 
-    cfg, path = load_config(args.run, args.overrides)
-    run_dir = create_run_dir(cfg, Path(path).stem, args.out)
-    return Headless(EngineProcess(cfg, run_dir), cfg.training.log_every).run()
+    if args.resume:
+        if args.run or args.preset:
+            raise UsageError("--resume continues with the checkpoint's own config: drop the preset "
+                             "(change the step budget or cadence with --set)")
+        plan = plan_resume(args.resume, args.overrides, args.out)
+        cfg, run_dir, resume_from = plan.cfg, plan.run_dir, plan.checkpoint
+    else:
+        if not args.run:
+            raise UsageError("--run needs a preset (a TOML path or a shipped name such as `cpu`)")
+        cfg, path = load_config(args.run, args.overrides)
+        run_dir, resume_from = create_run_dir(cfg, Path(path).stem, args.out), None
+    return Headless(EngineProcess(cfg, run_dir, resume_from), cfg.training.log_every).run()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.run and args.preset:
             raise UsageError(f"give the preset once: either `lmcockpit {args.preset}` or `--run {args.run}`")
-        if args.run:
+        if args.run is not None:
             return cmd_run(args)
         raise UsageError("the interactive cockpit is not built yet; train headless with "
                          "`lmcockpit --run cpu` (or --run PRESET.toml)")

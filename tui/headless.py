@@ -133,6 +133,7 @@ class Headless:
     def __init__(self, engine: EngineProcess, log_every: int, console: Console | None = None):
         self.engine = engine
         self.console = console or Console(highlight=False, soft_wrap=True)
+        self.errors = Console(stderr=True, highlight=False, soft_wrap=True)
         self.interactive = self.console.is_terminal
         self.log_every = log_every
         self.view = RunView()
@@ -211,10 +212,10 @@ class Headless:
         v, state = self.view, self.engine.final_state or P.FAILED
         failure = self.engine.failure
         if failure is not None and failure.user_error:
-            self.console.print(Text(f"error: {failure.message}"), style="bold red")
+            self.errors.print(Text(f"error: {failure.message}"), style="bold red")
             return 2
         if failure is not None:
-            self.console.print(Text(f"run failed: {failure.message}"), style="bold red")
+            self.errors.print(Text(f"run failed: {failure.message}"), style="bold red")
         elif state == P.FINISHED:
             summary = f"finished {v.step} steps"
             if v.first_loss is not None and v.loss is not None:
@@ -230,5 +231,5 @@ class Headless:
                 self.say(f"last checkpoint: {v.last_checkpoint}")
                 self.say(f"chat with it:    lmcockpit chat {v.run_dir}")
             if state == P.INTERRUPTED:
-                self.say(f"resume with:     lmcockpit --run {v.run_dir}/config.toml --resume {v.run_dir}")
+                self.say(f"resume with:     lmcockpit --run --resume {v.run_dir}")
         return EXIT_CODES.get(state, 1)

@@ -1,0 +1,109 @@
+"""`--resume PATH`: what to continue from, into which folder, with which config.
+
+A run folder continues in place from its latest complete checkpoint (metrics.jsonl loses the
+lines past that checkpoint's step, so no step appears twice); a checkpoint folder continues into
+a new run folder. The checkpoint's own config is used: `--set` may change only what cannot change
+the trajectory (the step budget and the eval/checkpoint/log/sample cadence) and refuses the rest
+by name. Torch-free: the front-end plans the resume before the engine starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import Config, ConfigError, apply_overrides, config_from_dict, parse_override, read_toml, write_config
+from .runfolder import CHECKPOINTS, CONFIG, METRICS, create_run_dir, latest_checkpoint
+
+SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eval.batches", "checkpoint.every",
+                  "checkpoint.keep", "hardware.device"}
+SAFE_SECTIONS = {"sample"}
+CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "state.json", CONFIG)
+FORMAT_VERSION = 1  # checkpoint.FORMAT_VERSION, kept here so the front-end needs no torch
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    cfg: Config
+    run_dir: Path
+    checkpoint: Path
+    step: int
+    in_place: bool
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / CONFIG).is_file() and (path / CHECKPOINTS).is_dir()
+
+
+def check_checkpoint(path: Path) -> int:
+    """The checkpoint's step, or a ConfigError saying what is wrong with it."""
+    missing = [f for f in CHECKPOINT_FILES if not (path / f).is_file()]
+    if missing:
+        raise ConfigError(f"--resume {path}: not a complete lmcockpit checkpoint (missing {', '.join(missing)})")
+    try:
+        state = json.loads((path / "state.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--resume {path}: state.json is unreadable ({e}); the checkpoint is damaged") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION or not isinstance(state.get("step"), int):
+        raise ConfigError(f"--resume {path}: state.json is not an lmcockpit checkpoint of format {FORMAT_VERSION}")
+    return state["step"]
+
+
+def plan_resume(path_arg: str, overrides: list[str], out: str | None) -> ResumePlan:
+    path = Path(path_arg).expanduser()
+    if is_run_dir(path):
+        if out:
+            raise ConfigError(f"--resume {path} continues that run folder in place; --out applies only when "
+                              "resuming from a checkpoint folder")
+        ckpt = latest_checkpoint(path)
+        if ckpt is None:
+            raise ConfigError(f"--resume {path}: the run has no complete checkpoint to continue from")
+        in_place = True
+    elif (path / "state.json").is_file() or (path / "model.safetensors").is_file():
+        ckpt, in_place = path, False
+    else:
+        raise ConfigError(f"--resume {path}: neither a run folder (config.toml and checkpoints/) nor a "
+                          "checkpoint folder (state.json, model.safetensors)")
+    step = check_checkpoint(ckpt)
+    for item in overrides:
+        section, key, _ = parse_override(item)
+        if f"{section}.{key}" not in SAFE_TO_CHANGE and section not in SAFE_SECTIONS:
+            allowed = ", ".join(sorted(SAFE_TO_CHANGE | {f"{s}.*" for s in SAFE_SECTIONS}))
+            raise ConfigError(f"--set {section}.{key}: cannot change when resuming (it would change the run "
+                              f"the checkpoint belongs to); these can: {allowed}")
+    raw = apply_overrides(read_toml(ckpt / CONFIG), overrides)
+    cfg = config_from_dict(raw, source=str(ckpt / CONFIG), from_set={".".join(parse_override(o)[:2]) for o in overrides})
+    if cfg.training.max_steps <= step:
+        raise ConfigError(f"--resume {path}: the checkpoint is at step {step} and training.max_steps is "
+                          f"{cfg.training.max_steps}; raise it with --set training.max_steps=N")
+    if in_place:
+        run_dir = path
+        write_config(cfg, run_dir / CONFIG)
+        truncate_metrics(run_dir / METRICS, step)
+        for later in (path / CHECKPOINTS).glob("step_*"):
+            # Checkpoints past the one we continue from belong to a future that is being redone.
+            if later.name > ckpt.name:
+                shutil.rmtree(later, ignore_errors=True)
+    else:
+        run_dir = create_run_dir(cfg, ckpt.parent.parent.name or "resumed", out)
+    return ResumePlan(cfg, run_dir, ckpt, step, in_place)
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop the lines past `step`, atomically: a crash here leaves the old file whole."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill
+        if row.get("step", 0) <= step:
+            kept.append(line)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+    os.replace(tmp, path)
