@@ -67,8 +67,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return Headless(EngineProcess(cfg, run_dir, resume_from), cfg.training.log_every).run()
 
 
+# Subcommands live in modules of their own, each with `main(argv) -> int` and the same exit codes.
+SUBCOMMANDS = {"chat": "lmcockpit.tui.chat", "export": "lmcockpit.tui.export",
+               "presets": "lmcockpit.tui.presets", "doctor": "lmcockpit.tui.doctor"}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in SUBCOMMANDS:
+        import importlib
+
+        try:
+            module = importlib.import_module(SUBCOMMANDS[argv[0]])
+        except ModuleNotFoundError:
+            return error(f"`lmcockpit {argv[0]}` is not built yet")
+        return module.main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
         if args.run and args.preset:
