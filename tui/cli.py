@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="PATH",
                    help="continue a run folder in place (from its latest checkpoint), or a checkpoint folder "
                         "into a new run folder")
+    p.add_argument("--gpu", metavar="N", type=int, help="train on GPU N (same as --set hardware.device=\"cuda:N\")")
     p.add_argument("--version", action="version", version=f"lmcockpit {__version__}")
     return p
 
@@ -47,6 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
 def error(message: str) -> int:
     Console(stderr=True, highlight=False, soft_wrap=True).print(Text(f"error: {message}"), style="bold red")
     return 2
+
+
+def overrides_of(args: argparse.Namespace) -> list[str]:
+    if args.gpu is None:
+        return args.overrides
+    if args.gpu < 0:
+        raise UsageError(f"--gpu {args.gpu}: expected a GPU index, 0 or more")
+    return [*args.overrides, f'hardware.device="cuda:{args.gpu}"']
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -57,12 +66,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.run or args.preset:
             raise UsageError("--resume continues with the checkpoint's own config: drop the preset "
                              "(change the step budget or cadence with --set)")
-        plan = plan_resume(args.resume, args.overrides, args.out)
+        plan = plan_resume(args.resume, overrides_of(args), args.out)
         cfg, run_dir, resume_from = plan.cfg, plan.run_dir, plan.checkpoint
     else:
         if not args.run:
             raise UsageError("--run needs a preset (a TOML path or a shipped name such as `cpu`)")
-        cfg, path = load_config(args.run, args.overrides)
+        cfg, path = load_config(args.run, overrides_of(args))
         run_dir, resume_from = create_run_dir(cfg, Path(path).stem, args.out), None
     return Headless(EngineProcess(cfg, run_dir, resume_from), cfg.training.log_every).run()
 
