@@ -82,3 +82,54 @@ def read_metrics(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in rows if kind is None or r["kind"] == kind]
+
+
+def _tail_rows(path: Path, max_bytes: int = 65536) -> list[dict[str, Any]]:
+    """The last metrics rows, reading only the file's end: run folders can hold millions of lines."""
+    if not path.is_file():
+        return []
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        size = fh.tell()
+        fh.seek(max(0, size - max_bytes))
+        lines = fh.read().decode("utf-8", errors="replace").splitlines()[1 if size > max_bytes else 0:]
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def run_summary(run_dir: Path) -> dict[str, Any]:
+    """{name, status, step, loss, max_steps, checkpoint} of a run folder, for the launch screen."""
+    import tomllib
+
+    run_dir = Path(run_dir)
+    try:
+        max_steps = tomllib.loads((run_dir / CONFIG).read_text())["training"]["max_steps"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        max_steps = None
+    rows = _tail_rows(run_dir / METRICS)
+    steps = [r for r in rows if r.get("kind") == "step"]
+    step = steps[-1]["step"] if steps else 0
+    ckpt = latest_checkpoint(run_dir)
+    if rows and rows[-1].get("kind") == "failure":
+        status = "failed"
+    elif max_steps and step >= max_steps and ckpt is not None:
+        status = "finished"
+    elif step:
+        status = "stopped"
+    else:
+        status = "empty"
+    return {"name": run_dir.name, "status": status, "step": step, "max_steps": max_steps,
+            "loss": steps[-1]["loss"] if steps else None, "checkpoint": ckpt}
+
+
+def recent_runs(runs_root: Path, limit: int = 20) -> list[Path]:
+    """Run folders under `runs_root`, newest first."""
+    if not runs_root.is_dir():
+        return []
+    runs = [p for p in runs_root.iterdir() if (p / CONFIG).is_file()]
+    return sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True)[:limit]

@@ -7,9 +7,11 @@ reported as a `Failure` like any other.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import queue
 import signal
+import sys
 from pathlib import Path
 
 from . import protocol as P
@@ -17,11 +19,24 @@ from .config import Config
 from .runfolder import METRICS, TRAIN_LOG, MetricsLog
 
 
+@contextlib.contextmanager
+def _real_streams():
+    """Textual replaces sys.stdout/stderr with objects whose fileno() is -1, and multiprocessing
+    hands sys.stderr's descriptor to the processes it starts: give it the real streams."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 class EngineProcess:
     def __init__(self, cfg: Config, run_dir: Path, resume_from: Path | None = None):
         ctx = mp.get_context("spawn")
-        self.events = ctx.Queue()
-        self.commands = ctx.Queue()
+        with _real_streams():  # a queue's semaphore starts multiprocessing's resource tracker
+            self.events = ctx.Queue()
+            self.commands = ctx.Queue()
         from .engine import main  # torch-free at import: torch loads in the child
 
         self.process = ctx.Process(target=main, name="lmcockpit-engine",
@@ -33,7 +48,8 @@ class EngineProcess:
         self.last_step = 0
 
     def start(self) -> None:
-        self.process.start()
+        with _real_streams():
+            self.process.start()
 
     @property
     def pid(self) -> int | None:

@@ -44,7 +44,7 @@ class Telemetry:
             self.nvml = pynvml
             self.driver = _str(pynvml.nvmlSystemGetDriverVersion())
         except Exception as e:  # noqa: BLE001 - no library, no driver, no GPU: all mean "no NVML"
-            self.nvml_error = f"no NVML ({type(e).__name__}: {e})" if str(e) else "no NVML"
+            self.nvml_error = f"no NVML: {e}" if str(e) else "no NVML"
         psutil.cpu_percent(None)  # the first call primes the counter
 
     def read(self) -> Reading:

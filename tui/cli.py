@@ -58,22 +58,40 @@ def overrides_of(args: argparse.Namespace) -> list[str]:
     return [*args.overrides, f'hardware.device="cuda:{args.gpu}"']
 
 
+def plan_run(args: argparse.Namespace, preset: str | None):
+    """(config, run folder, checkpoint to resume from or None, title) from the run options."""
+    if args.resume:
+        if preset:
+            raise UsageError("--resume continues with the checkpoint's own config: drop the preset "
+                             "(change the step budget or cadence with --set)")
+        plan = plan_resume(args.resume, overrides_of(args), args.out)
+        return plan.cfg, plan.run_dir, plan.checkpoint, plan.run_dir.name
+    if not preset:
+        raise UsageError("--run needs a preset (a TOML path or a shipped name such as `cpu`)")
+    cfg, path = load_config(preset, overrides_of(args))
+    return cfg, create_run_dir(cfg, Path(path).stem, args.out), None, Path(path).stem
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from lmcockpit.core.runner import EngineProcess
     from lmcockpit.tui.headless import Headless
 
-    if args.resume:
-        if args.run or args.preset:
-            raise UsageError("--resume continues with the checkpoint's own config: drop the preset "
-                             "(change the step budget or cadence with --set)")
-        plan = plan_resume(args.resume, overrides_of(args), args.out)
-        cfg, run_dir, resume_from = plan.cfg, plan.run_dir, plan.checkpoint
-    else:
-        if not args.run:
-            raise UsageError("--run needs a preset (a TOML path or a shipped name such as `cpu`)")
-        cfg, path = load_config(args.run, overrides_of(args))
-        run_dir, resume_from = create_run_dir(cfg, Path(path).stem, args.out), None
+    cfg, run_dir, resume_from, _ = plan_run(args, args.run or args.preset)
     return Headless(EngineProcess(cfg, run_dir, resume_from), cfg.training.log_every).run()
+
+
+def cmd_cockpit(args: argparse.Namespace) -> int:
+    from lmcockpit.tui.app import CockpitApp, RunRequest
+
+    start = None
+    if args.preset or args.resume:
+        start = RunRequest(*plan_run(args, args.preset))
+    app = CockpitApp(start)
+    try:
+        app.run()
+    finally:
+        app.stop_engines()
+    return app.return_code or 0
 
 
 # Subcommands live in modules of their own, each with `main(argv) -> int` and the same exit codes.
@@ -97,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"give the preset once: either `lmcockpit {args.preset}` or `--run {args.run}`")
         if args.run is not None:
             return cmd_run(args)
-        raise UsageError("the interactive cockpit is not built yet; train headless with "
-                         "`lmcockpit --run cpu` (or --run PRESET.toml)")
+        return cmd_cockpit(args)
     except (UsageError, ConfigError) as e:
         return error(str(e))
     except KeyboardInterrupt:

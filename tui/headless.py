@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import dataclass, field
-
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
@@ -14,79 +12,9 @@ from rich.text import Text
 from lmcockpit.core import protocol as P
 from lmcockpit.core.runner import EngineProcess
 from lmcockpit.core.telemetry import Reading, Telemetry
+from lmcockpit.tui.runview import DASH, RunView, bar, fmt_count, fmt_duration
 
 EXIT_CODES = {P.FINISHED: 0, P.ABORTED: 0, P.INTERRUPTED: 130, P.FAILED: 1}
-DASH = "–"
-
-
-def fmt_count(x: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.1f}{unit}"
-    return f"{x:.0f}"
-
-
-def fmt_duration(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def bar(fraction: float, width: int = 20) -> str:
-    eighths = " ▏▎▍▌▋▊▉█"
-    filled = max(0.0, min(1.0, fraction)) * width
-    full = int(filled)
-    part = eighths[int((filled - full) * 8)] if full < width else ""
-    return ("█" * full + part).ljust(width)
-
-
-@dataclass
-class RunView:
-    """What the front-end knows of the run, folded from events (the cockpit reuses it)."""
-    state: str = P.PREPARING
-    run_dir: str = ""
-    max_steps: int = 0
-    start_step: int = 0
-    step: int = 0
-    loss: float | None = None
-    tokens_per_s: float | None = None
-    mfu: float | None = None
-    dt_ema: float | None = None
-    started_at: float = field(default_factory=time.monotonic)
-    train_started_at: float | None = None
-    progress: P.Progress | None = None
-    last_eval: P.EvalMetrics | None = None
-    first_loss: float | None = None
-    last_checkpoint: str = ""
-    samples: dict[str, str] = field(default_factory=dict)
-
-    def apply(self, ev: object) -> None:
-        if isinstance(ev, P.RunStarted):
-            self.run_dir, self.max_steps = ev.run_dir, ev.max_steps
-            self.start_step = self.step = ev.start_step
-        elif isinstance(ev, P.StepMetrics):
-            if self.train_started_at is None:
-                self.train_started_at = time.monotonic()
-            self.step, self.loss, self.tokens_per_s, self.mfu = ev.step, ev.loss, ev.tokens_per_s, ev.mfu
-            if self.first_loss is None:
-                self.first_loss = ev.loss
-            elif self.dt_ema is None:  # the first step carries compilation: leave it out of the rate
-                self.dt_ema = ev.dt
-            else:
-                self.dt_ema = 0.9 * self.dt_ema + 0.1 * ev.dt
-        elif isinstance(ev, P.EvalMetrics):
-            self.last_eval = ev
-        elif isinstance(ev, P.Progress):
-            self.progress = ev
-        elif isinstance(ev, P.StateChanged):
-            self.state = ev.state
-        elif isinstance(ev, P.CheckpointWritten):
-            self.last_checkpoint = ev.path
-        elif isinstance(ev, P.SampleText):
-            self.samples[ev.request_id] = self.samples.get(ev.request_id, "") + ev.text
-
-    @property
-    def eta(self) -> float | None:
-        return self.dt_ema * (self.max_steps - self.step) if self.dt_ema else None
 
 
 def progress_line(v: RunView, reading: Reading | None) -> str:
@@ -99,7 +27,7 @@ def progress_line(v: RunView, reading: Reading | None) -> str:
                     f"({p.done / 1e6:.1f}/{p.total / 1e6:.1f} MB)")
         return f"Preparing data: {p.phase}…"
     if v.state == P.COMPILING:
-        return f"Compiling the model (torch.compile)… {fmt_duration(time.monotonic() - v.started_at)}"
+        return f"Compiling the model (torch.compile)… {fmt_duration(v.elapsed)}"
     gpu = reading.gpus[0] if reading and reading.gpus else None
     vram = f"{gpu.mem_used / 1e9:.1f}/{gpu.mem_total / 1e9:.1f}GB" if gpu else DASH
     frac = v.step / v.max_steps if v.max_steps else 0.0

@@ -1,0 +1,155 @@
+"""The cockpit through `App.run_test()` and Pilot, against the real engine process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lmcockpit.core import protocol as P
+from lmcockpit.core.config import load_config
+from lmcockpit.core.runfolder import create_run_dir, latest_checkpoint
+from lmcockpit.tui.app import CockpitApp, RunRequest
+from lmcockpit.tui.screens.dashboard import DashboardScreen
+from lmcockpit.tui.screens.launch import LaunchScreen
+
+from .conftest import SHRINK_CPU, TINY, cli
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def shrunk_cpu(*extra: str):
+    cfg, _ = load_config("cpu", [*SHRINK_CPU, *TINY, "training.compile=false", "eval.every=0", *extra])
+    return cfg
+
+
+def request(tmp_path: Path, *extra: str) -> RunRequest:
+    cfg = shrunk_cpu(*extra)
+    return RunRequest(cfg, create_run_dir(cfg, "cpu", str(tmp_path / "run")), None, "cpu")
+
+
+async def wait_for(pilot, condition, timeout: float = 90.0, what: str = "condition") -> None:
+    """Let the app run until `condition()` holds (a synchronisation on state, not a guess)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await pilot.pause(0.05)
+
+
+def dashboard(app) -> DashboardScreen:
+    assert isinstance(app.screen, DashboardScreen), app.screen
+    return app.screen
+
+
+async def test_pause_checkpoint_resume(tmp_path):
+    app = CockpitApp(request(tmp_path, "training.max_steps=100000"), telemetry=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        dash = dashboard(app)
+        await wait_for(pilot, lambda: dash.view.step >= 2, what="training to start")
+        await pilot.press("p")
+        await wait_for(pilot, lambda: dash.view.state == P.PAUSED, what="paused")
+        paused_at = dash.view.step
+        await pilot.press("c")  # a command answered while paused proves the engine is listening
+        ckpt = tmp_path / "run" / "checkpoints" / f"step_{paused_at:06d}"
+        await wait_for(pilot, ckpt.is_dir, what="checkpoint folder")
+        assert dash.view.step == paused_at, "the step counter moved while paused"
+        await pilot.press("p")
+        await wait_for(pilot, lambda: dash.view.step >= paused_at + 2, what="steps after resume")
+        assert dash.view.state == P.RUNNING
+        await pilot.press("a")
+        await pilot.press("escape")  # Esc cancels: it runs on
+        step = dash.view.step
+        await wait_for(pilot, lambda: dash.view.step >= step + 2, what="steps after cancelled abort")
+        await pilot.press("a")
+        await pilot.press("enter")  # Enter: checkpoint, then stop
+        await wait_for(pilot, lambda: dash.engine.done, what="engine to end")
+        dash.engine.join(timeout=30)
+        assert not dash.engine.process.is_alive() and dash.engine.process.exitcode == 0
+        assert dash.view.state == P.ABORTED
+        last = latest_checkpoint(tmp_path / "run")
+        assert last is not None and last.name == f"step_{dash.view.step:06d}"
+
+
+async def test_a_failing_engine_shows_the_failure_panel_and_the_cockpit_stays_usable(tmp_path):
+    app = CockpitApp(request(tmp_path, "optimizer.lr=1e30", "optimizer.muon_lr=1e30", "training.grad_clip=0"),
+                     telemetry=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        dash = dashboard(app)
+        await wait_for(pilot, lambda: dash.has_class("failed"), what="failure panel")
+        text = str(dash.query_one("#failure").render())
+        assert "RUN FAILED" in text and "non-finite" in text and str(tmp_path / "run") in text
+        assert dash.query_one("#failure").display
+        await pilot.press("question_mark")  # still usable: help opens and closes
+        assert app.screen.__class__.__name__ == "HelpScreen"
+        await pilot.press("escape")
+        assert app.screen is dash
+        await pilot.press("q")  # nothing running: q quits at once
+    assert app.return_code == 0
+
+
+async def test_launch_screen_selects_edits_validates_and_saves(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        launch = app.screen
+        assert isinstance(launch, LaunchScreen)
+        await pilot.press("down")  # cpu → debug
+        assert launch.preset_name == "debug"
+        settings = launch.query_one("#settings")
+        settings.focus()
+        row = [r.value for r in settings.rows].index("training.max_steps")
+        settings.move_cursor(row=row)
+        await pilot.press("e")
+        edit = launch.query_one("#edit")
+        status = launch.query_one("#edit-status")
+        edit.value = "-3"
+        await pilot.pause()
+        assert "must be a positive integer" in str(status.render()) and edit.has_class("invalid")
+        await pilot.press("enter")  # refused: nothing applied
+        assert "training.max_steps" not in launch.overrides
+        edit.value = "4"
+        await pilot.pause()
+        assert "valid" in str(status.render())
+        await pilot.press("enter")
+        assert launch.overrides == {"training.max_steps": "4"}
+        await pilot.press("s")
+        launch.query_one("#saveas").value = str(tmp_path / "mine.toml")
+        await pilot.press("enter")
+        await pilot.pause()
+    saved = tmp_path / "mine.toml"
+    assert "max_steps = 4" in saved.read_text()
+    proc = cli("--run", str(saved), "--set", "training.log_every=1", "--out", str(tmp_path / "fromsaved"))
+    assert proc.returncode == 0, proc.stderr
+    assert "step 4/4" in proc.stdout
+
+
+def test_starting_the_cockpit_never_imports_torch(tmp_path):
+    """The front-end process stays torch-free even while a run is training under it."""
+    script = f"""
+import asyncio, sys, time
+from lmcockpit.core.config import load_config
+from lmcockpit.core.runfolder import create_run_dir
+from lmcockpit.tui.app import CockpitApp, RunRequest
+from tests.test_cockpit import shrunk_cpu
+
+cfg = shrunk_cpu("training.max_steps=4")
+req = RunRequest(cfg, create_run_dir(cfg, "cpu", {str(tmp_path / 'run')!r}), None, "cpu")
+
+async def main():
+    app = CockpitApp(req, telemetry=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        deadline = time.monotonic() + 120
+        while not app.screen.engine.done and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        print("steps", app.screen.view.step)
+    print("torch imported:", "torch" in sys.modules)
+asyncio.run(main())
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                          cwd=Path(__file__).parent.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "steps 4" in proc.stdout
+    assert "torch imported: False" in proc.stdout

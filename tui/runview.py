@@ -1,0 +1,116 @@
+"""What a front-end knows of a run, folded from engine events, and the formatting both
+front-ends share. Torch-free."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from lmcockpit.core import protocol as P
+
+DASH = "–"
+
+
+def fmt_count(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def fmt_duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def bar(fraction: float, width: int = 20) -> str:
+    eighths = " ▏▎▍▌▋▊▉█"
+    filled = max(0.0, min(1.0, fraction)) * width
+    full = int(filled)
+    part = eighths[int((filled - full) * 8)] if full < width else ""
+    return ("█" * full + part).ljust(width)
+
+
+@dataclass
+class RunView:
+    """The run as the front-end knows it, folded from events."""
+    state: str = P.PREPARING
+    run_dir: str = ""
+    max_steps: int = 0
+    start_step: int = 0
+    step: int = 0
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    dt_ema: float | None = None
+    clock: object = time.monotonic  # injectable, so snapshot tests render a fixed elapsed time
+    started_at: float = 0.0
+    train_started_at: float | None = None
+    progress: P.Progress | None = None
+    last_eval: P.EvalMetrics | None = None
+    first_loss: float | None = None
+    last_checkpoint: str = ""
+    samples: dict[str, str] = field(default_factory=dict)
+    # the whole history, for the charts (they downsample it, never truncate it)
+    steps: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+    val_steps: list[int] = field(default_factory=list)
+    val_losses: list[float] = field(default_factory=list)
+    lr: float | None = None
+    grad_norm: float | None = None
+    tokens_seen: int = 0
+    mem: dict = field(default_factory=dict)
+    device: str = ""
+    precision: str = ""
+    n_params: int = 0
+    tokens_per_step: int = 0
+    failure: P.Failure | None = None
+    state_detail: str = ""
+    config: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.started_at = self.clock()
+
+    @property
+    def elapsed(self) -> float:
+        return self.clock() - self.started_at
+
+    def apply(self, ev: object) -> None:
+        if isinstance(ev, P.RunStarted):
+            self.run_dir, self.max_steps = ev.run_dir, ev.max_steps
+            self.start_step = self.step = ev.start_step
+            self.device, self.precision, self.n_params = ev.device, ev.precision, ev.n_params
+            self.tokens_per_step, self.config = ev.tokens_per_step, ev.config
+        elif isinstance(ev, P.StepMetrics):
+            if self.train_started_at is None:
+                self.train_started_at = self.clock()
+            self.step, self.loss, self.tokens_per_s, self.mfu = ev.step, ev.loss, ev.tokens_per_s, ev.mfu
+            self.lr, self.grad_norm, self.tokens_seen, self.mem = ev.lr, ev.grad_norm, ev.tokens_seen, ev.mem
+            self.steps.append(ev.step)
+            self.losses.append(ev.loss)
+            self.lrs.append(ev.lr)
+            if self.first_loss is None:
+                self.first_loss = ev.loss
+            elif self.dt_ema is None:  # the first step carries compilation: leave it out of the rate
+                self.dt_ema = ev.dt
+            else:
+                self.dt_ema = 0.9 * self.dt_ema + 0.1 * ev.dt
+        elif isinstance(ev, P.EvalMetrics):
+            self.last_eval = ev
+            self.val_steps.append(ev.step)
+            self.val_losses.append(ev.val_loss)
+        elif isinstance(ev, P.Progress):
+            self.progress = ev
+        elif isinstance(ev, P.StateChanged):
+            self.state, self.state_detail = ev.state, ev.detail
+        elif isinstance(ev, P.Failure):
+            self.failure = ev
+        elif isinstance(ev, P.CheckpointWritten):
+            self.last_checkpoint = ev.path
+        elif isinstance(ev, P.SampleText):
+            self.samples[ev.request_id] = self.samples.get(ev.request_id, "") + ev.text
+
+    @property
+    def eta(self) -> float | None:
+        return self.dt_ema * (self.max_steps - self.step) if self.dt_ema else None

@@ -1,0 +1,260 @@
+"""The dashboard: a live run's charts, panels, log, controls, failure panel and chat pane.
+
+Engine events arrive through a thread worker that blocks on the engine queue and posts them in
+batches (everything queued within a 50 ms window becomes one message), so a fast run never
+floods the message loop. Applying a batch only folds events into the RunView and writes log
+lines; panels and charts redraw from a timer at a bounded rate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Input, ProgressBar, RichLog, Static
+from textual.worker import get_current_worker
+
+from lmcockpit.core import protocol as P
+from lmcockpit.core.runner import EngineProcess
+from lmcockpit.core.telemetry import Reading, Telemetry
+from lmcockpit.tui.runview import RunView
+from lmcockpit.tui.screens.dialogs import AbortDialog, HelpScreen, QuitDialog
+from lmcockpit.tui.widgets.charts import LossChart
+from lmcockpit.tui.widgets.panels import (Panel, gpu_rows, host_rows, memory_rows, spark, state_text,
+                                          throughput_rows)
+
+REDRAW_EVERY = 0.5  # seconds: plotext rebuilds every point on a draw
+BATCH_WINDOW = 0.05
+NARROW, SHORT = 100, 30  # below these the side panels and the chart shrink
+
+
+class EngineEvents(Message):
+    def __init__(self, events: list[object]) -> None:
+        super().__init__()
+        self.events = events
+
+
+class DashboardScreen(Screen):
+    BINDINGS = [
+        ("p", "toggle_pause", "Pause/Resume"),
+        ("c", "checkpoint", "Checkpoint"),
+        ("a", "abort", "Abort"),
+        ("l", "log_scale", "Log scale"),
+        ("t", "chat", "Chat"),
+        ("question_mark", "help", "Help"),
+        ("q", "quit_run", "Quit"),
+    ]
+
+    def __init__(self, engine: EngineProcess | None, title: str, clock=time.monotonic,
+                 telemetry: Telemetry | None = None) -> None:
+        super().__init__()
+        self.engine = engine
+        self.run_title = title
+        self.view = RunView(clock=clock)
+        if engine is not None:  # known before the engine says anything, so a failure can show it
+            self.view.run_dir = str(engine.run_dir)
+        self.telemetry = telemetry
+        self.reading: Reading | None = None
+        self.util_history: list[float] = []
+        self.dirty = True
+        self.quit_when_done = False
+        self.request_ids = itertools.count(1)
+        self.chat_transcript = Text()
+
+    # --------------------------------------------------------------------------------- layout
+    def compose(self) -> ComposeResult:
+        yield Static(id="topbar")
+        with Horizontal(id="main"):
+            with Vertical(id="left"):
+                yield LossChart(id="loss")
+                yield Static(id="lr")
+            with VerticalScroll(id="side"):
+                yield Panel("run", id="state")
+                yield Panel("throughput", id="throughput")
+                yield Panel("memory", id="memory")
+                yield Panel("GPU", id="gpu")
+                yield Panel("host", id="host")
+            with Vertical(id="chat"):
+                with VerticalScroll(id="chat-scroll"):
+                    yield Static(id="chat-output")
+                yield Input(placeholder="prompt, then Enter: the model continues it", id="chat-input")
+        yield ProgressBar(id="progress", show_eta=False)
+        yield Static(id="failure")
+        yield RichLog(id="log", max_lines=5000, markup=False, highlight=False, wrap=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#log", RichLog).border_title = "log"
+        self.query_one("#chat").border_title = "chat (t to close)"
+        self.on_resize()
+        self.set_interval(REDRAW_EVERY, self.redraw)
+        if self.telemetry is not None:
+            self.sample_telemetry()
+            self.set_interval(1.0, self.sample_telemetry)
+        if self.engine is not None:
+            self.drain_engine()
+        self.redraw()
+
+    def on_resize(self, event=None) -> None:
+        self.set_class(self.size.width < NARROW, "narrow")
+        self.set_class(self.size.height < SHORT, "short")
+
+    # ---------------------------------------------------------------------------- the bridge
+    @work(thread=True, exclusive=True, group="engine-events")
+    def drain_engine(self) -> None:
+        worker, engine = get_current_worker(), self.engine
+        while not worker.is_cancelled and not engine.done:
+            first = engine.poll(timeout=0.2)
+            if first is None:
+                continue
+            batch, deadline = [first], time.monotonic() + BATCH_WINDOW
+            while time.monotonic() < deadline and not engine.done:
+                ev = engine.poll(timeout=max(0.0, deadline - time.monotonic()))
+                if ev is None:
+                    break
+                batch.append(ev)
+            self.post_message(EngineEvents(batch))
+
+    def on_engine_events(self, message: EngineEvents) -> None:
+        self.apply_events(message.events)
+
+    def apply_events(self, events: list[object]) -> None:
+        log = self.query_one("#log", RichLog)
+        for ev in events:
+            self.view.apply(ev)
+            if isinstance(ev, P.LogLine):
+                log.write(ev.text)
+            elif isinstance(ev, P.SampleText):
+                self.chat_transcript.append(ev.text + ("\n\n" if ev.done else ""),
+                                            style="" if not ev.done else "dim")
+                self.query_one("#chat-output", Static).update(self.chat_transcript)
+                self.query_one("#chat-scroll", VerticalScroll).scroll_end(animate=False)
+            elif isinstance(ev, P.StateChanged) and ev.state in P.TERMINAL_STATES:
+                self.on_terminal(ev)
+        self.dirty = True
+
+    def on_terminal(self, ev: P.StateChanged) -> None:
+        v = self.view
+        if ev.state == P.FAILED:
+            self.show_failure()
+        else:
+            self.notify(f"run {ev.state} at step {v.step}", timeout=8)
+        if self.quit_when_done:
+            self.app.exit()
+
+    def show_failure(self) -> None:
+        v, f = self.view, self.view.failure
+        text = Text("RUN FAILED\n", style="bold red")
+        text.append((f.message if f else v.state_detail or "the engine stopped") + "\n", style="bold")
+        if f and f.traceback:
+            text.append("\n".join(f.traceback.rstrip().splitlines()[-8:]) + "\n", style="red")
+        text.append(f"run folder: {v.run_dir or '–'}\n")
+        text.append(f"last checkpoint: {v.last_checkpoint or 'none'}")
+        failure = self.query_one("#failure", Static)
+        failure.update(text)
+        self.add_class("failed")
+
+    # --------------------------------------------------------------------------------- redraw
+    def sample_telemetry(self) -> None:
+        self.reading = self.telemetry.read()
+        if self.reading.gpus:
+            self.util_history = (self.util_history + [self.reading.gpus[0].util])[-120:]
+        self.dirty = True
+
+    def redraw(self) -> None:
+        if not self.dirty:
+            return
+        self.dirty = False
+        v = self.view
+        top = Text.assemble((f" lmcockpit · {self.run_title} ", "bold reverse"), "  ", state_text(v),
+                            (f" · step {v.step}/{v.max_steps}" if v.max_steps else "", "bold"))
+        self.query_one("#topbar", Static).update(top)
+        self.query_one("#state", Panel).show_rows([
+            ("device", f"{v.device} {v.precision}".strip() or "–"),
+            ("params", f"{v.n_params / 1e6:.2f}M" if v.n_params else "–"),
+            ("tokens/step", f"{v.tokens_per_step:,}" if v.tokens_per_step else "–"),
+            ("run folder", v.run_dir or "–"),
+        ])
+        self.query_one("#throughput", Panel).show_rows(throughput_rows(v))
+        self.query_one("#memory", Panel).show_rows(memory_rows(v, self.reading))
+        no_gpu = self.telemetry.nvml_error if self.telemetry else ""
+        self.query_one("#gpu", Panel).show_rows(gpu_rows(self.reading, self.util_history, no_gpu))
+        self.query_one("#host", Panel).show_rows(host_rows(self.reading))
+        lr_max = max(v.lrs) if v.lrs else 1.0
+        lr_line = f"lr {v.lr:.2e} " if v.lr is not None else "lr – "
+        width = max(8, self.query_one("#lr").size.width - len(lr_line) - 1)
+        self.query_one("#lr", Static).update(lr_line + spark([x / lr_max * 100 for x in v.lrs[::max(1, len(v.lrs) // width)]], width))
+        bar = self.query_one("#progress", ProgressBar)
+        bar.update(total=v.max_steps or None, progress=v.step)
+        chart = self.query_one("#loss", LossChart)
+        chart.set_data(v.steps, v.losses, v.val_steps, v.val_losses)
+        chart.redraw()
+
+    # -------------------------------------------------------------------------------- actions
+    @property
+    def running(self) -> bool:
+        return self.engine is not None and not self.engine.done
+
+    def action_toggle_pause(self) -> None:
+        if self.running:
+            self.engine.send(P.Resume() if self.view.state == P.PAUSED else P.Pause())
+
+    def action_checkpoint(self) -> None:
+        if self.running:
+            self.engine.send(P.CheckpointNow())
+            self.notify("checkpoint requested: written after the current step")
+
+    def action_abort(self) -> None:
+        if self.running:
+            self.app.push_screen(AbortDialog(), self.on_abort_choice)
+
+    def on_abort_choice(self, choice: str | None) -> None:
+        if choice in ("save", "nosave") and self.running:
+            self.engine.send(P.Abort(save=choice == "save"))
+            self.notify("stopping: " + ("writing a checkpoint first" if choice == "save" else "without saving"))
+
+    def action_log_scale(self) -> None:
+        chart = self.query_one("#loss", LossChart)
+        chart.log_scale = not chart.log_scale
+        self.dirty = True
+        self.redraw()
+
+    def action_chat(self) -> None:
+        self.toggle_class("chatting")
+        if self.has_class("chatting"):
+            self.query_one("#chat-input", Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id != "chat-input" or not event.value.strip():
+            return
+        if not self.running:
+            self.notify("the run has ended: open its checkpoint with `lmcockpit chat RUN`", severity="warning")
+            return
+        s = self.view.config.get("sample") or {}
+        request = P.Sample(f"chat-{next(self.request_ids)}", event.value, s.get("max_new_tokens", 64),
+                           s.get("temperature", 0.8), s.get("top_k", 50), seed=next(self.request_ids))
+        self.chat_transcript.append(f"» step {self.view.step}: ", style="bold")
+        self.chat_transcript.append(event.value, style="bold cyan")
+        self.engine.send(request)
+        event.input.value = ""
+
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen(self.BINDINGS))
+
+    def action_quit_run(self) -> None:
+        if not self.running:
+            self.app.exit()
+            return
+        self.app.push_screen(QuitDialog(), self.on_quit_choice)
+
+    def on_quit_choice(self, stop: bool | None) -> None:
+        if stop and self.running:
+            self.quit_when_done = True
+            self.engine.send(P.Abort(save=True))
+            self.notify("stopping the run: writing a checkpoint, then quitting")

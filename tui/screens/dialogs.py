@@ -1,0 +1,52 @@
+"""Modal dialogs: abort (save or not), quit with a run in progress, and the key help."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+
+class AbortDialog(ModalScreen[str | None]):
+    """Enter: checkpoint then stop. d: stop without saving. Esc: keep training."""
+
+    BINDINGS = [("enter", "choose('save')", "Save and stop"), ("d", "choose('nosave')", "Stop, don't save"),
+                ("escape", "choose(None)", "Cancel")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static("[b]Abort the run?[/b]\n\n"
+                         "[b]Enter[/b]  write a checkpoint, then stop\n"
+                         "[b]d[/b]      stop without saving\n"
+                         "[b]Esc[/b]    keep training")
+
+    def action_choose(self, choice: str | None) -> None:
+        self.dismiss(choice)
+
+
+class QuitDialog(ModalScreen[bool]):
+    BINDINGS = [("enter", "choose(True)", "Stop and quit"), ("escape", "choose(False)", "Cancel")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static("[b]A run is in progress.[/b]\n\n"
+                         "[b]Enter[/b]  stop it (writing a checkpoint) and quit\n"
+                         "[b]Esc[/b]    stay")
+
+    def action_choose(self, stop: bool) -> None:
+        self.dismiss(stop)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [("escape", "dismiss", "Close"), ("question_mark", "dismiss", "Close"), ("q", "dismiss", "Close")]
+
+    def __init__(self, bindings: list[tuple[str, str, str]]):
+        super().__init__()
+        self.keys = bindings
+
+    def compose(self) -> ComposeResult:
+        names = {"question_mark": "?"}
+        lines = "\n".join(f"[b]{names.get(k, k):>3}[/b]  {desc}" for k, _, desc in self.keys)
+        with Vertical(classes="dialog"):
+            yield Static(f"[b]Keys[/b]\n\n{lines}\n\n[dim]Esc closes this help[/dim]")

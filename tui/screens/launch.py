@@ -1,0 +1,227 @@
+"""The launch screen: this machine's hardware, the presets, the selected preset's settings (edited
+with validation as you type, saved as a new TOML), and the recent runs to resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tomli_w
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input, Static
+
+from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, write_config
+from lmcockpit.core.runfolder import recent_runs, run_summary
+from lmcockpit.core.telemetry import Telemetry
+from lmcockpit.tui.runview import DASH
+
+
+def toml_value(value) -> str:
+    return tomli_w.dumps({"v": value}).strip()[4:]
+
+
+def flatten(cfg: Config) -> list[tuple[str, str]]:
+    return [(f"{section}.{key}", toml_value(value))
+            for section, values in cfg.to_dict().items() for key, value in values.items()]
+
+
+def hardware_line(telemetry: Telemetry | None) -> Text:
+    reading = telemetry.read() if telemetry else None
+    if reading and reading.gpus:
+        parts = [f"{g.name} ({g.mem_total / 2**30:.0f} GiB)" for g in reading.gpus]
+        return Text(f"GPU: {', '.join(parts)} · driver {telemetry.driver}", style="bold")
+    return Text("no GPU: CPU run", style="bold") + Text(f"   ({telemetry.nvml_error})" if telemetry else "",
+                                                       style="dim")
+
+
+class LaunchScreen(Screen):
+    BINDINGS = [
+        ("enter", "launch", "Launch"),
+        ("e", "edit", "Edit value"),
+        ("s", "save_as", "Save as"),
+        ("r", "resume", "Resume run"),
+        ("question_mark", "help", "Help"),
+        ("q", "app.quit", "Quit"),
+    ]
+
+    def __init__(self, runs_root: Path = Path("runs"), telemetry: Telemetry | None = None):
+        super().__init__()
+        self.runs_root = runs_root
+        self.telemetry = telemetry
+        self.presets = shipped_presets()
+        self.preset_name = "cpu" if "cpu" in self.presets else sorted(self.presets)[0]
+        self.overrides: dict[str, str] = {}  # key → TOML value text, as --set takes them
+        self.editing: str | None = None
+        self.runs: list[Path] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="hardware")
+        with Horizontal(id="launch-main"):
+            with Vertical(id="presets-box"):
+                yield DataTable(id="presets", cursor_type="row")
+                yield DataTable(id="runs", cursor_type="row")
+            with Vertical(id="settings-box"):
+                yield DataTable(id="settings", cursor_type="row")
+                yield Input(placeholder="select a setting and press e (or Enter) to edit", id="edit", disabled=True)
+                yield Static(id="edit-status")
+                yield Input(placeholder="save as: path of the new preset TOML", id="saveas")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#hardware", Static).update(hardware_line(self.telemetry))
+        presets = self.query_one("#presets", DataTable)
+        presets.border_title = "presets · Enter launches"
+        presets.add_columns("preset", "GPU class", "params", "tokens/step", "est. memory", "fit")
+        for name in sorted(self.presets):
+            cfg, _ = load_config(name)
+            presets.add_row(name, cfg.hardware.gpu_class, DASH, f"{cfg.tokens_per_step:,}", DASH, DASH, key=name)
+        presets.move_cursor(row=sorted(self.presets).index(self.preset_name))
+        self.query_one("#settings", DataTable).add_columns("setting", "value")
+        self.query_one("#settings", DataTable).border_title = "settings"
+        runs = self.query_one("#runs", DataTable)
+        runs.border_title = "recent runs · r resumes"
+        runs.add_columns("run", "status", "step", "loss")
+        self.refresh_runs()
+        self.show_settings()
+        presets.focus()
+
+    # ---------------------------------------------------------------------------- contents
+    def current_config(self, extra: dict[str, str] | None = None) -> Config:
+        overrides = {**self.overrides, **(extra or {})}
+        cfg, _ = load_config(self.preset_name, [f"{k}={v}" for k, v in overrides.items()])
+        return cfg
+
+    def show_settings(self) -> None:
+        table = self.query_one("#settings", DataTable)
+        table.clear()
+        for key, value in flatten(self.current_config()):
+            style = "bold yellow" if key in self.overrides else ""
+            table.add_row(Text(key, style=style), Text(value, style=style), key=key)
+        table.border_title = f"settings · {self.preset_name}" + (" (edited)" if self.overrides else "")
+
+    def refresh_runs(self) -> None:
+        table = self.query_one("#runs", DataTable)
+        table.clear()
+        self.runs = recent_runs(self.runs_root)
+        for run in self.runs:
+            s = run_summary(run)
+            step = f"{s['step']}/{s['max_steps']}" if s["max_steps"] else str(s["step"])
+            loss = f"{s['loss']:.3f}" if s["loss"] is not None else DASH
+            table.add_row(s["name"], s["status"], step, loss, key=str(run))
+
+    # ------------------------------------------------------------------------------ events
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id == "presets" and event.row_key.value != self.preset_name:
+            self.preset_name = event.row_key.value
+            self.overrides = {}
+            self.show_settings()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.data_table.id == "presets":
+            self.action_launch()
+        elif event.data_table.id == "settings":
+            self.action_edit()
+        elif event.data_table.id == "runs":
+            self.action_resume()
+
+    def action_edit(self) -> None:
+        table = self.query_one("#settings", DataTable)
+        if table.row_count == 0:
+            return
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        self.editing = key
+        value = dict(flatten(self.current_config()))[key]
+        edit = self.query_one("#edit", Input)
+        edit.disabled = False
+        edit.border_title = key
+        edit.value = value
+        edit.focus()
+        self.query_one("#edit-status", Static).update(Text(f"editing {key}: Enter applies, Esc cancels", style="dim"))
+
+    def validate_edit(self, text: str) -> str | None:
+        """None when `editing = text` makes a valid config; else the message saying why not."""
+        try:
+            self.current_config({self.editing: text})
+        except ConfigError as e:
+            return str(e).split(": ", 1)[-1] if str(e).startswith(("/", "--set")) else str(e)
+        return None
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id != "edit" or self.editing is None:
+            return
+        problem = self.validate_edit(event.value)
+        status = self.query_one("#edit-status", Static)
+        status.update(Text(f"✗ {problem}", style="bold red") if problem else Text("✓ valid", style="green"))
+        event.input.set_class(problem is not None, "invalid")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "edit" and self.editing is not None:
+            problem = self.validate_edit(event.value)
+            if problem:
+                self.notify(problem, severity="error")
+                return
+            self.overrides[self.editing] = event.value
+            self.finish_edit()
+            self.show_settings()
+        elif event.input.id == "saveas":
+            self.save_as(event.value.strip())
+
+    def finish_edit(self) -> None:
+        self.editing = None
+        edit = self.query_one("#edit", Input)
+        edit.value, edit.disabled = "", True
+        self.query_one("#edit-status", Static).update("")
+        self.query_one("#settings", DataTable).focus()
+
+    def key_escape(self) -> None:
+        if self.editing is not None:
+            self.finish_edit()
+        self.remove_class("saving")
+
+    # ----------------------------------------------------------------------------- actions
+    def action_save_as(self) -> None:
+        self.add_class("saving")
+        box = self.query_one("#saveas", Input)
+        box.value = f"presets/{self.preset_name}-custom.toml"
+        box.focus()
+
+    def save_as(self, target: str) -> None:
+        path = Path(target).expanduser()
+        if path.suffix != ".toml":
+            self.notify(f"{target}: a preset file must end in .toml", severity="error")
+            return
+        if path.exists():
+            self.notify(f"{path} already exists: choose another name", severity="error")
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_config(self.current_config(), path)
+        except OSError as e:
+            self.notify(f"cannot write {path}: {e.strerror}", severity="error")
+            return
+        self.remove_class("saving")
+        self.notify(f"saved {path}: `lmcockpit --run {path}` runs it")
+        self.query_one("#presets", DataTable).focus()
+
+    def action_launch(self) -> None:
+        try:
+            cfg = self.current_config()
+        except ConfigError as e:
+            self.notify(str(e), severity="error")
+            return
+        self.app.launch(cfg, self.preset_name)
+
+    def action_resume(self) -> None:
+        table = self.query_one("#runs", DataTable)
+        if table.row_count == 0:
+            self.notify("no runs under " + str(self.runs_root), severity="warning")
+            return
+        run = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        self.app.resume(run)
+
+    def action_help(self) -> None:
+        from lmcockpit.tui.screens.dialogs import HelpScreen
+
+        self.app.push_screen(HelpScreen(self.BINDINGS))
