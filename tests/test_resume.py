@@ -210,3 +210,24 @@ def test_bad_paths_exit_2(tmp_path, args, message):
     proc = cli("--run", *a) if a[0] != "--out" else cli("--run", "debug", *a)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_killed_front_end_makes_the_engine_checkpoint_and_stop(tmp_path):
+    """SSH drops, terminal closes, OOM killer takes the front-end: the engine must not train on
+    unseen, nor die mid-write."""
+    import psutil
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug", *as_flags(TINY),
+                             "--set", "training.max_steps=100000", "--set", "eval.every=0", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("step 4/"):
+            break
+    engine = next(c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline()))
+    proc.kill()
+    proc.wait()
+    engine.wait(timeout=120)  # it ends by itself
+    assert "the front-end is gone; writing a checkpoint and stopping" in (out / "train.log").read_text()
+    ckpt = latest_checkpoint(out)
+    assert ckpt is not None and json.loads((ckpt / "state.json").read_text())["step"] >= 4

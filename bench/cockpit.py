@@ -1,0 +1,145 @@
+"""The cockpit's costs, measured side by side in one run:
+
+* startup: command to first cockpit frame, against the bare interpreter's start (target < 1 s);
+* events: how many step events per second the dashboard absorbs (target ≥ 1,000/s);
+* overhead: training tokens/s under the cockpit against the headless run (target ≤ 2% cost).
+
+    python bench/cockpit.py [--pairs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from machine import record  # noqa: E402
+
+FIRST_FRAME = """
+from lmcockpit.tui.app import CockpitApp
+class FirstFrame(CockpitApp):
+    def on_mount(self):
+        super().on_mount()
+        self.call_after_refresh(self.exit)
+FirstFrame(telemetry=True).run(headless=True)
+"""
+
+UNDER_COCKPIT = """
+import sys
+from pathlib import Path
+from lmcockpit.core.config import load_config
+from lmcockpit.core.runfolder import create_run_dir
+from lmcockpit.tui.app import CockpitApp, RunRequest
+cfg, _ = load_config("cpu", sys.argv[2:])
+req = RunRequest(cfg, create_run_dir(cfg, "bench", sys.argv[1]), None, "bench")
+class Watch(CockpitApp):
+    def start_run(self, request):
+        screen = super().start_run(request)
+        screen.quit_when_done = True
+        return screen
+Watch(req).run(headless=True)
+"""
+
+# Enough work per step that the measurement is about training, small enough to finish quickly.
+TRAIN = ["model.n_layer=4", "model.d_model=128", "model.mlp_hidden=384", "model.max_seq_len=128",
+         "training.seq_len=128", "training.micro_batch_size=8", "training.max_steps=60", "training.compile=false",
+         "training.log_every=10", "eval.every=0", "sample.prompts=[]", "data.max_bytes=2_000_000",
+         "tokenizer.vocab_size=2048", "tokenizer.train_bytes=1_000_000", "checkpoint.every=0"]
+
+
+def wall(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def startup(pairs: int) -> list[str]:
+    bare, cockpit = [], []
+    wall([sys.executable, "-c", FIRST_FRAME])  # warm the file cache
+    for _ in range(pairs):
+        bare.append(wall([sys.executable, "-c", "pass"]))
+        cockpit.append(wall([sys.executable, "-c", FIRST_FRAME]))
+    b, c = statistics.median(bare), statistics.median(cockpit)
+    return [f"| startup | median of {pairs} | result |", "| --- | --- | --- |",
+            f"| bare `python -c pass` | {b:.3f} s | |",
+            f"| `lmcockpit` to first frame (whole process, exit included) | {c:.3f} s | "
+            f"{'under' if c < 1 else 'OVER'} the 1 s target; {c / b:.1f}× the bare interpreter |"]
+
+
+async def absorb(n_events: int, batch: int) -> float:
+    from lmcockpit.core import protocol as P
+    from lmcockpit.tui.app import CockpitApp
+    from lmcockpit.tui.screens.dashboard import DashboardScreen, EngineEvents
+    from textual.app import App
+
+    class Fed(App):
+        CSS_PATH = CockpitApp.CSS_PATH
+
+        async def on_mount(self):
+            self.dash = DashboardScreen(None, "bench", telemetry=None)
+            await self.push_screen(self.dash)
+
+    events = [P.RunStarted("runs/bench", {}, 1, "cpu", "fp32", 0, n_events, 1)]
+    events += [P.StepMetrics(i, 3 + math.exp(-i / 500), 1e-3, 0.5, 1e5, None, 0.01, i, {}) for i in range(1, n_events + 1)]
+    app = Fed()
+    async with app.run_test(size=(120, 40)) as pilot:
+        t0 = time.perf_counter()
+        for i in range(0, len(events), batch):
+            app.dash.post_message(EngineEvents(events[i:i + batch]))
+        while app.dash.view.step < n_events:
+            await pilot.pause(0.01)
+        app.dash.dirty = True
+        app.dash.redraw()  # the last frame with the whole history drawn
+        await pilot.pause()
+        return n_events / (time.perf_counter() - t0)
+
+
+def events(n: int) -> list[str]:
+    rates = {b: asyncio.run(absorb(n, b)) for b in (1, 50)}
+    return [f"| event absorption ({n:,} step events) | events/s | result |", "| --- | --- | --- |",
+            *[f"| one message per {b} event(s) | {r:,.0f} | {'meets' if r >= 1000 else 'MISSES'} the 1,000/s target |"
+              for b, r in rates.items()]]
+
+
+def median_tokens_per_s(run: Path) -> float:
+    from lmcockpit.core.runfolder import read_metrics
+    return statistics.median(r["tokens_per_s"] for r in read_metrics(run, "step") if r["step"] > 5)
+
+
+def overhead(pairs: int) -> list[str]:
+    tmp = Path(tempfile.mkdtemp(prefix="cockpit-bench-"))
+    flags = [a for s in TRAIN for a in ("--set", s)]
+    subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "cpu", *flags, "--set", "training.max_steps=2",
+                    "--out", str(tmp / "warm")], check=True, capture_output=True)  # builds the token cache
+    ratios, head, cock = [], [], []
+    for i in range(pairs):
+        a, b = tmp / f"headless{i}", tmp / f"cockpit{i}"
+        subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "cpu", *flags, "--out", str(a)],
+                       check=True, capture_output=True)
+        subprocess.run([sys.executable, "-c", UNDER_COCKPIT, str(b), *TRAIN], check=True, capture_output=True)
+        head.append(median_tokens_per_s(a))
+        cock.append(median_tokens_per_s(b))
+        ratios.append(cock[-1] / head[-1])
+    r = statistics.median(ratios)
+    return [f"| training under the cockpit vs headless ({pairs} pairs, A B alternating) | tokens/s (median) | |",
+            "| --- | --- | --- |",
+            f"| headless `--run`, piped | {statistics.median(head):,.0f} | |",
+            f"| cockpit (Textual headless driver) | {statistics.median(cock):,.0f} | |",
+            f"| ratio cockpit/headless, median of pairs | {r:.3f} | cost {100 * (1 - r):.1f}% "
+            f"({'within' if r >= 0.98 else 'OVER'} the 2% target); pairs: {', '.join(f'{x:.3f}' for x in ratios)} |"]
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--events", type=int, default=20_000)
+    args = ap.parse_args()
+    lines = startup(5) + [""] + events(args.events) + [""] + overhead(args.pairs)
+    record("Cockpit: startup, event absorption, training overhead", lines)

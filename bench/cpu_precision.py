@@ -1,0 +1,64 @@
+"""Why `precision = "auto"` is fp32 on CPU: the cpu preset's training step in fp32 and in bf16
+autocast, eager and compiled, timed side by side in one process.
+
+    python bench/cpu_precision.py [--steps 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from machine import record  # noqa: E402
+
+from lmcockpit.core.config import load_config  # noqa: E402
+from lmcockpit.core.gpt import GPT, GPTShape  # noqa: E402
+from lmcockpit.core.optim import build_optimizers  # noqa: E402
+
+
+def step_times(cfg, precision: str, compiled: bool, steps: int) -> tuple[float, float]:
+    torch.manual_seed(0)
+    m = cfg.model
+    model = GPT(GPTShape(cfg.tokenizer.vocab_size, m.n_layer, m.d_model, m.n_head, m.n_kv_head, cfg.head_dim,
+                         cfg.mlp_hidden, m.max_seq_len))
+    opts = build_optimizers(model, cfg.optimizer, torch.device("cpu"))
+    fwd = torch.compile(model) if compiled else model
+    B, T = cfg.training.micro_batch_size, cfg.training.seq_len
+    x = torch.randint(0, cfg.tokenizer.vocab_size, (B, T))
+    times = []
+    for _ in range(steps + 2):
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = fwd(x, x)
+        loss.backward()
+        for o in opts:
+            o.step()
+            o.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    return times[0], statistics.median(times[2:])
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=8)
+    args = ap.parse_args()
+    cfg, _ = load_config("cpu")
+    flags = open("/proc/cpuinfo").read()
+    native = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
+    rows = {}
+    for compiled in (False, True):
+        for precision in ("fp32", "bf16"):
+            rows[(precision, compiled)] = step_times(cfg, precision, compiled, args.steps)
+    lines = [f"cpu preset shape ({cfg.training.micro_batch_size}×{cfg.training.seq_len} tokens/step), Muon + AdamW, "
+             f"torch {torch.__version__}, {torch.get_num_threads()} threads; CPU bf16 flags: {', '.join(native) or 'none'}",
+             "", "| precision | compile | first step | median step | vs fp32 same compile |", "| --- | --- | --- | --- | --- |"]
+    for (precision, compiled), (first, med) in rows.items():
+        ref = rows[("fp32", compiled)][1]
+        lines.append(f"| {precision} | {'on' if compiled else 'off'} | {first:.1f} s | {med:.3f} s | {ref / med:.2f}× |")
+    record("CPU precision: fp32 against bf16 autocast", lines)
