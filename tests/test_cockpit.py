@@ -65,12 +65,28 @@ async def test_pause_checkpoint_resume(tmp_path):
         await wait_for(pilot, lambda: dash.view.step >= step + 2, what="steps after cancelled abort")
         await pilot.press("a")
         await pilot.press("enter")  # Enter: checkpoint, then stop
-        await wait_for(pilot, lambda: dash.engine.done, what="engine to end")
+        await wait_for(pilot, lambda: dash.view.state == P.ABORTED, what="the run to end as aborted")
         dash.engine.join(timeout=30)
         assert not dash.engine.process.is_alive() and dash.engine.process.exitcode == 0
-        assert dash.view.state == P.ABORTED
         last = latest_checkpoint(tmp_path / "run")
         assert last is not None and last.name == f"step_{dash.view.step:06d}"
+
+
+async def test_quit_with_a_run_going_asks_then_stops_it_with_a_checkpoint(tmp_path):
+    app = CockpitApp(request(tmp_path, "training.max_steps=100000"), telemetry=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        dash = dashboard(app)
+        await wait_for(pilot, lambda: dash.view.step >= 2, what="training to start")
+        await pilot.press("q")
+        assert app.screen.__class__.__name__ == "QuitDialog"
+        await pilot.press("escape")  # stay
+        assert app.screen is dash and dash.running
+        await pilot.press("q")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
+    dash.engine.join(timeout=30)
+    assert dash.engine.process.exitcode == 0
+    assert latest_checkpoint(tmp_path / "run") is not None
 
 
 async def test_a_failing_engine_shows_the_failure_panel_and_the_cockpit_stays_usable(tmp_path):
