@@ -21,14 +21,14 @@ import threading
 import traceback
 from pathlib import Path
 
-from . import protocol as P
+from . import gpu_env, protocol as P
 from .config import ConfigError, config_from_dict
 from .runfolder import TRAIN_LOG
 
 _EOF = "\x00lmcockpit-log-eof\x00"
 
 
-class _LogPump:
+class LogPump:
     """Copies everything written to fd 1 and 2 into train.log and onto the events queue."""
 
     def __init__(self, log_path: Path, events):
@@ -78,7 +78,7 @@ def _header(spec_run_dir: str) -> str:
     return "\n".join(lines)
 
 
-class _Commands:
+class Commands:
     """Commands from the front-end, plus the engine's own reasons to stop (signals, lost parent)."""
 
     def __init__(self, commands):
@@ -111,12 +111,18 @@ class _Commands:
 
 def main(run_dir: str, config: dict, resume_from: str | None, events, commands) -> None:
     """Spawn target. Exit code 0 for any orderly end (finished, aborted, interrupted), 1 on failure."""
-    pump = _LogPump(Path(run_dir) / TRAIN_LOG, events)
-    cmds = _Commands(commands)
+    # First, while torch is not even imported: the CUDA allocator reads its settings once, when
+    # CUDA initialises. expandable_segments goes in PYTORCH_ALLOC_CONF for torch 2.11 and later and
+    # in PYTORCH_CUDA_ALLOC_CONF before (the version comes from package metadata, not an import;
+    # gpu_env says why 2.11), and a variable the user set is left exactly as it is.
+    allocator = gpu_env.configure_allocator()
+    pump = LogPump(Path(run_dir) / TRAIN_LOG, events)
+    cmds = Commands(commands)
     final, failure = P.FAILED, None
     trainer = None
     try:
         print(_header(run_dir))
+        print(f"allocator: {allocator.describe()}")
         from .trainer import Trainer
 
         cfg = config_from_dict(config, source=str(Path(run_dir) / "config.toml"))
@@ -140,9 +146,22 @@ def main(run_dir: str, config: dict, resume_from: str | None, events, commands) 
     if failure is not None:
         events.put(failure)
     events.put(P.StateChanged(final, failure.message if failure else ""))
-    events.close()
-    events.join_thread()
+    flush_events(events)
     sys.exit(1 if failure is not None else 0)
+
+
+def flush_events(events, timeout: float = 30.0) -> bool:
+    """Hand the last events to the front-end, waiting at most `timeout`. A front-end that is gone
+    or no longer reading leaves the pipe full, and this process holds the pipe's read end too (a
+    queue travels with both), so an unbounded join would never return: give up instead."""
+    events.close()
+    joiner = threading.Thread(target=events.join_thread, daemon=True)
+    joiner.start()
+    joiner.join(timeout)
+    if joiner.is_alive():
+        events.cancel_join_thread()
+        return False
+    return True
 
 
 if __name__ == "__main__":  # pragma: no cover - only ever started through runner.EngineProcess

@@ -16,6 +16,9 @@ Architecture choices, and why:
 * Parameter names follow Qwen3 (`embed_tokens`, `layers.N.self_attn.q_proj`, ...), so export is a
   renaming-free copy and transformers reproduces our logits.
 * The loss is computed in float32 from logits the matmul produced in the autocast dtype.
+* Inference has a path of its own (`GPT.decode` with a `KVCache`): a prompt is prefilled with the
+  training forward's causal attention, then each new token attends to the cached keys and values.
+  The training forward is untouched by it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,14 @@ class GPTShape:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     init_std: float = 0.02
+
+
+def shape_from_config(cfg) -> GPTShape:
+    """The model a run config describes (`cfg` is a `config.Config`), for training and inference alike."""
+    m = cfg.model
+    return GPTShape(vocab_size=cfg.tokenizer.vocab_size, n_layer=m.n_layer, d_model=m.d_model, n_head=m.n_head,
+                    n_kv_head=m.n_kv_head, head_dim=cfg.head_dim, mlp_hidden=cfg.mlp_hidden,
+                    max_seq_len=m.max_seq_len, rope_theta=m.rope_theta, norm_eps=m.norm_eps, init_std=m.init_std)
 
 
 class RMSNorm(nn.Module):
@@ -73,6 +85,35 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (xf * cos + rotated * sin).to(x.dtype)
 
 
+class KVCache:
+    """Keys and values of the positions decoded so far, per layer, with room for `capacity` positions.
+
+    Preallocated on the first write (in the dtype attention produced them), so each decoded token
+    costs one in-place write per layer instead of a growing concatenation.
+    """
+
+    def __init__(self, n_layer: int, capacity: int):
+        self.capacity = capacity
+        self.length = 0
+        self.layers: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n_layer
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store (B, H, T, D) keys and values after the cached positions; all of them so far."""
+        end = self.length + k.shape[2]
+        if self.layers[layer] is None:
+            B, H, _, D = k.shape
+            self.layers[layer] = (k.new_empty(B, H, self.capacity, D), v.new_empty(B, H, self.capacity, D))
+        ck, cv = self.layers[layer]
+        ck[:, :, self.length:end] = k
+        cv[:, :, self.length:end] = v
+        return ck[:, :, :end], cv[:, :, :end]
+
+    def repeat_rows(self, n: int) -> None:
+        """n copies of each row: one prefill of a prompt serves n independent samples."""
+        self.layers = [None if kv is None else (kv[0].repeat_interleave(n, 0), kv[1].repeat_interleave(n, 0))
+                       for kv in self.layers]
+
+
 class Attention(nn.Module):
     def __init__(self, s: GPTShape):
         super().__init__()
@@ -85,12 +126,27 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(s.head_dim, s.norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._qkv(x, cos, sin)
+        return self._out(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+
+    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:
+        q, k, v = self._qkv(x, cos, sin)
+        prefill = cache.length == 0
+        if not prefill and x.shape[1] != 1:
+            raise ValueError("after the prefill, decode takes one token per row at a time")
+        k, v = cache.write(layer, k, v)
+        # The prompt attends causally within itself; a single new token attends to every cached position.
+        return self._out(F.scaled_dot_product_attention(q, k, v, is_causal=prefill, enable_gqa=True))
+
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def _out(self, y: torch.Tensor) -> torch.Tensor:
+        B, _, T, _ = y.shape
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
@@ -117,6 +173,10 @@ class Block(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:
+        x = x + self.self_attn.decode(self.input_layernorm(x), cos, sin, cache, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
 
 class GPT(nn.Module):
     def __init__(self, shape: GPTShape):
@@ -129,6 +189,7 @@ class GPT(nn.Module):
         # Not parameters and not saved: rebuilt from the shape, so checkpoints hold weights only.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.activation_checkpointing = False  # a training choice, not part of the shape: the trainer sets it
         self.reset_parameters()
 
     @torch.no_grad()
@@ -158,9 +219,26 @@ class GPT(nn.Module):
         T = idx.shape[1]
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         x = self.embed_tokens(idx)
+        # Activation checkpointing keeps only each block's input and recomputes the block in
+        # backward; only when there is a backward to come (evaluation and sampling skip it).
+        recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = checkpoint(layer, x, cos, sin, use_reentrant=False) if recompute else layer(x, cos, sin)
         return self.norm(x)
+
+    def decode(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Float32 logits (B, V) of the next token after `idx` (B, T), which continues the positions
+        held in `cache` (T > 1 only for the prefill of an empty cache)."""
+        start, T = cache.length, idx.shape[1]
+        if start + T > min(cache.capacity, self.shape.max_seq_len):
+            raise ValueError(f"{start + T} positions do not fit the cache ({cache.capacity}) or the model's "
+                             f"context ({self.shape.max_seq_len})")
+        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        x = self.embed_tokens(idx)
+        for i, layer in enumerate(self.layers):
+            x = layer.decode(x, cos, sin, cache, i)
+        cache.length += T
+        return F.linear(self.norm(x[:, -1:]), self.embed_tokens.weight)[:, 0].float()
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V) without targets; the mean cross-entropy with them."""

@@ -74,12 +74,13 @@ class CheckpointWritten:
 
 @dataclass(frozen=True)
 class SampleText:
-    """A piece of generated text; `done` marks the last piece of a request."""
+    """A piece of generated text of sample `row`; `done` marks the end of the whole request."""
     request_id: str
     step: int
     prompt: str
     text: str
     done: bool = False
+    row: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,9 +126,14 @@ class Abort:
 
 @dataclass(frozen=True)
 class Sample:
+    """Continue `prompt` in `num_samples` rows, each drawn on its own; `greedy` (or temperature 0)
+    takes the most likely token instead. top_k 0 and top_p 1 switch those filters off."""
     request_id: str
     prompt: str
     max_new_tokens: int = 64
     temperature: float = 0.8
     top_k: int = 50
     seed: int = 0
+    top_p: float = 1.0
+    num_samples: int = 1
+    greedy: bool = False

@@ -31,21 +31,20 @@ def _real_streams():
         sys.stdout, sys.stderr = saved
 
 
-class EngineProcess:
-    def __init__(self, cfg: Config, run_dir: Path, resume_from: Path | None = None):
+class ProcessHandle:
+    """A spawned process that speaks the protocol: commands in, events out. Subclasses name the
+    process's entry point and may watch events (`observe`) or record a silent death."""
+
+    process_name = "lmcockpit-engine"
+
+    def __init__(self, target, args: tuple):
         ctx = mp.get_context("spawn")
         with _real_streams():  # a queue's semaphore starts multiprocessing's resource tracker
             self.events = ctx.Queue()
             self.commands = ctx.Queue()
-        from .engine import main  # torch-free at import: torch loads in the child
-
-        self.process = ctx.Process(target=main, name="lmcockpit-engine",
-                                   args=(str(run_dir), cfg.to_dict(), str(resume_from) if resume_from else None,
-                                         self.events, self.commands))
-        self.run_dir = Path(run_dir)
+        self.process = ctx.Process(target=target, name=self.process_name, args=(*args, self.events, self.commands))
         self.final_state: str | None = None
         self.failure: P.Failure | None = None
-        self.last_step = 0
 
     def start(self) -> None:
         with _real_streams():
@@ -60,40 +59,38 @@ class EngineProcess:
             self.commands.put(command)
 
     def poll(self, timeout: float = 0.1) -> object | None:
-        """The next event, or None when none came within `timeout`. After the engine ended and
-        every event was read, returns a final StateChanged once, synthesised if the engine died
-        without one; `done` is then true."""
+        """The next event, or None when none came within `timeout`. After the process ended and
+        every event was read, returns a final StateChanged once, synthesised if it died without
+        one; `done` is then true."""
         try:
             event = self.events.get(timeout=timeout)
         except queue.Empty:
             if self.process.is_alive() or self.final_state is not None:
                 return None
             return self._death()
-        if isinstance(event, P.StepMetrics):
-            self.last_step = event.step
-        elif isinstance(event, P.RunStarted):
-            self.last_step = event.start_step
-        elif isinstance(event, P.Failure):
+        if isinstance(event, P.Failure):
             self.failure = event
         elif isinstance(event, P.StateChanged) and event.state in P.TERMINAL_STATES:
             self.final_state = event.state
+        self.observe(event)
         return event
+
+    def observe(self, event: object) -> None:
+        pass
+
+    def record_death(self, what: str) -> None:
+        pass
 
     def _death(self) -> P.StateChanged:
         self.process.join()
         code = self.process.exitcode
         if code is not None and code < 0:
-            what = f"the engine process was killed by {signal.Signals(-code).name}"
+            what = f"the {self.process_name} process was killed by {signal.Signals(-code).name}"
         else:
-            what = f"the engine process exited with code {code} without reporting why"
+            what = f"the {self.process_name} process exited with code {code} without reporting why"
         self.failure = P.Failure(what)
         self.final_state = P.FAILED
-        # The engine could not record its own death: the run folder gets it from here.
-        with open(self.run_dir / TRAIN_LOG, "a", encoding="utf-8") as fh:
-            fh.write(f"front-end: {what}\n")
-        metrics = MetricsLog(self.run_dir / METRICS)
-        metrics.write("failure", step=self.last_step, message=what)
-        metrics.close()
+        self.record_death(what)
         return P.StateChanged(P.FAILED, what)
 
     @property
@@ -106,3 +103,35 @@ class EngineProcess:
 
     def join(self, timeout: float | None = None) -> None:
         self.process.join(timeout)
+
+    def close(self, timeout: float = 10) -> None:
+        """Ask it to stop without saving, and make sure it has."""
+        self.send(P.Abort(save=False))
+        self.join(timeout)
+        self.kill()
+        self.join()
+
+
+class EngineProcess(ProcessHandle):
+    """The training engine (core/engine.py) for one run folder."""
+
+    def __init__(self, cfg: Config, run_dir: Path, resume_from: Path | None = None):
+        from .engine import main  # torch-free at import: torch loads in the child
+
+        super().__init__(main, (str(run_dir), cfg.to_dict(), str(resume_from) if resume_from else None))
+        self.run_dir = Path(run_dir)
+        self.last_step = 0
+
+    def observe(self, event: object) -> None:
+        if isinstance(event, P.StepMetrics):
+            self.last_step = event.step
+        elif isinstance(event, P.RunStarted):
+            self.last_step = event.start_step
+
+    def record_death(self, what: str) -> None:
+        # The engine could not record its own death: the run folder gets it from here.
+        with open(self.run_dir / TRAIN_LOG, "a", encoding="utf-8") as fh:
+            fh.write(f"front-end: {what}\n")
+        metrics = MetricsLog(self.run_dir / METRICS)
+        metrics.write("failure", step=self.last_step, message=what)
+        metrics.close()

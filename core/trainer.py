@@ -7,27 +7,40 @@ Steps are numbered from 1 in everything it reports; step N's batches use the 0-b
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import math
 import shutil
 import time
 from pathlib import Path
 from typing import Callable
 
+import psutil
 import torch
 
-from . import batches, checkpoint, nan_debug, protocol as P, token_cache
+from . import batches, checkpoint, fit, nan_debug, protocol as P, sampling, token_cache
 from .config import Config, ConfigError
 from .device import autocast_dtype, memory_stats, peak_flops, resolve_device, resolve_precision
-from .gpt import GPT, GPTShape
+from .gpt import GPT, shape_from_config
 from .optim import build_optimizers, lr_multiplier, set_lr
 from .runfolder import CHECKPOINTS, METRICS, TOKENIZER, MetricsLog
-from .sampling import generate_ids, stream_text
 
 Emit = Callable[[object], None]
 
 
 class NonFiniteLoss(RuntimeError):
     pass
+
+
+class OutOfMemory(RuntimeError):
+    """The GPU ran out of memory: the message says where, how much, and what to change."""
+
+
+def oom_in(e: BaseException | None) -> torch.OutOfMemoryError | None:
+    """The out-of-memory error `e` is or was raised because of (the compiler wraps what it hits)."""
+    while e is not None and not isinstance(e, torch.OutOfMemoryError):
+        e = e.__cause__ or e.__context__
+    return e
 
 
 class Trainer:
@@ -64,17 +77,18 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = True
         torch.manual_seed(cfg.training.seed)
         m = cfg.model
-        shape = GPTShape(vocab_size=cfg.tokenizer.vocab_size, n_layer=m.n_layer, d_model=m.d_model,
-                         n_head=m.n_head, n_kv_head=m.n_kv_head, head_dim=cfg.head_dim,
-                         mlp_hidden=cfg.mlp_hidden, max_seq_len=m.max_seq_len, rope_theta=m.rope_theta,
-                         norm_eps=m.norm_eps, init_std=m.init_std)
         # Initialised on CPU and then moved, so a seed gives the same weights on any device.
-        self.model = GPT(shape).to(self.device)
+        self.model = GPT(shape_from_config(cfg)).to(self.device)
+        self.model.activation_checkpointing = cfg.training.activation_checkpointing
         self.optimizers = build_optimizers(self.model, cfg.optimizer, self.device)
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
         if self.resume_from:
             self.load_checkpoint(self.resume_from)
-        self.train_model = torch.compile(self.model) if cfg.training.compile else self.model
+        self.train_model = self.compiled_model()
+        # A resumed run keeps the micro-batch its checkpoint's config recorded, so its data is the same.
+        if cfg.training.auto_micro_batch and not self.resume_from:
+            self.fit_micro_batch()
+            cfg = self.cfg
         self.flops_per_token = self.model.flops_per_token(cfg.training.seq_len)
         self.peak = peak_flops(self.device)
         self.n_params = self.model.num_params()
@@ -83,6 +97,82 @@ class Trainer:
                  f"compile {'on' if cfg.training.compile else 'off'}, {cfg.tokens_per_step:,} tokens/step")
         self.emit(P.RunStarted(str(self.run_dir), cfg.to_dict(), self.n_params, str(self.device),
                                self.precision, self.step, cfg.training.max_steps, cfg.tokens_per_step))
+
+    def compiled_model(self):
+        """The model the training step calls. Static shapes (dynamic=False): a run's shapes never
+        change, and the micro-batch search must not turn its trial sizes into a dynamic graph."""
+        t = self.cfg.training
+        return torch.compile(self.model, mode=t.compile_mode, dynamic=False) if t.compile else self.model
+
+    # ------------------------------------------------------------------ memory: fit and OOM
+    def fit_micro_batch(self) -> None:
+        """training.auto_micro_batch: the largest micro-batch the estimator allows, confirmed by a
+        trial step and halved on out-of-memory, with accumulation raised to keep the step's tokens.
+        On CPU the estimate against available RAM decides alone: running out there is the OOM
+        killer, not an exception a trial could catch."""
+        t = self.cfg.training
+        effective = t.micro_batch_size * t.grad_accum_steps
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget, fits = free + torch.cuda.memory_reserved(self.device), self.trial_step
+        else:
+            budget, fits = psutil.virtual_memory().available, (lambda mb: True)
+        estimated = fit.largest_micro_batch(self.cfg, budget, self.device.type)
+        tried: list[int] = []
+
+        def attempt(n: int) -> bool:
+            tried.append(n)
+            return fits(n)
+
+        mb = fit.choose_micro_batch(effective, max(1, estimated), attempt)
+        if len(tried) > 1:  # an out-of-memory trial may leave a half-recorded CUDA graph: start clean
+            torch._dynamo.reset()
+            self.train_model = self.compiled_model()
+        if mb is None:
+            raise OutOfMemory(self.out_of_memory_message("a micro-batch of 1 did not fit"))
+        self.cfg = dataclasses.replace(self.cfg, training=dataclasses.replace(
+            t, micro_batch_size=mb, grad_accum_steps=effective // mb))
+        self.log(f"auto micro-batch: {mb} × {effective // mb} accumulation steps ({effective} sequences a step; "
+                 f"the estimate allowed {estimated}, tried {', '.join(map(str, tried))})")
+
+    def trial_step(self, mb: int) -> bool:
+        """Whether micro-batch `mb` trains without running out of memory: two compiled forward and
+        backward passes (the second with the first's gradients alive, as under accumulation) beside
+        a block as large as the optimizer state the first real step creates. Leaves the weights,
+        the optimizer and every random state untouched."""
+        t = self.cfg.training
+        n = fit.param_counts(self.cfg)
+        x, y = (torch.from_numpy(a).to(self.device)
+                for a in batches.get_batch(self.data.train, t.seed, 0, mb, t.seq_len))
+        self.log(f"auto micro-batch: trying {mb}")
+
+        def passes() -> None:  # its tensors die with its frame, also when it raises
+            optimizer_state = torch.empty(8 * n.adamw + 4 * n.muon, dtype=torch.uint8, device=self.device)
+            torch.compiler.cudagraph_mark_step_begin()
+            for _ in range(2):
+                with self.autocast():
+                    loss = self.train_model(x, y)
+                loss.backward()
+            torch.cuda.synchronize(self.device)
+            del optimizer_state
+
+        try:
+            passes()
+            ok = True
+        except Exception as e:  # noqa: BLE001 - the compiler may wrap the out-of-memory error
+            if oom_in(e) is None:
+                raise
+            ok = False
+        self.model.zero_grad(set_to_none=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+        return ok
+
+    def out_of_memory_message(self, error: str) -> str:
+        props = torch.cuda.get_device_properties(self.device)
+        return fit.out_of_memory_message(self.cfg, self.step + 1, error, props.name, props.total_memory,
+                                         torch.cuda.max_memory_allocated(self.device),
+                                         checkpoint.latest_step(self.run_dir / CHECKPOINTS))
 
     def load_checkpoint(self, path: Path) -> None:
         try:
@@ -119,6 +209,11 @@ class Trainer:
             except NonFiniteLoss:
                 self.save_last_good()
                 raise
+            except Exception as e:
+                oom = oom_in(e) if self.device.type == "cuda" else None
+                if oom is not None:
+                    raise OutOfMemory(self.out_of_memory_message(str(oom))) from None
+                raise
             if self.step == 1 and t.compile:
                 self.emit(P.StateChanged(P.RUNNING))
             every = self.cfg.eval.every
@@ -128,7 +223,7 @@ class Trainer:
             if every and self.step % every == 0 and self.step < t.max_steps:
                 self.save_checkpoint()
             every = self.cfg.sample.every
-            if every and self.step % every == 0:
+            if every and self.step % every == 0 and self.step < t.max_steps:  # the last step samples below
                 self.periodic_samples()
         if self.stop is None:
             self.evaluate()
@@ -270,36 +365,23 @@ class Trainer:
         self.emit(P.StateChanged(P.PAUSED if self.paused else P.RUNNING))
 
     # ------------------------------------------------------------------------------ samples
-    def sample_text(self, request: P.Sample) -> str:
-        ids = self.tokenizer.encode(request.prompt, add_special_tokens=False).ids
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self.autocast():
-                stream = generate_ids(self.model, ids, request.max_new_tokens, request.temperature,
-                                      request.top_k, request.seed, self.data.eos_id, self.device)
-                pieces = []
-                for piece in stream_text(stream, self.tokenizer.decode):
-                    pieces.append(piece)
-                    self.emit(P.SampleText(request.request_id, self.step, request.prompt, piece))
-        finally:
-            self.model.train(was_training)
-        text = "".join(pieces)
-        self.emit(P.SampleText(request.request_id, self.step, request.prompt, "", done=True))
-        return text
+    def sample_text(self, request: P.Sample) -> list[str] | None:
+        """From the live weights, between optimizer steps; touches no state that training reads."""
+        return sampling.answer(self.model, self.tokenizer, self.data.eos_id, request, self.step, self.emit,
+                               self.log, self.autocast())
 
     def answer_sample(self, request: P.Sample) -> None:
-        text = self.sample_text(request)
-        self.metrics.write("sample", step=self.step, prompt=request.prompt, text=text)
+        for text in self.sample_text(request) or []:
+            self.metrics.write("sample", step=self.step, prompt=request.prompt, text=text)
 
     def periodic_samples(self) -> None:
         s = self.cfg.sample
         for i, prompt in enumerate(s.prompts):
             req = P.Sample(f"periodic-{self.step}-{i}", prompt, s.max_new_tokens, s.temperature, s.top_k,
-                           seed=self.cfg.training.seed + i)
-            text = self.sample_text(req)
-            self.metrics.write("sample", step=self.step, prompt=prompt, text=text)
-            self.log(f"sample at step {self.step}: {prompt + text!r}")
+                           seed=self.cfg.training.seed + i, top_p=s.top_p)
+            for text in self.sample_text(req) or []:
+                self.metrics.write("sample", step=self.step, prompt=prompt, text=text)
+                self.log(f"sample at step {self.step}: {prompt + text!r}")
 
     def close(self) -> None:
         self.metrics.close()

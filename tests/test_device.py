@@ -1,0 +1,107 @@
+import pytest
+import torch
+
+from lmcockpit.core import gpu_env, protocol as P
+from lmcockpit.core.config import ConfigError
+from lmcockpit.core.device import choose_precision, peak_tflops, resolve_device
+
+from .conftest import TINY, as_flags, cli, drive_engine, tiny_config
+
+
+@pytest.mark.parametrize("readings, chosen", [
+    ([(0, 10), (1, 30), (2, 20)], 1),
+    ([(0, 30), (1, 30)], 0),  # equals: the lowest index, so an idle machine always starts on GPU 0
+    ([(3, 5)], 3),
+    ([], None),
+])
+def test_auto_picks_the_gpu_with_the_most_free_memory(readings, chosen):
+    assert gpu_env.most_free(readings) == chosen
+
+
+def test_nvml_and_torch_uuids_compare_equal():
+    assert gpu_env.normalise_uuid("GPU-8F0C1D2E-aaaa") == gpu_env.normalise_uuid("8f0c1d2e-AAAA") == "8f0c1d2e-aaaa"
+
+
+def test_without_cuda_auto_is_the_cpu_and_a_named_gpu_is_a_config_error():
+    assert not torch.cuda.is_available()  # this suite runs on CPU machines
+    assert resolve_device("auto") == torch.device("cpu") == resolve_device("cpu")
+    with pytest.raises(ConfigError, match="'cuda:1', but this machine has no usable CUDA GPU"):
+        resolve_device("cuda:1")
+
+
+def test_gpu_flag_reaches_the_engine(tmp_path):
+    proc = cli("--run", "debug", *as_flags(TINY), "--gpu", "0", "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "hardware.device = 'cuda:0', but this machine has no usable CUDA GPU" in proc.stderr
+
+
+@pytest.mark.parametrize("requested, device, native_bf16, chosen", [
+    ("auto", "cuda", True, "bf16"),
+    ("auto", "cuda", False, "fp16"),  # Volta/Turing: fp16 with a grad scaler
+    ("fp32", "cuda", True, "fp32"),
+    ("fp16", "cuda", True, "fp16"),
+    ("auto", "cpu", False, "fp32"),
+    ("bf16", "cpu", False, "bf16"),
+])
+def test_precision_choice(requested, device, native_bf16, chosen):
+    assert choose_precision(requested, device, native_bf16) == chosen
+
+
+@pytest.mark.parametrize("requested, device, message", [
+    ("fp16", "cpu", "needs a CUDA GPU"),
+    ("bf16", "cuda", "needs a GPU with bf16 in hardware"),
+])
+def test_precision_a_device_cannot_do_is_a_config_error(requested, device, message):
+    with pytest.raises(ConfigError, match=message):
+        choose_precision(requested, device, False)
+
+
+@pytest.mark.parametrize("name, tflops", [
+    ("NVIDIA GeForce RTX 3090", 71.0), ("NVIDIA GeForce RTX 4090", 165.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+    ("NVIDIA A100-PCIE-40GB", 312.0), ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+    ("NVIDIA GeForce RTX 4070 Ti", 80.0), ("NVIDIA GeForce RTX 4070 Ti SUPER", 88.2), ("NVIDIA GeForce RTX 3060", 25.6),
+    ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0), ("Some Future GPU", None),
+])
+def test_mfu_peaks(name, tflops):
+    assert peak_tflops(name) == tflops
+
+
+@pytest.mark.parametrize("version, name", [
+    ((2, 6), "PYTORCH_CUDA_ALLOC_CONF"), ((2, 9), "PYTORCH_CUDA_ALLOC_CONF"),  # 2.9 ignored the new name
+    ((2, 11), "PYTORCH_ALLOC_CONF"), ((3, 0), "PYTORCH_ALLOC_CONF"), (None, "PYTORCH_CUDA_ALLOC_CONF"),
+])
+def test_allocator_variable_follows_the_torch_version(version, name):
+    setting = gpu_env.allocator_setting({}, version, platform="linux")
+    assert (setting.name, setting.value, setting.by_user) == (name, "expandable_segments:True", False)
+
+
+@pytest.mark.parametrize("user_var", gpu_env.ALLOC_VARS)
+def test_allocator_never_overrides_the_users_setting(user_var):
+    env = {user_var: "max_split_size_mb:128"}
+    setting = gpu_env.configure_allocator(env)
+    assert setting.by_user and env == {user_var: "max_split_size_mb:128"}
+
+
+def test_allocator_is_set_for_the_installed_torch():
+    env: dict[str, str] = {}
+    setting = gpu_env.configure_allocator(env)
+    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    assert env == {gpu_env.alloc_var_name((major, minor)): "expandable_segments:True"}
+    assert not setting.by_user
+    assert gpu_env.allocator_setting({}, (2, 13), platform="win32").name == ""  # Linux only
+
+
+@pytest.mark.parametrize("users", [None, "garbage_collection_threshold:0.6"])
+def test_engine_process_runs_with_the_allocator_setting(tmp_path, monkeypatch, users):
+    for name in gpu_env.ALLOC_VARS:
+        monkeypatch.delenv(name, raising=False)
+    if users:
+        monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", users)
+    engine, _ = drive_engine(tiny_config("training.max_steps=1", "eval.every=0"), tmp_path / "run")
+    assert engine.final_state == P.FINISHED, engine.failure
+    log = (tmp_path / "run" / "train.log").read_text()
+    if users:
+        assert f"allocator: PYTORCH_CUDA_ALLOC_CONF={users} (yours" in log
+    else:
+        name = gpu_env.alloc_var_name(gpu_env.torch_version())
+        assert f"allocator: {name}=expandable_segments:True (set by lmcockpit" in log

@@ -1,0 +1,189 @@
+import pytest
+import torch
+
+from lmcockpit.core import fit, protocol as P
+from lmcockpit.core.config import load_config
+from lmcockpit.core.gpt import GPT, GPTShape
+from lmcockpit.core.optim import split_params
+
+from .conftest import drive_engine, tiny_config
+
+
+def model_of(cfg) -> GPT:
+    m = cfg.model
+    return GPT(GPTShape(vocab_size=cfg.tokenizer.vocab_size, n_layer=m.n_layer, d_model=m.d_model, n_head=m.n_head,
+                        n_kv_head=m.n_kv_head, head_dim=cfg.head_dim, mlp_hidden=cfg.mlp_hidden,
+                        max_seq_len=m.max_seq_len))
+
+
+@pytest.mark.parametrize("preset, overrides", [
+    ("debug", []), ("cpu", []), ("3060", []),
+    ("debug", ["model.head_dim=32", "model.mlp_hidden=200", "model.n_kv_head=1"]),  # head_dim ≠ d_model / n_head
+])
+def test_parameter_count_formula_equals_the_model(preset, overrides):
+    cfg, _ = load_config(preset, overrides)
+    counts, model = fit.param_counts(cfg), model_of(cfg)
+    assert counts.total == model.num_params()
+    muon, adamw = split_params(model)
+    assert counts.muon == sum(p.numel() for _, p in muon)
+    assert counts.adamw == sum(p.numel() for _, p in adamw)
+
+
+# The hand-worked config: V = 512, L = 2, d = 64, 4 heads of 16 (q = 64), 2 kv heads (kv = 32),
+# F = 128; micro-batch 8 × 64 tokens = 512 tokens.
+HAND = ["model.mlp_hidden=128", "training.micro_batch_size=8", "training.seq_len=64"]
+N = 512 * 64 + (2 * (2 * 64 + 2 * 16) + 64) + 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128)
+# embedding 32768; norms 384; matrices 2 · 36864 = 73728
+ADAMW, MUON = 32768 + 384, 73728
+
+
+def test_hand_worked_parts():
+    cfg = tiny_config(*HAND)
+    assert N == 106880 and fit.param_counts(cfg).total == N
+    assert (fit.param_counts(cfg).adamw, fit.param_counts(cfg).muon) == (ADAMW, MUON)
+    # Muon stacks same shapes: q and o (64×64) 16384, k and v 8192, gate and up (128×64) 32768, down 16384
+    assert fit.muon_largest_group(cfg) == 2 * 2 * 128 * 64
+
+
+def test_estimate_compiled_bf16_with_accumulation_by_hand():
+    cfg = tiny_config(*HAND, "training.compile=true", "training.grad_accum_steps=2")
+    e = fit.estimate(cfg, "cuda")
+    a = 2  # bf16
+    assert e.weights == 4 * N + 2 * (N - 384)  # fp32 master weights + bf16 copies of the matrices
+    assert e.grads == 4 * N  # accumulation: all gradients alive at the second micro-batch's peak
+    assert e.optimizer == 8 * ADAMW + 4 * MUON
+    # Per layer and token: 2 norms × (fp32 residual 4·64 + cast a·64); q, k, v a·(64 + 64);
+    # SDPA's q, k a·(64 + 32); its output a·64; log-sum-exp 4·4; gate, up, product 3·a·128.
+    layer = 2 * (4 * 64 + a * 64) + a * 128 + a * 96 + a * 64 + 16 + 3 * a * 128
+    assert layer == 2128
+    assert e.activations == 512 * (2 * layer + (4 + a) * 64)  # + final norm's input and the head's input
+    assert e.logits == 512 * 512 * (a + 4)
+    assert e.muon_step == fit.MUON_STEP_BYTES * 32768
+    peak = e.weights + e.grads + e.optimizer + e.activations + e.logits  # above the optimizer step's
+    assert peak == 5576704
+    assert e.margin == int(peak * fit.COMPILE_MARGIN)
+    assert e.allocated == peak + e.margin
+    assert e.reserved == int(e.allocated * (1 + fit.ALLOCATOR_MARGIN))
+    assert e.total == e.reserved + fit.CUDA_CONTEXT_BYTES
+
+
+def test_estimate_eager_fp32_with_checkpointing_by_hand():
+    cfg = tiny_config(*HAND, "training.activation_checkpointing=true")
+    e = fit.estimate(cfg, "cpu")
+    a = 4  # fp32 on the CPU
+    assert e.weights == 4 * N  # no low-precision copies
+    assert e.grads == 4 * 32768  # no accumulation: only the head's gradient exists at the peak
+    # Eager, one block: two norms' inputs and outputs 16·64; the q/k/v and gate/up inputs (one
+    # shared fp32 tensor per norm) 2·a·64; QK-norm's input and output 8·(64 + 32); v a·32; SDPA's
+    # q, k a·96; its output a·64; log-sum-exp 16; SwiGLU's four tensors 4·a·128.
+    layer = 16 * 64 + 2 * a * 64 + 8 * 96 + a * 32 + a * 96 + a * 64 + 16 + 4 * a * 128
+    assert layer == 5136
+    # Checkpointing: each block's fp32 input, one block recomputed, the final norm and head input.
+    assert e.activations == 512 * (2 * 4 * 64 + layer + (8 + a) * 64)
+    assert e.logits == 512 * 512 * 12  # fp32 log-probs, their gradient, the logits' gradient
+    assert e.allocated == 7549440 and e.margin == 0
+    assert e.total == e.reserved == int(7549440 * (1 + fit.ALLOCATOR_MARGIN))  # no CUDA context on a CPU
+
+
+def test_checkpointing_and_cuda_graphs_move_the_estimate_the_right_way():
+    base = fit.estimate(tiny_config(*HAND, "training.compile=true"), "cuda")
+    ckpt = fit.estimate(tiny_config(*HAND, "training.compile=true", "training.activation_checkpointing=true"), "cuda")
+    graphs = fit.estimate(tiny_config(*HAND, "training.compile=true", "training.compile_mode=\"reduce-overhead\""),
+                          "cuda")
+    assert ckpt.activations < base.activations
+    assert graphs.allocated == base.allocated and graphs.reserved > base.reserved  # eval beside the graph pool
+
+
+def test_verdict_thresholds():
+    card = 1000
+    assert fit.verdict(900, card) == "fits"
+    assert fit.verdict(901, card) == "tight"
+    assert fit.verdict(1000, card) == "tight"
+    assert fit.verdict(1001, card) == "does not fit"
+
+
+def test_largest_micro_batch_is_the_edge_of_the_budget():
+    cfg, _ = load_config("4090")
+    budget = 20 * fit.GiB
+    mb = fit.largest_micro_batch(cfg, budget, limit=256)
+    assert 1 <= mb < 256
+    assert fit.estimate(cfg, "cuda", mb).reserved <= budget < fit.estimate(cfg, "cuda", mb + 1).reserved
+    assert fit.largest_micro_batch(cfg, 1) == 0
+
+
+@pytest.mark.parametrize("effective, start, limit, tried, chosen", [
+    (24, 24, 5, [24, 12, 6, 3], 3),  # halving through divisors of 24
+    (24, 10, 5, [8, 4], 4),  # 10 does not divide 24: its largest divisor below 10 first
+    (24, 100, 100, [24], 24),  # never above the effective batch: accumulation 1
+    (12, 12, 0, [12, 6, 3, 1], None),  # not even 1
+    (7, 6, 7, [1], 1),  # a prime effective batch has only 1 below it
+])
+def test_choose_micro_batch_halves_and_keeps_the_effective_batch(effective, start, limit, tried, chosen):
+    seen = []
+
+    def fits(mb: int) -> bool:  # a card where micro-batches up to `limit` fit
+        seen.append(mb)
+        return mb <= limit
+
+    assert fit.choose_micro_batch(effective, start, fits) == chosen
+    assert seen == tried
+    assert all(effective % mb == 0 for mb in seen)
+
+
+def test_out_of_memory_message_says_where_how_much_and_what_to_change():
+    cfg, _ = load_config("4090")
+    error = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.64 GiB of which "
+             "1.10 GiB is free.\nIncluding non-PyTorch memory, this process has 22.5 GiB memory in use.")
+    msg = fit.out_of_memory_message(cfg, 12, error, "NVIDIA GeForce RTX 4090", int(23.64 * fit.GiB),
+                                    int(21.3 * fit.GiB), 10)
+    assert msg.startswith("out of GPU memory at step 12 (tried to allocate 2.00 gib): micro-batch 8 × 2048 tokens, "
+                          "config sized for RTX 4090 (24 GB), on NVIDIA GeForce RTX 4090 with 23.6 GiB; "
+                          "peak allocated 21.3 GiB (estimated ")
+    assert ("Change: --set training.micro_batch_size=4 --set training.grad_accum_steps=16 (the same tokens per "
+            "step), or training.auto_micro_batch=true, or training.activation_checkpointing=true") in msg
+    assert msg.endswith("; the checkpoint of step 10 is kept.")
+    one = fit.out_of_memory_message(tiny_config("training.micro_batch_size=1"), 1, "a micro-batch of 1 did not fit",
+                                    "GPU", fit.GiB, 0, None)
+    assert "(a micro-batch of 1 did not fit)" in one and "a shorter training.seq_len" in one
+    assert one.endswith("no checkpoint had been written yet.")
+
+
+def test_an_out_of_memory_error_is_found_behind_the_compilers_wrapping():
+    from lmcockpit.core.trainer import oom_in
+
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB.")
+    try:
+        try:
+            raise oom
+        except torch.OutOfMemoryError as inner:
+            raise RuntimeError("backend compiler failed") from inner
+    except RuntimeError as wrapped:
+        assert oom_in(wrapped) is oom
+    assert oom_in(ValueError("not memory")) is None
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    cfg = tiny_config()
+    torch.manual_seed(0)
+    model = model_of(cfg)
+    x = torch.randint(0, cfg.tokenizer.vocab_size, (2, 32))
+    grads = []
+    for on in (False, True):
+        model.activation_checkpointing = on
+        model.zero_grad()
+        model(x[:, :-1], x[:, 1:]).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for plain, recomputed in zip(*grads):
+        assert torch.allclose(plain, recomputed, atol=1e-6)
+
+
+def test_auto_micro_batch_on_cpu_keeps_the_tokens_per_step(tmp_path):
+    cfg = tiny_config("training.auto_micro_batch=true", "training.micro_batch_size=2", "training.grad_accum_steps=4",
+                      "training.max_steps=4", "eval.every=0")
+    engine, events = drive_engine(cfg, tmp_path / "run")
+    assert engine.final_state == P.FINISHED, engine.failure
+    started = next(e for e in events if isinstance(e, P.RunStarted))
+    # The estimate says 8 sequences fit in this machine's RAM: one micro-batch of 8, no accumulation.
+    assert (started.config["training"]["micro_batch_size"], started.config["training"]["grad_accum_steps"]) == (8, 1)
+    assert started.tokens_per_step == cfg.tokens_per_step
+    assert any(isinstance(e, P.LogLine) and e.text.startswith("auto micro-batch: 8 × 1") for e in events)

@@ -1,0 +1,86 @@
+import subprocess
+import sys
+
+import pytest
+
+from lmcockpit.core import fit
+from lmcockpit.core.config import ConfigError, load_config, shipped_presets
+
+from .conftest import cli
+
+GPU_PRESETS = {"3060": 12, "4070ti": 12, "3090": 24, "4090": 24, "a100-40gb": 40, "a100-80gb": 80, "h100": 80}
+
+
+def test_every_gpu_class_has_a_preset():
+    assert set(GPU_PRESETS) | {"cpu", "debug"} == set(shipped_presets())
+
+
+@pytest.mark.parametrize("name", sorted(GPU_PRESETS))
+def test_gpu_preset_fits_its_class_with_headroom_and_uses_it(name):
+    cfg, _ = load_config(name)
+    hw, t = cfg.hardware, cfg.training
+    assert hw.vram_gb == GPU_PRESETS[name] and hw.gpu_class not in ("", "cpu")
+    assert hw.device == "auto" and t.precision == "auto" and t.compile
+    card = int(hw.vram_gb * fit.GiB)
+    needed = fit.estimate(cfg, "cuda").total
+    assert needed <= 0.9 * card, f"{name}: {needed / fit.GiB:.1f} GiB of {hw.vram_gb} GB leaves under 10% free"
+    assert fit.verdict(needed, card) == "fits"
+    assert needed >= 0.6 * card, f"{name}: {needed / fit.GiB:.1f} GiB leaves most of a {hw.vram_gb} GB card idle"
+
+
+def test_bigger_cards_get_bigger_models():
+    params = {name: fit.param_counts(load_config(name)[0]).total for name in GPU_PRESETS}
+    assert params["3060"] < params["4070ti"] < params["3090"] < params["4090"] < params["a100-40gb"]
+    assert params["a100-40gb"] < params["a100-80gb"] < params["h100"]
+
+
+def test_presets_command_lists_every_preset_without_a_gpu():
+    proc = cli("presets")
+    assert proc.returncode == 0, proc.stderr
+    assert "no GPU found" in proc.stdout and "judged against the GPU class it was sized for" in proc.stdout
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line.split() and line.split()[0] in
+            shipped_presets()}
+    assert set(rows) == set(shipped_presets())
+    for name in GPU_PRESETS:
+        cfg, _ = load_config(name)
+        assert f"{fit.param_counts(cfg).total / 1e6:.1f}M" in rows[name]
+        assert f"{cfg.tokens_per_step:,}" in rows[name]
+        assert f"{fit.estimate(cfg, 'cuda').total / fit.GiB:.1f} GiB" in rows[name]
+        assert rows[name].rstrip().endswith("fits")
+    assert rows["cpu"].rstrip().endswith("–")  # no GPU and no class to judge against
+
+
+def test_presets_command_judges_against_a_given_card():
+    proc = cli("presets", "--memory", "16")
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line.rstrip() for line in proc.stdout.splitlines() if line.split()}
+    assert rows["3060"].endswith("fits") and rows["h100"].endswith("does not fit")
+    assert cli("presets", "--memory", "0").returncode == 2
+
+
+def test_presets_command_imports_no_torch():
+    code = ("import sys; from lmcockpit.tui.presets import main; rc = main([]); "
+            "print('torch imported' if 'torch' in sys.modules else 'torch-free', rc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip().endswith("torch-free 0"), proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("override, message", [
+    ("training.compile_mode=\"fast\"", "training.compile_mode = 'fast' is not one of 'default' | "
+                                       "'max-autotune-no-cudagraphs' | 'reduce-overhead' | 'max-autotune'"),
+    ("training.auto_micro_batch=1", "training.auto_micro_batch must be true or false, got an integer 1"),
+    ("training.activation_checkpointing=\"yes\"", "training.activation_checkpointing must be true or false"),
+    ("training.compile_mode=\"max-autotune\"", "training.compile_mode = 'max-autotune' needs training.compile = true"),
+    ("hardware.vram_gb=-24", "hardware.vram_gb = -24.0 must be 0 or more"),
+])
+def test_bad_values_of_the_gpu_keys_are_named(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config("debug", [override])  # debug does not compile
+    assert message in str(e.value)
+
+
+def test_bad_gpu_key_on_the_command_line_exits_2(tmp_path):
+    proc = cli("--run", "h100", "--set", "training.compile_mode=turbo", "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    assert "--set: training.compile_mode = 'turbo' is not one of" in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr

@@ -1,0 +1,224 @@
+"""`lmcockpit chat RUN_OR_CHECKPOINT`: a sampling REPL, or one-shot generation for scripts.
+
+The model runs in a chat engine process (core/chat_engine.py): this front-end imports no torch,
+and refuses bad input (a missing checkpoint, nonsense settings) before any engine starts. Text
+goes to stdout, everything else (the banner, errors, the engine's log lines) to stderr, so that
+`lmcockpit chat RUN --greedy --prompt X` prints exactly the prompt and its greedy continuation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from typing import Any, TextIO
+
+from lmcockpit.core import protocol as P
+from lmcockpit.core.chat_engine import ChatEngine
+from lmcockpit.core.config import ConfigError
+from lmcockpit.core.inference import SAMPLE_SETTINGS, find_checkpoint, parse_setting
+from lmcockpit.tui.cli import UsageError, error
+
+HELP = """\
+Type text to continue it with the current settings. Commands:
+  greedy TEXT        the most likely continuation of TEXT
+  batch TEXT         `batch` samples of TEXT side by side (set batch N)
+  settings           the current settings
+  set KEY VALUE      change one: max_new_tokens, temperature, top_k (0: off), top_p (1: off),
+                     num_samples, greedy (on/off), seed (the next request's; it counts up), batch
+  help               this text
+  quit               leave (so do Ctrl-D and an empty stdin)"""
+
+FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k",
+         "top_p": "--top-p", "num_samples": "--num-samples", "seed": "--seed"}
+DEFAULT_BATCH = 4
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UsageError(f"{message} (see `lmcockpit chat --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="lmcockpit chat", description="Sample from a trained model: an interactive prompt, "
+                "or with --prompt one generation printed for scripts (prompt and continuation, one block "
+                "per sample).")
+    p.add_argument("path", metavar="RUN_OR_CHECKPOINT", help="a run folder (its latest checkpoint) or a checkpoint folder")
+    p.add_argument("--prompt", help="generate once from this text, print it and exit")
+    p.add_argument("--max-new-tokens", metavar="N", help="tokens to generate at most (default 64)")
+    p.add_argument("--temperature", metavar="T", help="sampling temperature, 0 means greedy (default 0.8)")
+    p.add_argument("--top-k", metavar="K", help="sample among the K most likely tokens, 0: all (default 50)")
+    p.add_argument("--top-p", metavar="P", help="nucleus sampling: the smallest set holding P, 1: off (default 1)")
+    p.add_argument("--greedy", action="store_true", help="always the most likely token")
+    p.add_argument("--num-samples", metavar="N", help="samples drawn side by side, 1 to 64 (default 1)")
+    p.add_argument("--seed", metavar="S", help="seed of the sampling generator (default 0)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    return p
+
+
+def settings_from(args: argparse.Namespace) -> dict[str, Any]:
+    defaults = P.Sample("", "")
+    settings = {key: getattr(defaults, key) for key in SAMPLE_SETTINGS}
+    settings["greedy"] = args.greedy
+    for key, flag in FLAGS.items():
+        text = getattr(args, key)
+        if text is not None:
+            try:
+                settings[key] = parse_setting(key, text)
+            except ConfigError as e:
+                raise UsageError(f"{flag}: {e}") from None
+    dev = args.device
+    if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        raise UsageError(f"--device {dev!r}: expected auto, cpu, cuda or cuda:N")
+    return settings
+
+
+class EngineGone(Exception):
+    pass
+
+
+class Session:
+    """Requests to the chat engine and their text on stdout."""
+
+    def __init__(self, engine: ChatEngine, settings: dict[str, Any], out: TextIO = sys.stdout):
+        self.engine, self.settings, self.out = engine, settings, out
+        self.batch = DEFAULT_BATCH
+        self.requests = 0
+
+    def wait_ready(self) -> P.RunStarted:
+        while self.engine.loaded is None:
+            self._next_event()
+        return self.engine.loaded
+
+    def generate(self, prompt: str, **overrides: Any) -> None:
+        """Print prompt + continuation: streamed for one sample, numbered blocks for several."""
+        self.requests += 1
+        request = P.Sample(f"chat-{self.requests}", prompt, **{**self.settings, **overrides})
+        rows = [""] * request.num_samples
+        streaming = request.num_samples == 1
+        if streaming:
+            self.out.write(prompt)
+            self.out.flush()
+        self.engine.send(request)
+        while True:
+            ev = self._next_event()
+            if not isinstance(ev, P.SampleText) or ev.request_id != request.request_id:
+                continue
+            if ev.done:
+                break
+            rows[ev.row] += ev.text
+            if streaming:
+                self.out.write(ev.text)
+                self.out.flush()
+        if streaming:
+            self.out.write("\n")
+        else:
+            for i, text in enumerate(rows, 1):
+                self.out.write(f"--- sample {i} of {len(rows)} ---\n{prompt}{text}\n")
+        self.out.flush()
+
+    def _next_event(self) -> object:
+        while True:
+            ev = self.engine.poll(timeout=0.5)
+            if isinstance(ev, P.LogLine):
+                print(ev.text, file=sys.stderr)
+            elif self.engine.done:
+                raise EngineGone()
+            elif ev is not None:
+                return ev
+
+    # --------------------------------------------------------------------------------- REPL
+    def repl(self, stdin: TextIO) -> None:
+        interactive = stdin.isatty()
+        if interactive:
+            import readline  # noqa: F401 - line editing and history for input()
+        while True:
+            try:
+                line = input("> ") if interactive else stdin.readline()
+            except EOFError:
+                return
+            if not line:  # end of a piped stdin
+                return
+            line = line.rstrip("\r\n")
+            word, _, rest = line.partition(" ")
+            command = line.strip()
+            if not command:
+                continue
+            if command in ("quit", "exit"):
+                return
+            if command == "help":
+                print(HELP, file=self.out)
+            elif command == "settings":
+                self.show_settings()
+            elif word == "set":
+                self.set(rest)
+            elif word == "greedy" and rest:
+                self.generate(rest, greedy=True, num_samples=1)
+                self.requests_done()
+            elif word == "batch" and rest:
+                self.generate(rest, num_samples=self.batch)
+                self.requests_done()
+            else:
+                self.generate(line)
+                self.requests_done()
+
+    def requests_done(self) -> None:
+        """A REPL draws new text each time: the next request takes the next seed."""
+        self.settings["seed"] += 1
+
+    def show_settings(self) -> None:
+        for key, value in {**self.settings, "batch": self.batch}.items():
+            shown = ("on" if value else "off") if isinstance(value, bool) else value
+            print(f"{key} = {shown}", file=self.out)
+
+    def set(self, rest: str) -> None:
+        key, _, value = rest.strip().partition(" ")
+        value = value.strip()
+        known = [*SAMPLE_SETTINGS, "batch"]
+        if key not in known:
+            match = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {match[0]}?)" if match else f" (settings: {', '.join(known)})"
+            error(f"set {key}: unknown setting{hint}")
+            return
+        try:
+            parsed = parse_setting("num_samples" if key == "batch" else key, value)
+        except ConfigError as e:
+            error(f"set {key}: {e}")
+            return
+        if key == "batch":
+            self.batch = parsed
+        else:
+            self.settings[key] = parsed
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        settings = settings_from(args)
+        checkpoint = find_checkpoint(args.path)
+    except (UsageError, ConfigError) as e:
+        return error(str(e))
+    engine = ChatEngine(checkpoint, args.device)
+    engine.start()
+    session = Session(engine, settings)
+    try:
+        loaded = session.wait_ready()
+        if args.prompt is not None:
+            session.generate(args.prompt)
+        else:
+            print(f"chat: step {loaded.start_step} of {checkpoint} ({loaded.n_params:,} parameters, {loaded.device}, "
+                  f"{loaded.precision}); type `help` for commands", file=sys.stderr)
+            session.repl(sys.stdin)
+        return 0
+    except EngineGone:
+        failure = engine.failure or P.Failure("the chat engine stopped")
+        if failure.user_error:
+            return error(failure.message)
+        if failure.traceback:
+            print(failure.traceback, end="", file=sys.stderr)
+        error(failure.message)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        engine.close()

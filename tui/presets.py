@@ -1,0 +1,70 @@
+"""`lmcockpit presets`: every shipped preset, its size, its estimated peak memory, and whether it
+fits the GPU this machine has.
+
+Torch-free like the rest of the front-end: parameter counts and memory come from `core.fit`'s
+arithmetic, the GPU from NVML (`core.telemetry`). Without a GPU each preset is judged against the
+card it was sized for; `--memory GB` judges them all against a card you are thinking of buying.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from lmcockpit.core import fit
+from lmcockpit.core.config import load_config, shipped_presets
+from lmcockpit.core.telemetry import Telemetry
+from lmcockpit.tui.cli import error
+
+STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="lmcockpit presets", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--memory", metavar="GB", type=float,
+                        help="judge every preset against a GPU with this much memory (GiB) instead of this machine's")
+    args = parser.parse_args(argv)
+    if args.memory is not None and args.memory <= 0:
+        return error(f"--memory {args.memory:g}: expected a positive number of GiB")
+
+    if args.memory is not None:
+        card, title = int(args.memory * fit.GiB), f"verdicts for a GPU with {args.memory:g} GiB"
+    else:
+        telemetry = Telemetry()
+        gpus = telemetry.read().gpus
+        if gpus:
+            gpu = max(gpus, key=lambda g: g.mem_total)
+            card, title = gpu.mem_total, f"verdicts for GPU {gpu.index}: {gpu.name}, {gpu.mem_total / fit.GiB:.1f} GiB"
+        else:
+            card = None
+            title = (f"no GPU found ({telemetry.nvml_error or 'NVML sees none'}): each preset is judged "
+                     "against the GPU class it was sized for")
+
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("preset", "GPU class", "params", "tokens/step", "est. peak", "verdict"):
+        numeric = column not in ("preset", "GPU class", "verdict")
+        table.add_column(column, no_wrap=True, justify="right" if numeric else "left")
+    for *cells, verdict in preset_rows(card):
+        table.add_row(*cells, f"[{STYLE[verdict]}]{verdict}[/]" if verdict in STYLE else verdict)
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(table)
+    console.print(f"Estimates are fit.py's arithmetic with a {fit.HEADROOM:.0%} headroom for \"fits\"; "
+                  "`--set training.auto_micro_batch=true` finds the largest micro-batch a card takes.")
+    return 0
+
+
+def preset_rows(card: int | None) -> list[tuple[str, str, str, str, str, str]]:
+    """(name, GPU class, parameters, tokens/step, estimated peak, verdict) of every shipped preset,
+    smallest card first; judged against `card` bytes, or each preset's own class when None."""
+    configs = [(name, load_config(name)[0]) for name in shipped_presets()]
+    rows = []
+    for name, cfg in sorted(configs, key=lambda nc: (nc[1].hardware.vram_gb, fit.param_counts(nc[1]).total)):
+        estimate, verdict = fit.judge(cfg, card)
+        on_gpu = card is not None or cfg.hardware.vram_gb > 0
+        rows.append((name, cfg.hardware.gpu_class, f"{fit.param_counts(cfg).total / 1e6:.1f}M",
+                     f"{cfg.tokens_per_step:,}", f"{estimate.total / fit.GiB:.1f} GiB" + ("" if on_gpu else " RAM"),
+                     verdict))
+    return rows
