@@ -39,6 +39,14 @@ async def wait_for(pilot, condition, timeout: float = 90.0, what: str = "conditi
         await pilot.pause(0.05)
 
 
+def screen_text(renderable) -> str:
+    from rich.console import Console
+
+    console = Console(width=120, record=True, file=open("/dev/null", "w"))
+    console.print(renderable)
+    return console.export_text()
+
+
 def dashboard(app) -> DashboardScreen:
     assert isinstance(app.screen, DashboardScreen), app.screen
     return app.screen
@@ -112,7 +120,10 @@ async def test_launch_screen_selects_edits_validates_and_saves(tmp_path, monkeyp
     async with app.run_test(size=(120, 40)) as pilot:
         launch = app.screen
         assert isinstance(launch, LaunchScreen)
-        await pilot.press("down")  # cpu → debug
+        presets = launch.query_one("#presets")
+        assert [r.value for r in presets.rows][:2] == ["debug", "cpu"]  # smallest first
+        assert launch.preset_name == "cpu"  # the embedded default is selected
+        await pilot.press("up")
         assert launch.preset_name == "debug"
         settings = launch.query_one("#settings")
         settings.focus()
@@ -169,3 +180,51 @@ asyncio.run(main())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "steps 4" in proc.stdout
     assert "torch imported: False" in proc.stdout
+
+
+async def test_chat_pane_samples_the_live_model_while_it_trains(tmp_path):
+    from lmcockpit.tui.widgets.chat import ChatPane
+
+    app = CockpitApp(request(tmp_path, "training.max_steps=100000"), telemetry=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        dash = dashboard(app)
+        await wait_for(pilot, lambda: dash.view.step >= 2, what="training to start")
+        await pilot.press("t")
+        pane = dash.query_one(ChatPane)
+        assert pane.display and app.focused.id == "chat-input"
+        await pilot.press(*"/set top_p 2", "enter")  # refused, settings unchanged
+        assert pane.settings["top_p"] == 1.0
+        await pilot.press(*"/set num_samples 2", "enter")
+        assert pane.settings["num_samples"] == 2
+        await pilot.press(*"def ", "enter")
+        await wait_for(pilot, lambda: pane.history and all(e.done for e in pane.history.values()), what="the samples")
+        (exchange,) = pane.history.values()
+        assert exchange.prompt == "def " and sorted(exchange.rows) == [0, 1] and exchange.step >= 2
+        shown = screen_text(pane.query_one("#chat-output").content)
+        assert "» def" in shown and "[2]" in shown
+        step = dash.view.step
+        await wait_for(pilot, lambda: dash.view.step > step, what="training to go on after sampling")
+
+
+async def test_launch_screen_opens_a_past_run_in_chat(trained_run):
+    from lmcockpit.tui.screens.chat import ChatScreen
+    from lmcockpit.tui.widgets.chat import ChatPane
+
+    run, _ = trained_run
+    app = CockpitApp(runs_root=run.parent, telemetry=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        launch = app.screen
+        launch.query_one("#runs").focus()
+        await pilot.press("o")
+        chat = app.screen
+        assert isinstance(chat, ChatScreen)
+        await wait_for(pilot, lambda: chat.engine.loaded is not None, what="the checkpoint to load")
+        assert chat.engine.loaded.start_step == 12
+        await pilot.press(*"/greedy import", "enter")
+        pane = chat.query_one(ChatPane)
+        await wait_for(pilot, lambda: pane.history and all(e.done for e in pane.history.values()), what="a sample")
+        assert list(pane.history.values())[0].rows[0]  # some text came back
+        await pilot.press("escape")
+        assert app.screen is launch
+        chat.engine.join(timeout=30)
+        assert chat.engine.process.exitcode == 0

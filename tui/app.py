@@ -73,6 +73,13 @@ class CockpitApp(App):
             return
         self.start_run(RunRequest(plan.cfg, plan.run_dir, plan.checkpoint, Path(run).name))
 
+    def on_unmount(self) -> None:
+        """However the app ends, no run is left training unseen: each one checkpoints and stops."""
+        from lmcockpit.core import protocol as P
+
+        for engine in self.engines:
+            engine.send(P.Abort(save=True, interrupted=True))
+
     def stop_engines(self, timeout: float = 120) -> None:
         """After the app closes: any run still going is stopped with a checkpoint, never abandoned."""
         from lmcockpit.core import protocol as P

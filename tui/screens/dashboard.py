@@ -1,43 +1,34 @@
 """The dashboard: a live run's charts, panels, log, controls, failure panel and chat pane.
 
-Engine events arrive through a thread worker that blocks on the engine queue and posts them in
-batches (everything queued within a 50 ms window becomes one message), so a fast run never
-floods the message loop. Applying a batch only folds events into the RunView and writes log
-lines; panels and charts redraw from a timer at a bounded rate.
+Engine events arrive in batches through the bridge's thread worker. Applying a batch only folds
+events into the RunView and writes log lines; panels and charts redraw from a timer at a bounded
+rate.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Input, ProgressBar, RichLog, Static
-from textual.worker import get_current_worker
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.runner import EngineProcess
 from lmcockpit.core.telemetry import Reading, Telemetry
+from lmcockpit.tui.bridge import EngineEvents, drain
 from lmcockpit.tui.runview import RunView
 from lmcockpit.tui.screens.dialogs import AbortDialog, HelpScreen, QuitDialog
 from lmcockpit.tui.widgets.charts import LossChart
+from lmcockpit.tui.widgets.chat import ChatPane
 from lmcockpit.tui.widgets.panels import (Panel, gpu_rows, host_rows, memory_rows, spark, state_text,
                                           throughput_rows)
 
 REDRAW_EVERY = 0.5  # seconds: plotext rebuilds every point on a draw
-BATCH_WINDOW = 0.05
 NARROW, SHORT = 100, 30  # below these the side panels and the chart shrink
-
-
-class EngineEvents(Message):
-    def __init__(self, events: list[object]) -> None:
-        super().__init__()
-        self.events = events
 
 
 class DashboardScreen(Screen):
@@ -64,8 +55,6 @@ class DashboardScreen(Screen):
         self.util_history: list[float] = []
         self.dirty = True
         self.quit_when_done = False
-        self.request_ids = itertools.count(1)
-        self.chat_transcript = Text()
 
     # --------------------------------------------------------------------------------- layout
     def compose(self) -> ComposeResult:
@@ -80,10 +69,7 @@ class DashboardScreen(Screen):
                 yield Panel("memory", id="memory")
                 yield Panel("GPU", id="gpu")
                 yield Panel("host", id="host")
-            with Vertical(id="chat"):
-                with VerticalScroll(id="chat-scroll"):
-                    yield Static(id="chat-output")
-                yield Input(placeholder="prompt, then Enter: the model continues it", id="chat-input")
+            yield ChatPane(self.send_sample, id="chat")
         yield ProgressBar(id="progress", show_eta=False)
         yield Static(id="failure")
         yield RichLog(id="log", max_lines=5000, markup=False, highlight=False, wrap=True)
@@ -108,18 +94,7 @@ class DashboardScreen(Screen):
     # ---------------------------------------------------------------------------- the bridge
     @work(thread=True, exclusive=True, group="engine-events")
     def drain_engine(self) -> None:
-        worker, engine = get_current_worker(), self.engine
-        while not worker.is_cancelled and not engine.done:
-            first = engine.poll(timeout=0.2)
-            if first is None:
-                continue
-            batch, deadline = [first], time.monotonic() + BATCH_WINDOW
-            while time.monotonic() < deadline and not engine.done:
-                ev = engine.poll(timeout=max(0.0, deadline - time.monotonic()))
-                if ev is None:
-                    break
-                batch.append(ev)
-            self.post_message(EngineEvents(batch))
+        drain(self.engine, self)
 
     def on_engine_events(self, message: EngineEvents) -> None:
         self.apply_events(message.events)
@@ -131,10 +106,9 @@ class DashboardScreen(Screen):
             if isinstance(ev, P.LogLine):
                 log.write(ev.text)
             elif isinstance(ev, P.SampleText):
-                self.chat_transcript.append(ev.text + ("\n\n" if ev.done else ""),
-                                            style="" if not ev.done else "dim")
-                self.query_one("#chat-output", Static).update(self.chat_transcript)
-                self.query_one("#chat-scroll", VerticalScroll).scroll_end(animate=False)
+                self.query_one(ChatPane).receive(ev)
+            elif isinstance(ev, P.RunStarted):
+                self.query_one(ChatPane).configure(ev.config.get("sample") or {})
             elif isinstance(ev, P.StateChanged) and ev.state in P.TERMINAL_STATES:
                 self.on_terminal(ev)
         self.dirty = True
@@ -230,19 +204,11 @@ class DashboardScreen(Screen):
         if self.has_class("chatting"):
             self.query_one("#chat-input", Input).focus()
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.input.id != "chat-input" or not event.value.strip():
-            return
+    def send_sample(self, request: P.Sample) -> bool:
         if not self.running:
-            self.notify("the run has ended: open its checkpoint with `lmcockpit chat RUN`", severity="warning")
-            return
-        s = self.view.config.get("sample") or {}
-        request = P.Sample(f"chat-{next(self.request_ids)}", event.value, s.get("max_new_tokens", 64),
-                           s.get("temperature", 0.8), s.get("top_k", 50), seed=next(self.request_ids))
-        self.chat_transcript.append(f"» step {self.view.step}: ", style="bold")
-        self.chat_transcript.append(event.value, style="bold cyan")
+            return False
         self.engine.send(request)
-        event.input.value = ""
+        return True
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(self.BINDINGS))

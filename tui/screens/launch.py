@@ -15,6 +15,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, write_config
 from lmcockpit.core.runfolder import recent_runs, run_summary
 from lmcockpit.core.telemetry import Telemetry
+from lmcockpit.tui.presets import STYLE as VERDICT_STYLE, preset_rows
 from lmcockpit.tui.runview import DASH
 
 
@@ -42,6 +43,7 @@ class LaunchScreen(Screen):
         ("e", "edit", "Edit value"),
         ("s", "save_as", "Save as"),
         ("r", "resume", "Resume run"),
+        ("o", "open_chat", "Chat with run"),
         ("question_mark", "help", "Help"),
         ("q", "app.quit", "Quit"),
     ]
@@ -74,14 +76,16 @@ class LaunchScreen(Screen):
         presets = self.query_one("#presets", DataTable)
         presets.border_title = "presets · Enter launches"
         presets.add_columns("preset", "GPU class", "params", "tokens/step", "est. memory", "fit")
-        for name in sorted(self.presets):
-            cfg, _ = load_config(name)
-            presets.add_row(name, cfg.hardware.gpu_class, DASH, f"{cfg.tokens_per_step:,}", DASH, DASH, key=name)
-        presets.move_cursor(row=sorted(self.presets).index(self.preset_name))
+        reading = self.telemetry.read() if self.telemetry else None
+        card = reading.gpus[0].mem_total if reading and reading.gpus else None
+        rows = preset_rows(card)
+        for row in rows:
+            presets.add_row(*row[:-1], Text(row[-1], style=VERDICT_STYLE.get(row[-1], "")), key=row[0])
+        presets.move_cursor(row=[r[0] for r in rows].index(self.preset_name))
         self.query_one("#settings", DataTable).add_columns("setting", "value")
         self.query_one("#settings", DataTable).border_title = "settings"
         runs = self.query_one("#runs", DataTable)
-        runs.border_title = "recent runs · r resumes"
+        runs.border_title = "recent runs · r resumes · o chats"
         runs.add_columns("run", "status", "step", "loss")
         self.refresh_runs()
         self.show_settings()
@@ -213,13 +217,22 @@ class LaunchScreen(Screen):
             return
         self.app.launch(cfg, self.preset_name)
 
-    def action_resume(self) -> None:
+    def selected_run(self) -> str | None:
         table = self.query_one("#runs", DataTable)
         if table.row_count == 0:
             self.notify("no runs under " + str(self.runs_root), severity="warning")
-            return
-        run = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        self.app.resume(run)
+            return None
+        return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+
+    def action_resume(self) -> None:
+        if run := self.selected_run():
+            self.app.resume(run)
+
+    def action_open_chat(self) -> None:
+        if run := self.selected_run():
+            from lmcockpit.tui.screens.chat import ChatScreen
+
+            self.app.push_screen(ChatScreen(run))
 
     def action_help(self) -> None:
         from lmcockpit.tui.screens.dialogs import HelpScreen

@@ -1,0 +1,67 @@
+"""Chat with a past run: its checkpoint loads in a chat engine process (the cockpit stays
+torch-free), and the chat pane talks to it."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import Footer, RichLog, Static
+
+from lmcockpit.core import protocol as P
+from lmcockpit.core.chat_engine import ChatEngine
+from lmcockpit.tui.bridge import EngineEvents, drain
+from lmcockpit.tui.widgets.chat import ChatPane
+
+
+class ChatScreen(Screen):
+    BINDINGS = [("escape", "close", "Back")]
+
+    def __init__(self, checkpoint: str):
+        super().__init__()
+        self.checkpoint = checkpoint
+        self.engine = ChatEngine(checkpoint)
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text(f" loading {self.checkpoint} …", style="bold"), id="topbar")
+        yield ChatPane(self.send_sample, id="chat-full")
+        yield RichLog(id="log", max_lines=500, markup=False, highlight=False, wrap=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#log", RichLog).border_title = "chat engine log"
+        self.query_one("#chat-input").focus()
+        self.engine.start()
+        self.drain_engine()
+
+    @work(thread=True, exclusive=True, group="chat-events")
+    def drain_engine(self) -> None:
+        drain(self.engine, self)
+
+    def on_engine_events(self, message: EngineEvents) -> None:
+        top = self.query_one("#topbar", Static)
+        for ev in message.events:
+            if isinstance(ev, P.SampleText):
+                self.query_one(ChatPane).receive(ev)
+            elif isinstance(ev, P.LogLine):
+                self.query_one("#log", RichLog).write(ev.text)
+            elif isinstance(ev, P.RunStarted):
+                self.query_one(ChatPane).configure(ev.config.get("sample") or {})
+                top.update(Text(f" chat · {ev.run_dir} · step {ev.start_step} · {ev.n_params / 1e6:.2f}M params "
+                                f"· {ev.device} {ev.precision}", style="bold"))
+            elif isinstance(ev, P.Failure):
+                top.update(Text(f" cannot chat: {ev.message}", style="bold red"))
+
+    def send_sample(self, request: P.Sample) -> bool:
+        if self.engine.loaded is None or self.engine.done:
+            return False
+        self.engine.send(request)
+        return True
+
+    def on_unmount(self) -> None:
+        self.engine.send(P.Abort(save=False))
+
+    def action_close(self) -> None:
+        self.engine.close()
+        self.app.pop_screen()

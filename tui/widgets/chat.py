@@ -1,0 +1,134 @@
+"""The chat pane: a prompt box, the streamed samples, editable settings and the session's history.
+
+It sends `Sample` requests through a callback (the live training engine, or a chat engine on a
+past checkpoint) and shows the `SampleText` pieces that come back, row by row. Settings are
+edited in the prompt box with `/set KEY VALUE`, checked by the same rules as `lmcockpit chat`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rich.console import Group
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Input, Static
+
+from lmcockpit.core import protocol as P
+from lmcockpit.core.config import ConfigError
+from lmcockpit.core.inference import SAMPLE_SETTINGS, parse_setting
+
+EDITABLE = ("temperature", "top_k", "top_p", "max_new_tokens", "num_samples", "seed")
+
+
+@dataclass
+class Exchange:
+    """One request and what came back, row by row."""
+    prompt: str
+    step: int | None = None
+    rows: dict[int, str] = field(default_factory=dict)
+    done: bool = False
+
+
+class ChatPane(Vertical):
+    def __init__(self, send: Callable[[P.Sample], bool], settings: dict[str, Any] | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.send_request = send
+        self.settings = {"max_new_tokens": 64, "temperature": 0.8, "top_k": 50, "top_p": 1.0, "num_samples": 1,
+                         "seed": 0, **(settings or {})}
+        self.history: dict[str, Exchange] = {}
+        self.ids = itertools.count(1)
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="chat-settings")
+        with VerticalScroll(id="chat-scroll"):
+            yield Static(id="chat-output")
+        yield Input(placeholder="a prompt; /set temperature 0.5 · /greedy TEXT · /help", id="chat-input")
+
+    def on_mount(self) -> None:
+        self.show_settings()
+        self.show_history()
+
+    def configure(self, sample_section: dict[str, Any]) -> None:
+        """Start from a run's [sample] settings."""
+        self.settings.update({k: v for k, v in sample_section.items() if k in EDITABLE})
+        self.show_settings()
+
+    def show_settings(self) -> None:
+        s = self.settings
+        self.query_one("#chat-settings", Static).update(Text(
+            f"temp {s['temperature']} · top-k {s['top_k']} · top-p {s['top_p']} · "
+            f"max {s['max_new_tokens']} · samples {s['num_samples']} · seed {s['seed']}", style="dim"))
+
+    def show_history(self) -> None:
+        parts = []
+        for ex in self.history.values():
+            head = Text("» ", style="bold")
+            head.append(ex.prompt, style="bold cyan")
+            if ex.step is not None:
+                head.append(f"   (step {ex.step})", style="dim")
+            parts.append(head)
+            for row in sorted(ex.rows):
+                if len(ex.rows) > 1:
+                    parts.append(Text(f"  [{row + 1}]", style="dim"))
+                parts.append(Text(ex.prompt + ex.rows[row], style="" if ex.done else "italic"))
+            parts.append(Text(""))
+        self.query_one("#chat-output", Static).update(Group(*parts) if parts else
+                                                      Text("Ask the model to continue a prompt.", style="dim"))
+        self.query_one("#chat-scroll", VerticalScroll).scroll_end(animate=False)
+
+    def note(self, text: str, style: str = "yellow") -> None:
+        self.app.notify(text, severity="error" if style == "red" else "information")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        text = event.value
+        event.input.value = ""
+        if text.startswith("/"):
+            self.command(text[1:])
+        elif text.strip():
+            self.ask(text)
+
+    def command(self, line: str) -> None:
+        name, _, rest = line.partition(" ")
+        if name == "set":
+            key, _, value = rest.strip().partition(" ")
+            if key not in EDITABLE:
+                self.note(f"/set {key}: not a setting; these are: {', '.join(EDITABLE)}", "red")
+                return
+            try:
+                self.settings[key] = parse_setting(key, value.strip())
+            except ConfigError as e:
+                self.note(f"/set {key}: {e}", "red")
+                return
+            self.show_settings()
+        elif name == "greedy" and rest.strip():
+            self.ask(rest, greedy=True, num_samples=1)
+        else:
+            self.note("/set KEY VALUE (" + ", ".join(f"{k}: {SAMPLE_SETTINGS[k].expected}" for k in EDITABLE)
+                      + ") · /greedy TEXT · anything else is a prompt")
+
+    def ask(self, prompt: str, **overrides: Any) -> None:
+        request_id = f"chat-{next(self.ids)}"
+        s = {**self.settings, **overrides}
+        request = P.Sample(request_id, prompt, s["max_new_tokens"], s["temperature"], s["top_k"], s["seed"],
+                           s["top_p"], s["num_samples"], s.get("greedy", False))
+        if not self.send_request(request):
+            self.note("nothing is listening: the run has ended (open it from the launch screen to chat)", "red")
+            return
+        self.history[request_id] = Exchange(prompt)
+        self.settings["seed"] += 1  # the same prompt again gives new text; a seed still reproduces one
+        self.show_settings()
+        self.show_history()
+
+    def receive(self, ev: P.SampleText) -> None:
+        ex = self.history.get(ev.request_id)
+        if ex is None:  # periodic samples from the trainer: shown in the log, not here
+            return
+        ex.step = ev.step
+        ex.rows[ev.row] = ex.rows.get(ev.row, "") + ev.text
+        ex.done = ex.done or ev.done
+        self.show_history()
