@@ -82,6 +82,18 @@ def as_flags(overrides: list[str]) -> list[str]:
     return [a for s in overrides for a in ("--set", s)]
 
 
+def start_cli_run(out: Path, *overrides: str, until: str = "step 4/") -> subprocess.Popen:
+    """A long tiny run through the real CLI, piped; returns once it printed a line starting with
+    `until` (so training is really under way), the rest of its output still to be read."""
+    proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug",
+                             *as_flags([*TINY, "training.max_steps=100000", "eval.every=0", *overrides]),
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith(until):
+            break
+    return proc
+
+
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """One shrunk cpu-preset run through the CLI, compiled, shared by the tests that only read

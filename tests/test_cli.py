@@ -1,12 +1,8 @@
 """`lmcockpit --run` as a user runs it: a real process, piped, with real files."""
 
-import signal
-import subprocess
-import sys
 
 import pytest
 
-from lmcockpit.core.runfolder import read_metrics
 
 from .conftest import TINY, as_flags, cli
 
@@ -93,19 +89,3 @@ def test_non_empty_out_is_refused_and_left_alone(tmp_path):
     proc = cli("--run", "debug", "--out", str(out))
     assert proc.returncode == 2 and "already exists and is not an empty folder" in proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["precious.txt"]
-
-
-def test_sigint_checkpoints_and_exits_130(tmp_path):
-    out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug", *as_flags(TINY),
-                             "--set", "training.max_steps=100000", "--set", "eval.every=0", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:  # wait until training is really under way
-        if line.startswith("step 4/"):
-            break
-    proc.send_signal(signal.SIGINT)
-    rest, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    ck = read_metrics(out, "checkpoint")
-    assert len(ck) == 1 and ck[0]["step"] >= 4
-    assert "resume with" in rest

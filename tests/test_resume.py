@@ -3,8 +3,6 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +11,7 @@ from safetensors.numpy import load_file
 from lmcockpit.core import protocol as P
 from lmcockpit.core.runfolder import latest_checkpoint, read_metrics
 
-from .conftest import TINY, as_flags, cli, drive_engine, tiny_config
+from .conftest import cli, drive_engine, start_cli_run, tiny_config
 
 LONG = ["training.max_steps=40", "checkpoint.every=20", "checkpoint.keep=5", "eval.every=0"]
 
@@ -106,12 +104,7 @@ def test_sigkill_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path,
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_signals_checkpoint_and_exit_130(tmp_path, sig):
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug", *as_flags(TINY),
-                             "--set", "training.max_steps=100000", "--set", "eval.every=0", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith("step 4/"):
-            break
+    proc = start_cli_run(out)
     proc.send_signal(sig)
     rest, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -125,13 +118,7 @@ def test_signals_checkpoint_and_exit_130(tmp_path, sig):
 
 def test_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug", *as_flags(TINY),
-                             "--set", "training.max_steps=100000", "--set", "checkpoint.every=3",
-                             "--set", "eval.every=0", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith("checkpoint: step 3"):
-            break
+    proc = start_cli_run(out, "checkpoint.every=3", until="checkpoint: step 3")
     proc.send_signal(signal.SIGINT)
     for line in proc.stdout:  # the first is acknowledged before the second is sent (no coalescing)
         if line.startswith("SIGINT: finishing this step"):
@@ -218,12 +205,7 @@ def test_a_killed_front_end_makes_the_engine_checkpoint_and_stop(tmp_path):
     import psutil
 
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug", *as_flags(TINY),
-                             "--set", "training.max_steps=100000", "--set", "eval.every=0", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith("step 4/"):
-            break
+    proc = start_cli_run(out)
     engine = next(c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline()))
     proc.kill()
     proc.wait()
