@@ -89,3 +89,14 @@ def test_non_empty_out_is_refused_and_left_alone(tmp_path):
     proc = cli("--run", "debug", "--out", str(out))
     assert proc.returncode == 2 and "already exists and is not an empty folder" in proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["precious.txt"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nosuchpreset"], "preset 'nosuchpreset' not found"),
+    (["debug", "--set", "training.max_steps=0"], "training.max_steps = 0 must be a positive integer"),
+    (["--resume", "/nonexistent/run"], "neither a run folder"),
+])
+def test_the_cockpit_form_refuses_bad_input_before_it_opens(args, message):
+    proc = cli(*args)
+    assert proc.returncode == 2 and message in proc.stderr
+    assert "Traceback" not in proc.stderr and "\x1b[?1049h" not in proc.stdout + proc.stderr  # no alt screen
