@@ -1,0 +1,141 @@
+"""Training throughput: lmcockpit's model against transformers' Qwen3ForCausalLM of the same shape.
+
+Three rows measured side by side in one process, on the same batches: transformers'
+`Qwen3ForCausalLM` (built from the config.json `lmcockpit export` would write, sdpa attention)
+with AdamW, lmcockpit's GPT with AdamW, and lmcockpit's GPT with its own Muon + AdamW. Same batch,
+same precision, same compile setting, the same loss (cross-entropy of float32 logits over every
+position), no gradient clipping on any row. The rows run in turn, round after round, and each
+keeps its best round, so a noisy neighbour on a shared machine hurts all of them alike.
+Prints a table with ratios against the transformers row and appends it, with the date and the
+machine, to bench/RESULTS.md.
+
+    python bench/throughput.py [--preset cpu] [--steps 4] [--rounds 3] [--device cpu]
+                               [--precision fp32|bf16] [--compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from machine import record  # noqa: E402
+
+from lmcockpit.core.config import load_config  # noqa: E402
+from lmcockpit.core.export import qwen3_config  # noqa: E402
+from lmcockpit.core.gpt import GPT, shape_from_config  # noqa: E402
+from lmcockpit.core.optim import build_optimizers  # noqa: E402
+
+
+def hf_model(cfg, ours: GPT):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    raw = qwen3_config(cfg, eos=0, dtype="float32")
+    config = Qwen3Config(**{k: v for k, v in raw.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    config._attn_implementation = "sdpa"
+    model = Qwen3ForCausalLM(config)
+    missing, unexpected = model.load_state_dict({"model." + k: v for k, v in ours.state_dict().items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    return model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="cpu", help="whose model shape and batch to time (default cpu)")
+    ap.add_argument("--steps", type=int, default=4, help="timed optimizer steps per row per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--compile", action="store_true", help="torch.compile every model (default mode)")
+    args = ap.parse_args()
+
+    cfg, _ = load_config(args.preset)
+    device = torch.device(args.device)
+    shape = shape_from_config(cfg)
+    B, T = cfg.training.micro_batch_size, cfg.training.seq_len
+    torch.manual_seed(0)
+    ours_adamw = GPT(shape)
+    ours_muon = GPT(shape)
+    ours_muon.load_state_dict(ours_adamw.state_dict())
+    theirs = hf_model(cfg, ours_adamw)
+    V = shape.vocab_size
+
+    def adamw(model):
+        return [torch.optim.AdamW(model.parameters(), lr=cfg.optimizer.lr, betas=(cfg.optimizer.beta1, cfg.optimizer.beta2),
+                                  eps=cfg.optimizer.eps, weight_decay=0.0, fused=device.type == "cuda")]
+
+    def ours_loss(model):
+        return lambda x, y: model(x, y)
+
+    def hf_loss(model):
+        return lambda x, y: F.cross_entropy(model(input_ids=x).logits.float().view(-1, V), y.view(-1))
+
+    rows = []
+    for name, model, loss_of, opts_of in [
+        ("transformers Qwen3ForCausalLM, AdamW", theirs, hf_loss, adamw),
+        ("lmcockpit GPT, AdamW", ours_adamw, ours_loss, adamw),
+        ("lmcockpit GPT, Muon + AdamW", ours_muon, ours_loss,
+         lambda m: build_optimizers(m, cfg.optimizer, device)),
+    ]:
+        model.to(device).train()
+        opts = opts_of(model)
+        run = torch.compile(model) if args.compile else model
+        rows.append({"name": name, "model": model, "loss": loss_of(run), "opts": opts, "best": 0.0})
+
+    amp = (torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext())
+    gen = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(args.steps):
+        seq = torch.randint(0, V, (B, T + 1), generator=gen)
+        batches.append((seq[:, :-1].contiguous().to(device), seq[:, 1:].contiguous().to(device)))
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def steps(row, n: int) -> float:
+        sync()
+        t0 = time.perf_counter()
+        for i in range(n):
+            x, y = batches[i % len(batches)]
+            with amp:
+                loss = row["loss"](x, y)
+            loss.backward()
+            for opt in row["opts"]:
+                opt.step()
+            for opt in row["opts"]:
+                opt.zero_grad(set_to_none=True)
+        sync()
+        return time.perf_counter() - t0
+
+    for row in rows:  # warm-up: allocator, optimizer state, compiled graphs
+        steps(row, args.warmup)
+    for _ in range(args.rounds):
+        for row in rows:
+            dt = steps(row, args.steps)
+            row["best"] = max(row["best"], args.steps * B * T / dt)
+
+    base = rows[0]["best"]
+    threads = f" with {torch.get_num_threads()} threads" if device.type == "cpu" else ""
+    setup = (f"Preset `{args.preset}` shape ({shape.n_layer} layers, d_model {shape.d_model}, "
+             f"{shape.n_head}/{shape.n_kv_head} heads, head_dim {shape.head_dim}, MLP {shape.mlp_hidden}, "
+             f"vocab {V}, tied, {ours_adamw.num_params() / 1e6:.2f}M parameters), batch {B}×{T} tokens, "
+             f"{args.precision}, compile {'on' if args.compile else 'off'}, on {args.device}{threads}; "
+             f"torch {torch.__version__}, transformers {__import__('transformers').__version__} (sdpa attention). "
+             f"Same loss on every row (cross-entropy of float32 logits), no clipping; best of {args.rounds} rounds "
+             f"of {args.steps} steps after {args.warmup} warm-up steps, rows interleaved.")
+    lines = [setup, "", "| training step | tokens/s | vs transformers |", "| --- | ---: | ---: |"]
+    lines += [f"| {r['name']} | {r['best']:,.0f} | {r['best'] / base:.2f}x |" for r in rows]
+    record("throughput: lmcockpit against transformers' Qwen3ForCausalLM", lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""Export a checkpoint as a Hugging Face `Qwen3ForCausalLM` folder that `transformers` loads offline.
+
+Our model is Qwen3's math with Qwen3's parameter names (core/gpt.py), so the export is a renaming
+(`model.` in front of every name) plus a config.json that says the same thing in Qwen3's words:
+
+    lmcockpit            Qwen3Config
+    d_model              hidden_size
+    mlp_hidden           intermediate_size          (SwiGLU: hidden_act "silu")
+    n_layer              num_hidden_layers
+    n_head / n_kv_head   num_attention_heads / num_key_value_heads
+    head_dim             head_dim                   (explicit: Qwen3 does not derive it)
+    max_seq_len          max_position_embeddings
+    rope_theta           rope_parameters = {rope_type: default, rope_theta}
+    norm_eps             rms_norm_eps               (the q/k norms share it, in both)
+    tied head            tie_word_embeddings = true (no lm_head tensor written)
+    no biases            attention_bias = false; full causal attention on every layer (no sliding window)
+
+What Qwen3 cannot say is refused before anything is written, with the reason: a rotary base or
+norm epsilon that is not a finite positive number (our config does not check them; Qwen3's rotary
+needs a positive base), and a checkpoint whose tensors do not match the model its config
+describes (missing, unexpected or mis-shaped tensors, non-float weights) or whose tokenizer has
+ids beyond the embedding. Every refusal is a `ConfigError` (exit 2).
+
+The folder is written under a temporary name beside OUT_DIR and renamed at the end, so an
+interrupted export never leaves a half folder that `from_pretrained` would half load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .config import Config, ConfigError
+from .inference import WEIGHTS, checkpoint_config, checkpoint_step, find_checkpoint, tokenizer_file
+
+PREFIX = "model."
+
+
+@dataclass(frozen=True)
+class Exported:
+    out: Path
+    checkpoint: Path
+    step: int
+    n_params: int
+
+
+def expected_tensors(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """The name and shape of every tensor the model of `cfg` holds (core/gpt.py's state dict)."""
+    m = cfg.model
+    V, d, D, F = cfg.tokenizer.vocab_size, m.d_model, cfg.head_dim, cfg.mlp_hidden
+    H, KV = m.n_head, m.n_kv_head
+    shapes: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (V, d), "norm.weight": (d,)}
+    for i in range(m.n_layer):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (d,),
+            p + "self_attn.q_proj.weight": (H * D, d),
+            p + "self_attn.k_proj.weight": (KV * D, d),
+            p + "self_attn.v_proj.weight": (KV * D, d),
+            p + "self_attn.o_proj.weight": (d, H * D),
+            p + "self_attn.q_norm.weight": (D,),
+            p + "self_attn.k_norm.weight": (D,),
+            p + "post_attention_layernorm.weight": (d,),
+            p + "mlp.gate_proj.weight": (F, d),
+            p + "mlp.up_proj.weight": (F, d),
+            p + "mlp.down_proj.weight": (d, F),
+        })
+    return shapes
+
+
+def check_expressible(cfg: Config, where: str) -> None:
+    """Refuse what a Qwen3Config cannot represent (our config validation lets these through)."""
+    m = cfg.model
+    for key, value in [("model.rope_theta", m.rope_theta), ("model.norm_eps", m.norm_eps)]:
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ConfigError(f"{where}: cannot be expressed as a Qwen3ForCausalLM: {key} = {value!r}, and Qwen3's "
+                              f"{'rotary base' if key.endswith('theta') else 'RMSNorm epsilon'} must be a finite "
+                              f"positive number")
+
+
+def qwen3_config(cfg: Config, eos: int | None, dtype: str) -> dict:
+    m = cfg.model
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": cfg.tokenizer.vocab_size,
+        "hidden_size": m.d_model,
+        "intermediate_size": cfg.mlp_hidden,
+        "num_hidden_layers": m.n_layer,
+        "num_attention_heads": m.n_head,
+        "num_key_value_heads": m.n_kv_head,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": m.max_seq_len,
+        "initializer_range": m.init_std,
+        "rms_norm_eps": float(m.norm_eps),
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(m.rope_theta)},
+        "rope_theta": float(m.rope_theta),  # where transformers 4.x reads it
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": m.n_layer,
+        "layer_types": ["full_attention"] * m.n_layer,
+        "use_cache": True,
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "pad_token_id": eos,
+        "dtype": dtype,
+        "torch_dtype": dtype,  # the name before transformers 5
+    }
+
+
+def _read_weights(ckpt: Path, cfg: Config) -> dict:
+    """The checkpoint's tensors, checked against the model its config describes."""
+    import torch
+    from safetensors.torch import load_file
+
+    path = ckpt / WEIGHTS
+    try:
+        tensors = load_file(str(path), device="cpu")
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for damaged files
+        raise ConfigError(f"{path}: unreadable, the checkpoint is damaged ({str(e).splitlines()[0]})") from None
+    expected = expected_tensors(cfg)
+    problems = []
+    missing = [k for k in expected if k not in tensors]
+    unexpected = [k for k in tensors if k not in expected]
+    if missing:
+        problems.append(f"missing {_few(missing)}")
+    if unexpected:
+        problems.append(f"unexpected {_few(unexpected)}")
+    shaped = [f"{k} is {tuple(t.shape)}, expected {expected[k]}" for k, t in tensors.items()
+              if k in expected and tuple(t.shape) != expected[k]]
+    if shaped:
+        problems.append(f"mis-shaped: {_few(shaped)}")
+    not_float = [f"{k} ({t.dtype})" for k, t in tensors.items() if not t.is_floating_point()]
+    if not_float:
+        problems.append(f"not floating point: {_few(not_float)}")
+    if problems:
+        raise ConfigError(f"{path}: its tensors do not match the model its config describes, so it cannot be "
+                          f"exported as a Qwen3ForCausalLM: {'; '.join(problems)}")
+    dtypes = {t.dtype for t in tensors.values()}
+    if len(dtypes) != 1:  # one dtype in config.json: widen a mixture to float32
+        tensors = {k: t.to(torch.float32) for k, t in tensors.items()}
+    return tensors
+
+
+def _few(items: list[str], n: int = 4) -> str:
+    shown = ", ".join(items[:n])
+    return shown + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def _tokenizer(ckpt: Path, cfg: Config):
+    from tokenizers import Tokenizer
+
+    from .tokenizer import eos_id
+
+    path = tokenizer_file(ckpt, cfg)
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exceptions for bad files
+        raise ConfigError(f"{path}: unreadable tokenizer ({str(e).splitlines()[0]})") from None
+    size = tok.get_vocab_size(with_added_tokens=True)
+    top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
+    if top >= cfg.tokenizer.vocab_size:
+        raise ConfigError(f"{path}: the tokenizer has {size} tokens (ids up to {top}) but the model embeds only "
+                          f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size}; cannot be exported consistently")
+    return path, tok, eos_id(tok)
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: exists and is not a folder; give a new or empty folder")
+    if out.is_dir() and any(out.iterdir()):
+        raise ConfigError(f"{out}: exists and is not empty; give a new or empty folder (nothing was overwritten)")
+    if not out.parent.is_dir():
+        raise ConfigError(f"{out.parent}: no such folder to export into")
+
+
+def export(spec: str, out_dir: str, log: Callable[[str], None] = lambda s: None) -> Exported:
+    """Write RUN_OR_CHECKPOINT `spec` as a Qwen3ForCausalLM folder at `out_dir`; a ConfigError for
+    every user mistake and every model that cannot be expressed that way."""
+    out = Path(out_dir).expanduser().absolute()
+    _check_out(out)
+    ckpt = find_checkpoint(spec)
+    step = checkpoint_step(ckpt)
+    cfg = checkpoint_config(ckpt)
+    where = str(ckpt)
+    check_expressible(cfg, where)
+    tok_path, tok, eos = _tokenizer(ckpt, cfg)
+    tensors = _read_weights(ckpt, cfg)
+    dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    log(f"export: step {step} of {ckpt}")
+
+    from safetensors.torch import save_file
+
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        config = qwen3_config(cfg, eos, dtype)
+        _validate_with_transformers(config, where)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        generation = {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos, "do_sample": False}
+        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        save_file({PREFIX + k: t.contiguous() for k, t in tensors.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt", "lmcockpit_checkpoint": str(ckpt), "lmcockpit_step": str(step)})
+        _write_tokenizer(tok_path, tok, tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        for f in tmp.iterdir():
+            os.chmod(f, 0o666 & ~umask)  # safetensors creates its file private; the folder is for sharing
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        os.chmod(tmp, 0o777 & ~umask)
+        if out.is_dir():  # an empty folder the user made for it
+            out.rmdir()
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    n_params = sum(t.numel() for t in tensors.values())
+    return Exported(out, ckpt, step, n_params)
+
+
+def _validate_with_transformers(config: dict, where: str) -> None:
+    """transformers' own checks of the config (strict dataclass, rope parameters), as a user error."""
+    from transformers import Qwen3Config
+
+    try:
+        Qwen3Config(**{k: v for k, v in config.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    except Exception as e:  # noqa: BLE001 - strict validation raises several error types
+        raise ConfigError(f"{where}: cannot be expressed as a Qwen3ForCausalLM: "
+                          f"{str(e).splitlines()[0]}") from None
+
+
+def _write_tokenizer(tok_path: Path, tok, dest: Path) -> None:
+    """The run's transformers tokenizer folder as it is; a pretrained tokenizer.json alone gets the
+    files AutoTokenizer needs written beside it."""
+    folder = tok_path.parent
+    files = [f for f in folder.iterdir() if f.is_file() and f.name != "config.json"]
+    if (folder / "tokenizer_config.json").is_file():
+        for f in files:
+            shutil.copy2(f, dest / f.name)
+        return
+    from .tokenizer import save_hf_tokenizer
+
+    save_hf_tokenizer(tok, dest)

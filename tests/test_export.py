@@ -1,0 +1,188 @@
+"""`lmcockpit export`: a trained tiny model as a Hugging Face Qwen3ForCausalLM folder, loaded back by
+transformers offline, with the same logits, the same greedy continuation and the same tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cli
+
+# No network for transformers or the hub, in this process and in the ones it starts.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+PROMPT = "def main(args):\n    return"
+
+
+@pytest.fixture(scope="module")
+def exported(trained_run, tmp_path_factory) -> tuple[Path, Path]:
+    run_dir, proc = trained_run
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path_factory.mktemp("export") / "hf"
+    r = cli("export", str(run_dir), str(out))
+    assert r.returncode == 0, r.stderr
+    assert "Qwen3ForCausalLM" in r.stdout
+    return run_dir, out
+
+
+@pytest.fixture(scope="module")
+def hf(exported):
+    _, out = exported
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    return model, tok
+
+
+@pytest.fixture(scope="module")
+def ours(exported):
+    from lmcockpit.core.inference import find_checkpoint, load
+
+    return load(find_checkpoint(str(exported[0])), "cpu")
+
+
+def test_folder_is_a_qwen3_causal_lm(exported):
+    run_dir, out = exported
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+            "tokenizer_config.json"} <= names
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")], "a temporary folder was left behind"
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"] and config["model_type"] == "qwen3"
+    assert config["tie_word_embeddings"] is True and config["attention_bias"] is False
+
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+    assert all(k.startswith("model.") for k in keys) and "lm_head.weight" not in keys
+
+
+def test_transformers_loads_it_as_qwen3_with_a_tied_head(hf, ours):
+    model, tok = hf
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert model.config.eos_token_id == ours.eos_id == tok.eos_token_id
+    assert model.generation_config.eos_token_id == ours.eos_id
+
+
+def test_logits_match_in_fp32(hf, ours):
+    model, _ = hf
+    V = ours.cfg.tokenizer.vocab_size
+    ids = torch.randint(0, V, (2, ours.cfg.model.max_seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        theirs = model(ids).logits
+        mine = ours.model.float()(ids)
+    assert theirs.dtype == mine.dtype == torch.float32
+    assert theirs.shape == mine.shape
+    assert (theirs - mine).abs().max().item() <= 1e-4
+
+
+def test_greedy_continuation_equals_lmcockpit_chat(exported, hf):
+    run_dir, _ = exported
+    model, tok = hf
+    n = 24
+    r = cli("chat", str(run_dir), "--greedy", "--prompt", PROMPT, "--max-new-tokens", str(n), "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    ids = tok(PROMPT, add_special_tokens=False, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=n, do_sample=False, attention_mask=torch.ones_like(ids))
+    continuation = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    assert r.stdout == PROMPT + continuation + "\n"
+
+
+def test_tokenizer_round_trips_identically(hf, ours):
+    _, tok = hf
+    text = ("import os\n\ndef f(x: int) -> str:\n    \"\"\"Döcstring — ünïcode ✓ 日本\"\"\"\n"
+            "\treturn f'{x!r}'  # tabs\ttoo\n<|endoftext|>class A: pass\n")
+    mine = ours.tokenizer.encode(text).ids
+    theirs = tok(text, add_special_tokens=False).input_ids
+    assert theirs == mine
+    assert tok.decode(theirs) == ours.tokenizer.decode(mine, skip_special_tokens=False) == text
+
+
+# ------------------------------------------------------------------------------------- refusals
+def _refused(r, *words: str) -> None:
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
+
+
+@pytest.fixture
+def run_copy(trained_run, tmp_path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run[0], copy)
+    return copy
+
+
+def _latest(run: Path) -> Path:
+    from lmcockpit.core.runfolder import latest_checkpoint
+
+    return latest_checkpoint(run)
+
+
+def test_refuses_an_existing_non_empty_folder(trained_run, tmp_path):
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    _refused(cli("export", str(trained_run[0]), str(out)), "not empty")
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_an_empty_folder_is_filled(trained_run, tmp_path):
+    out = tmp_path / "empty"
+    out.mkdir()
+    r = cli("export", str(trained_run[0] / "checkpoints" / "step_000006"), str(out))
+    assert r.returncode == 0, r.stderr
+    assert "step 6" in r.stdout and (out / "model.safetensors").is_file()
+
+
+def test_refuses_a_missing_checkpoint(tmp_path):
+    _refused(cli("export", str(tmp_path / "nowhere"), str(tmp_path / "out")), "no such run folder")
+    assert not (tmp_path / "out").exists()
+
+
+def test_refuses_a_damaged_checkpoint(run_copy, tmp_path):
+    weights = _latest(run_copy) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    _refused(cli("export", str(run_copy), str(tmp_path / "out")), "damaged")
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["run"], "a temporary folder was left behind"
+
+
+def test_refuses_tensors_that_do_not_match_the_config(run_copy, tmp_path):
+    ckpt = _latest(run_copy)
+    config = ckpt / "config.toml"
+    config.write_text(config.read_text().replace("n_layer = 2", "n_layer = 3", 1))
+    _refused(cli("export", str(run_copy), str(tmp_path / "out")), "do not match", "missing",
+             "layers.2.self_attn.q_proj.weight")
+
+    from safetensors.torch import load_file, save_file
+
+    config.write_text(config.read_text().replace("n_layer = 3", "n_layer = 2", 1))
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    tensors["lm_head.weight"] = tensors["embed_tokens.weight"].clone()  # an untied head Qwen3 would ignore
+    save_file(tensors, str(ckpt / "model.safetensors"))
+    _refused(cli("export", str(run_copy), str(tmp_path / "out")), "unexpected lm_head.weight")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("key, value", [("rope_theta", "-10000.0"), ("norm_eps", "nan")])
+def test_refuses_what_qwen3_cannot_express(run_copy, tmp_path, key, value):
+    config = _latest(run_copy) / "config.toml"
+    lines = [f"{key} = {value}" if line.startswith(f"{key} = ") else line for line in config.read_text().splitlines()]
+    config.write_text("\n".join(lines) + "\n")
+    _refused(cli("export", str(run_copy), str(tmp_path / "out")), "cannot be expressed as a Qwen3ForCausalLM",
+             f"model.{key}")
+
+
+def test_usage_errors_exit_2(tmp_path):
+    _refused(cli("export", str(tmp_path)), "OUT_DIR")
