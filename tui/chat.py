@@ -17,7 +17,7 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.chat_engine import ChatEngine
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.inference import SAMPLE_SETTINGS, find_checkpoint, parse_setting
-from lmcockpit.tui.cli import UsageError, error
+from lmcockpit.tui.cli import Parser, UsageError, error
 
 HELP = """\
 Type text to continue it with the current settings. Commands:
@@ -34,13 +34,8 @@ FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "
 DEFAULT_BATCH = 4
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UsageError(f"{message} (see `lmcockpit chat --help`)")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="lmcockpit chat", description="Sample from a trained model: an interactive prompt, "
+    p = Parser(prog="lmcockpit chat", description="Sample from a trained model: an interactive prompt, "
                 "or with --prompt one generation printed for scripts (prompt and continuation, one block "
                 "per sample).")
     p.add_argument("path", metavar="RUN_OR_CHECKPOINT", help="a run folder (its latest checkpoint) or a checkpoint folder")

@@ -23,13 +23,15 @@ class UsageError(Exception):
     pass
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse's own exit is 2 too, but we want our one-line format
-        raise UsageError(f"{message} (see `lmcockpit --help`)")
+class Parser(argparse.ArgumentParser):
+    """argparse whose mistakes become our one-line `error:` and exit 2, for every subcommand."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="lmcockpit", description="Pretrain language models from scratch, from a terminal cockpit.",
+    p = Parser(prog="lmcockpit", description="Pretrain language models from scratch, from a terminal cockpit.",
                 epilog="Shipped presets: run `lmcockpit --run cpu` to train the embedded default.")
     p.add_argument("preset", nargs="?", help="open the cockpit and start this preset at once (path or shipped name)")
     p.add_argument("--run", metavar="PRESET", nargs="?", const="",

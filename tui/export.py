@@ -11,16 +11,11 @@ import sys
 import traceback
 
 from lmcockpit.core.config import ConfigError
-from lmcockpit.tui.cli import UsageError, error
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UsageError(f"{message} (see `lmcockpit export --help`)")
+from lmcockpit.tui.cli import Parser, UsageError, error
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="lmcockpit export", description="Write a checkpoint as a Hugging Face Qwen3ForCausalLM folder "
+    p = Parser(prog="lmcockpit export", description="Write a checkpoint as a Hugging Face Qwen3ForCausalLM folder "
                 "(config.json, model.safetensors, tokenizer files, generation_config.json) that transformers "
                 "loads with AutoModelForCausalLM.from_pretrained, offline.")
     p.add_argument("path", metavar="RUN_OR_CHECKPOINT", help="a run folder (its latest checkpoint) or a checkpoint folder")
