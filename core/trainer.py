@@ -65,6 +65,10 @@ class Trainer:
         self.device = resolve_device(cfg.hardware.device)
         self.precision = resolve_precision(cfg.training.precision, self.device)
         self.amp_dtype = autocast_dtype(self.precision)
+        if self.device.type == "cpu":
+            # Compiled CPU training otherwise differs from run to run (inductor scatters the
+            # embedding gradient with atomic adds): same seed, same losses, exact resume.
+            torch.use_deterministic_algorithms(True, warn_only=True)
         self.data = token_cache.prepare(cfg, self.log, lambda *a: self.emit(P.Progress(*a)))
         tok_dst = self.run_dir / TOKENIZER
         if not tok_dst.exists():
