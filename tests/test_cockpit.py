@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -52,11 +53,18 @@ def dashboard(app) -> DashboardScreen:
     return app.screen
 
 
-async def test_pause_checkpoint_resume(tmp_path):
+@contextlib.asynccontextmanager
+async def training_cockpit(tmp_path: Path, size=(120, 40)):
+    """The cockpit on a long shrunk-cpu run, yielded once training is under way: (app, pilot, dashboard)."""
     app = CockpitApp(request(tmp_path, "training.max_steps=100000"), telemetry=False)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=size) as pilot:
         dash = dashboard(app)
         await wait_for(pilot, lambda: dash.view.step >= 2, what="training to start")
+        yield app, pilot, dash
+
+
+async def test_pause_checkpoint_resume(tmp_path):
+    async with training_cockpit(tmp_path, (120, 40)) as (app, pilot, dash):
         await pilot.press("p")
         await wait_for(pilot, lambda: dash.view.state == P.PAUSED, what="paused")
         paused_at = dash.view.step
@@ -81,10 +89,7 @@ async def test_pause_checkpoint_resume(tmp_path):
 
 
 async def test_quit_with_a_run_going_asks_then_stops_it_with_a_checkpoint(tmp_path):
-    app = CockpitApp(request(tmp_path, "training.max_steps=100000"), telemetry=False)
-    async with app.run_test(size=(80, 24)) as pilot:
-        dash = dashboard(app)
-        await wait_for(pilot, lambda: dash.view.step >= 2, what="training to start")
+    async with training_cockpit(tmp_path, (80, 24)) as (app, pilot, dash):
         await pilot.press("q")
         assert app.screen.__class__.__name__ == "QuitDialog"
         await pilot.press("escape")  # stay
@@ -185,10 +190,7 @@ asyncio.run(main())
 async def test_chat_pane_samples_the_live_model_while_it_trains(tmp_path):
     from lmcockpit.tui.widgets.chat import ChatPane
 
-    app = CockpitApp(request(tmp_path, "training.max_steps=100000"), telemetry=False)
-    async with app.run_test(size=(120, 40)) as pilot:
-        dash = dashboard(app)
-        await wait_for(pilot, lambda: dash.view.step >= 2, what="training to start")
+    async with training_cockpit(tmp_path, (120, 40)) as (app, pilot, dash):
         await pilot.press("t")
         pane = dash.query_one(ChatPane)
         assert pane.display and app.focused.id == "chat-input"
