@@ -350,6 +350,10 @@ def validate(cfg: Config, source: str = "<config>") -> None:
     need(cfg.hardware.vram_gb >= 0, f"hardware.vram_gb = {cfg.hardware.vram_gb} must be 0 or more (GB)")
     need(cfg.sample.temperature >= 0, f"sample.temperature = {cfg.sample.temperature} must be 0 or more")
     need(0 < cfg.sample.top_p <= 1, f"sample.top_p = {cfg.sample.top_p} must be in (0, 1]")
+    # Until torchrun launching exists (issue 8), nproc > 1 would train one process while every
+    # throughput figure counted N: refuse it rather than report wrong numbers.
+    need(cfg.distributed.nproc == 1,
+         f"distributed.nproc = {cfg.distributed.nproc}: multi-process training is not built yet; use 1")
     dev = cfg.hardware.device
     need(dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()),
          f"hardware.device = {dev!r} must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")

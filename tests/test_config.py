@@ -73,6 +73,7 @@ def test_toml_syntax_error_has_line_and_column(tmp_path):
     ("model.n_head=6", "model.n_head = 6 must divide model.d_model = 64"),
     ("training.seq_len=1000", "above the model's context, model.max_seq_len = 64"),
     ("hardware.device=\"gpu\"", "hardware.device = 'gpu' must be"),
+    ("distributed.nproc=2", "distributed.nproc = 2: multi-process training is not built yet"),
 ])
 def test_bad_values_are_named(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
