@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Callable
 
 from .config import Config, ConfigError
-from .inference import WEIGHTS, checkpoint_config, checkpoint_step, find_checkpoint, tokenizer_file
+from .inference import WEIGHTS, checkpoint_config, find_checkpoint, tokenizer_file
+from .resume import check_checkpoint
 
 PREFIX = "model."
 
@@ -189,7 +190,7 @@ def export(spec: str, out_dir: str, log: Callable[[str], None] = lambda s: None)
     out = Path(out_dir).expanduser().absolute()
     _check_out(out)
     ckpt = find_checkpoint(spec)
-    step = checkpoint_step(ckpt)
+    step = check_checkpoint(ckpt)
     cfg = checkpoint_config(ckpt)
     where = str(ckpt)
     check_expressible(cfg, where)

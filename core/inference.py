@@ -6,7 +6,6 @@ at once, before any engine starts; `load` imports torch when called (in the chat
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any, Callable
 
 from . import protocol as P
 from .config import Config, ConfigError, config_from_dict, read_toml
-from .resume import is_run_dir
+from .resume import check_checkpoint, is_run_dir
 from .runfolder import CONFIG, TOKENIZER, latest_checkpoint
 
 WEIGHTS = "model.safetensors"
@@ -32,25 +31,14 @@ def find_checkpoint(spec: str) -> Path:
         ckpt = latest_checkpoint(path)
         if ckpt is None:
             raise ConfigError(f"{spec}: the run has no complete checkpoint yet")
-    else:
+    elif (path / STATE).is_file() or (path / WEIGHTS).is_file():
         ckpt = path
-    missing = [f for f in (WEIGHTS, STATE, CONFIG) if not (ckpt / f).is_file()]
-    if missing:
-        raise ConfigError(f"{spec}: neither a run folder (config.toml and checkpoints/) nor a complete "
-                          f"checkpoint folder (missing {', '.join(missing)})")
-    checkpoint_step(ckpt)
+    else:
+        raise ConfigError(f"{spec}: neither a run folder (config.toml and checkpoints/) nor a checkpoint folder "
+                          f"({STATE}, {WEIGHTS})")
+    check_checkpoint(ckpt)
     tokenizer_file(ckpt, checkpoint_config(ckpt))
     return ckpt
-
-
-def checkpoint_step(ckpt: Path) -> int:
-    try:
-        step = json.loads((ckpt / STATE).read_text()).get("step")
-    except (OSError, ValueError, AttributeError):
-        step = None
-    if not isinstance(step, int):
-        raise ConfigError(f"{ckpt / STATE}: unreadable or without a step; the checkpoint is damaged")
-    return step
 
 
 def checkpoint_config(ckpt: Path) -> Config:
@@ -147,7 +135,7 @@ def load(ckpt: Path, device: str = "auto") -> LoadedModel:
     from .gpt import GPT, shape_from_config
     from .tokenizer import eos_id
 
-    step = checkpoint_step(ckpt)
+    step = check_checkpoint(ckpt)
     cfg = checkpoint_config(ckpt)
     tokenizer = Tokenizer.from_file(str(tokenizer_file(ckpt, cfg)))
     dev = resolve_device(device)

@@ -39,16 +39,17 @@ def is_run_dir(path: Path) -> bool:
 
 
 def check_checkpoint(path: Path) -> int:
-    """The checkpoint's step, or a ConfigError saying what is wrong with it."""
+    """The checkpoint's step, or a ConfigError saying what is wrong with it (resume, chat and
+    export all check a checkpoint here)."""
     missing = [f for f in CHECKPOINT_FILES if not (path / f).is_file()]
     if missing:
-        raise ConfigError(f"--resume {path}: not a complete lmcockpit checkpoint (missing {', '.join(missing)})")
+        raise ConfigError(f"{path}: not a complete lmcockpit checkpoint (missing {', '.join(missing)})")
     try:
         state = json.loads((path / "state.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--resume {path}: state.json is unreadable ({e}); the checkpoint is damaged") from None
+        raise ConfigError(f"{path}: state.json is unreadable ({e}); the checkpoint is damaged") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION or not isinstance(state.get("step"), int):
-        raise ConfigError(f"--resume {path}: state.json is not an lmcockpit checkpoint of format {FORMAT_VERSION}")
+        raise ConfigError(f"{path}: state.json is not an lmcockpit checkpoint of format {FORMAT_VERSION}")
     return state["step"]
 
 
