@@ -262,7 +262,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "<config>", from_set: se
             raise ConfigError(f"{source}: {name} must be a [{name}] section, got a {_toml_type(value)}")
         sections[name] = _build_section(name, SECTIONS[name], value, source, from_set)
     cfg = Config(**sections)
-    validate(cfg, source)
+    validate(cfg, source, from_set)
     return cfg
 
 
@@ -302,11 +302,12 @@ def _check_type(key: str, value: Any, hint: Any, source: str) -> Any:
     return float(value) if hint is float else value
 
 
-def validate(cfg: Config, source: str = "<config>") -> None:
+def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozenset()) -> None:
     """Ranges and consistency between keys; each message names the key and what was expected."""
     def need(cond: bool, msg: str) -> None:
-        if not cond:
-            raise ConfigError(f"{source}: {msg}")
+        if not cond:  # each message opens with the key it is about: blame --set when it came from there
+            key = msg.split(" ", 1)[0]
+            raise ConfigError(f"{'--set' if key in from_set else source}: {msg}")
 
     m, t, o = cfg.model, cfg.training, cfg.optimizer
     for key, value in [

@@ -80,6 +80,14 @@ def test_bad_values_are_named(override, message):
         load_config("debug", [override])
 
 
+def test_range_errors_blame_set_when_the_value_came_from_there(tmp_path):
+    with pytest.raises(ConfigError, match=r"^--set: training.max_steps = -5"):
+        load_config("debug", ["training.max_steps=-5"])
+    p = write(tmp_path, "[training]\nmax_steps = -5\n")
+    with pytest.raises(ConfigError, match=rf"^{p}: training.max_steps = -5"):
+        load_config(str(p))
+
+
 def test_missing_preset_lists_the_shipped_ones():
     with pytest.raises(ConfigError, match=r"preset 'cpuu' not found.*did you mean cpu"):
         load_config("cpuu")
