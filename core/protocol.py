@@ -35,6 +35,9 @@ class RunStarted:
     start_step: int
     max_steps: int
     tokens_per_step: int
+    world: int = 1  # training processes, all nodes together
+    # This node's devices, one per local process ("cuda:0", "cuda:1"); empty: just `device`.
+    devices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
