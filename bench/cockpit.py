@@ -36,9 +36,10 @@ import sys
 from pathlib import Path
 from lmcockpit.core.config import load_config
 from lmcockpit.core.runfolder import create_run_dir
-from lmcockpit.tui.app import CockpitApp, RunRequest
+from lmcockpit.tui.app import CockpitApp
+from lmcockpit.tui.runplan import RunPlan
 cfg, _ = load_config("cpu", sys.argv[2:])
-req = RunRequest(cfg, create_run_dir(cfg, "bench", sys.argv[1]), None, "bench")
+req = RunPlan(cfg, create_run_dir(cfg, "bench", sys.argv[1]), None, "bench")
 class Watch(CockpitApp):
     def start_run(self, request):
         screen = super().start_run(request)

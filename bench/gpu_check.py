@@ -129,7 +129,8 @@ def measure(name: str, out: Path) -> dict:
     total = torch.cuda.get_device_properties(0).total_memory
     cap = total if name == "h100" else int(cfg.hardware.vram_gb * GiB) - fit.CUDA_CONTEXT_BYTES
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), 0)
-    from lmcockpit.core.trainer import OutOfMemory, run_in_process
+    from lmcockpit.core.memory_fit import OutOfMemory
+    from lmcockpit.core.trainer import run_in_process
 
     run_dir = create_run_dir(cfg, name, str(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out))))
     try:

@@ -1,28 +1,42 @@
-"""Checkpoints that survive a kill at any moment.
+"""Checkpoints that survive a kill at any moment, and resume on any number of processes.
 
-`checkpoints/step_NNNNNN/` holds `model.safetensors`, `optimizer.pt` and `state.json`. It is
-written into a temporary folder, every file fsynced, the folder renamed into place, and only then
-is the `latest` pointer replaced (atomically, by rename). A kill at any point leaves either the
-new checkpoint complete or the previous one untouched; leftover `.tmp-*` folders are ignored and
-cleaned up by the next writer.
+`checkpoints/step_NNNNNN/` holds
+* `train_state/`: weights and optimizer state through `torch.distributed.checkpoint` (DCP), keyed
+  by parameter name, each rank writing its own shards: a run saved by 2 processes resumes on 1,
+  or the reverse, and DDP, FSDP and a single process all read each other's;
+* `model.safetensors`: the whole weights once more, the portable copy that chat and export read;
+* `config.toml`, and `state.json` (step, tokens seen, RNG) written last: the commit marker.
+
+Everything is written into a temporary folder, fsynced, and the folder renamed into place; only
+then is the `latest` pointer replaced (atomically, by rename). A kill at any point leaves either
+the new checkpoint complete or the previous one untouched; leftover `.tmp-*` folders are ignored
+and cleaned up by the next writer. Every rank calls `save` and `load`; rank 0 alone touches the
+folders.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import random
 import shutil
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_state_dict)
 
-from .resume import FORMAT_VERSION
+from .group import Group
+from .resume import FORMAT_VERSION, TRAIN_STATE
 from .runfolder import CONFIG, list_checkpoints
 
 LATEST = "latest"
@@ -74,7 +88,9 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def estimate_bytes(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> int:
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    """The checkpoint's size on disk: weights twice (train_state and model.safetensors) and the
+    optimizer state (numel of a sharded tensor counts the whole: all ranks write to one disk)."""
+    total = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
     for opt in optimizers:
         for st in opt.state.values():
             total += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
@@ -90,30 +106,40 @@ def check_free_space(folder: Path, need: int) -> None:
 
 
 def save(ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer],
-         state: dict[str, Any], config_toml: str, keep: int) -> Path:
-    """Write checkpoint `step` atomically; a checkpoint folder is self-contained (its own config)."""
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    _clean_partial(ckpt_root)
-    check_free_space(ckpt_root, int(estimate_bytes(model, optimizers) * 1.1) + (1 << 20))
+         state: dict[str, Any], config_toml: str, keep: int, group: Group = Group()) -> Path:
+    """Write checkpoint `step` atomically; a checkpoint folder is self-contained (its own config).
+    Every rank calls this; each writes its shards, rank 0 the rest."""
     final = ckpt_root / step_dir_name(step)
-    tmp = ckpt_root / f".tmp-{step_dir_name(step)}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, tmp / "model.safetensors")
-    torch.save([opt.state_dict() for opt in optimizers], tmp / "optimizer.pt")
-    full_state = {"format": FORMAT_VERSION, "step": step, **state, "rng": rng_state()}
-    (tmp / CONFIG).write_text(config_toml)
-    (tmp / "state.json").write_text(json.dumps(full_state, indent=1))
-    _test_hold(tmp, step)
-    for f in tmp.iterdir():
-        _fsync_file(f)
-    _fsync_dir(tmp)
-    if final.exists():  # a second save of the same step (checkpoint now, then the final one)
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _fsync_dir(ckpt_root)
-    _write_latest(ckpt_root, final.name)
-    _prune(ckpt_root, keep)
+    tmp = ckpt_root / f".tmp-{step_dir_name(step)}"
+    if group.is_main:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        _clean_partial(ckpt_root)
+        check_free_space(ckpt_root, int(estimate_bytes(model, optimizers) * 1.1) + (1 << 20))
+        tmp.mkdir()
+    group.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizers)
+    with _dcp_errors():
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp / TRAIN_STATE, no_dist=not _distributed())
+    # The whole weights, gathered on rank 0 (a no-op for a model that is not sharded).
+    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if group.is_main:
+        save_file({k: v.detach().contiguous() for k, v in weights.items()}, tmp / "model.safetensors")
+        (tmp / CONFIG).write_text(config_toml)
+        full_state = {"format": FORMAT_VERSION, "step": step, **state, "rng": rng_state()}
+        (tmp / "state.json").write_text(json.dumps(full_state, indent=1))
+        _test_hold(tmp, step)
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                _fsync_file(f)
+        _fsync_dir(tmp / TRAIN_STATE)
+        _fsync_dir(tmp)
+        if final.exists():  # a second save of the same step (checkpoint now, then the final one)
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(ckpt_root)
+        _write_latest(ckpt_root, final.name)
+        _prune(ckpt_root, keep)
+    group.barrier()  # no rank runs ahead into a step (or a next save) before this one is in place
     return final
 
 
@@ -151,9 +177,31 @@ def _prune(ckpt_root: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def load(path: Path, map_location: str | torch.device = "cpu") -> tuple[dict, list[dict], dict]:
-    """(model weights, optimizer states, state.json) of one checkpoint folder."""
-    weights = load_file(str(path / "model.safetensors"), device=str(map_location))
-    opt_states = torch.load(path / "optimizer.pt", map_location=map_location, weights_only=True)
-    state = json.loads((path / "state.json").read_text())
-    return weights, opt_states, state
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+@contextlib.contextmanager
+def _dcp_errors():
+    """DCP raises CheckpointException, a BaseException that `except Exception` lets through: make
+    it a CheckpointError naming the first rank's real error. And one process is not a mistake:
+    DCP's warning that it runs without a process group is noise."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        try:
+            yield
+        except CheckpointException as e:
+            rank, err = sorted(e.failures.items())[0]
+            err = err[0] if isinstance(err, tuple) else getattr(err, "exc", err)  # (exception, its stack)
+            raise CheckpointError(f"rank {rank}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
+
+
+def load(path: Path, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
+    """Load weights and optimizer state into `model` and `optimizers` (resharded to however many
+    processes hold them now); return state.json. Every rank calls this."""
+    model_sd, optim_sd = get_state_dict(model, optimizers)
+    both = {"model": model_sd, "optim": optim_sd}
+    with _dcp_errors():
+        dcp.load(both, checkpoint_id=path / TRAIN_STATE, no_dist=not _distributed())
+    set_state_dict(model, optimizers, model_state_dict=both["model"], optim_state_dict=both["optim"])
+    return json.loads((path / "state.json").read_text())

@@ -124,8 +124,11 @@ class HardwareConfig:
 
 @dataclass
 class DistributedConfig:
+    # "ddp": every process holds the whole model; "fsdp": FSDP2 shards weights, gradients and
+    # optimizer state across processes, for models that do not fit one card.
     strategy: Literal["ddp", "fsdp"] = "ddp"
-    nproc: int = 1
+    nproc: int = 1  # training processes on each machine (one per GPU); more than 1 starts torchrun
+    nnodes: int = 1  # machines; the rendezvous flags (--rdzv-endpoint, --node-rank) say how they meet
 
 
 @dataclass
@@ -153,9 +156,14 @@ class Config:
         return max(64, round(8 * self.model.d_model / 3 / 64) * 64)
 
     @property
+    def world(self) -> int:
+        """Training processes over all machines."""
+        return self.distributed.nproc * self.distributed.nnodes
+
+    @property
     def tokens_per_step(self) -> int:
         t = self.training
-        return t.micro_batch_size * t.grad_accum_steps * t.seq_len * self.distributed.nproc
+        return t.micro_batch_size * t.grad_accum_steps * t.seq_len * self.world
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -318,6 +326,7 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
         ("training.log_every", t.log_every), ("tokenizer.vocab_size", cfg.tokenizer.vocab_size),
         ("checkpoint.keep", cfg.checkpoint.keep), ("eval.batches", cfg.eval.batches),
         ("sample.max_new_tokens", cfg.sample.max_new_tokens), ("distributed.nproc", cfg.distributed.nproc),
+        ("distributed.nnodes", cfg.distributed.nnodes),
     ]:
         need(value > 0, f"{key} = {value} must be a positive integer")
     for key, value in [("model.head_dim", m.head_dim), ("model.mlp_hidden", m.mlp_hidden),
@@ -351,13 +360,17 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
     need(cfg.hardware.vram_gb >= 0, f"hardware.vram_gb = {cfg.hardware.vram_gb} must be 0 or more (GB)")
     need(cfg.sample.temperature >= 0, f"sample.temperature = {cfg.sample.temperature} must be 0 or more")
     need(0 < cfg.sample.top_p <= 1, f"sample.top_p = {cfg.sample.top_p} must be in (0, 1]")
-    # Until torchrun launching exists (issue 8), nproc > 1 would train one process while every
-    # throughput figure counted N: refuse it rather than report wrong numbers.
-    need(cfg.distributed.nproc == 1,
-         f"distributed.nproc = {cfg.distributed.nproc}: multi-process training is not built yet; use 1")
+    need(not t.auto_micro_batch or cfg.world == 1,
+         f"training.auto_micro_batch = true needs a single process (distributed.nproc = {cfg.distributed.nproc}, "
+         f"nnodes = {cfg.distributed.nnodes}): every rank must use the same micro-batch; set "
+         "training.micro_batch_size (lmcockpit presets shows what fits)")
     dev = cfg.hardware.device
     need(dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()),
          f"hardware.device = {dev!r} must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")
+    # Each process takes the GPU of its local rank: one named GPU cannot serve several.
+    need(cfg.distributed.nproc == 1 or not dev.startswith("cuda:"),
+         f"hardware.device = {dev!r} names one GPU, but distributed.nproc = {cfg.distributed.nproc} processes "
+         "each take their own (process i uses GPU i); use \"auto\" or \"cuda\", and CUDA_VISIBLE_DEVICES to choose GPUs")
 
 
 def write_config(cfg: Config, path: Path) -> None:

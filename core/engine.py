@@ -4,7 +4,9 @@
 descriptor level (so compiler and C++ warnings too), into a pipe that a thread copies to
 `train.log` and forwards as log events. It ignores SIGINT (Ctrl-C reaches the whole foreground
 process group: the front-end turns it into a command), turns SIGTERM and SIGHUP into "checkpoint
-and stop", and does the same when its parent vanishes. Importing this module imports no torch.
+and stop", and does the same when its parent vanishes. With a rendezvous (several processes) it
+trains nothing itself: it becomes torchrun's launcher (core/launcher.py) and reports how the
+ranks ended. Importing this module imports no torch.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ _EOF = "\x00lmcockpit-log-eof\x00"
 class LogPump:
     """Copies everything written to fd 1 and 2 into train.log and onto the events queue."""
 
-    def __init__(self, log_path: Path, events):
+    def __init__(self, log_path: Path, events, prefix: str = ""):
         self.events = events
+        self.prefix = prefix  # "rank1: " under several processes
         self.log_file = open(log_path, "a", encoding="utf-8", errors="replace", buffering=1)
         r, w = os.pipe()
         sys.stdout.flush()
@@ -51,6 +54,7 @@ class LogPump:
             line = line.rstrip("\n")
             if line == _EOF:
                 break
+            line = self.prefix + line
             self.log_file.write(line + "\n")
             self.events.put(P.LogLine(line))
 
@@ -82,15 +86,16 @@ class Commands:
     """Commands from the front-end, plus the engine's own reasons to stop (signals, lost parent)."""
 
     def __init__(self, commands):
-        self.commands = commands
-        self.signalled: str | None = None
+        self.commands = commands  # None: a rank other than 0, which hears only signals and its parent
+        self.signalled: str | None = None  # a signal not yet turned into an Abort
+        self.stop_signal: str | None = None  # the last signal received, kept
         self.parent = mp.parent_process()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
-        self.signalled = signal.Signals(signum).name
+        self.signalled = self.stop_signal = signal.Signals(signum).name
 
     def next(self, block: bool):
         if self.signalled:
@@ -101,6 +106,8 @@ class Commands:
             print("engine: the front-end is gone; writing a checkpoint and stopping")
             self.parent = None
             return P.Abort(save=True, interrupted=True)
+        if self.commands is None:
+            return None
         try:
             return self.commands.get(timeout=0.2) if block else self.commands.get_nowait()
         except queue.Empty:
@@ -109,36 +116,23 @@ class Commands:
             return P.Abort(save=True, interrupted=True)
 
 
-def main(run_dir: str, config: dict, resume_from: str | None, events, commands) -> None:
-    """Spawn target. Exit code 0 for any orderly end (finished, aborted, interrupted), 1 on failure."""
+def main(run_dir: str, config: dict, resume_from: str | None, rendezvous, events, commands) -> None:
+    """Spawn target. Exit code 0 for any orderly end (finished, aborted, interrupted), 1 on failure.
+    `rendezvous` (a core.rendezvous.Rendezvous) means several processes, started through torchrun."""
     # First, while torch is not even imported: the CUDA allocator reads its settings once, when
     # CUDA initialises. expandable_segments goes in PYTORCH_ALLOC_CONF for torch 2.11 and later and
     # in PYTORCH_CUDA_ALLOC_CONF before (the version comes from package metadata, not an import;
     # gpu_env says why 2.11), and a variable the user set is left exactly as it is.
     allocator = gpu_env.configure_allocator()
     pump = LogPump(Path(run_dir) / TRAIN_LOG, events)
-    cmds = Commands(commands)
-    final, failure = P.FAILED, None
-    trainer = None
-    try:
-        print(_header(run_dir))
-        print(f"allocator: {allocator.describe()}")
-        from .trainer import Trainer
+    print(_header(run_dir))
+    print(f"allocator: {allocator.describe()}")
+    if rendezvous is not None:
+        from .launcher import launch
 
-        cfg = config_from_dict(config, source=str(Path(run_dir) / "config.toml"))
-        trainer = Trainer(cfg, Path(run_dir), events.put, print, cmds.next, resume_from=resume_from)
-        final = trainer.run()
-    except ConfigError as e:
-        failure = P.Failure(str(e), user_error=True)
-    except Exception as e:  # noqa: BLE001 - every failure must reach the front-end
-        tb = traceback.format_exc()
-        print(tb, end="")
-        failure = P.Failure(f"{type(e).__name__}: {e}", tb)
-    finally:
-        if trainer is not None:
-            if failure is not None:
-                trainer.metrics.write("failure", step=trainer.step, message=failure.message)
-            trainer.close()
+        final, failure = launch(run_dir, config, resume_from, rendezvous, events, commands)
+    else:
+        final, failure = train(run_dir, config, resume_from, events, Commands(commands))
     if failure is not None:
         print(f"engine: run failed: {failure.message}")
     print(f"engine: {final}")
@@ -148,6 +142,34 @@ def main(run_dir: str, config: dict, resume_from: str | None, events, commands) 
     events.put(P.StateChanged(final, failure.message if failure else ""))
     flush_events(events)
     sys.exit(1 if failure is not None else 0)
+
+
+def train(run_dir: str, config: dict, resume_from: str | None, events, cmds: Commands, group=None,
+          emit=None) -> tuple[str, P.Failure | None]:
+    """Run the Trainer in this process (the engine itself, or one rank of several): (final state,
+    failure or None). A failure is printed (so train.log has it); one process also records it in
+    metrics.jsonl (of several, the launcher records the run's verdict instead)."""
+    final, failure, trainer = P.FAILED, None, None
+    try:
+        from .group import Group
+        from .trainer import Trainer
+
+        cfg = config_from_dict(config, source=str(Path(run_dir) / "config.toml"))
+        trainer = Trainer(cfg, Path(run_dir), emit or events.put, print, cmds.next, group or Group(),
+                          resume_from=resume_from)
+        final = trainer.run()
+    except ConfigError as e:
+        failure = P.Failure(str(e), user_error=True)
+    except Exception as e:  # noqa: BLE001 - every failure must reach the front-end
+        tb = traceback.format_exc()
+        print(tb, end="")
+        failure = P.Failure(f"{type(e).__name__}: {e}", tb)
+    finally:
+        if trainer is not None:
+            if failure is not None and group is None:
+                trainer.metrics.write("failure", step=trainer.step, message=failure.message)
+            trainer.close()
+    return final, failure
 
 
 def flush_events(events, timeout: float = 30.0) -> bool:

@@ -5,6 +5,11 @@ Each step: Nesterov momentum of the gradient, then 5 quintic Newton–Schulz ite
 update is scaled by sqrt(max(1, rows/cols)). Matrices of the same shape are stacked and
 orthogonalised in one batched call: one call per matrix costs more than a whole training step on
 an H100, batched it is under a tenth of one.
+
+Under FSDP each parameter, gradient and momentum buffer is a row shard (a DTensor). Newton–Schulz
+needs whole matrices: every rank gathers the full update, orthogonalises all of them and keeps the
+rows of its own shard. That repeats the small Newton–Schulz work on every rank instead of sharing
+it out, but gives each rank exactly the update one process would compute.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
+from torch.distributed.tensor import DTensor, Replicate
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
@@ -59,10 +65,23 @@ class Muon(torch.optim.Optimizer):
                         buf = self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
                     buf.lerp_(p.grad, 1 - beta)
                     updates.append(p.grad.lerp(buf, beta))  # Nesterov: look ahead along the momentum
-                ortho = newton_schulz(torch.stack(updates), group["ns_steps"])
+                ortho = newton_schulz(torch.stack([_whole(u) for u in updates]), group["ns_steps"])
                 scale = max(1.0, shape[0] / shape[1]) ** 0.5
                 for p, u in zip(params, ortho):
+                    p, u = _own_part(p, u)
                     if wd:
                         p.mul_(1 - lr * wd)
                     p.add_(u.to(p.dtype), alpha=-lr * scale)
         return None
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _own_part(p: torch.Tensor, full_update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(this rank's piece of the parameter, the matching piece of the whole update)."""
+    if not isinstance(p, DTensor):
+        return p, full_update
+    replicated = DTensor.from_local(full_update, p.device_mesh, [Replicate()] * p.device_mesh.ndim, run_check=False)
+    return p.to_local(), replicated.redistribute(p.device_mesh, p.placements).to_local()

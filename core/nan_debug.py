@@ -1,7 +1,8 @@
 """What a practitioner wants when a loss goes NaN: which tensors went bad first, and the batch.
 
 Called on the step a non-finite loss or gradient norm appears, before any optimizer has touched
-the weights, so the parameters it inspects are still those of the last good step.
+the weights, so the parameters it inspects are still those of the last good step. Under FSDP it
+sees rank 0's shard of each tensor (no collectives: the other ranks are not taking part).
 """
 
 from __future__ import annotations
@@ -19,11 +20,21 @@ def _counts(t: torch.Tensor) -> tuple[int, int]:
     return int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
 
 
+def _local(t: torch.Tensor | None) -> torch.Tensor | None:
+    """This rank's shard of a sharded (FSDP) tensor; a plain tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _named(model: torch.nn.Module):
+    for name, p in model.named_parameters():
+        yield name, _local(p.detach()), _local(p.grad)
+
+
 def bad_tensors(model: torch.nn.Module) -> list[dict]:
     """Every parameter or gradient holding NaN or Inf, in the model's order (embedding first)."""
     out = []
-    for name, p in model.named_parameters():
-        for kind, t in (("parameter", p.detach()), ("gradient", p.grad)):
+    for name, p, grad in _named(model):
+        for kind, t in (("parameter", p), ("gradient", grad)):
             if t is None:
                 continue
             nans, infs = _counts(t)
@@ -35,14 +46,14 @@ def bad_tensors(model: torch.nn.Module) -> list[dict]:
 
 def grad_norms(model: torch.nn.Module, top: int = 5) -> list[tuple[str, float]]:
     """The largest finite gradient norms: where the blow-up was heading when it was not NaN yet."""
-    norms = [(n, float(p.grad.float().norm())) for n, p in model.named_parameters() if p.grad is not None]
+    norms = [(n, float(g.float().norm())) for n, _, g in _named(model) if g is not None]
     finite = [(n, v) for n, v in norms if v == v and v != float("inf")]
     return sorted(finite, key=lambda nv: -nv[1])[:top]
 
 
 def param_scales(model: torch.nn.Module, top: int = 3) -> list[tuple[str, float]]:
     """The largest |parameter| values: weights that exploded yet stayed finite show up here."""
-    scales = [(n, float(p.detach().abs().max())) for n, p in model.named_parameters()]
+    scales = [(n, float(p.abs().max())) for n, p, _ in _named(model) if p.numel()]
     return sorted(scales, key=lambda nv: -nv[1] if nv[1] == nv[1] else float("-inf"))[:top]
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from .config import OptimizerConfig
+from .group import Group
 from .muon import Muon
 
 
@@ -55,3 +57,16 @@ def set_lr(opts: list[torch.optim.Optimizer], multiplier: float) -> None:
     for opt in opts:
         for group in opt.param_groups:
             group["lr"] = group["peak_lr"] * multiplier
+
+
+def clip_grad_norm(params, max_norm: float, group: Group) -> torch.Tensor:
+    """Scale gradients down to `max_norm` (0: no clipping); return their total norm. The squares
+    are summed in float64, so a norm summed shard by shard (FSDP) and one summed whole give the
+    same clipping factor: in float32 their last bits differ, and Muon's bf16 rounding turns that
+    into a different run."""
+    grads = [g.to_local() if isinstance(g, DTensor) else g for g in (p.grad for p in params) if g is not None]
+    total = torch.stack([torch.sum(g * g, dtype=torch.float64) for g in grads]).sum()
+    norm = (group.sum(total) if group.sharded else total).sqrt()
+    if max_norm > 0:
+        torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0).float())
+    return norm

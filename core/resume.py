@@ -4,11 +4,14 @@ A run folder continues in place from its latest complete checkpoint (metrics.jso
 lines past that checkpoint's step, so no step appears twice); a checkpoint folder continues into
 a new run folder. The checkpoint's own config is used: `--set` may change only what cannot change
 the trajectory (the step budget and the eval/checkpoint/log/sample cadence) and refuses the rest
-by name. Torch-free: the front-end plans the resume before the engine starts.
+by name. The number of processes may change too (2 → 1, 1 → 2, DDP ↔ FSDP): accumulation is then
+rescaled so that every step still takes the same sequences, which is what makes the continued run
+the same run. Torch-free: the front-end plans the resume before the engine starts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -19,10 +22,12 @@ from .config import Config, ConfigError, apply_overrides, config_from_dict, pars
 from .runfolder import CHECKPOINTS, CONFIG, METRICS, create_run_dir, latest_checkpoint
 
 SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eval.batches", "checkpoint.every",
-                  "checkpoint.keep", "hardware.device"}
+                  "checkpoint.keep", "hardware.device", "distributed.nproc", "distributed.nnodes",
+                  "distributed.strategy"}
 SAFE_SECTIONS = {"sample"}
-CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "state.json", CONFIG)
-FORMAT_VERSION = 1  # checkpoint.FORMAT_VERSION, kept here so the front-end needs no torch
+TRAIN_STATE = "train_state"  # the torch.distributed.checkpoint folder: weights and optimizer state
+CHECKPOINT_FILES = ("model.safetensors", f"{TRAIN_STATE}/.metadata", "state.json", CONFIG)
+FORMAT_VERSION = 2  # checkpoint.FORMAT_VERSION, kept here so the front-end needs no torch
 
 
 @dataclass(frozen=True)
@@ -75,8 +80,10 @@ def plan_resume(path_arg: str, overrides: list[str], out: str | None) -> ResumeP
             allowed = ", ".join(sorted(SAFE_TO_CHANGE | {f"{s}.*" for s in SAFE_SECTIONS}))
             raise ConfigError(f"--set {section}.{key}: cannot change when resuming (it would change the run "
                               f"the checkpoint belongs to); these can: {allowed}")
-    raw = apply_overrides(read_toml(ckpt / CONFIG), overrides)
+    saved = read_toml(ckpt / CONFIG)
+    raw = apply_overrides(saved, overrides)
     cfg = config_from_dict(raw, source=str(ckpt / CONFIG), from_set={".".join(parse_override(o)[:2]) for o in overrides})
+    cfg = same_sequences_per_step(config_from_dict(saved, source=str(ckpt / CONFIG)), cfg)
     if cfg.training.max_steps <= step:
         raise ConfigError(f"--resume {path}: the checkpoint is at step {step} and training.max_steps is "
                           f"{cfg.training.max_steps}; raise it with --set training.max_steps=N")
@@ -91,6 +98,20 @@ def plan_resume(path_arg: str, overrides: list[str], out: str | None) -> ResumeP
     else:
         run_dir = create_run_dir(cfg, ckpt.parent.parent.name or "resumed", out)
     return ResumePlan(cfg, run_dir, ckpt, step, in_place)
+
+
+def same_sequences_per_step(saved: Config, cfg: Config) -> Config:
+    """`cfg` with its accumulation rescaled to the process count it resumes on, so that processes ×
+    accumulation (and with them each step's batches, by the batch function) stay as saved."""
+    if cfg.world == saved.world:
+        return cfg
+    t = saved.training
+    sequences = t.grad_accum_steps * saved.world  # micro-batches a step
+    if sequences % cfg.world:
+        raise ConfigError(f"--resume: the checkpoint's steps take {sequences} micro-batches of {t.micro_batch_size} "
+                          f"({saved.world} process(es) × {t.grad_accum_steps} accumulation steps); {cfg.world} "
+                          f"process(es) cannot share them evenly: use a process count that divides {sequences}")
+    return dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, grad_accum_steps=sequences // cfg.world))
 
 
 def truncate_metrics(path: Path, step: int) -> None:

@@ -84,7 +84,7 @@ def read_metrics(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]
     return [r for r in rows if kind is None or r["kind"] == kind]
 
 
-def _tail_rows(path: Path, max_bytes: int = 65536) -> list[dict[str, Any]]:
+def tail_rows(path: Path, max_bytes: int = 65536) -> list[dict[str, Any]]:
     """The last metrics rows, reading only the file's end: run folders can hold millions of lines."""
     if not path.is_file():
         return []
@@ -111,7 +111,7 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         max_steps = tomllib.loads((run_dir / CONFIG).read_text())["training"]["max_steps"]
     except (OSError, KeyError, tomllib.TOMLDecodeError):
         max_steps = None
-    rows = _tail_rows(run_dir / METRICS)
+    rows = tail_rows(run_dir / METRICS)
     steps = [r for r in rows if r.get("kind") == "step"]
     step = steps[-1]["step"] if steps else 0
     ckpt = latest_checkpoint(run_dir)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import protocol as P
 from .config import Config
+from .rendezvous import Rendezvous
 from .runfolder import METRICS, TRAIN_LOG, MetricsLog
 
 
@@ -115,10 +116,17 @@ class ProcessHandle:
 class EngineProcess(ProcessHandle):
     """The training engine (core/engine.py) for one run folder."""
 
-    def __init__(self, cfg: Config, run_dir: Path, resume_from: Path | None = None):
+    def __init__(self, cfg: Config, run_dir: Path, resume_from: Path | None = None,
+                 rendezvous: Rendezvous | None = None):
         from .engine import main  # torch-free at import: torch loads in the child
 
-        super().__init__(main, (str(run_dir), cfg.to_dict(), str(resume_from) if resume_from else None))
+        # Several processes go through torchrun; so does one when a rendezvous is asked for
+        # (`--nproc 1`: the multi-process path on one GPU).
+        if rendezvous is None and cfg.world > 1:
+            rendezvous = Rendezvous()
+        if rendezvous is not None:
+            rendezvous.check(cfg.distributed.nnodes)
+        super().__init__(main, (str(run_dir), cfg.to_dict(), str(resume_from) if resume_from else None, rendezvous))
         self.run_dir = Path(run_dir)
         self.last_step = 0
 

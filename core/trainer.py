@@ -3,26 +3,28 @@
 The Trainer knows nothing of processes or terminals: it reports through `emit` (protocol events)
 and `log` (text lines), and asks `next_command` for front-end commands between optimizer steps.
 Steps are numbered from 1 in everything it reports; step N's batches use the 0-based index N-1.
+Under several processes the same loop runs on every rank against a `group` (core/group.py):
+rank 0 reports and writes the run folder, and every decision (stop, pause, skip a non-finite
+step) is taken on values all ranks share, so the ranks never part ways.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import gc
 import math
 import shutil
 import time
 from pathlib import Path
 from typing import Callable
 
-import psutil
 import torch
 
-from . import batches, checkpoint, fit, nan_debug, protocol as P, sampling, token_cache
+from . import batches, checkpoint, memory_fit, nan_debug, protocol as P, sampling, token_cache
 from .config import Config, ConfigError
 from .device import autocast_dtype, memory_stats, peak_flops, resolve_device, resolve_precision
 from .gpt import GPT, shape_from_config
-from .optim import build_optimizers, lr_multiplier, set_lr
+from .group import Group
+from .memory_fit import OutOfMemory, oom_in
+from .optim import build_optimizers, clip_grad_norm, lr_multiplier, set_lr
 from .runfolder import CHECKPOINTS, METRICS, TOKENIZER, MetricsLog
 
 Emit = Callable[[object], None]
@@ -32,26 +34,25 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
-class OutOfMemory(RuntimeError):
-    """The GPU ran out of memory: the message says where, how much, and what to change."""
+class NoMetrics:
+    """Ranks other than 0 write no metrics.jsonl: rank 0's figures already stand for the run."""
 
+    def write(self, kind: str, **fields) -> None:
+        pass
 
-def oom_in(e: BaseException | None) -> torch.OutOfMemoryError | None:
-    """The out-of-memory error `e` is or was raised because of (the compiler wraps what it hits)."""
-    while e is not None and not isinstance(e, torch.OutOfMemoryError):
-        e = e.__cause__ or e.__context__
-    return e
+    def close(self) -> None:
+        pass
 
 
 class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, emit: Emit, log: Callable[[str], None],
-                 next_command: Callable[[bool], object | None], rank: int = 0, world: int = 1,
+                 next_command: Callable[[bool], object | None], group: Group = Group(),
                  resume_from: Path | None = None):
         self.cfg, self.run_dir, self.emit, self.log = cfg, Path(run_dir), emit, log
         self.resume_from = Path(resume_from) if resume_from else None
         self.next_command = next_command
-        self.rank, self.world = rank, world
-        self.metrics = MetricsLog(self.run_dir / METRICS)
+        self.group = group
+        self.metrics = MetricsLog(self.run_dir / METRICS) if group.is_main else NoMetrics()
         self.stop: P.Abort | None = None
         self.paused = False
         self.step = 0  # optimizer steps completed
@@ -62,28 +63,29 @@ class Trainer:
     def setup(self) -> None:
         cfg = self.cfg
         self.emit(P.StateChanged(P.PREPARING))
-        self.device = resolve_device(cfg.hardware.device)
+        self.device = resolve_device(self.group.device_spec(cfg.hardware.device))
+        self.group.connect(self.device)
         self.precision = resolve_precision(cfg.training.precision, self.device)
         self.amp_dtype = autocast_dtype(self.precision)
         if self.device.type == "cpu":
             # Compiled CPU training otherwise differs from run to run (inductor scatters the
             # embedding gradient with atomic adds): same seed, same losses, exact resume.
             torch.use_deterministic_algorithms(True, warn_only=True)
-        self.data = token_cache.prepare(cfg, self.log, lambda *a: self.emit(P.Progress(*a)))
-        tok_dst = self.run_dir / TOKENIZER
-        if not tok_dst.exists():
-            shutil.copytree(self.data.tokenizer_dir, tok_dst)
+        self.data = self.prepare_data()
         from tokenizers import Tokenizer
-        self.tokenizer = Tokenizer.from_file(str(tok_dst / "tokenizer.json"))
+        self.tokenizer = Tokenizer.from_file(str(self.data.tokenizer_dir / "tokenizer.json"))
 
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         torch.manual_seed(cfg.training.seed)
         m = cfg.model
-        # Initialised on CPU and then moved, so a seed gives the same weights on any device.
+        # Initialised on CPU and then moved, so a seed gives the same weights on any device (and rank).
         self.model = GPT(shape_from_config(cfg)).to(self.device)
         self.model.activation_checkpointing = cfg.training.activation_checkpointing
+        # DDP or FSDP around the model (itself for one process); sharding comes before the
+        # optimizers, which must hold the sharded parameters.
+        self.wrapped = self.group.wrap(self.model)
         self.optimizers = build_optimizers(self.model, cfg.optimizer, self.device)
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
         if self.resume_from:
@@ -91,108 +93,52 @@ class Trainer:
         self.train_model = self.compiled_model()
         # A resumed run keeps the micro-batch its checkpoint's config recorded, so its data is the same.
         if cfg.training.auto_micro_batch and not self.resume_from:
-            self.fit_micro_batch()
+            memory_fit.fit_micro_batch(self)
             cfg = self.cfg
         self.flops_per_token = self.model.flops_per_token(cfg.training.seq_len)
         self.peak = peak_flops(self.device)
         self.n_params = self.model.num_params()
+        g = self.group
+        procs = f"; {g.world} processes ({g.strategy})" if g.world > 1 or g.strategy else ""
         self.log(f"model: {self.n_params:,} parameters, {m.n_layer} layers, d_model {m.d_model}, "
                  f"{m.n_head} heads / {m.n_kv_head} kv heads; device {self.device}, precision {self.precision}, "
-                 f"compile {'on' if cfg.training.compile else 'off'}, {cfg.tokens_per_step:,} tokens/step")
+                 f"compile {'on' if cfg.training.compile else 'off'}, {cfg.tokens_per_step:,} tokens/step{procs}")
         self.emit(P.RunStarted(str(self.run_dir), cfg.to_dict(), self.n_params, str(self.device),
-                               self.precision, self.step, cfg.training.max_steps, cfg.tokens_per_step))
+                               self.precision, self.step, cfg.training.max_steps, cfg.tokens_per_step,
+                               g.world, g.local_devices(self.device)))
+
+    def prepare_data(self) -> token_cache.TokenData:
+        """The token cache, tokenised once: the first process of each machine builds it while the
+        others wait, then they all map the same files."""
+        progress = lambda *a: self.emit(P.Progress(*a))  # noqa: E731
+        data = token_cache.prepare(self.cfg, self.log, progress) if self.group.local_rank == 0 else None
+        self.group.barrier()
+        if data is None:
+            data = token_cache.prepare(self.cfg, self.log, progress)
+        tok_dst = self.run_dir / TOKENIZER
+        if self.group.is_main and not tok_dst.exists():
+            shutil.copytree(data.tokenizer_dir, tok_dst)
+        return data
 
     def compiled_model(self):
-        """The model the training step calls. Static shapes (dynamic=False): a run's shapes never
+        """The module the training step calls. Static shapes (dynamic=False): a run's shapes never
         change, and the micro-batch search must not turn its trial sizes into a dynamic graph."""
         t = self.cfg.training
-        return torch.compile(self.model, mode=t.compile_mode, dynamic=False) if t.compile else self.model
-
-    # ------------------------------------------------------------------ memory: fit and OOM
-    def fit_micro_batch(self) -> None:
-        """training.auto_micro_batch: the largest micro-batch the estimator allows, confirmed by a
-        trial step and halved on out-of-memory, with accumulation raised to keep the step's tokens.
-        On CPU the estimate against available RAM decides alone: running out there is the OOM
-        killer, not an exception a trial could catch."""
-        t = self.cfg.training
-        effective = t.micro_batch_size * t.grad_accum_steps
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget, fits = free + torch.cuda.memory_reserved(self.device), self.trial_step
-        else:
-            budget, fits = psutil.virtual_memory().available, (lambda mb: True)
-        estimated = fit.largest_micro_batch(self.cfg, budget, self.device.type)
-        tried: list[int] = []
-
-        def attempt(n: int) -> bool:
-            tried.append(n)
-            return fits(n)
-
-        mb = fit.choose_micro_batch(effective, max(1, estimated), attempt)
-        if len(tried) > 1:  # an out-of-memory trial may leave a half-recorded CUDA graph: start clean
-            torch._dynamo.reset()
-            self.train_model = self.compiled_model()
-        if mb is None:
-            raise OutOfMemory(self.out_of_memory_message("a micro-batch of 1 did not fit"))
-        self.cfg = dataclasses.replace(self.cfg, training=dataclasses.replace(
-            t, micro_batch_size=mb, grad_accum_steps=effective // mb))
-        self.log(f"auto micro-batch: {mb} × {effective // mb} accumulation steps ({effective} sequences a step; "
-                 f"the estimate allowed {estimated}, tried {', '.join(map(str, tried))})")
-
-    def trial_step(self, mb: int) -> bool:
-        """Whether micro-batch `mb` trains without running out of memory: two compiled forward and
-        backward passes (the second with the first's gradients alive, as under accumulation) beside
-        a block as large as the optimizer state the first real step creates. Leaves the weights,
-        the optimizer and every random state untouched."""
-        t = self.cfg.training
-        n = fit.param_counts(self.cfg)
-        x, y = (torch.from_numpy(a).to(self.device)
-                for a in batches.get_batch(self.data.train, t.seed, 0, mb, t.seq_len))
-        self.log(f"auto micro-batch: trying {mb}")
-
-        def passes() -> None:  # its tensors die with its frame, also when it raises
-            optimizer_state = torch.empty(8 * n.adamw + 4 * n.muon, dtype=torch.uint8, device=self.device)
-            torch.compiler.cudagraph_mark_step_begin()
-            for _ in range(2):
-                with self.autocast():
-                    loss = self.train_model(x, y)
-                loss.backward()
-            torch.cuda.synchronize(self.device)
-            del optimizer_state
-
-        try:
-            passes()
-            ok = True
-        except Exception as e:  # noqa: BLE001 - the compiler may wrap the out-of-memory error
-            if oom_in(e) is None:
-                raise
-            ok = False
-        self.model.zero_grad(set_to_none=True)
-        gc.collect()
-        torch.cuda.empty_cache()
-        return ok
-
-    def out_of_memory_message(self, error: str) -> str:
-        props = torch.cuda.get_device_properties(self.device)
-        return fit.out_of_memory_message(self.cfg, self.step + 1, error, props.name, props.total_memory,
-                                         torch.cuda.max_memory_allocated(self.device),
-                                         checkpoint.latest_step(self.run_dir / CHECKPOINTS))
+        return torch.compile(self.wrapped, mode=t.compile_mode, dynamic=False) if t.compile else self.wrapped
 
     def load_checkpoint(self, path: Path) -> None:
         try:
-            weights, opt_states, state = checkpoint.load(path, self.device)
-            self.model.load_state_dict(weights)
-            if len(opt_states) != len(self.optimizers):
-                raise ValueError(f"{len(opt_states)} optimizer states for {len(self.optimizers)} optimizers")
-            for opt, st in zip(self.optimizers, opt_states):
-                opt.load_state_dict(st)
+            state = checkpoint.load(path, self.model, self.optimizers)
         except Exception as e:  # noqa: BLE001 - safetensors, torch and pickle each raise their own
             raise ConfigError(f"--resume {path}: the checkpoint does not fit this model or is damaged "
                               f"({str(e).splitlines()[0]})") from None
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         self.nan_skips = state.get("nan_skips", 0)
         checkpoint.restore_rng_state(state["rng"])
-        self.log(f"resumed from {path} at step {self.step} ({self.tokens_seen:,} tokens seen)")
+        saved_world, t = state.get("world", 1), self.cfg.training
+        moved = (f"; saved by {saved_world} process(es), continuing on {self.group.world} with {t.grad_accum_steps} "
+                 "accumulation step(s), the same batches" if saved_world != self.group.world else "")
+        self.log(f"resumed from {path} at step {self.step} ({self.tokens_seen:,} tokens seen{moved})")
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
@@ -216,7 +162,7 @@ class Trainer:
             except Exception as e:
                 oom = oom_in(e) if self.device.type == "cuda" else None
                 if oom is not None:
-                    raise OutOfMemory(self.out_of_memory_message(str(oom))) from None
+                    raise OutOfMemory(memory_fit.out_of_memory_message(self, str(oom))) from None
                 raise
             if self.step == 1 and t.compile:
                 self.emit(P.StateChanged(P.RUNNING))
@@ -247,19 +193,20 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         step_batches = []
         for micro in range(t.grad_accum_steps):
-            g = batches.global_index(self.step, self.rank, micro, self.world, t.grad_accum_steps)
+            g = batches.global_index(self.step, self.group.rank, micro, self.group.world, t.grad_accum_steps)
             x, y = (torch.from_numpy(a).to(self.device, non_blocking=True)
                     for a in batches.get_batch(self.data.train, t.seed, g, t.micro_batch_size, t.seq_len))
             step_batches.append((x, y))
-            with self.autocast():
+            with self.group.accumulating(self.wrapped, last=micro == t.grad_accum_steps - 1), self.autocast():
                 loss = self.train_model(x, y) / t.grad_accum_steps
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += loss.detach()
+        # Every rank's loss, averaged: what one process accumulating all the micro-batches reports.
+        loss_sum = self.group.mean(loss_sum)
         if self.scaler:
             for opt in self.optimizers:
                 self.scaler.unscale_(opt)
-        max_norm = t.grad_clip if t.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        grad_norm = clip_grad_norm(self.model.parameters(), t.grad_clip, self.group)
         # One sync per step: the loss is needed on the host anyway, and a non-finite value must
         # be caught before any optimizer touches the weights.
         loss_val, norm_val = (float(v) for v in torch.stack([loss_sum, grad_norm.float()]).tolist())
@@ -280,8 +227,8 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
-        tps = cfg.tokens_per_step / dt
-        mfu = self.flops_per_token * tps / self.peak if self.peak else None
+        tps = cfg.tokens_per_step / dt  # every rank's tokens
+        mfu = self.flops_per_token * tps / (self.peak * self.group.world) if self.peak else None
         lr = self.optimizers[0].param_groups[0]["lr"]
         mem = memory_stats(self.device)
         self.metrics.write("step", step=self.step, loss=loss_val, lr=lr, grad_norm=norm_val,
@@ -290,8 +237,10 @@ class Trainer:
 
     def on_non_finite(self, loss: float, grad_norm: float, step_batches) -> None:
         lr = self.optimizers[0].param_groups[0]["lr"]
-        folder, report = nan_debug.dump(self.run_dir, self.step + 1, self.model, step_batches, loss, grad_norm, lr)
-        self.log(report)
+        folder = self.run_dir / nan_debug.NAN_DEBUG
+        if self.group.is_main:  # its own shards and batches: enough to see what went wrong
+            folder, report = nan_debug.dump(self.run_dir, self.step + 1, self.model, step_batches, loss, grad_norm, lr)
+            self.log(report)
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         what = f"loss {loss}, grad norm {grad_norm}; report in {folder}"
@@ -307,27 +256,36 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- commands
     def handle_commands(self) -> None:
-        """Everything queued now; while paused, wait for more without spinning."""
+        """Everything queued now, agreed between ranks; while paused, wait for more without spinning."""
         while True:
-            cmd = self.next_command(self.paused)
-            if cmd is None:
-                if self.paused and not self.stop:
-                    continue
+            for cmd in self.group.agree(self.pending_commands()):
+                self.apply(cmd)
+                if self.stop:
+                    return
+            if not self.paused:
                 return
-            if isinstance(cmd, P.Pause) and not self.paused:
-                self.paused = True
-                self.emit(P.StateChanged(P.PAUSED))
-            elif isinstance(cmd, P.Resume) and self.paused:
-                self.paused = False
-                self.emit(P.StateChanged(P.RUNNING))
-            elif isinstance(cmd, P.CheckpointNow):
-                if self.step > 0:
-                    self.save_checkpoint()
-            elif isinstance(cmd, P.Sample):
-                self.answer_sample(cmd)
-            elif isinstance(cmd, P.Abort):
-                self.stop, self.paused = cmd, False
-                return
+
+    def pending_commands(self) -> list:
+        cmds, block = [], self.paused  # paused: wait a moment for the first, then take what is queued
+        while (cmd := self.next_command(block)) is not None:
+            cmds.append(cmd)
+            block = False
+        return cmds
+
+    def apply(self, cmd: object) -> None:
+        if isinstance(cmd, P.Pause) and not self.paused:
+            self.paused = True
+            self.emit(P.StateChanged(P.PAUSED))
+        elif isinstance(cmd, P.Resume) and self.paused:
+            self.paused = False
+            self.emit(P.StateChanged(P.RUNNING))
+        elif isinstance(cmd, P.CheckpointNow):
+            if self.step > 0:
+                self.save_checkpoint()
+        elif isinstance(cmd, P.Sample):
+            self.answer_sample(cmd)
+        elif isinstance(cmd, P.Abort):
+            self.stop, self.paused = cmd, False
 
     # ---------------------------------------------------------------------- eval and saving
     @torch.no_grad()
@@ -337,15 +295,26 @@ class Trainer:
         starts = batches.eval_windows(len(self.data.val), cfg.eval.batches, t.micro_batch_size, t.seq_len)
         nats, n_bytes, n_tokens, loss_sum = 0.0, 0, 0, 0.0
         token_bytes = torch.from_numpy(self.data.token_bytes).to(self.device)
-        for row_starts in starts:
-            x, y = (torch.from_numpy(a).to(self.device) for a in batches.rows_at(self.data.val, row_starts, t.seq_len))
+        g = self.group
+        # Rank r takes batches r, r + world, ...; under FSDP every rank must run as many forward
+        # passes as the others (each gathers shards with them), so a rank short of one repeats
+        # batch 0 and counts nothing from it.
+        rounds = -(-len(starts) // g.world) if g.sharded else len(range(g.rank, len(starts), g.world))
+        for i in range(g.rank, g.rank + rounds * g.world, g.world):
+            counts = i < len(starts)
+            rows = batches.rows_at(self.data.val, starts[i if counts else 0], t.seq_len)
+            x, y = (torch.from_numpy(a).to(self.device) for a in rows)
             with self.autocast():
                 losses = self.model.token_losses(x, y)
+            if not counts:
+                continue
             b = token_bytes[y]
             nats += float((losses * (b > 0)).sum())
             n_bytes += int(b.sum())
             loss_sum += float(losses.sum())
             n_tokens += losses.numel()
+        totals = g.sum(torch.tensor([nats, n_bytes, n_tokens, loss_sum], dtype=torch.float64, device=self.device))
+        nats, n_bytes, n_tokens, loss_sum = totals.tolist()
         val_loss = loss_sum / n_tokens
         val_bpb = nats / (math.log(2) * max(1, n_bytes))
         self.metrics.write("eval", step=self.step, val_loss=val_loss, val_bpb=val_bpb)
@@ -362,7 +331,8 @@ class Trainer:
         self.emit(P.StateChanged(P.CHECKPOINTING))
         path = checkpoint.save(self.run_dir / CHECKPOINTS, self.step, self.model, self.optimizers,
                                {"tokens_seen": self.tokens_seen, "nan_skips": self.nan_skips,
-                                "config_hash": self.cfg.hash()}, self.cfg.to_toml(), self.cfg.checkpoint.keep)
+                                "world": self.group.world, "config_hash": self.cfg.hash()}, self.cfg.to_toml(), self.cfg.checkpoint.keep,
+                               self.group)
         self.metrics.write("checkpoint", step=self.step, path=str(path))
         self.emit(P.CheckpointWritten(self.step, str(path)))
         self.log(f"checkpoint: step {self.step} written to {path}")
@@ -370,7 +340,10 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ samples
     def sample_text(self, request: P.Sample) -> list[str] | None:
-        """From the live weights, between optimizer steps; touches no state that training reads."""
+        """From the live weights, between optimizer steps; touches no state that training reads.
+        Rank 0 answers; under FSDP the other ranks run the same generation beside it, silently."""
+        if not (self.group.is_main or self.group.sharded):
+            return None
         return sampling.answer(self.model, self.tokenizer, self.data.eos_id, request, self.step, self.emit,
                                self.log, self.autocast())
 
@@ -389,6 +362,7 @@ class Trainer:
 
     def close(self) -> None:
         self.metrics.close()
+        self.group.close()
 
 
 def run_in_process(cfg: Config, run_dir: Path, emit: Emit = lambda e: None,

@@ -13,7 +13,8 @@ import pytest
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import load_config
 from lmcockpit.core.runfolder import create_run_dir, latest_checkpoint
-from lmcockpit.tui.app import CockpitApp, RunRequest
+from lmcockpit.tui.app import CockpitApp
+from lmcockpit.tui.runplan import RunPlan
 from lmcockpit.tui.screens.dashboard import DashboardScreen
 from lmcockpit.tui.screens.launch import LaunchScreen
 
@@ -27,9 +28,9 @@ def shrunk_cpu(*extra: str):
     return cfg
 
 
-def request(tmp_path: Path, *extra: str) -> RunRequest:
+def request(tmp_path: Path, *extra: str) -> RunPlan:
     cfg = shrunk_cpu(*extra)
-    return RunRequest(cfg, create_run_dir(cfg, "cpu", str(tmp_path / "run")), None, "cpu")
+    return RunPlan(cfg, create_run_dir(cfg, "cpu", str(tmp_path / "run")), None, "cpu")
 
 
 async def wait_for(pilot, condition, timeout: float = 90.0, what: str = "condition") -> None:
@@ -164,11 +165,12 @@ def test_starting_the_cockpit_never_imports_torch(tmp_path):
 import asyncio, sys, time
 from lmcockpit.core.config import load_config
 from lmcockpit.core.runfolder import create_run_dir
-from lmcockpit.tui.app import CockpitApp, RunRequest
+from lmcockpit.tui.app import CockpitApp
+from lmcockpit.tui.runplan import RunPlan
 from tests.test_cockpit import shrunk_cpu
 
 cfg = shrunk_cpu("training.max_steps=4")
-req = RunRequest(cfg, create_run_dir(cfg, "cpu", {str(tmp_path / 'run')!r}), None, "cpu")
+req = RunPlan(cfg, create_run_dir(cfg, "cpu", {str(tmp_path / 'run')!r}), None, "cpu")
 
 async def main():
     app = CockpitApp(req, telemetry=True)

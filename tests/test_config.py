@@ -73,11 +73,28 @@ def test_toml_syntax_error_has_line_and_column(tmp_path):
     ("model.n_head=6", "model.n_head = 6 must divide model.d_model = 64"),
     ("training.seq_len=1000", "above the model's context, model.max_seq_len = 64"),
     ("hardware.device=\"gpu\"", "hardware.device = 'gpu' must be"),
-    ("distributed.nproc=2", "distributed.nproc = 2: multi-process training is not built yet"),
+    ("distributed.nnodes=0", "distributed.nnodes = 0 must be a positive integer"),
+    ("distributed.strategy=\"zero\"", "distributed.strategy = 'zero' is not one of"),
 ])
 def test_bad_values_are_named(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config("debug", [override])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["distributed.nproc=2", "hardware.device=\"cuda:1\""], "names one GPU, but distributed.nproc = 2"),
+    (["distributed.nproc=2", "training.auto_micro_batch=true"], "training.auto_micro_batch = true needs a single"),
+    (["distributed.nnodes=2", "training.auto_micro_batch=true"], "needs a single process"),
+])
+def test_multi_process_settings_that_cannot_work_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("debug", overrides)
+
+
+def test_tokens_per_step_counts_every_process_on_every_machine():
+    cfg, _ = load_config("debug", ["distributed.nproc=4", "distributed.nnodes=2", "training.grad_accum_steps=3"])
+    t = cfg.training
+    assert cfg.world == 8 and cfg.tokens_per_step == t.micro_batch_size * 3 * t.seq_len * 8
 
 
 def test_range_errors_blame_set_when_the_value_came_from_there(tmp_path):

@@ -149,7 +149,7 @@ def test_out_of_memory_message_says_where_how_much_and_what_to_change():
 
 
 def test_an_out_of_memory_error_is_found_behind_the_compilers_wrapping():
-    from lmcockpit.core.trainer import oom_in
+    from lmcockpit.core.memory_fit import oom_in
 
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB.")
     try:

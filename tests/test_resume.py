@@ -173,7 +173,8 @@ def test_resume_refuses_unsafe_changes_by_name(reference, tmp_path):
     (lambda c: (c / "model.safetensors").unlink(), "missing model.safetensors"),
     (lambda c: (c / "state.json").write_text("{\"step\": 3"), "state.json is unreadable"),
     (lambda c: (c / "state.json").write_text("{\"hello\": \"world\"}"), "not an lmcockpit checkpoint"),
-    (lambda c: (c / "model.safetensors").write_bytes(b"\x00" * 64), "does not fit this model or is damaged"),
+    (lambda c: (c / "train_state" / "__0_0.distcp").write_bytes(b"\x00" * 64), "does not fit this model or is damaged"),
+    (lambda c: (c / "train_state" / ".metadata").unlink(), "missing train_state/.metadata"),
 ])
 def test_damaged_or_foreign_checkpoints_exit_2(reference, tmp_path, damage, message):
     import shutil

@@ -7,7 +7,6 @@ psutil in this process. The launch screen starts runs; each run gets a dashboard
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from textual.app import App
@@ -17,23 +16,16 @@ from lmcockpit.core.resume import plan_resume
 from lmcockpit.core.runfolder import create_run_dir
 from lmcockpit.core.runner import EngineProcess
 from lmcockpit.core.telemetry import Telemetry
+from lmcockpit.tui.runplan import RunPlan
 from lmcockpit.tui.screens.dashboard import DashboardScreen
 from lmcockpit.tui.screens.launch import LaunchScreen
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    cfg: Config
-    run_dir: Path
-    resume_from: Path | None
-    title: str
 
 
 class CockpitApp(App):
     CSS_PATH = Path(__file__).with_name("cockpit.tcss")
     TITLE = "lmcockpit"
 
-    def __init__(self, start: RunRequest | None = None, runs_root: Path = Path("runs"),
+    def __init__(self, start: RunPlan | None = None, runs_root: Path = Path("runs"),
                  telemetry: bool = True, clock=time.monotonic):
         super().__init__()
         self.start = start
@@ -48,8 +40,8 @@ class CockpitApp(App):
         else:
             self.push_screen(LaunchScreen(self.runs_root, self.telemetry))
 
-    def start_run(self, request: RunRequest) -> DashboardScreen:
-        engine = EngineProcess(request.cfg, request.run_dir, request.resume_from)
+    def start_run(self, request: RunPlan) -> DashboardScreen:
+        engine = EngineProcess(request.cfg, request.run_dir, request.resume_from, request.rendezvous)
         engine.start()
         self.engines.append(engine)
         screen = DashboardScreen(engine, request.title, self.clock, self.telemetry)
@@ -63,7 +55,7 @@ class CockpitApp(App):
         except ConfigError as e:
             self.notify(str(e), severity="error")
             return
-        self.start_run(RunRequest(cfg, run_dir, None, name))
+        self.start_run(RunPlan(cfg, run_dir, None, name))
 
     def resume(self, run: str) -> None:
         try:
@@ -71,7 +63,7 @@ class CockpitApp(App):
         except ConfigError as e:
             self.notify(str(e), severity="error")
             return
-        self.start_run(RunRequest(plan.cfg, plan.run_dir, plan.checkpoint, Path(run).name))
+        self.start_run(RunPlan(plan.cfg, plan.run_dir, plan.checkpoint, Path(run).name))
 
     def on_unmount(self) -> None:
         """However the app ends, no run is left training unseen: each one checkpoints and stops."""

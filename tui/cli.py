@@ -15,8 +15,10 @@ from rich.text import Text
 
 from lmcockpit import __version__
 from lmcockpit.core.config import ConfigError, load_config
+from lmcockpit.core.rendezvous import Rendezvous
 from lmcockpit.core.resume import plan_resume
 from lmcockpit.core.runfolder import create_run_dir
+from lmcockpit.tui.runplan import RunPlan
 
 
 class UsageError(Exception):
@@ -43,6 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue a run folder in place (from its latest checkpoint), or a checkpoint folder "
                         "into a new run folder")
     p.add_argument("--gpu", metavar="N", type=int, help="train on GPU N (same as --set hardware.device=\"cuda:N\")")
+    d = p.add_argument_group("several processes (torchrun)")
+    d.add_argument("--nproc", metavar="N", type=int,
+                   help="train with N processes on this machine, one per GPU, through torchrun (same as --set "
+                        "distributed.nproc=N; 1 still goes through torchrun); --set distributed.strategy=\"fsdp\" "
+                        "shards the model")
+    d.add_argument("--nnodes", metavar="M", type=int, help="machines taking part (same as --set distributed.nnodes=M)")
+    d.add_argument("--node-rank", metavar="K", type=int, default=0, help="this machine's rank, 0 to M-1")
+    d.add_argument("--rdzv-endpoint", metavar="HOST:PORT", default="",
+                   help="where the machines meet (torchrun's rendezvous; node 0's address)")
+    d.add_argument("--rdzv-id", metavar="ID", default="lmcockpit", help="the run's id, the same on every machine")
+    d.add_argument("--rdzv-backend", metavar="NAME", default="c10d", help="torchrun's rendezvous backend (c10d, static, etcd)")
     p.add_argument("--version", action="version", version=f"lmcockpit {__version__}")
     return p
 
@@ -53,41 +66,58 @@ def error(message: str) -> int:
 
 
 def overrides_of(args: argparse.Namespace) -> list[str]:
-    if args.gpu is None:
-        return args.overrides
-    if args.gpu < 0:
-        raise UsageError(f"--gpu {args.gpu}: expected a GPU index, 0 or more")
-    return [*args.overrides, f'hardware.device="cuda:{args.gpu}"']
+    out = list(args.overrides)
+    for flag, value, key in (("--gpu", args.gpu, "hardware.device"), ("--nproc", args.nproc, "distributed.nproc"),
+                             ("--nnodes", args.nnodes, "distributed.nnodes")):
+        if value is None:
+            continue
+        if value < (0 if flag == "--gpu" else 1):
+            raise UsageError(f"{flag} {value}: expected {'a GPU index, 0 or more' if flag == '--gpu' else '1 or more'}")
+        out.append(f'{key}="cuda:{value}"' if flag == "--gpu" else f"{key}={value}")
+    return out
 
 
-def plan_run(args: argparse.Namespace, preset: str | None):
-    """(config, run folder, checkpoint to resume from or None, title) from the run options."""
+def rendezvous_of(args: argparse.Namespace) -> Rendezvous | None:
+    """torchrun's settings when asked for by a flag; None leaves it to the config (several
+    processes → torchrun, one → the engine alone)."""
+    if args.nproc is None and args.nnodes is None and not args.rdzv_endpoint:
+        return None
+    return Rendezvous(args.rdzv_endpoint, args.node_rank, args.rdzv_id, args.rdzv_backend)
+
+
+def plan_run(args: argparse.Namespace, preset: str | None) -> RunPlan:
     if args.resume:
         if preset:
             raise UsageError("--resume continues with the checkpoint's own config: drop the preset "
                              "(change the step budget or cadence with --set)")
         plan = plan_resume(args.resume, overrides_of(args), args.out)
-        return plan.cfg, plan.run_dir, plan.checkpoint, plan.run_dir.name
-    if not preset:
-        raise UsageError("--run needs a preset (a TOML path or a shipped name such as `cpu`)")
-    cfg, path = load_config(preset, overrides_of(args))
-    return cfg, create_run_dir(cfg, Path(path).stem, args.out), None, Path(path).stem
+        cfg, run_dir, resume_from, title = plan.cfg, plan.run_dir, plan.checkpoint, plan.run_dir.name
+    else:
+        if not preset:
+            raise UsageError("--run needs a preset (a TOML path or a shipped name such as `cpu`)")
+        cfg, path = load_config(preset, overrides_of(args))
+        rendezvous = rendezvous_of(args)
+        if rendezvous is not None:  # before a run folder exists for a run that cannot start
+            rendezvous.check(cfg.distributed.nnodes)
+        run_dir, resume_from, title = create_run_dir(cfg, Path(path).stem, args.out), None, Path(path).stem
+    return RunPlan(cfg, run_dir, resume_from, title, rendezvous_of(args))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from lmcockpit.core.runner import EngineProcess
     from lmcockpit.tui.headless import Headless
 
-    cfg, run_dir, resume_from, _ = plan_run(args, args.run or args.preset)
-    return Headless(EngineProcess(cfg, run_dir, resume_from), cfg.training.log_every).run()
+    plan = plan_run(args, args.run or args.preset)
+    engine = EngineProcess(plan.cfg, plan.run_dir, plan.resume_from, plan.rendezvous)
+    return Headless(engine, plan.cfg.training.log_every).run()
 
 
 def cmd_cockpit(args: argparse.Namespace) -> int:
-    from lmcockpit.tui.app import CockpitApp, RunRequest
+    from lmcockpit.tui.app import CockpitApp
 
     start = None
     if args.preset or args.resume:
-        start = RunRequest(*plan_run(args, args.preset))
+        start = plan_run(args, args.preset)
     app = CockpitApp(start)
     try:
         app.run()

@@ -1,0 +1,101 @@
+"""Memory on the GPU: the largest micro-batch that fits (training.auto_micro_batch), and the
+message a CUDA out-of-memory error becomes. Functions of a set-up `Trainer`: they read its model,
+data and device, and replace its config's micro-batch."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from typing import TYPE_CHECKING
+
+import psutil
+import torch
+
+from . import batches, checkpoint, fit
+from .runfolder import CHECKPOINTS
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+
+class OutOfMemory(RuntimeError):
+    """The GPU ran out of memory: the message says where, how much, and what to change."""
+
+
+def oom_in(e: BaseException | None) -> torch.OutOfMemoryError | None:
+    """The out-of-memory error `e` is or was raised because of (the compiler wraps what it hits)."""
+    while e is not None and not isinstance(e, torch.OutOfMemoryError):
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def fit_micro_batch(trainer: Trainer) -> None:
+    """training.auto_micro_batch: the largest micro-batch the estimator allows, confirmed by a
+    trial step and halved on out-of-memory, with accumulation raised to keep the step's tokens.
+    On CPU the estimate against available RAM decides alone: running out there is the OOM
+    killer, not an exception a trial could catch."""
+    t = trainer.cfg.training
+    effective = t.micro_batch_size * t.grad_accum_steps
+    if trainer.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(trainer.device)
+        budget, fits = free + torch.cuda.memory_reserved(trainer.device), lambda mb: trial_step(trainer, mb)
+    else:
+        budget, fits = psutil.virtual_memory().available, (lambda mb: True)
+    estimated = fit.largest_micro_batch(trainer.cfg, budget, trainer.device.type)
+    tried: list[int] = []
+
+    def attempt(n: int) -> bool:
+        tried.append(n)
+        return fits(n)
+
+    mb = fit.choose_micro_batch(effective, max(1, estimated), attempt)
+    if len(tried) > 1:  # an out-of-memory trial may leave a half-recorded CUDA graph: start clean
+        torch._dynamo.reset()
+        trainer.train_model = trainer.compiled_model()
+    if mb is None:
+        raise OutOfMemory(out_of_memory_message(trainer, "a micro-batch of 1 did not fit"))
+    trainer.cfg = dataclasses.replace(trainer.cfg, training=dataclasses.replace(
+        t, micro_batch_size=mb, grad_accum_steps=effective // mb))
+    trainer.log(f"auto micro-batch: {mb} × {effective // mb} accumulation steps ({effective} sequences a step; "
+             f"the estimate allowed {estimated}, tried {', '.join(map(str, tried))})")
+
+
+def trial_step(trainer: Trainer, mb: int) -> bool:
+    """Whether micro-batch `mb` trains without running out of memory: two compiled forward and
+    backward passes (the second with the first's gradients alive, as under accumulation) beside
+    a block as large as the optimizer state the first real step creates. Leaves the weights,
+    the optimizer and every random state untouched."""
+    t = trainer.cfg.training
+    n = fit.param_counts(trainer.cfg)
+    x, y = (torch.from_numpy(a).to(trainer.device)
+            for a in batches.get_batch(trainer.data.train, t.seed, 0, mb, t.seq_len))
+    trainer.log(f"auto micro-batch: trying {mb}")
+
+    def passes() -> None:  # its tensors die with its frame, also when it raises
+        optimizer_state = torch.empty(8 * n.adamw + 4 * n.muon, dtype=torch.uint8, device=trainer.device)
+        torch.compiler.cudagraph_mark_step_begin()
+        for _ in range(2):
+            with trainer.autocast():
+                loss = trainer.train_model(x, y)
+            loss.backward()
+        torch.cuda.synchronize(trainer.device)
+        del optimizer_state
+
+    try:
+        passes()
+        ok = True
+    except Exception as e:
+        if oom_in(e) is None:
+            raise
+        ok = False
+    trainer.model.zero_grad(set_to_none=True)
+    gc.collect()
+    torch.cuda.empty_cache()
+    return ok
+
+
+def out_of_memory_message(trainer: Trainer, error: str) -> str:
+    props = torch.cuda.get_device_properties(trainer.device)
+    return fit.out_of_memory_message(trainer.cfg, trainer.step + 1, error, props.name, props.total_memory,
+                                     torch.cuda.max_memory_allocated(trainer.device),
+                                     checkpoint.latest_step(trainer.run_dir / CHECKPOINTS))
