@@ -7,6 +7,7 @@ rate.
 
 from __future__ import annotations
 
+import os
 import time
 
 from rich.text import Text
@@ -24,8 +25,8 @@ from lmcockpit.tui.runview import RunView
 from lmcockpit.tui.screens.dialogs import AbortDialog, HelpScreen, QuitDialog
 from lmcockpit.tui.widgets.charts import LossChart
 from lmcockpit.tui.widgets.chat import ChatPane
-from lmcockpit.tui.widgets.panels import (Panel, gpu_rows, host_rows, memory_rows, spark, state_text,
-                                          throughput_rows)
+from lmcockpit.tui.widgets.panels import (Panel, find_gpu, gpu_layout, gpu_panel, host_rows, memory_rows,
+                                          run_gpu_indices, spark, state_text, throughput_rows)
 
 REDRAW_EVERY = 0.5  # seconds: plotext rebuilds every point on a draw
 NARROW, SHORT = 100, 30  # below these the side panels and the chart shrink
@@ -52,7 +53,11 @@ class DashboardScreen(Screen):
             self.view.run_dir = str(engine.run_dir)
         self.telemetry = telemetry
         self.reading: Reading | None = None
-        self.util_history: list[float] = []
+        self.util_history: dict[int, list[float]] = {}  # by NVML index: every GPU, so none starts blank
+        self.devices: tuple[str, ...] | None = None  # this node's devices, once RunStarted names them
+        self.world = 1
+        self.gpu_keys: list[str] = []  # gpu_layout's keys of the GPU panels now mounted
+        self.gpu_panels: list[Panel] = []
         self.dirty = True
         self.quit_when_done = False
 
@@ -66,8 +71,8 @@ class DashboardScreen(Screen):
             with VerticalScroll(id="side"):
                 yield Panel("run", id="state")
                 yield Panel("throughput", id="throughput")
+                yield Vertical(id="gpus")  # one panel per GPU the run uses, mounted by redraw
                 yield Panel("memory", id="memory")
-                yield Panel("GPU", id="gpu")
                 yield Panel("host", id="host")
             yield ChatPane(self.send_sample, id="chat")
         yield ProgressBar(id="progress", show_eta=False)
@@ -90,6 +95,7 @@ class DashboardScreen(Screen):
     def on_resize(self, event=None) -> None:
         self.set_class(self.size.width < NARROW, "narrow")
         self.set_class(self.size.height < SHORT, "short")
+        self.dirty = True  # the GPU panels' layout follows the width
 
     # ---------------------------------------------------------------------------- the bridge
     @work(thread=True, exclusive=True, group="engine-events")
@@ -109,6 +115,7 @@ class DashboardScreen(Screen):
                 self.query_one(ChatPane).receive(ev)
             elif isinstance(ev, P.RunStarted):
                 self.query_one(ChatPane).configure(ev.config.get("sample") or {})
+                self.devices, self.world = ev.devices or (ev.device,), ev.world
             elif isinstance(ev, P.StateChanged) and ev.state in P.TERMINAL_STATES:
                 self.on_terminal(ev)
         self.dirty = True
@@ -137,9 +144,36 @@ class DashboardScreen(Screen):
     # --------------------------------------------------------------------------------- redraw
     def sample_telemetry(self) -> None:
         self.reading = self.telemetry.read()
-        if self.reading.gpus:
-            self.util_history = (self.util_history + [self.reading.gpus[0].util])[-120:]
+        for g in self.reading.gpus:
+            self.util_history[g.index] = (self.util_history.get(g.index, []) + [g.util])[-120:]
         self.dirty = True
+
+    def gpu_indices(self) -> list[int]:
+        """NVML indices of the GPUs this run trains on here; until RunStarted names them (while
+        preparing or compiling), the first GPU; empty for a CPU run."""
+        if self.devices is None:
+            return [g.index for g in self.reading.gpus[:1]] if self.reading else []
+        # the engine inherits this process's environment, so its CUDA numbering is ours
+        return run_gpu_indices(self.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    def redraw_gpus(self, indices: list[int]) -> None:
+        narrow = self.has_class("narrow")
+        keys = gpu_layout(indices, narrow)
+        if keys != self.gpu_keys:
+            self.mount_gpu_panels(keys)
+        no_gpu = self.telemetry.nvml_error if self.telemetry else ""
+        for key, panel in zip(keys, self.gpu_panels, strict=True):
+            panel.border_title, content = gpu_panel(key, indices, self.reading, self.util_history, no_gpu, narrow)
+            panel.update(content)
+
+    def mount_gpu_panels(self, keys: list[str]) -> None:
+        """Replace the GPU panels: classes, not ids, name them, as the old ones leave only after
+        this call returns."""
+        box = self.query_one("#gpus", Vertical)
+        box.remove_children()
+        self.gpu_keys = keys
+        self.gpu_panels = [Panel("GPU", classes=f"gpu gpu-{key}") for key in keys]
+        box.mount_all(self.gpu_panels)
 
     def redraw(self) -> None:
         if not self.dirty:
@@ -149,16 +183,17 @@ class DashboardScreen(Screen):
         top = Text.assemble((f" lmcockpit · {self.run_title} ", "bold reverse"), "  ", state_text(v),
                             (f" · step {v.step}/{v.max_steps}" if v.max_steps else "", "bold"))
         self.query_one("#topbar", Static).update(top)
+        procs = f" · {self.world} procs" if self.world > 1 else ""
         self.query_one("#state", Panel).show_rows([
-            ("device", f"{v.device} {v.precision}".strip() or "–"),
+            ("device", f"{v.device} {v.precision}{procs}".strip() or "–"),
             ("params", f"{v.n_params / 1e6:.2f}M" if v.n_params else "–"),
             ("tokens/step", f"{v.tokens_per_step:,}" if v.tokens_per_step else "–"),
             ("run folder", v.run_dir or "–"),
         ])
         self.query_one("#throughput", Panel).show_rows(throughput_rows(v))
-        self.query_one("#memory", Panel).show_rows(memory_rows(v, self.reading))
-        no_gpu = self.telemetry.nvml_error if self.telemetry else ""
-        self.query_one("#gpu", Panel).show_rows(gpu_rows(self.reading, self.util_history, no_gpu))
+        gpus = self.gpu_indices()
+        self.redraw_gpus(gpus)
+        self.query_one("#memory", Panel).show_rows(memory_rows(v, find_gpu(self.reading, gpus[0]) if gpus else None))
         self.query_one("#host", Panel).show_rows(host_rows(self.reading))
         lr_max = max(v.lrs) if v.lrs else 1.0
         lr_line = f"lr {v.lr:.2e} " if v.lr is not None else "lr – "

@@ -3,6 +3,8 @@ with validation as you type, saved as a new TOML), and the recent runs to resume
 
 from __future__ import annotations
 
+import os
+from collections import Counter
 from pathlib import Path
 
 import tomli_w
@@ -14,9 +16,10 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, write_config
 from lmcockpit.core.runfolder import recent_runs, run_summary
-from lmcockpit.core.telemetry import Telemetry
+from lmcockpit.core.telemetry import GPUReading, Reading, Telemetry
 from lmcockpit.tui.presets import STYLE as VERDICT_STYLE, preset_rows
 from lmcockpit.tui.runview import DASH
+from lmcockpit.tui.widgets.panels import cuda_gpu_count
 
 
 def toml_value(value) -> str:
@@ -28,13 +31,28 @@ def flatten(cfg: Config) -> list[tuple[str, str]]:
             for section, values in cfg.to_dict().items() for key, value in values.items()]
 
 
-def hardware_line(telemetry: Telemetry | None) -> Text:
-    reading = telemetry.read() if telemetry else None
+def gpu_summary(gpus: list[GPUReading], usable: int) -> str:
+    """"GPU: name (80 GiB)"; with more, how many and of which kinds, and how many CUDA may use
+    when CUDA_VISIBLE_DEVICES hides some."""
+    kinds = Counter(f"{g.name} ({g.mem_total / 2**30:.0f} GiB)" for g in gpus)
+    if len(gpus) == 1:
+        return f"GPU: {next(iter(kinds))}"
+    hidden = f" ({usable} visible to CUDA)" if usable < len(gpus) else ""
+    return f"{len(gpus)} GPUs{hidden}: " + ", ".join(f"{n}× {kind}" for kind, n in kinds.items())
+
+
+def hardware_line(telemetry: Telemetry | None, reading: Reading | None, usable: int) -> Text:
     if reading and reading.gpus:
-        parts = [f"{g.name} ({g.mem_total / 2**30:.0f} GiB)" for g in reading.gpus]
-        return Text(f"GPU: {', '.join(parts)} · driver {telemetry.driver}", style="bold")
+        return Text(f"{gpu_summary(reading.gpus, usable)} · driver {telemetry.driver}", style="bold")
     return Text("no GPU: CPU run", style="bold") + Text(f"   ({telemetry.nvml_error})" if telemetry else "",
                                                        style="dim")
+
+
+def nproc_cycle(current: int, gpus: int) -> list[int]:
+    """The process counts `p` tries after `current`, in order: the next one up to `gpus`, then
+    round from 1 (a count the config refuses is skipped)."""
+    start = current if current < gpus else 0
+    return [n for n in [*range(start + 1, gpus + 1), *range(1, start + 1)] if n != current]
 
 
 class LaunchScreen(Screen):
@@ -44,6 +62,7 @@ class LaunchScreen(Screen):
         ("s", "save_as", "Save as"),
         ("r", "resume", "Resume run"),
         ("o", "open_chat", "Chat with run"),
+        ("p", "processes", "Processes"),
         ("question_mark", "help", "Help"),
         ("q", "app.quit", "Quit"),
     ]
@@ -57,6 +76,7 @@ class LaunchScreen(Screen):
         self.overrides: dict[str, str] = {}  # key → TOML value text, as --set takes them
         self.editing: str | None = None
         self.runs: list[Path] = []
+        self.gpu_count = 0  # GPUs CUDA may use here: `p` offers 1 to this many processes
 
     def compose(self) -> ComposeResult:
         yield Static(id="hardware")
@@ -72,11 +92,14 @@ class LaunchScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#hardware", Static).update(hardware_line(self.telemetry))
+        reading = self.telemetry.read() if self.telemetry else None
+        if reading:
+            self.gpu_count = cuda_gpu_count(len(reading.gpus), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self.refresh_bindings()
+        self.query_one("#hardware", Static).update(hardware_line(self.telemetry, reading, self.gpu_count))
         presets = self.query_one("#presets", DataTable)
         presets.border_title = "presets · Enter launches"
         presets.add_columns("preset", "GPU class", "params", "tokens/step", "est. memory", "fit")
-        reading = self.telemetry.read() if self.telemetry else None
         card = reading.gpus[0].mem_total if reading and reading.gpus else None
         rows = preset_rows(card)
         for row in rows:
@@ -146,11 +169,22 @@ class LaunchScreen(Screen):
 
     def validate_edit(self, text: str) -> str | None:
         """None when `editing = text` makes a valid config; else the message saying why not."""
+        return self.problem_with(self.editing, text)
+
+    def problem_with(self, key: str, text: str) -> str | None:
         try:
-            self.current_config({self.editing: text})
+            self.current_config({key: text})
         except ConfigError as e:
             return str(e).split(": ", 1)[-1] if str(e).startswith(("/", "--set")) else str(e)
         return None
+
+    def set_override(self, key: str, text: str) -> str | None:
+        """Record `key = text` for save-as and launch when the config stays valid; else say why not."""
+        problem = self.problem_with(key, text)
+        if problem is None:
+            self.overrides[key] = text
+            self.show_settings()
+        return problem
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id != "edit" or self.editing is None:
@@ -162,13 +196,10 @@ class LaunchScreen(Screen):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "edit" and self.editing is not None:
-            problem = self.validate_edit(event.value)
-            if problem:
+            if problem := self.set_override(self.editing, event.value):
                 self.notify(problem, severity="error")
                 return
-            self.overrides[self.editing] = event.value
             self.finish_edit()
-            self.show_settings()
         elif event.input.id == "saveas":
             self.save_as(event.value.strip())
 
@@ -185,6 +216,25 @@ class LaunchScreen(Screen):
         self.remove_class("saving")
 
     # ----------------------------------------------------------------------------- actions
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # one GPU or none: a single process is all there is, so `p` is neither shown nor run
+        return self.gpu_count >= 2 if action == "processes" else True
+
+    def action_processes(self) -> None:
+        """The next distributed.nproc, 1 to the number of GPUs, set as if typed in with `e`."""
+        key = "distributed.nproc"
+        problems = []
+        for n in nproc_cycle(self.current_config().distributed.nproc, self.gpu_count):
+            if problem := self.set_override(key, str(n)):
+                problems.append(problem)
+                continue
+            table = self.query_one("#settings", DataTable)
+            table.move_cursor(row=table.get_row_index(key))
+            self.notify(f"{key} = {n}: " + ("one process" if n == 1 else f"{n} processes, one per GPU"))
+            return
+        if problems:
+            self.notify(problems[0], severity="error")
+
     def action_save_as(self) -> None:
         self.add_class("saving")
         box = self.query_one("#saveas", Input)

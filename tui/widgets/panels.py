@@ -1,5 +1,8 @@
 """The dashboard's number panels: run state, throughput, memory, GPU and host. Each renders from
-the RunView (engine figures) and the latest telemetry Reading (NVML/psutil, sampled at 1 Hz)."""
+the RunView (engine figures) and the latest telemetry Reading (NVML/psutil, sampled at 1 Hz).
+
+A run's GPUs are the devices RunStarted names, mapped from CUDA's numbering to NVML's: a panel
+each while they are few, one panel with a row per GPU when they are many."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.telemetry import Reading
+from lmcockpit.core.telemetry import GPUReading, Reading
 from lmcockpit.tui.runview import DASH, RunView, fmt_count, fmt_duration
 
 STATE_STYLE = {P.RUNNING: "bold green", P.PAUSED: "bold yellow", P.FAILED: "bold red", P.FINISHED: "bold cyan",
@@ -58,9 +61,9 @@ def throughput_rows(v: RunView) -> list[tuple[str, str]]:
     ]
 
 
-def memory_rows(v: RunView, reading: Reading | None) -> list[tuple[str, str]]:
+def memory_rows(v: RunView, gpu: GPUReading | None) -> list[tuple[str, str]]:
+    """Allocator figures from the engine; "GPU used" from NVML for `gpu`, the run's first device."""
     mem = v.mem or {}
-    gpu = reading.gpus[0] if reading and reading.gpus else None
     return [
         ("allocated", gib(mem["allocated"]) if "allocated" in mem else DASH),
         ("reserved", gib(mem["reserved"]) if "reserved" in mem else DASH),
@@ -69,10 +72,83 @@ def memory_rows(v: RunView, reading: Reading | None) -> list[tuple[str, str]]:
     ]
 
 
-def gpu_rows(reading: Reading | None, util_history: list[float], no_gpu_reason: str) -> list[tuple[str, str]]:
-    if not reading or not reading.gpus:
-        return [("GPU", "none: CPU run"), ("", no_gpu_reason or "")]
-    g = reading.gpus[0]
+# ------------------------------------------------------------------------------------- GPUs
+MAX_GPU_PANELS = 2  # more GPUs than this share one panel, a row each, so the side column still fits
+
+
+def cuda_visible(env: str | None) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES as its entries; None when unset, which means CUDA sees every GPU."""
+    return None if env is None else [e.strip() for e in env.split(",") if e.strip()]
+
+
+def nvml_index(device: str, visible: str | None = None) -> int | None:
+    """The NVML index of the GPU behind torch device `device` ("cuda", "cuda:N"); None for a
+    device that is no CUDA GPU ("cpu").
+
+    CUDA numbers only the GPUs that CUDA_VISIBLE_DEVICES (`visible`) lists, in its order, while
+    NVML numbers every GPU: with "2,3", cuda:0 is NVML GPU 2. Entries that are not integers
+    (GPU-…/MIG-… UUIDs) would take NVML calls to resolve, so then CUDA index N is read as NVML
+    GPU N: right when the UUIDs list the GPUs in NVML's order, wrong otherwise."""
+    if device == "cuda":
+        n = 0
+    elif device.startswith("cuda:") and device[5:].isdigit():
+        n = int(device[5:])
+    else:
+        return None
+    entries = cuda_visible(visible)
+    if entries and all(e.isdigit() for e in entries) and n < len(entries):
+        return int(entries[n])
+    return n
+
+
+def run_gpu_indices(devices: tuple[str, ...], visible: str | None = None) -> list[int]:
+    """NVML indices of the GPUs a run's devices are, in order, each once; empty for a CPU run."""
+    indices = [nvml_index(d, visible) for d in devices]
+    return list(dict.fromkeys(i for i in indices if i is not None))
+
+
+def cuda_gpu_count(n_gpus: int, visible: str | None = None) -> int:
+    """How many of the `n_gpus` GPUs that NVML sees CUDA may use: a run can start a process on each."""
+    entries = cuda_visible(visible)
+    if entries is None:
+        return n_gpus
+    if all(e.isdigit() for e in entries):
+        return len({e for e in entries if int(e) < n_gpus})
+    return min(len(entries), n_gpus)
+
+
+def find_gpu(reading: Reading | None, index: int) -> GPUReading | None:
+    return next((g for g in reading.gpus if g.index == index), None) if reading else None
+
+
+def gpu_layout(indices: list[int], narrow: bool) -> list[str]:
+    """The GPU panels to show, by key: "none" for a CPU run, one per GPU index while they are
+    few (one only, on a narrow terminal), else "table": one panel with a row per GPU."""
+    if not indices:
+        return ["none"]
+    if len(indices) > (1 if narrow else MAX_GPU_PANELS):
+        return ["table"]
+    return [str(i) for i in indices]
+
+
+def gpu_panel(key: str, indices: list[int], reading: Reading | None, histories: dict[int, list[float]],
+              no_gpu_reason: str, narrow: bool) -> tuple[str, Table]:
+    """Title and contents of GPU panel `key` (one of gpu_layout's)."""
+    if key == "none":
+        return "GPU", kv_table([("GPU", "none: CPU run"), ("", no_gpu_reason or "")])
+    if key == "table":
+        return gpu_table_title(indices, reading), gpu_table(indices, reading, histories, narrow)
+    index = int(key)
+    g = find_gpu(reading, index)
+    if g is None:  # no NVML, or NVML does not list the GPU the run named
+        return f"GPU {index}", kv_table([("GPU", f"{index}: no reading"), ("", no_gpu_reason or "")])
+    history = histories.get(index, [])
+    if len(indices) == 1 and not narrow:
+        return f"GPU {index}", kv_table(gpu_rows(g, history))
+    return f"GPU {index} · {g.name}", kv_table(gpu_compact_rows(g, history, narrow))
+
+
+def gpu_rows(g: GPUReading, util_history: list[float]) -> list[tuple[str, str]]:
     return [
         ("name", g.name),
         ("util", f"{g.util:.0f}%  {spark(util_history)}"),
@@ -81,6 +157,50 @@ def gpu_rows(reading: Reading | None, util_history: list[float], no_gpu_reason: 
         ("temp", f"{g.temperature:.0f} °C" if g.temperature is not None else DASH),
         ("SM clock", f"{g.sm_clock} MHz" if g.sm_clock is not None else DASH),
     ]
+
+
+def gpu_compact_rows(g: GPUReading, util_history: list[float], narrow: bool) -> list[tuple[str, str]]:
+    """Two rows (the name goes in the title): util with its history; memory, temperature and,
+    where there is room, power."""
+    extras = [f"{g.temperature:.0f}°C" if g.temperature is not None else "",
+              f"{g.power:.0f} W" if g.power is not None and not narrow else ""]
+    return [("util", f"{g.util:3.0f}% {spark(util_history, 8 if narrow else 14)}"),
+            ("mem", "  ".join([f"{gib(g.mem_used)}/{gib(g.mem_total)}", *filter(None, extras)]))]
+
+
+def gpu_table_title(indices: list[int], reading: Reading | None) -> str:
+    names = {g.name for i in indices if (g := find_gpu(reading, i))}
+    return f"{len(indices)} GPUs" + (f" · {names.pop()}" if len(names) == 1 else "")
+
+
+def gpu_table(indices: list[int], reading: Reading | None, histories: dict[int, list[float]],
+              narrow: bool) -> Table:
+    """A row per GPU: index, util, its history, memory, temperature. Narrow: two GPUs a row with
+    index, util and memory only, so eight GPUs take four rows."""
+    cells = [gpu_cells(i, find_gpu(reading, i), histories.get(i, []), narrow) for i in indices]
+    per_row = 2 if narrow else 1
+    t = Table.grid(padding=(0, 1))
+    for group in range(per_row):
+        if group:
+            t.add_column(style="dim")  # the rule between two GPUs of a row
+        t.add_column(style="dim", no_wrap=True)  # the index
+        for _ in cells[0][1:]:
+            t.add_column(no_wrap=True)
+    for start in range(0, len(cells), per_row):
+        row = cells[start:start + per_row]
+        row += [[""] * len(cells[0])] * (per_row - len(row))
+        t.add_row(*[c for n, cell in enumerate(row) for c in ([] if n == 0 else ["│"]) + cell])
+    return t
+
+
+def gpu_cells(index: int, g: GPUReading | None, history: list[float], narrow: bool) -> list[str]:
+    if g is None:
+        return [str(index), DASH, ""] if narrow else [str(index), DASH, "", "", ""]
+    used, total = g.mem_used / 2**30, g.mem_total / 2**30
+    if narrow:
+        return [str(index), f"{g.util:3.0f}%", f"{used:.0f}G"]
+    return [str(index), f"{g.util:3.0f}%", spark(history, 10), f"{used:.0f}/{total:.0f}G",
+            f"{g.temperature:.0f}°C" if g.temperature is not None else ""]
 
 
 def host_rows(reading: Reading | None) -> list[tuple[str, str]]:
