@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import os
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -374,7 +375,10 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
 
 
 def write_config(cfg: Config, path: Path) -> None:
-    path.write_text(f"# resolved lmcockpit config: `lmcockpit --run {path}` repeats this run\n" + cfg.to_toml())
+    """Atomically (temporary file, then rename): another machine of the run may be reading it."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(f"# resolved lmcockpit config: `lmcockpit --run {path}` repeats this run\n" + cfg.to_toml())
+    os.replace(tmp, path)
 
 
 def _closest(word: str, choices, prefix: str = "") -> str:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import Config, ConfigError, write_config
+from .config import Config, ConfigError, config_from_dict, read_toml, write_config
 
 CONFIG = "config.toml"
 METRICS = "metrics.jsonl"
@@ -32,12 +32,36 @@ def default_run_dir(name: str, runs_root: Path = Path("runs")) -> Path:
 
 def create_run_dir(cfg: Config, name: str, out: str | None) -> Path:
     path = Path(out).expanduser() if out else default_run_dir(name)
+    if cfg.distributed.nnodes > 1:
+        return join_run_dir(cfg, path, out)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ConfigError(f"--out {path}: already exists and is not an empty folder; "
                           "choose a new folder (or --resume to continue a run)")
     try:
         path.mkdir(parents=True, exist_ok=True)
         write_config(cfg, path / CONFIG)
+    except OSError as e:
+        raise ConfigError(f"--out {path}: cannot create the run folder ({e.strerror})") from None
+    return path
+
+
+def join_run_dir(cfg: Config, path: Path, out: str | None) -> Path:
+    """Several machines write one run folder (each rank its checkpoint shards beside the others'):
+    it must be named, the same path on a filesystem they share. The first machine creates it; the
+    others join it if it holds the same run's config."""
+    if not out:
+        raise ConfigError(f"distributed.nnodes = {cfg.distributed.nnodes}: name the run folder with --out, the same "
+                          "path on every machine, on a filesystem they all share")
+    existing = path / CONFIG
+    if existing.is_file():
+        theirs = config_from_dict(read_toml(existing), source=str(existing))
+        if theirs.hash() != cfg.hash():
+            raise ConfigError(f"--out {path}: holds another run's config.toml (this machine's config differs); "
+                              "give every machine the same preset and --set values")
+        return path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        write_config(cfg, existing)
     except OSError as e:
         raise ConfigError(f"--out {path}: cannot create the run folder ({e.strerror})") from None
     return path

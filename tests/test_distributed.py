@@ -197,3 +197,61 @@ def test_a_real_error_beats_a_stop_and_user_errors_stay_user_errors(tmp_path):
         write_record(tmp_path, rank, "--resume x: the checkpoint is damaged", user_error=True)
     failure = first_failure({}, tmp_path)
     assert failure.user_error and failure.message == "--resume x: the checkpoint is damaged"
+
+
+def test_two_machines_meet_through_the_rendezvous_and_share_one_run_folder(tmp_path):
+    """Two "machines" on localhost, one process each: torchrun's c10d rendezvous joins them into
+    one run of two ranks, both write the one run folder, and its checkpoint resumes on one."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "shared"
+    cmd = [sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug", *as_flags([*TINY, *STEPS]), "--nproc", "1",
+           "--nnodes", "2", "--rdzv-endpoint", f"localhost:{port}", "--out", str(out)]
+    nodes = [subprocess.Popen([*cmd, "--node-rank", str(k)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in (0, 1)]
+    results = [p.communicate(timeout=300) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], results
+    stdout = "".join(o for o, _ in results)
+    assert "finished 10 steps" in stdout and "rank 0's machine reports the run" in stdout
+    ckpt = out / "checkpoints" / "step_000010"
+    assert sorted(p.name for p in (ckpt / "train_state").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    log = (out / TRAIN_LOG).read_text()
+    assert "rank0: model:" in log and "rank1: model:" in log and "2 processes (ddp)" in log
+    proc = cli("--run", "--resume", str(out / "checkpoints" / "step_000005"), "--set", "distributed.nnodes=1",
+               "--out", str(tmp_path / "alone"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    resumed, original = step_losses(tmp_path / "alone"), step_losses(out)
+    assert close([resumed[s] for s in sorted(resumed)], [original[s] for s in sorted(resumed)])
+
+
+def test_several_machines_need_a_named_shared_run_folder(tmp_path):
+    proc = cli("--run", "debug", "--nnodes", "2", "--rdzv-endpoint", "node0:29500")
+    assert proc.returncode == 2 and "name the run folder with --out" in proc.stderr
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.toml").write_text("[training]\nmax_steps = 3\n")
+    proc = cli("--run", "debug", "--nnodes", "2", "--rdzv-endpoint", "node0:29500", "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2 and "holds another run's config.toml" in proc.stderr
+
+
+def test_a_killed_front_end_makes_every_rank_checkpoint_and_stop(tmp_path):
+    """SSH drops under a multi-process run: the launcher sees its parent go and tells rank 0; the
+    ranks agree, write one checkpoint together and all end."""
+    from lmcockpit.core.runfolder import latest_checkpoint
+    from tests.conftest import start_cli_run
+
+    out = tmp_path / "run"
+    proc = start_cli_run(out, "distributed.nproc=2", until="step 4/")
+    engine = next(c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline()))
+    everyone = [engine, *engine.children(recursive=True)]
+    proc.kill()
+    proc.wait()
+    psutil.wait_procs(everyone, timeout=120)
+    assert not [p for p in everyone if _running(p.pid)]
+    log = (out / TRAIN_LOG).read_text()
+    assert "launcher: the front-end is gone; the ranks write a checkpoint and stop" in log
+    ckpt = latest_checkpoint(out)
+    assert ckpt is not None and json.loads((ckpt / "state.json").read_text())["step"] >= 4
+    assert sorted(p.name for p in (ckpt / "train_state").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]

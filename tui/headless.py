@@ -144,6 +144,8 @@ class Headless:
             return 2
         if failure is not None:
             self.errors.print(Text(f"run failed: {failure.message}"), style="bold red")
+        elif state == P.FINISHED and v.max_steps == 0:  # never heard from rank 0: it runs on another machine
+            self.say("this machine's processes finished; rank 0's machine reports the run")
         elif state == P.FINISHED:
             summary = f"finished {v.step} steps"
             if v.first_loss is not None and v.loss is not None:
