@@ -5,6 +5,8 @@ Parts, in the order they run (each appends its own section, so they can also run
 * doctor: `lmcockpit doctor`'s output and exit code;
 * h100: the `h100` preset for 300 steps (compile, bf16) through the real CLI and engine process:
   tokens/s, MFU, step time, compile time, peak allocated memory against the estimate;
+* torchrun: issue 8's check, the same `h100` run through the multi-process launcher with
+  `--nproc 1` (torchrun's elastic agent, one NCCL rank, DDP): same table;
 * memory: the estimator against measured `torch.cuda.max_memory_allocated` for the `h100`,
   `3090`, `4090` and `4070ti` presets, each in a fresh process whose allocator is capped with
   `torch.cuda.set_per_process_memory_fraction` to its card's memory (minus the CUDA context fit.py
@@ -13,7 +15,7 @@ Parts, in the order they run (each appends its own section, so they can also run
   every 50 steps on the `4070ti` preset: no error, and reserved memory after each eval/sample round
   not above the round before.
 
-    python bench/gpu_check.py [--part doctor h100 memory modes] [--steps 300] [--out DIR]
+    python bench/gpu_check.py [--part doctor h100 torchrun memory modes] [--steps 300] [--out DIR]
 
 Exit 0 when every check passed, 1 otherwise (or without a CUDA GPU). On the lent GPU each part
 fits one 10-minute call; the data cache built by the first run is reused by the others.
@@ -42,7 +44,7 @@ from lmcockpit.core import fit  # noqa: E402
 from lmcockpit.core.config import load_config  # noqa: E402
 from lmcockpit.core.runfolder import create_run_dir, read_metrics  # noqa: E402
 
-PARTS = ("doctor", "h100", "memory", "modes")
+PARTS = ("doctor", "h100", "torchrun", "memory", "modes")
 MEMORY_PRESETS = ("h100", "3090", "4090", "4070ti")
 MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 TOLERANCE = 0.15  # the issue's ±15% between estimate and measurement
@@ -69,11 +71,12 @@ def part_doctor() -> tuple[bool, list[str]]:
                                   (proc.stdout + proc.stderr).rstrip(), "```"]
 
 
-def part_h100(out: Path, steps: int) -> tuple[bool, list[str]]:
-    run = out / "h100"
-    proc = cli("--run", "h100", *sets(f"training.max_steps={steps}"), "--out", str(run))
+def part_h100(out: Path, steps: int, launch: tuple[str, ...] = ()) -> tuple[bool, list[str]]:
+    run = out / ("h100-" + "".join(launch).strip("-") if launch else "h100")
+    command = f"lmcockpit --run h100 {' '.join(launch)} --set training.max_steps={steps}".replace("  ", " ")
+    proc = cli("--run", "h100", *launch, *sets(f"training.max_steps={steps}"), "--out", str(run))
     if proc.returncode != 0:
-        return False, [f"`lmcockpit --run h100` failed (exit {proc.returncode}):", "", "```", tail(proc.stderr), "```"]
+        return False, [f"`{command}` failed (exit {proc.returncode}):", "", "```", tail(proc.stderr), "```"]
     cfg, _ = load_config(run / "config.toml")
     rows = read_metrics(run, "step")
     steady = rows[10:]  # past compilation and the allocator's first growth
@@ -86,7 +89,7 @@ def part_h100(out: Path, steps: int) -> tuple[bool, list[str]]:
     val = f"{evals[-1]['val_loss']:.3f}" if evals else "–"
     ok = len(rows) >= steps and abs(ratio - 1) <= TOLERANCE
     return ok, [
-        f"`lmcockpit --run h100 --set training.max_steps={steps}` (compile {cfg.training.compile_mode}, precision "
+        f"`{command}` (compile {cfg.training.compile_mode}, precision "
         f"auto; {fit.param_counts(cfg).total / 1e6:.1f}M parameters, {cfg.tokens_per_step:,} tokens/step):", "",
         "| steps | tokens/s | MFU | step time | compile (step 1 − median) | peak allocated | peak reserved | "
         "estimate | measured / estimate | final val loss |",
@@ -192,6 +195,7 @@ def main() -> int:
     results = {}
     for part in args.part:
         ok, lines = {"doctor": part_doctor, "h100": lambda: part_h100(out, args.steps),
+                     "torchrun": lambda: part_h100(out, args.steps, ("--nproc", "1")),
                      "memory": lambda: part_memory(out, args.presets),
                      "modes": lambda: part_modes(out, args.modes)}[part]()
         record(f"gpu_check: {part} ({'pass' if ok else 'FAIL'})",

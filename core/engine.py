@@ -66,7 +66,7 @@ class LogPump:
         self.log_file.close()
 
 
-def _header(spec_run_dir: str) -> str:
+def run_header(spec_run_dir: str) -> str:
     """What makes a result reproducible: versions, machine and GPUs, written first in train.log."""
     import torch
     from lmcockpit import __version__
@@ -125,7 +125,7 @@ def main(run_dir: str, config: dict, resume_from: str | None, rendezvous, events
     # gpu_env says why 2.11), and a variable the user set is left exactly as it is.
     allocator = gpu_env.configure_allocator()
     pump = LogPump(Path(run_dir) / TRAIN_LOG, events)
-    print(_header(run_dir))
+    print(run_header(run_dir))
     print(f"allocator: {allocator.describe()}")
     if rendezvous is not None:
         from .launcher import launch

@@ -34,15 +34,15 @@ from pathlib import Path
 
 from . import protocol as P
 from .config import config_from_dict
-from .engine import Commands, LogPump, _header, flush_events, train
+from .engine import Commands, LogPump, run_header, flush_events, train
 from .rendezvous import Rendezvous
 from .runfolder import METRICS, TRAIN_LOG, MetricsLog, tail_rows
 
 SHUTDOWN_GRACE = 15  # s from torchrun's SIGTERM to its SIGKILL, when one rank failed
 STOP_GRACE = 20  # s a rank told to stop (SIGTERM) may take before it exits regardless
 # Errors a rank meets because another rank died: not the cause, whatever their timestamps say.
-LOST_PEER = re.compile(r"Connection (reset|closed) by peer|Broken pipe|gloo|NCCL|DistNetworkError|"
-                       r"DistBackendError|ProcessGroup|store", re.IGNORECASE)
+LOST_PEER = re.compile(r"Connection (reset|closed) by peer|Broken pipe|\bgloo\b|\bNCCL\b|DistNetworkError|"
+                       r"DistBackendError|DistStoreError")
 
 
 def launch(run_dir: str, config: dict, resume_from: str | None, rendezvous: Rendezvous, events,
@@ -123,7 +123,7 @@ def worker(run_dir: str, config: dict, resume_from: str | None, events, commands
     pump = LogPump(Path(run_dir) / TRAIN_LOG, events, prefix=f"rank{rank}: ")
     cmds = Commands(commands if rank == 0 else None)
     _exit_if_stuck_after_sigterm(rank, Path(records))
-    print(_header(run_dir))
+    print(run_header(run_dir))
     from .group import ProcessGroup
 
     group = ProcessGroup(config["distributed"]["strategy"])
