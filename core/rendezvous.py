@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from .config import ConfigError
 
+BACKENDS = ("c10d", "static", "etcd", "etcd-v2")  # torch.distributed.elastic's registered rendezvous handlers
+
 
 @dataclass(frozen=True)
 class Rendezvous:
@@ -26,6 +28,8 @@ class Rendezvous:
         if not 0 <= self.node_rank < nnodes:
             raise ConfigError(f"--node-rank {self.node_rank}: expected 0 to {nnodes - 1} "
                               f"(distributed.nnodes = {nnodes})")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"--rdzv-backend {self.backend}: expected one of {', '.join(BACKENDS)} (torchrun's)")
         if self.endpoint and ":" not in self.endpoint:
             raise ConfigError(f"--rdzv-endpoint {self.endpoint}: expected HOST:PORT")
 

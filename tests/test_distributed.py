@@ -133,6 +133,7 @@ def test_a_process_count_that_cannot_share_the_step_is_refused(runs, tmp_path):
     (["--nnodes", "2"], "the machines need a meeting point; give --rdzv-endpoint"),
     (["--nnodes", "2", "--rdzv-endpoint", "node0:29500", "--node-rank", "2"], "--node-rank 2: expected 0 to 1"),
     (["--nproc", "2", "--gpu", "1"], "names one GPU, but distributed.nproc = 2"),
+    (["--nproc", "2", "--rdzv-backend", "zk"], "--rdzv-backend zk: expected one of c10d, static"),
 ])
 def test_bad_launch_flags_exit_2(tmp_path, args, message):
     proc = cli("--run", "debug", *args, "--out", str(tmp_path / "x"))
