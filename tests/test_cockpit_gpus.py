@@ -11,11 +11,11 @@ from rich.console import Console
 from textual.app import App
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.telemetry import GPUReading, Reading, Telemetry
+from lmcockpit.core.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count, nvml_index, run_gpu_indices
 from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.screens.dashboard import DashboardScreen
 from lmcockpit.tui.screens.launch import LaunchScreen
-from lmcockpit.tui.widgets.panels import Panel, cuda_gpu_count, gpu_layout, nvml_index, run_gpu_indices
+from lmcockpit.tui.widgets.panels import Panel, gpu_layout
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -239,3 +239,16 @@ async def test_p_does_nothing_with_fewer_than_two_gpus(tmp_path, monkeypatch, gp
         await pilot.press("p")
         assert launch.overrides == {}
         assert launch.current_config().distributed.nproc == 1
+
+
+def test_the_headless_progress_line_reads_the_run_s_own_gpu():
+    from lmcockpit.tui.headless import progress_line
+    from lmcockpit.tui.runview import RunView
+
+    view = RunView()
+    for ev in (run_started("cuda:1"), P.StateChanged(P.RUNNING),
+               P.StepMetrics(1, 5.0, 1e-3, 1.0, 1000.0, None, 0.1, 4096)):
+        view.apply(ev)
+    reading = FakeTelemetry(4).read()
+    assert "GPU 21%" in progress_line(view, reading, 1) and "VRAM 2.1/85.9GB" in progress_line(view, reading, 1)
+    assert "GPU –" in progress_line(view, reading, None) and "VRAM –" in progress_line(view, reading, None)

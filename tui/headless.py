@@ -3,6 +3,7 @@ when piped. It drives the same engine process, through the same protocol, as the
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from rich.console import Console
@@ -11,13 +12,14 @@ from rich.text import Text
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.runner import EngineProcess
-from lmcockpit.core.telemetry import Reading, Telemetry
+from lmcockpit.core.telemetry import Reading, Telemetry, find_gpu, run_gpu_indices
 from lmcockpit.tui.runview import DASH, RunView, bar, fmt_count, fmt_duration
 
 EXIT_CODES = {P.FINISHED: 0, P.ABORTED: 0, P.INTERRUPTED: 130, P.FAILED: 1}
 
 
-def progress_line(v: RunView, reading: Reading | None) -> str:
+def progress_line(v: RunView, reading: Reading | None, gpu_index: int | None = 0) -> str:
+    """`gpu_index`: the NVML index of the run's (first) GPU; None for a run on the CPU."""
     if v.state == P.PREPARING or v.max_steps == 0:
         p = v.progress
         if p is None:
@@ -28,7 +30,7 @@ def progress_line(v: RunView, reading: Reading | None) -> str:
         return f"Preparing data: {p.phase}…"
     if v.state == P.COMPILING:
         return f"Compiling the model (torch.compile)… {fmt_duration(v.elapsed)}"
-    gpu = reading.gpus[0] if reading and reading.gpus else None
+    gpu = find_gpu(reading, gpu_index) if gpu_index is not None else None
     vram = f"{gpu.mem_used / 1e9:.1f}/{gpu.mem_total / 1e9:.1f}GB" if gpu else DASH
     frac = v.step / v.max_steps if v.max_steps else 0.0
     fields = [
@@ -69,6 +71,7 @@ class Headless:
         self.reading: Reading | None = None
         self.read_at = 0.0
         self.interrupts = 0
+        self.gpu: int | None = 0  # the NVML index of the run's first GPU, once RunStarted names it
         self._last_progress_print = 0.0
 
     # ----------------------------------------------------------------------------- signals
@@ -96,7 +99,7 @@ class Headless:
         try:
             if self.interactive:
                 with Live(Text(""), console=self.console, refresh_per_second=4, transient=True) as live:
-                    self._loop(lambda: live.update(Text(progress_line(self.view, self._telemetry()))))
+                    self._loop(lambda: live.update(Text(progress_line(self.view, self._telemetry(), self.gpu))))
             else:
                 self._loop(lambda: None)
         except KeyboardInterrupt:
@@ -120,7 +123,10 @@ class Headless:
         self.engine.join(timeout=30)
 
     def _print_event(self, ev: object) -> None:
-        if isinstance(ev, P.LogLine):
+        if isinstance(ev, P.RunStarted):  # the engine inherits our environment: its CUDA numbering is ours
+            gpus = run_gpu_indices(ev.devices or (ev.device,), os.environ.get("CUDA_VISIBLE_DEVICES"))
+            self.gpu = gpus[0] if gpus else None
+        elif isinstance(ev, P.LogLine):
             self.say(ev.text)
         elif isinstance(ev, P.StepMetrics):
             last = ev.step == self.view.max_steps

@@ -19,14 +19,14 @@ from textual.widgets import Footer, Input, ProgressBar, RichLog, Static
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.runner import EngineProcess
-from lmcockpit.core.telemetry import Reading, Telemetry
+from lmcockpit.core.telemetry import Reading, Telemetry, find_gpu, run_gpu_indices
 from lmcockpit.tui.bridge import EngineEvents, drain
 from lmcockpit.tui.runview import RunView
 from lmcockpit.tui.screens.dialogs import AbortDialog, HelpScreen, QuitDialog
 from lmcockpit.tui.widgets.charts import LossChart
 from lmcockpit.tui.widgets.chat import ChatPane
-from lmcockpit.tui.widgets.panels import (Panel, find_gpu, gpu_layout, gpu_panel, host_rows, memory_rows,
-                                          run_gpu_indices, spark, state_text, throughput_rows)
+from lmcockpit.tui.widgets.panels import (Panel, gpu_layout, gpu_panel, host_rows, memory_rows, spark, state_text,
+                                          throughput_rows)
 
 REDRAW_EVERY = 0.5  # seconds: plotext rebuilds every point on a draw
 NARROW, SHORT = 100, 30  # below these the side panels and the chart shrink

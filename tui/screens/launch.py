@@ -16,10 +16,9 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, write_config
 from lmcockpit.core.runfolder import recent_runs, run_summary
-from lmcockpit.core.telemetry import GPUReading, Reading, Telemetry
+from lmcockpit.core.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count
 from lmcockpit.tui.presets import STYLE as VERDICT_STYLE, preset_rows
 from lmcockpit.tui.runview import DASH
-from lmcockpit.tui.widgets.panels import cuda_gpu_count
 
 
 def toml_value(value) -> str:

@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.telemetry import GPUReading, Reading
+from lmcockpit.core.telemetry import GPUReading, Reading, find_gpu
 from lmcockpit.tui.runview import DASH, RunView, fmt_count, fmt_duration
 
 STATE_STYLE = {P.RUNNING: "bold green", P.PAUSED: "bold yellow", P.FAILED: "bold red", P.FINISHED: "bold cyan",
@@ -74,51 +74,6 @@ def memory_rows(v: RunView, gpu: GPUReading | None) -> list[tuple[str, str]]:
 
 # ------------------------------------------------------------------------------------- GPUs
 MAX_GPU_PANELS = 2  # more GPUs than this share one panel, a row each, so the side column still fits
-
-
-def cuda_visible(env: str | None) -> list[str] | None:
-    """CUDA_VISIBLE_DEVICES as its entries; None when unset, which means CUDA sees every GPU."""
-    return None if env is None else [e.strip() for e in env.split(",") if e.strip()]
-
-
-def nvml_index(device: str, visible: str | None = None) -> int | None:
-    """The NVML index of the GPU behind torch device `device` ("cuda", "cuda:N"); None for a
-    device that is no CUDA GPU ("cpu").
-
-    CUDA numbers only the GPUs that CUDA_VISIBLE_DEVICES (`visible`) lists, in its order, while
-    NVML numbers every GPU: with "2,3", cuda:0 is NVML GPU 2. Entries that are not integers
-    (GPU-…/MIG-… UUIDs) would take NVML calls to resolve, so then CUDA index N is read as NVML
-    GPU N: right when the UUIDs list the GPUs in NVML's order, wrong otherwise."""
-    if device == "cuda":
-        n = 0
-    elif device.startswith("cuda:") and device[5:].isdigit():
-        n = int(device[5:])
-    else:
-        return None
-    entries = cuda_visible(visible)
-    if entries and all(e.isdigit() for e in entries) and n < len(entries):
-        return int(entries[n])
-    return n
-
-
-def run_gpu_indices(devices: tuple[str, ...], visible: str | None = None) -> list[int]:
-    """NVML indices of the GPUs a run's devices are, in order, each once; empty for a CPU run."""
-    indices = [nvml_index(d, visible) for d in devices]
-    return list(dict.fromkeys(i for i in indices if i is not None))
-
-
-def cuda_gpu_count(n_gpus: int, visible: str | None = None) -> int:
-    """How many of the `n_gpus` GPUs that NVML sees CUDA may use: a run can start a process on each."""
-    entries = cuda_visible(visible)
-    if entries is None:
-        return n_gpus
-    if all(e.isdigit() for e in entries):
-        return len({e for e in entries if int(e) < n_gpus})
-    return min(len(entries), n_gpus)
-
-
-def find_gpu(reading: Reading | None, index: int) -> GPUReading | None:
-    return next((g for g in reading.gpus if g.index == index), None) if reading else None
 
 
 def gpu_layout(indices: list[int], narrow: bool) -> list[str]:
