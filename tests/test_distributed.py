@@ -34,11 +34,18 @@ def step_losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if r["kind"] == "step"}
 
 
-def live_sample(engine, ev) -> None:
-    """At step 3, ask for a sample and a checkpoint: both go through the ranks' agreement."""
-    if isinstance(ev, P.StepMetrics) and ev.step == 3:
+def steer(engine, ev) -> None:
+    """Pause before the first step, sample and checkpoint while paused, resume: every command goes
+    through the ranks' agreement, and none of them may change what is trained. (The pause is
+    sent while the engine prepares, long before it first reads commands, so it lands at step 0.)"""
+    if isinstance(ev, P.StateChanged) and ev.state == P.PREPARING and not getattr(engine, "steered", False):
+        engine.steered = True
+        engine.send(P.Pause())
+    elif isinstance(ev, P.StateChanged) and ev.state == P.PAUSED:
         engine.send(P.Sample("live", "def ", 8, 1.0, 0, seed=1))
-        engine.send(P.CheckpointNow())
+    elif isinstance(ev, P.SampleText) and ev.request_id == "live" and ev.done:
+        engine.send(P.CheckpointNow())  # still paused at step 0: nothing to save yet, and it must say nothing
+        engine.send(P.Resume())
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +56,9 @@ def runs(tmp_path_factory):
     out = {}
     out["one"] = drive_engine(tiny_config(*STEPS, "training.grad_accum_steps=2"), root / "one")
     out["ddp"] = drive_engine(tiny_config(*STEPS, "distributed.nproc=2", f"data.cache_dir=\"{root / 'cache'}\""),
-                              root / "ddp", on_event=live_sample)
+                              root / "ddp", on_event=steer)
     out["fsdp"] = drive_engine(tiny_config(*STEPS, "distributed.nproc=2", "distributed.strategy=\"fsdp\""),
-                               root / "fsdp", on_event=live_sample)
+                               root / "fsdp", on_event=steer)
     return {name: (root / name, engine, events) for name, (engine, events) in out.items()}
 
 
@@ -71,10 +78,11 @@ def test_two_processes_give_the_losses_of_one_accumulating_two(runs, strategy):
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_commands_reach_every_rank(runs, strategy):
     run, _, events = runs[strategy]
-    written = [e.step for e in events if isinstance(e, P.CheckpointWritten)]
-    now = [s for s in written if s not in (5, 10)]  # "checkpoint now": at the next step boundary
-    assert len(written) == 3 and len(now) == 1 and 3 <= now[0] < 10, written
-    assert "".join(e.text for e in events if isinstance(e, P.SampleText) and e.request_id == "live")
+    paused = next(i for i, e in enumerate(events) if isinstance(e, P.StateChanged) and e.state == P.PAUSED)
+    assert paused < next(i for i, e in enumerate(events) if isinstance(e, P.StepMetrics))
+    live = [e for e in events if isinstance(e, P.SampleText) and e.request_id == "live"]
+    assert live and live[-1].done and all(e.step == 0 for e in live) and "".join(e.text for e in live)
+    assert [e.step for e in events if isinstance(e, P.CheckpointWritten)] == [5, 10]
     assert [r for r in (run / METRICS).read_text().splitlines() if '"sample"' in r], "rank 0 records the sample"
 
 
