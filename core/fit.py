@@ -17,6 +17,12 @@ N = parameters; `a` = bytes of the autocast dtype: 2 for bf16/fp16, 4 for fp32):
 * logits and loss: (B, T, V) in fp32 for the loss, and their gradient;
 * margins for what no formula sees (compile workspaces, allocator fragmentation, the CUDA context).
 
+Under FSDP (distributed.strategy = "fsdp" with several processes) each GPU keeps 1/world of the
+fp32 weights, gradients and optimizer state, plus the whole parameters of what is gathered at a
+time: the root's (the embedding and final norm, for the whole pass) and two blocks (the one
+running and the one prefetched). DDP keeps everything whole, its gradients as views into its
+communication buckets (no second copy).
+
 The margins are named constants below. They are first estimates, not measurements: calibrate
 them against `torch.cuda.max_memory_allocated` with bench/gpu_check.py on a GPU before trusting a
 verdict within a few per cent.
@@ -152,12 +158,15 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
     n = param_counts(cfg)
     d, V = m.d_model, cfg.tokenizer.vocab_size
 
-    weights = 4 * n.total + (2 * (n.total - n.norms) if a < 4 else 0)
-    grads_all = 4 * n.total
+    shards = cfg.world if cfg.distributed.strategy == "fsdp" else 1
+    block = (n.matrices + n.norms - m.d_model) // m.n_layer  # one block's parameters (not the final norm)
+    gathered = 0 if shards == 1 else 4 * (n.embedding + 2 * block)
+    weights = 4 * n.total // shards + gathered + (2 * (n.total - n.norms) if a < 4 else 0)
+    grads_all = 4 * n.total // shards + gathered
     # Without accumulation, backward has created only the head's (the tied embedding's) gradient
     # when the saved activations peak; with it, the previous micro-batch's gradients are all there.
     grads_at_peak = grads_all if t.grad_accum_steps > 1 else 4 * n.embedding
-    optimizer = 8 * n.adamw + 4 * n.muon
+    optimizer = (8 * n.adamw + 4 * n.muon) // shards
 
     layer = layer_activation_bytes(cfg, a, compiled)
     if t.activation_checkpointing:

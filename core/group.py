@@ -127,7 +127,9 @@ class ProcessGroup(Group):
             return model
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        return DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        # Gradients as views into DDP's buckets: otherwise DDP keeps a second copy of every gradient.
+        return DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                   gradient_as_bucket_view=True)
 
     def accumulating(self, wrapped: torch.nn.Module, last: bool):
         if self.strategy == "fsdp":

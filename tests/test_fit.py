@@ -85,6 +85,22 @@ def test_estimate_eager_fp32_with_checkpointing_by_hand():
     assert e.total == e.reserved == int(7549440 * (1 + fit.ALLOCATOR_MARGIN))  # no CUDA context on a CPU
 
 
+def test_fsdp_keeps_a_share_of_the_state_per_gpu_and_ddp_all_of_it():
+    one = fit.estimate(tiny_config(*HAND, "training.compile=true", "training.grad_accum_steps=2"), "cuda")
+    ddp = fit.estimate(tiny_config(*HAND, "training.compile=true", "training.grad_accum_steps=2",
+                                   "distributed.nproc=4"), "cuda")
+    fsdp = fit.estimate(tiny_config(*HAND, "training.compile=true", "training.grad_accum_steps=2",
+                                    "distributed.nproc=4", "distributed.strategy=\"fsdp\""), "cuda")
+    assert ddp == one  # whole model per GPU; gradients are views into DDP's buckets
+    # A quarter of the fp32 weights, gradients and moments, plus what is gathered at a time: the
+    # embedding (32768) and two blocks' matrices and norms ((MUON + 384 - 64) / 2 layers each).
+    gathered = 4 * (32768 + 2 * (MUON + 384 - 64) // 2)
+    assert fsdp.weights == 4 * N // 4 + gathered + 2 * (N - 384)  # autocast's bf16 copies stay whole
+    assert fsdp.grads == 4 * N // 4 + gathered
+    assert fsdp.optimizer == (8 * ADAMW + 4 * MUON) // 4
+    assert fsdp.activations == one.activations and fsdp.allocated < one.allocated
+
+
 def test_checkpointing_and_cuda_graphs_move_the_estimate_the_right_way():
     base = fit.estimate(tiny_config(*HAND, "training.compile=true"), "cuda")
     ckpt = fit.estimate(tiny_config(*HAND, "training.compile=true", "training.activation_checkpointing=true"), "cuda")
