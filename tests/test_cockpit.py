@@ -89,6 +89,18 @@ async def test_pause_checkpoint_resume(tmp_path):
         assert last is not None and last.name == f"step_{dash.view.step:06d}"
 
 
+def test_paused_holds_through_a_checkpoint_or_evaluation_taken_while_paused():
+    """"p" must resume a run paused then asked for a checkpoint, whatever state it reports meanwhile."""
+    from lmcockpit.tui.runview import RunView
+
+    view = RunView()
+    for state, paused in [(P.RUNNING, False), (P.PAUSED, True), (P.CHECKPOINTING, True), (P.EVALUATING, True),
+                          (P.PAUSED, True), (P.RUNNING, False), (P.CHECKPOINTING, False), (P.PAUSED, True),
+                          (P.INTERRUPTED, False)]:
+        view.apply(P.StateChanged(state))
+        assert view.paused is paused, state
+
+
 async def test_quit_with_a_run_going_asks_then_stops_it_with_a_checkpoint(tmp_path):
     async with training_cockpit(tmp_path, (80, 24)) as (app, pilot, dash):
         await pilot.press("q")

@@ -35,6 +35,9 @@ def bar(fraction: float, width: int = 20) -> str:
 class RunView:
     """The run as the front-end knows it, folded from events."""
     state: str = P.PREPARING
+    # Paused stays true through a checkpoint or evaluation asked for while paused (their states
+    # come and go): what "p" must undo.
+    paused: bool = False
     run_dir: str = ""
     max_steps: int = 0
     start_step: int = 0
@@ -104,6 +107,8 @@ class RunView:
             self.progress = ev
         elif isinstance(ev, P.StateChanged):
             self.state, self.state_detail = ev.state, ev.detail
+            if ev.state in (P.PAUSED, P.RUNNING) or ev.state in P.TERMINAL_STATES:
+                self.paused = ev.state == P.PAUSED
         elif isinstance(ev, P.Failure):
             self.failure = ev
         elif isinstance(ev, P.CheckpointWritten):

@@ -212,7 +212,7 @@ class DashboardScreen(Screen):
 
     def action_toggle_pause(self) -> None:
         if self.running:
-            self.engine.send(P.Resume() if self.view.state == P.PAUSED else P.Pause())
+            self.engine.send(P.Resume() if self.view.paused else P.Pause())
 
     def action_checkpoint(self) -> None:
         if self.running:
