@@ -15,7 +15,10 @@ Architecture choices, and why:
 * SwiGLU MLP (`down(silu(gate(x)) * up(x))`).
 * Parameter names follow Qwen3 (`embed_tokens`, `layers.N.self_attn.q_proj`, ...), so export is a
   renaming-free copy and transformers reproduces our logits.
-* The loss is computed in float32 from logits the matmul produced in the autocast dtype.
+* The loss is computed in float32 from logits the matmul produced in the autocast dtype. Eager
+  training computes it a block of rows at a time with its gradients on the way
+  (`LinearCrossEntropy`): the (tokens × vocabulary) float32 logits and their gradient never exist
+  whole. Compiled training keeps the plain form, which inductor fuses itself.
 * Inference has a path of its own (`GPT.decode` with a `KVCache`): a prompt is prefilled with the
   training forward's causal attention, then each new token attends to the cached keys and values.
   The training forward is untouched by it.
@@ -242,7 +245,10 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V) without targets; the mean cross-entropy with them."""
-        logits = F.linear(self.hidden(idx), self.embed_tokens.weight)
+        h = self.hidden(idx)
+        if targets is not None and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            return LinearCrossEntropy.apply(h.flatten(0, 1), self.embed_tokens.weight, targets.reshape(-1))
+        logits = F.linear(h, self.embed_tokens.weight)
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
@@ -251,3 +257,44 @@ class GPT(nn.Module):
         """Per-token cross-entropy (B, T) in float32, for bits-per-byte."""
         logits = F.linear(self.hidden(idx), self.embed_tokens.weight)
         return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of `h @ W.T` against `targets`, a block of rows at a time, with the
+    gradients of `h` and `W` computed on the way (softmax minus the one-hot target, times the
+    inputs). Eager cross-entropy writes the float32 logits, their log-probabilities, and the
+    gradient of each; here one block of logits at a time exists, and backward only scales. The
+    matmuls run in the ambient autocast dtype, as F.linear's would, the rest in float32."""
+
+    # Logits per block: 16 MB of float32 on a CPU (cache-sized); 256 MB on a GPU, where each block
+    # costs a few kernel launches (32k tokens of a 32k vocabulary: 16 blocks, not 256).
+    BLOCK_ELEMENTS = 1 << 22
+    GPU_BLOCK_ELEMENTS = 1 << 26
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, W: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        n, V = h.shape[0], W.shape[0]
+        block = LinearCrossEntropy.GPU_BLOCK_ELEMENTS if h.is_cuda else LinearCrossEntropy.BLOCK_ELEMENTS
+        rows = max(1, block // V)
+        grad_h = torch.empty_like(h)
+        grad_W = torch.zeros(W.shape, dtype=torch.float32, device=W.device)
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        device = h.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
+        for start in range(0, n, rows):
+            hs, ts = h[start:start + rows], targets[start:start + rows]
+            logits = F.linear(hs, W).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            total += (lse - logits.gather(1, ts[:, None]).squeeze(1)).sum()
+            grad = logits.sub_(lse[:, None]).exp_()  # softmax, in the logits' memory
+            grad[torch.arange(len(ts), device=grad.device), ts] -= 1.0
+            grad = grad.div_(n).to(dtype)
+            grad_h[start:start + rows] = grad @ W.to(grad.dtype)
+            grad_W += grad.T @ hs.to(grad.dtype)
+        ctx.save_for_backward(grad_h, grad_W.to(W.dtype))
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        grad_h, grad_W = ctx.saved_tensors
+        return grad_h * grad_loss, grad_W * grad_loss, None

@@ -67,6 +67,28 @@ def test_token_losses_agree_with_the_mean_loss():
         assert torch.allclose(model.token_losses(x[:, :-1], x[:, 1:]).mean(), model(x[:, :-1], x[:, 1:]))
 
 
+def test_blockwise_loss_gives_the_plain_loss_and_gradients(monkeypatch):
+    """Eager training's LinearCrossEntropy against F.cross_entropy of the whole logits, in float32,
+    with blocks smaller than the batch (so several blocks and a short last one are exercised)."""
+    import torch.nn.functional as F
+
+    from lmcockpit.core.gpt import LinearCrossEntropy
+
+    monkeypatch.setattr(LinearCrossEntropy, "BLOCK_ELEMENTS", 97 * 5)  # 5 rows a block, 34 rows in all
+    torch.manual_seed(0)
+    model = GPT(SHAPE)
+    x = torch.randint(0, 97, (2, 18))
+    blockwise = model(x[:, :-1], x[:, 1:])
+    blockwise.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    plain = F.cross_entropy(model(x[:, :-1]).view(-1, 97), x[:, 1:].reshape(-1))
+    plain.backward()
+    assert torch.allclose(blockwise, plain, rtol=1e-6)
+    for n, p in model.named_parameters():
+        assert torch.allclose(grads[n], p.grad, rtol=1e-5, atol=1e-7), n
+
+
 def test_checkpoint_refuses_to_start_without_the_disk_space(tmp_path):
     import pytest
 
