@@ -281,16 +281,17 @@ class LinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float32, device=h.device)
         device = h.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
+        h_mm, W_mm = h.to(dtype), W.to(dtype)  # cast once, as autocast would for F.linear
         for start in range(0, n, rows):
-            hs, ts = h[start:start + rows], targets[start:start + rows]
-            logits = F.linear(hs, W).float()
+            hs, ts = h_mm[start:start + rows], targets[start:start + rows]
+            logits = F.linear(hs, W_mm).float()
             lse = torch.logsumexp(logits, dim=-1)
             total += (lse - logits.gather(1, ts[:, None]).squeeze(1)).sum()
             grad = logits.sub_(lse[:, None]).exp_()  # softmax, in the logits' memory
             grad[torch.arange(len(ts), device=grad.device), ts] -= 1.0
             grad = grad.div_(n).to(dtype)
-            grad_h[start:start + rows] = grad @ W.to(grad.dtype)
-            grad_W += grad.T @ hs.to(grad.dtype)
+            grad_h[start:start + rows] = grad @ W_mm
+            grad_W += grad.T @ hs
         ctx.save_for_backward(grad_h, grad_W.to(W.dtype))
         return total / n
 

@@ -34,6 +34,7 @@ class Group:
     local_rank = 0
     local_world = 1
     strategy = ""
+    distributed = False  # whether a torch.distributed process group exists (even of one process)
 
     @property
     def is_main(self) -> bool:
@@ -80,6 +81,8 @@ class Group:
 
 class ProcessGroup(Group):
     """One of several processes started by torchrun (RANK, WORLD_SIZE, LOCAL_RANK set)."""
+
+    distributed = True
 
     def __init__(self, strategy: str):
         self.rank = int(os.environ["RANK"])

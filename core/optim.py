@@ -65,7 +65,7 @@ def clip_grad_norm(params, max_norm: float, group: Group) -> torch.Tensor:
     same clipping factor: in float32 their last bits differ, and Muon's bf16 rounding turns that
     into a different run."""
     grads = [g.to_local() if isinstance(g, DTensor) else g for g in (p.grad for p in params) if g is not None]
-    total = torch.stack([torch.sum(g * g, dtype=torch.float64) for g in grads]).sum()
+    total = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64)).square().sum()
     norm = (group.sum(total) if group.sharded else total).sqrt()
     if max_norm > 0:
         torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0).float())

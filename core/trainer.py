@@ -100,7 +100,7 @@ class Trainer:
         self.peak = peak_flops(self.device)
         self.n_params = self.model.num_params()
         g = self.group
-        procs = f"; {g.world} processes ({g.strategy})" if g.world > 1 or g.strategy else ""
+        procs = f"; {g.world} processes ({g.strategy})" if g.distributed else ""
         self.log(f"model: {self.n_params:,} parameters, {m.n_layer} layers, d_model {m.d_model}, "
                  f"{m.n_head} heads / {m.n_kv_head} kv heads; device {self.device}, precision {self.precision}, "
                  f"compile {'on' if cfg.training.compile else 'off'}, {cfg.tokens_per_step:,} tokens/step{procs}")
@@ -363,7 +363,7 @@ class Trainer:
 
     def close(self) -> None:
         self.metrics.close()
-        if self.group.world > 1:
+        if self.group.distributed:  # `--nproc 1` too: a group of one still has gloo's threads
             self.release_model()
         self.group.close()
 
