@@ -244,3 +244,14 @@ async def test_launch_screen_opens_a_past_run_in_chat(trained_run):
         assert app.screen is launch
         chat.engine.join(timeout=30)
         assert chat.engine.process.exitcode == 0
+
+
+async def test_launching_several_machines_from_the_cockpit_says_what_is_missing(tmp_path):
+    """The launch screen has no rendezvous endpoint to give: the run is refused with a notice,
+    before any run folder or engine exists."""
+    app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
+    async with app.run_test() as pilot:
+        app.launch(shrunk_cpu("distributed.nnodes=2"), "cpu")
+        await pilot.pause()
+        assert not app.engines and not (tmp_path / "runs").exists()
+        assert any("--rdzv-endpoint" in n.message for n in app._notifications)

@@ -12,6 +12,7 @@ from pathlib import Path
 from textual.app import App
 
 from lmcockpit.core.config import Config, ConfigError
+from lmcockpit.core.rendezvous import Rendezvous
 from lmcockpit.core.resume import plan_resume
 from lmcockpit.core.runfolder import create_run_dir
 from lmcockpit.core.runner import EngineProcess
@@ -50,6 +51,9 @@ class CockpitApp(App):
 
     def launch(self, cfg: Config, name: str) -> None:
         try:
+            # Several machines meet at an endpoint only the command line gives (--rdzv-endpoint):
+            # say so here, before a run folder exists, rather than fail in the engine.
+            Rendezvous().check(cfg.distributed.nnodes)
             run_dir = create_run_dir(cfg, name, None if self.runs_root == Path("runs") else
                                      str(self.runs_root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"))
         except ConfigError as e:
