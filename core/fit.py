@@ -7,7 +7,7 @@ N = parameters; `a` = bytes of the autocast dtype: 2 for bf16/fp16, 4 for fp32):
   autocast caches for the step and the matmuls keep for backward, 2·(N − norms);
 * gradients: fp32, 4·N. At the activation peak (the start of backward) only the head's gradient
   exists yet when there is no accumulation; from the second micro-batch of an accumulated step
-  on, all of them do;
+  on, all of them do, and under CUDA graphs always (`keeps_grads`);
 * optimizer state: AdamW keeps two fp32 moments of its parameters (embedding and norms), 8 bytes
   each; Muon one fp32 momentum buffer of its matrices, 4 bytes each. Muon's step also needs a
   working set for the largest group of same-shape matrices it orthogonalises at once;
@@ -47,6 +47,20 @@ MUON_STEP_BYTES = 16  # per element of Muon's largest same-shape group: fp32 upd
 HEADROOM = 0.10  # "fits" leaves this share of the card free; less than that is "tight"
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def keeps_grads(cfg: Config) -> bool:
+    """Whether training allocates every gradient once and zeroes it in place between steps.
+
+    Under CUDA graphs a gradient that backward creates is a tensor in the graph's private pool,
+    which autograd installs as `.grad` and the next replay overwrites: the second micro-batch of
+    an accumulated step would add its gradient to itself, or fail with "accessing tensor output
+    of CUDAGraphs that has been overwritten by a subsequent run" (pytorch/pytorch#169545).
+    Gradients allocated outside the graphs only ever have the graph's output added to them.
+    One process only: DDP and FSDP own their gradients' storage.
+    """
+    t = cfg.training
+    return t.compile and t.compile_mode in CUDA_GRAPH_MODES and cfg.world == 1
 
 
 @dataclass(frozen=True)
@@ -164,8 +178,8 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
     weights = 4 * n.total // shards + gathered + (2 * (n.total - n.norms) if a < 4 else 0)
     grads_all = 4 * n.total // shards + gathered
     # Without accumulation, backward has created only the head's (the tied embedding's) gradient
-    # when the saved activations peak; with it, the previous micro-batch's gradients are all there.
-    grads_at_peak = grads_all if t.grad_accum_steps > 1 else 4 * n.embedding
+    # when the saved activations peak; with it, or with gradients kept between steps, all of them.
+    grads_at_peak = grads_all if t.grad_accum_steps > 1 or keeps_grads(cfg) else 4 * n.embedding
     optimizer = (8 * n.adamw + 4 * n.muon) // shards
 
     layer = layer_activation_bytes(cfg, a, compiled)

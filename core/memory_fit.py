@@ -73,8 +73,9 @@ def trial_step(trainer: Trainer, mb: int) -> bool:
 
     def passes() -> None:  # its tensors die with its frame, also when it raises
         optimizer_state = torch.empty(8 * n.adamw + 4 * n.muon, dtype=torch.uint8, device=trainer.device)
-        torch.compiler.cudagraph_mark_step_begin()
+        trainer.allocate_grads()
         for _ in range(2):
+            torch.compiler.cudagraph_mark_step_begin()
             with trainer.autocast():
                 loss = trainer.train_model(x, y)
             loss.backward()

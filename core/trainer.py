@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from . import batches, checkpoint, memory_fit, nan_debug, protocol as P, sampling, token_cache
+from . import batches, checkpoint, fit, memory_fit, nan_debug, protocol as P, sampling, token_cache
 from .config import Config, ConfigError
 from .device import autocast_dtype, memory_stats, peak_flops, resolve_device, resolve_precision
 from .gpt import GPT, shape_from_config
@@ -92,10 +92,12 @@ class Trainer:
         if self.resume_from:
             self.load_checkpoint(self.resume_from)
         self.train_model = self.compiled_model()
+        self.keep_grads = fit.keeps_grads(cfg) and not self.group.distributed
         # A resumed run keeps the micro-batch its checkpoint's config recorded, so its data is the same.
         if cfg.training.auto_micro_batch and not self.resume_from:
             memory_fit.fit_micro_batch(self)
             cfg = self.cfg
+        self.allocate_grads()
         self.flops_per_token = self.model.flops_per_token(cfg.training.seq_len)
         self.peak = peak_flops(self.device)
         self.n_params = self.model.num_params()
@@ -126,6 +128,17 @@ class Trainer:
         change, and the micro-batch search must not turn its trial sizes into a dynamic graph."""
         t = self.cfg.training
         return torch.compile(self.wrapped, mode=t.compile_mode, dynamic=False) if t.compile else self.wrapped
+
+    def allocate_grads(self) -> None:
+        """Every gradient, zeroed, before the first backward, when the run keeps them (fit.keeps_grads)."""
+        if self.keep_grads:
+            for p in self.model.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+
+    def clear_grads(self) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=not self.keep_grads)
 
     def load_checkpoint(self, path: Path) -> None:
         try:
@@ -189,8 +202,6 @@ class Trainer:
         cfg, t = self.cfg, self.cfg.training
         t0 = time.perf_counter()
         set_lr(self.optimizers, lr_multiplier(self.step, t.max_steps, cfg.optimizer))
-        if self.device.type == "cuda" and t.compile:
-            torch.compiler.cudagraph_mark_step_begin()
         loss_sum = torch.zeros((), device=self.device)
         step_batches = []
         for micro in range(t.grad_accum_steps):
@@ -198,6 +209,10 @@ class Trainer:
             x, y = (torch.from_numpy(a).to(self.device, non_blocking=True)
                     for a in batches.get_batch(self.data.train, t.seed, g, t.micro_batch_size, t.seq_len))
             step_batches.append((x, y))
+            if t.compile:
+                # Each micro-batch is a whole forward and backward: nothing the graphs' pool holds
+                # outlives it (the loss is divided, a new tensor, and gradients add into their own).
+                torch.compiler.cudagraph_mark_step_begin()
             with self.group.accumulating(self.wrapped, last=micro == t.grad_accum_steps - 1), self.autocast():
                 loss = self.train_model(x, y) / t.grad_accum_steps
             (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -221,8 +236,7 @@ class Trainer:
                 opt.step()
         if self.scaler:
             self.scaler.update()
-        for opt in self.optimizers:
-            opt.zero_grad(set_to_none=True)
+        self.clear_grads()
         self.step += 1
         self.tokens_seen += cfg.tokens_per_step
         if self.device.type == "cuda":
@@ -242,8 +256,7 @@ class Trainer:
         if self.group.is_main:  # its own shards and batches: enough to see what went wrong
             folder, report = nan_debug.dump(self.run_dir, self.step + 1, self.model, step_batches, loss, grad_norm, lr)
             self.log(report)
-        for opt in self.optimizers:
-            opt.zero_grad(set_to_none=True)
+        self.clear_grads()
         what = f"loss {loss}, grad norm {grad_norm}; report in {folder}"
         if self.cfg.training.on_nan == "skip" and self.nan_skips < self.cfg.training.max_nan_skips:
             self.nan_skips += 1

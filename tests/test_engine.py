@@ -142,3 +142,46 @@ def test_an_exception_in_the_engine_arrives_with_its_traceback(tmp_path):
     assert "non-finite" in engine.failure.message
     assert "Traceback" in engine.failure.traceback
     assert read_metrics(tmp_path / "run", "failure")
+
+
+def train_in_process(cfg, run_dir):
+    """The trainer in this process, so its gradients can be looked at after every step:
+    (losses, every step's gradient storage addresses, the trainer)."""
+    import torch
+
+    from lmcockpit.core.runfolder import create_run_dir
+    from lmcockpit.core.trainer import Trainer
+
+    steps, addresses = [], []
+    trainer = None
+
+    def emit(ev):
+        if isinstance(ev, P.StepMetrics):
+            steps.append(ev.loss)
+            addresses.append([None if p.grad is None else p.grad.data_ptr() for p in trainer.model.parameters()])
+
+    trainer = Trainer(cfg, create_run_dir(cfg, "test", str(run_dir)), emit, lambda line: None, lambda block: None)
+    try:
+        assert trainer.run() == P.FINISHED
+    finally:
+        trainer.close()
+        torch._dynamo.reset()
+        torch.use_deterministic_algorithms(False)  # the trainer set it for this whole process
+    return steps, addresses, trainer
+
+
+def test_cuda_graph_modes_keep_gradients_and_train_the_same(tmp_path):
+    """Under CUDA graphs ("reduce-overhead", "max-autotune") a gradient that backward creates lives
+    in the graphs' pool, and the next replay overwrites it: accumulation would add a micro-batch's
+    gradient to itself (fit.keeps_grads). So those modes allocate every gradient once and zero it in
+    place. On a CPU they compile as the default mode does: the same losses, with and without
+    evaluation and sampling between steps, while every gradient keeps its storage."""
+    common = ("training.compile=true", "training.max_steps=4", "training.grad_accum_steps=2",
+              "eval.every=2", "sample.every=2", "sample.prompts=[\"def \"]", "sample.max_new_tokens=4")
+    default, default_grads, _ = train_in_process(tiny_config(*common), tmp_path / "default")
+    graphs, graph_grads, trainer = train_in_process(
+        tiny_config(*common, "training.compile_mode=\"reduce-overhead\""), tmp_path / "graphs")
+    assert len(graphs) == 4 and graphs == default
+    assert all(a is None for a in default_grads[0])  # the default mode frees them after each step
+    assert None not in graph_grads[0] and all(step == graph_grads[0] for step in graph_grads)
+    assert all(not p.grad.any() for p in trainer.model.parameters())  # zeroed, ready for the next step
