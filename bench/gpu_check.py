@@ -11,14 +11,20 @@ Parts, in the order they run (each appends its own section, so they can also run
   `3090`, `4090` and `4070ti` presets, each in a fresh process whose allocator is capped with
   `torch.cuda.set_per_process_memory_fraction` to its card's memory (minus the CUDA context fit.py
   assumes), none allowed out of memory, each within ±15%;
+* graphs: the trainer's accumulated gradients in every `training.compile_mode` against the same
+  step recomputed eagerly, four steps each (CUDA graphs record on one call and replay on the next:
+  an accumulated gradient aliased to a graph's output shows up as a difference of order 1, not
+  as an error);
 * modes: every `training.compile_mode` with gradient accumulation 2 and evaluation plus sampling
   every 50 steps on the `4070ti` preset: no error, and reserved memory after each eval/sample round
   not above the round before.
 
-    python bench/gpu_check.py [--part doctor h100 torchrun memory modes] [--steps 300] [--out DIR]
+    python bench/gpu_check.py [--part doctor h100 torchrun memory graphs modes] [--steps 300] [--out DIR]
 
 Exit 0 when every check passed, 1 otherwise (or without a CUDA GPU). On the lent GPU each part
 fits one 10-minute call; the data cache built by the first run is reused by the others.
+`--part graphs --device cpu` rehearses the graphs part on a CPU (compiled, no CUDA graphs), printing
+its table without recording it.
 """
 
 from __future__ import annotations
@@ -44,10 +50,11 @@ from lmcockpit.core import fit  # noqa: E402
 from lmcockpit.core.config import load_config  # noqa: E402
 from lmcockpit.core.runfolder import create_run_dir, read_metrics  # noqa: E402
 
-PARTS = ("doctor", "h100", "torchrun", "memory", "modes")
+PARTS = ("doctor", "h100", "torchrun", "memory", "graphs", "modes")
 MEMORY_PRESETS = ("h100", "3090", "4090", "4070ti")
 MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 TOLERANCE = 0.15  # the issue's ±15% between estimate and measurement
+GRAD_TOLERANCE = 1e-3  # fp32 without TF32: kernels differ in summation order only
 GiB = fit.GiB
 
 
@@ -144,6 +151,72 @@ def measure(name: str, out: Path) -> dict:
             "estimate": fit.estimate(trainer.cfg, "cuda").allocated}
 
 
+def graph_gradients(mode: str, device: str, out: Path, steps: int = 4) -> tuple[list[float], int]:
+    """The largest relative difference, per parameter and step, between the gradients the trainer
+    steps with (debug preset, compiled in `mode`, accumulation 2, fp32) and the same micro-batches
+    recomputed eagerly from the same weights; and how many graphs inductor ran without CUDA graphs."""
+    import copy
+
+    from lmcockpit.core import batches
+    from lmcockpit.core.trainer import Trainer
+
+    cfg, _ = load_config("debug", [
+        "training.compile=true", f"training.compile_mode=\"{mode}\"", "training.grad_accum_steps=2",
+        "training.precision=\"fp32\"", "training.grad_clip=0", f"training.max_steps={steps}",
+        f"hardware.device=\"{device}\"", "eval.every=0", "sample.prompts=[]", "checkpoint.every=0"])
+    trainer = Trainer(cfg, create_run_dir(cfg, f"graphs-{mode}", str(out / f"graphs-{mode}-{device}")),
+                      lambda event: None, lambda line: None, lambda block: None)
+    trainer.setup()
+    torch.backends.cuda.matmul.allow_tf32 = False  # setup turned it on; exact fp32 on both sides
+    t, worst = cfg.training, []
+
+    def compare() -> None:  # just before the optimizers step: this step's gradients, the last step's weights
+        ref = copy.deepcopy(trainer.model)
+        ref.zero_grad(set_to_none=True)
+        for micro in range(t.grad_accum_steps):
+            g = batches.global_index(trainer.step, 0, micro, 1, t.grad_accum_steps)
+            x, y = (torch.from_numpy(a).to(trainer.device)
+                    for a in batches.get_batch(trainer.data.train, t.seed, g, t.micro_batch_size, t.seq_len))
+            (ref(x, y) / t.grad_accum_steps).backward()
+        worst.append(max(float((p.grad - r.grad).norm() / r.grad.norm().clamp_min(1e-30))
+                         for p, r in zip(trainer.model.parameters(), ref.parameters())))
+
+    from torch._dynamo.utils import counters
+
+    counters["inductor"]["cudagraph_skips"] = 0  # a skipped graph would pass without testing anything
+    first = trainer.optimizers[0]
+    step = first.step
+    first.step = lambda *a, **k: (compare(), step(*a, **k))[1]
+    try:
+        for _ in range(steps):
+            trainer.train_step()
+    finally:
+        trainer.close()
+        torch._dynamo.reset()
+    return worst, counters["inductor"]["cudagraph_skips"]
+
+
+def part_graphs(out: Path, modes: list[str], device: str = "cuda") -> tuple[bool, list[str]]:
+    lines = ["The debug preset compiled in each mode, gradient accumulation 2, fp32 without TF32: the largest "
+             "relative difference (over parameters) between the gradients each step applies and the same "
+             f"micro-batches recomputed eagerly from the same weights; at most {GRAD_TOLERANCE:g} wanted.", "",
+             "| compile_mode | keeps gradients | CUDA graphs skipped | step 1 | step 2 | step 3 | step 4 | result |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    ok = True
+    for mode in modes:
+        try:
+            (diffs, skipped), error = graph_gradients(mode, device, out), ""
+        except Exception as e:  # noqa: BLE001 - the error is the finding: record it and go on
+            diffs, skipped, error = [], 0, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        graphs = mode in fit.CUDA_GRAPH_MODES and device == "cuda"
+        good = len(diffs) == 4 and max(diffs) <= GRAD_TOLERANCE and not (graphs and skipped)
+        ok &= good
+        cells = [f"{d:.1e}" for d in diffs] + [""] * (4 - len(diffs))
+        keeps = "yes" if mode in fit.CUDA_GRAPH_MODES else "no"
+        lines.append(f"| {mode} | {keeps} | {skipped} | {' | '.join(cells)} | {'pass' if good else 'FAIL ' + error} |")
+    return ok, lines
+
+
 def part_modes(out: Path, modes: list[str]) -> tuple[bool, list[str]]:
     lines = ["The `4070ti` preset, 200 steps, gradient accumulation 2, evaluation and sampling every 50 steps; "
              "reserved memory on the step after each eval/sample round (51, 101, 151).", "",
@@ -182,7 +255,14 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="the modes part's compile modes")
     ap.add_argument("--out", type=Path, help="where the runs go (default: a new temporary folder)")
     ap.add_argument("--measure", metavar="PRESET", help=argparse.SUPPRESS)  # part_memory's child process
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: rehearse the graphs part without a GPU (printed, not recorded)")
     args = ap.parse_args()
+    if args.device == "cpu":
+        out = args.out or Path(tempfile.mkdtemp(prefix="gpu_check-"))
+        ok, lines = part_graphs(out, args.modes, "cpu")
+        print("\n".join(lines))
+        return 0 if ok else 1
     if not torch.cuda.is_available():
         print(f"bench/gpu_check.py needs a CUDA GPU, and torch {torch.__version__} sees none here "
               "(`lmcockpit doctor` says why); nothing was run or recorded.", file=sys.stderr)
@@ -197,6 +277,7 @@ def main() -> int:
         ok, lines = {"doctor": part_doctor, "h100": lambda: part_h100(out, args.steps),
                      "torchrun": lambda: part_h100(out, args.steps, ("--nproc", "1")),
                      "memory": lambda: part_memory(out, args.presets),
+                     "graphs": lambda: part_graphs(out, args.modes),
                      "modes": lambda: part_modes(out, args.modes)}[part]()
         record(f"gpu_check: {part} ({'pass' if ok else 'FAIL'})",
                [*lines, "", f"torch {torch.__version__}; allocator {ALLOCATOR.describe()}"])
