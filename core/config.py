@@ -311,6 +311,19 @@ def _check_type(key: str, value: Any, hint: Any, source: str) -> Any:
     return float(value) if hint is float else value
 
 
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def cuda_graphs_need_one_process(mode: str, processes: str) -> str:
+    """Why a CUDA-graph compile mode cannot train through torchrun: under DDP's no_sync and FSDP's
+    unsynchronised micro-batches, autograd installs gradients straight from the graphs' pool, and
+    the next replay overwrites them (pytorch/pytorch#169545); DDP with CUDA graphs has open
+    failures of its own (#113809, #140395)."""
+    return (f"training.compile_mode = {mode!r} uses CUDA graphs, which lmcockpit runs in one process only, not "
+            f"through torchrun ({processes}): gradients accumulated by DDP or FSDP would be overwritten by the "
+            "next graph replay. Use \"default\" or \"max-autotune-no-cudagraphs\"")
+
+
 def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozenset()) -> None:
     """Ranges and consistency between keys; each message names the key and what was expected."""
     def need(cond: bool, msg: str) -> None:
@@ -358,6 +371,8 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
     need(t.grad_clip >= 0, f"training.grad_clip = {t.grad_clip} must be 0 or more")
     need(t.compile or t.compile_mode == "default",
          f"training.compile_mode = {t.compile_mode!r} needs training.compile = true")
+    need(cfg.world == 1 or t.compile_mode not in CUDA_GRAPH_MODES, cuda_graphs_need_one_process(
+        t.compile_mode, f"distributed.nproc = {cfg.distributed.nproc}, nnodes = {cfg.distributed.nnodes}"))
     need(cfg.hardware.vram_gb >= 0, f"hardware.vram_gb = {cfg.hardware.vram_gb} must be 0 or more (GB)")
     need(cfg.sample.temperature >= 0, f"sample.temperature = {cfg.sample.temperature} must be 0 or more")
     need(0 < cfg.sample.top_p <= 1, f"sample.top_p = {cfg.sample.top_p} must be in (0, 1]")

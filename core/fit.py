@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from .config import Config
+from .config import CUDA_GRAPH_MODES, Config
 
 GiB = 1024**3
 
@@ -46,8 +46,6 @@ CUDA_CONTEXT_BYTES = int(0.75 * GiB)  # context, kernel images, cuBLAS workspace
 MUON_STEP_BYTES = 16  # per element of Muon's largest same-shape group: fp32 updates and stack, bf16 iterates
 HEADROOM = 0.10  # "fits" leaves this share of the card free; less than that is "tight"
 
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-
 
 def keeps_grads(cfg: Config) -> bool:
     """Whether training allocates every gradient once and zeroes it in place between steps.
@@ -56,11 +54,11 @@ def keeps_grads(cfg: Config) -> bool:
     which autograd installs as `.grad` and the next replay overwrites: the second micro-batch of
     an accumulated step would add its gradient to itself, or fail with "accessing tensor output
     of CUDAGraphs that has been overwritten by a subsequent run" (pytorch/pytorch#169545).
-    Gradients allocated outside the graphs only ever have the graph's output added to them.
-    One process only: DDP and FSDP own their gradients' storage.
+    Gradients allocated outside the graphs only ever have the graph's output added to them. These
+    modes train in one process only (config.cuda_graphs_need_one_process says why).
     """
     t = cfg.training
-    return t.compile and t.compile_mode in CUDA_GRAPH_MODES and cfg.world == 1
+    return t.compile and t.compile_mode in CUDA_GRAPH_MODES
 
 
 @dataclass(frozen=True)

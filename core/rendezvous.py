@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import ConfigError
+from .config import CUDA_GRAPH_MODES, Config, ConfigError, cuda_graphs_need_one_process
 
 BACKENDS = ("c10d", "static", "etcd", "etcd-v2")  # torch.distributed.elastic's registered rendezvous handlers
 
@@ -21,7 +21,12 @@ class Rendezvous:
     run_id: str = "lmcockpit"  # the same on every node of one run, different between runs sharing an endpoint
     backend: str = "c10d"  # torchrun's --rdzv-backend
 
-    def check(self, nnodes: int) -> None:
+    def check(self, cfg: Config) -> None:
+        """A ConfigError for a run these settings cannot start; `--nproc 1` included, which the
+        config alone does not show."""
+        nnodes, mode = cfg.distributed.nnodes, cfg.training.compile_mode
+        if cfg.training.compile and mode in CUDA_GRAPH_MODES:
+            raise ConfigError(cuda_graphs_need_one_process(mode, f"{cfg.world} process(es) by the command line"))
         if nnodes > 1 and not self.endpoint:
             raise ConfigError(f"distributed.nnodes = {nnodes}: the machines need a meeting point; give "
                               "--rdzv-endpoint HOST:PORT (the same on every machine) and --node-rank")

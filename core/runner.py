@@ -125,7 +125,7 @@ class EngineProcess(ProcessHandle):
         if rendezvous is None and cfg.world > 1:
             rendezvous = Rendezvous()
         if rendezvous is not None:
-            rendezvous.check(cfg.distributed.nnodes)
+            rendezvous.check(cfg)
         super().__init__(main, (str(run_dir), cfg.to_dict(), str(resume_from) if resume_from else None, rendezvous))
         self.run_dir = Path(run_dir)
         self.last_step = 0

@@ -92,7 +92,7 @@ class Trainer:
         if self.resume_from:
             self.load_checkpoint(self.resume_from)
         self.train_model = self.compiled_model()
-        self.keep_grads = fit.keeps_grads(cfg) and not self.group.distributed
+        self.keep_grads = fit.keeps_grads(cfg)
         # A resumed run keeps the micro-batch its checkpoint's config recorded, so its data is the same.
         if cfg.training.auto_micro_batch and not self.resume_from:
             memory_fit.fit_micro_batch(self)

@@ -4,6 +4,8 @@ import pytest
 
 from lmcockpit.core.config import Config, ConfigError, load_config, parse_override, shipped_presets
 
+from .conftest import cli
+
 
 def write(tmp_path: Path, text: str) -> Path:
     p = tmp_path / "preset.toml"
@@ -124,3 +126,18 @@ def test_derived_sizes():
     assert cfg.head_dim == 24
     assert cfg.mlp_hidden == 256  # 8/3 · 96 = 256, already a multiple of 64
     assert cfg.tokens_per_step == cfg.training.micro_batch_size * cfg.training.seq_len
+
+
+def test_cuda_graph_modes_are_refused_with_several_processes(tmp_path):
+    """DDP and FSDP accumulate gradients that the next graph replay would overwrite; `--nproc 1`
+    goes through torchrun too, which only the command line shows."""
+    with pytest.raises(ConfigError, match=r"compile_mode = 'reduce-overhead' uses CUDA graphs, which lmcockpit runs "
+                                          r"in one process only.*distributed.nproc = 2"):
+        load_config("debug", ["training.compile=true", "training.compile_mode=\"reduce-overhead\"",
+                              "distributed.nproc=2"])
+    load_config("debug", ["training.compile=true", "training.compile_mode=\"max-autotune-no-cudagraphs\"",
+                          "distributed.nproc=2"])
+    proc = cli("--run", "debug", "--nproc", "1", "--set", "training.compile=true", "--set",
+               "training.compile_mode=\"max-autotune\"", "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2 and "'max-autotune' uses CUDA graphs" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -98,7 +98,7 @@ def plan_run(args: argparse.Namespace, preset: str | None) -> RunPlan:
         cfg, path = load_config(preset, overrides_of(args))
         rendezvous = rendezvous_of(args)
         if rendezvous is not None:  # before a run folder exists for a run that cannot start
-            rendezvous.check(cfg.distributed.nnodes)
+            rendezvous.check(cfg)
         run_dir, resume_from, title = create_run_dir(cfg, Path(path).stem, args.out), None, Path(path).stem
     return RunPlan(cfg, run_dir, resume_from, title, rendezvous_of(args))
 
