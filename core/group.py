@@ -60,7 +60,7 @@ class Group:
         return model
 
     def accumulating(self, wrapped: torch.nn.Module, last: bool):
-        """Around each micro-batch: gradients are exchanged only after the last one."""
+        """Around each micro-batch: how its gradients reach the other ranks (one process: nowhere)."""
         return contextlib.nullcontext()
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
@@ -135,8 +135,10 @@ class ProcessGroup(Group):
                    gradient_as_bucket_view=True)
 
     def accumulating(self, wrapped: torch.nn.Module, last: bool):
+        """DDP all-reduces after the last micro-batch only. FSDP reduce-scatters after every one,
+        adding into the sharded gradients: left unsynchronised, it would hold each micro-batch's
+        gradients whole (4 bytes per parameter on every GPU, what sharding is for saving)."""
         if self.strategy == "fsdp":
-            wrapped.set_requires_gradient_sync(last)
             return contextlib.nullcontext()
         return contextlib.nullcontext() if last else wrapped.no_sync()
 

@@ -51,20 +51,21 @@ def steer(engine, ev) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One process × accumulation 2 (the reference), and 2 processes × accumulation 1 with DDP (on
-    a token cache of its own, so it builds one) and with FSDP, each with a live sample at step 3."""
+    """One process × accumulation 4 (the reference), and 2 processes × accumulation 2 with DDP (on
+    a token cache of its own, so it builds one) and with FSDP, each with a live sample at step 3.
+    Accumulating on both sides: DDP skips its all-reduce on the first micro-batch of each step,
+    FSDP reduce-scatters every one."""
     root = tmp_path_factory.mktemp("dist")
     out = {}
-    out["one"] = drive_engine(tiny_config(*STEPS, "training.grad_accum_steps=2"), root / "one")
-    out["ddp"] = drive_engine(tiny_config(*STEPS, "distributed.nproc=2", f"data.cache_dir=\"{root / 'cache'}\""),
-                              root / "ddp", on_event=steer)
-    out["fsdp"] = drive_engine(tiny_config(*STEPS, "distributed.nproc=2", "distributed.strategy=\"fsdp\""),
-                               root / "fsdp", on_event=steer)
+    out["one"] = drive_engine(tiny_config(*STEPS, "training.grad_accum_steps=4"), root / "one")
+    two = (*STEPS, "distributed.nproc=2", "training.grad_accum_steps=2")
+    out["ddp"] = drive_engine(tiny_config(*two, f"data.cache_dir=\"{root / 'cache'}\""), root / "ddp", on_event=steer)
+    out["fsdp"] = drive_engine(tiny_config(*two, "distributed.strategy=\"fsdp\""), root / "fsdp", on_event=steer)
     return {name: (root / name, engine, events) for name, (engine, events) in out.items()}
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_processes_give_the_losses_of_one_accumulating_two(runs, strategy):
+def test_two_processes_accumulating_two_give_the_losses_of_one_accumulating_four(runs, strategy):
     _, one, one_events = runs["one"]
     _, engine, events = runs[strategy]
     assert one.final_state == engine.final_state == P.FINISHED, engine.failure
@@ -112,7 +113,7 @@ def test_a_run_saved_by_two_processes_resumes_on_one(runs, tmp_path):
     proc = cli("--run", "--resume", str(run / "checkpoints" / "step_000005"), "--set", "distributed.nproc=1",
                "--out", str(tmp_path / "one"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "saved by 2 process(es), continuing on 1 with 2 accumulation step(s)" in proc.stdout
+    assert "saved by 2 process(es), continuing on 1 with 4 accumulation step(s)" in proc.stdout
     resumed, original = step_losses(tmp_path / "one"), step_losses(run)
     assert sorted(resumed) == [6, 7, 8, 9, 10]
     assert close([resumed[s] for s in resumed], [original[s] for s in resumed])
@@ -123,14 +124,14 @@ def test_a_run_saved_by_one_process_resumes_on_two_sharded(runs, tmp_path):
     proc = cli("--run", "--resume", str(run / "checkpoints" / "step_000005"), "--nproc", "2",
                "--set", "distributed.strategy=\"fsdp\"", "--out", str(tmp_path / "two"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "rank1: resumed from" in proc.stdout and "continuing on 2 with 1 accumulation step(s)" in proc.stdout
+    assert "rank1: resumed from" in proc.stdout and "continuing on 2 with 2 accumulation step(s)" in proc.stdout
     resumed, original = step_losses(tmp_path / "two"), step_losses(run)
     assert sorted(resumed) == [6, 7, 8, 9, 10]
     assert close([resumed[s] for s in resumed], [original[s] for s in resumed])
 
 
 def test_a_process_count_that_cannot_share_the_step_is_refused(runs, tmp_path):
-    run, _, _ = runs["ddp"]  # 2 processes × 1: two micro-batches a step, which 3 cannot share
+    run, _, _ = runs["ddp"]  # 2 processes × 2: four micro-batches a step, which 3 cannot share
     proc = cli("--run", "--resume", str(run / "checkpoints" / "step_000005"), "--nproc", "3",
                "--out", str(tmp_path / "three"))
     assert proc.returncode == 2 and "3 process(es) cannot share them evenly" in proc.stderr
