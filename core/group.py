@@ -72,6 +72,10 @@ class Group:
     def agree(self, local: list) -> list:
         return local
 
+    def broadcast(self, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `t` on every rank."""
+        return t
+
     def barrier(self) -> None:
         pass
 
@@ -158,6 +162,10 @@ class ProcessGroup(Group):
         gathered: list[list] = [[] for _ in range(self.world)]
         dist.all_gather_object(gathered, local)
         return [cmd for part in gathered for cmd in part]
+
+    def broadcast(self, t: torch.Tensor) -> torch.Tensor:
+        dist.broadcast(t, src=0)
+        return t
 
     def barrier(self) -> None:
         if self.device is not None and self.device.type == "cuda":

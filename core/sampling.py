@@ -42,9 +42,12 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
 @torch.no_grad()
 def generate(model: GPT, prompt_ids: list[int], max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, greedy: bool = False, num_samples: int = 1, seed: int = 0,
-             eos_id: int | None = None, use_cache: bool = True) -> Iterator[list[int | None]]:
+             eos_id: int | None = None, use_cache: bool = True,
+             agree: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Iterator[list[int | None]]:
     """Each step's new token of every row, None for rows that already met end-of-text; stops when
-    all rows have. Greedy (or temperature 0) takes the most likely token and draws nothing."""
+    all rows have. Greedy (or temperature 0) takes the most likely token and draws nothing.
+    `agree` makes the processes of a sharded model take the same tokens (rank 0's): each of their
+    decode steps gathers shards with the others, so one that stopped early would hang them all."""
     device = model.embed_tokens.weight.device
     ctx = model.shape.max_seq_len
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -72,6 +75,8 @@ def generate(model: GPT, prompt_ids: list[int], max_new_tokens: int, *, temperat
         else:
             probs = torch.softmax(filter_logits(logits, temperature, top_k, top_p), -1)
             nxt = torch.multinomial(probs, 1, generator=gen)[:, 0]
+        if agree is not None:
+            nxt = agree(nxt)
         tokens = nxt.tolist()
         yield [None if done or t == eos_id else t for t, done in zip(tokens, finished)]
         finished = [done or t == eos_id for t, done in zip(tokens, finished)]
@@ -113,7 +118,8 @@ class TextStream:
 
 
 def answer(model: GPT, tokenizer, eos_id: int | None, request: P.Sample, step: int, emit: Callable[[object], None],
-           log: Callable[[str], None], autocast: AbstractContextManager) -> list[str] | None:
+           log: Callable[[str], None], autocast: AbstractContextManager,
+           agree: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[str] | None:
     """Answer one request: every row's text streamed as `SampleText` pieces, then one `done` marker
     (also for a request refused for its settings, which is logged and returns None). Runs in eval
     mode without gradients, in the caller's autocast, and restores the model's mode. Returns each
@@ -139,7 +145,8 @@ def answer(model: GPT, tokenizer, eos_id: int | None, request: P.Sample, step: i
         with autocast:
             for tokens in generate(model, ids, request.max_new_tokens, temperature=request.temperature,
                                    top_k=request.top_k, top_p=request.top_p, greedy=request.greedy,
-                                   num_samples=request.num_samples, seed=request.seed, eos_id=eos_id):
+                                   num_samples=request.num_samples, seed=request.seed, eos_id=eos_id,
+                                   agree=agree):
                 for row, token in enumerate(tokens):
                     if token is not None:
                         out(row, streams[row].push(token))

@@ -149,6 +149,8 @@ class Trainer:
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         self.nan_skips = state.get("nan_skips", 0)
         checkpoint.restore_rng_state(state["rng"])
+        if self.scaler and state.get("grad_scaler"):
+            self.scaler.load_state_dict(state["grad_scaler"])
         saved_world, t = state.get("world", 1), self.cfg.training
         moved = (f"; saved by {saved_world} process(es), continuing on {self.group.world} with {t.grad_accum_steps} "
                  "accumulation step(s), the same batches" if saved_world != self.group.world else "")
@@ -345,7 +347,9 @@ class Trainer:
         self.emit(P.StateChanged(P.CHECKPOINTING))
         path = checkpoint.save(self.run_dir / CHECKPOINTS, self.step, self.model, self.optimizers,
                                {"tokens_seen": self.tokens_seen, "nan_skips": self.nan_skips,
-                                "world": self.group.world, "config_hash": self.cfg.hash()}, self.cfg.to_toml(), self.cfg.checkpoint.keep,
+                                "world": self.group.world, "config_hash": self.cfg.hash(),
+                                # fp16's loss scale: a resumed run that restarted at 65536 would skip steps
+                                "grad_scaler": self.scaler.state_dict() if self.scaler else None}, self.cfg.to_toml(), self.cfg.checkpoint.keep,
                                self.group)
         self.metrics.write("checkpoint", step=self.step, path=str(path))
         self.emit(P.CheckpointWritten(self.step, str(path)))
@@ -359,7 +363,7 @@ class Trainer:
         if not (self.group.is_main or self.group.sharded):
             return None
         return sampling.answer(self.model, self.tokenizer, self.data.eos_id, request, self.step, self.emit,
-                               self.log, self.autocast())
+                               self.log, self.autocast(), self.group.broadcast if self.group.sharded else None)
 
     def answer_sample(self, request: P.Sample) -> None:
         for text in self.sample_text(request) or []:
