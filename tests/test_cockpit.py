@@ -255,3 +255,15 @@ async def test_launching_several_machines_from_the_cockpit_says_what_is_missing(
         await pilot.pause()
         assert not app.engines and not (tmp_path / "runs").exists()
         assert any("--rdzv-endpoint" in n.message for n in app._notifications)
+
+
+async def test_a_cuda_graph_mode_launches_from_the_cockpit_in_one_process(tmp_path):
+    """Only torchrun's runs refuse the CUDA-graph compile modes: one process launches as any run."""
+    app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
+    async with app.run_test() as pilot:
+        app.launch(shrunk_cpu("training.compile=true", "training.compile_mode=\"reduce-overhead\""), "cpu")
+        await pilot.pause()
+        assert not [n.message for n in app._notifications if n.severity == "error"]
+        assert len(app.engines) == 1 and (tmp_path / "runs").exists()
+        app.engines[0].kill()
+        app.engines[0].join(timeout=30)

@@ -53,7 +53,8 @@ class CockpitApp(App):
         try:
             # Several machines meet at an endpoint only the command line gives (--rdzv-endpoint):
             # say so here, before a run folder exists, rather than fail in the engine.
-            Rendezvous().check(cfg)
+            if cfg.world > 1:
+                Rendezvous().check(cfg)
             run_dir = create_run_dir(cfg, name, None if self.runs_root == Path("runs") else
                                      str(self.runs_root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"))
         except ConfigError as e:
