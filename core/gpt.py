@@ -18,7 +18,8 @@ Architecture choices, and why:
 * The loss is computed in float32 from logits the matmul produced in the autocast dtype. Eager
   training computes it a block of rows at a time with its gradients on the way
   (`LinearCrossEntropy`): the (tokens × vocabulary) float32 logits and their gradient never exist
-  whole. Compiled training keeps the plain form, which inductor fuses itself.
+  whole. Compiled training keeps the plain form, which inductor fuses itself; so does fp16, whose
+  loss scale must reach the logits' gradient before it is rounded.
 * Inference has a path of its own (`GPT.decode` with a `KVCache`): a prompt is prefilled with the
   training forward's causal attention, then each new token attends to the cached keys and values.
   The training forward is untouched by it.
@@ -137,7 +138,9 @@ class Attention(nn.Module):
         prefill = cache.length == 0
         if not prefill and x.shape[1] != 1:
             raise ValueError("after the prefill, decode takes one token per row at a time")
-        k, v = cache.write(layer, k, v)
+        # QK-norm leaves k in float32 under autocast, which SDPA would cast to v's dtype anyway: cast
+        # the new token's k once here, not the whole cache at every step.
+        k, v = cache.write(layer, k.to(v.dtype), v)
         # The prompt attends causally within itself; a single new token attends to every cached position.
         return self._out(F.scaled_dot_product_attention(q, k, v, is_causal=prefill, enable_gqa=True))
 
@@ -246,7 +249,8 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V) without targets; the mean cross-entropy with them."""
         h = self.hidden(idx)
-        if targets is not None and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        if targets is not None and torch.is_grad_enabled() and not torch.compiler.is_compiling() \
+                and not _fp16_autocast(h.device.type):
             return LinearCrossEntropy.apply(h.flatten(0, 1), self.embed_tokens.weight, targets.reshape(-1))
         logits = F.linear(h, self.embed_tokens.weight)
         if targets is None:
@@ -257,6 +261,13 @@ class GPT(nn.Module):
         """Per-token cross-entropy (B, T) in float32, for bits-per-byte."""
         logits = F.linear(self.hidden(idx), self.embed_tokens.weight)
         return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+
+
+def _fp16_autocast(device: str) -> bool:
+    """fp16 keeps the plain loss: LinearCrossEntropy computes the logits' gradient in the forward,
+    before the GradScaler's factor, and (softmax − one-hot) / tokens in fp16 underflows to zero
+    for most of the vocabulary. The plain form's gradient arrives already scaled."""
+    return torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
 
 
 class LinearCrossEntropy(torch.autograd.Function):

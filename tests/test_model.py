@@ -97,3 +97,24 @@ def test_checkpoint_refuses_to_start_without_the_disk_space(tmp_path):
     check_free_space(tmp_path, 1 << 20)  # a megabyte is there
     with pytest.raises(CheckpointError, match=r"not enough free disk for a checkpoint in .*GiB free"):
         check_free_space(tmp_path, 1 << 60)  # an exabyte is not
+
+
+def test_fp16_autocast_keeps_the_plain_loss_so_the_loss_scale_reaches_the_logits_gradient():
+    """Under fp16 the blockwise loss would round (softmax − one-hot) / tokens to fp16 before the
+    GradScaler's factor arrives: most of the vocabulary's gradient underflows to zero. So fp16
+    takes F.cross_entropy's path, whose gradients (scaled as a GradScaler scales them) match it."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = GPT(SHAPE)
+    x = torch.randint(0, 97, (2, 18))
+    scale = 65536.0
+    with torch.autocast("cpu", dtype=torch.float16):
+        (model(x[:, :-1], x[:, 1:]) * scale).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        logits = model(x[:, :-1])
+    (F.cross_entropy(logits.float().view(-1, 97), x[:, 1:].reshape(-1)) * scale).backward()
+    for n, p in model.named_parameters():
+        assert torch.equal(grads[n], p.grad), n
