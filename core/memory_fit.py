@@ -89,6 +89,8 @@ def trial_step(trainer: Trainer, mb: int) -> bool:
         if oom_in(e) is None:
             raise
         ok = False
+        # An out-of-memory error can stop a CUDA graph half recorded: the next trial starts clean.
+        torch._dynamo.reset()
     trainer.model.zero_grad(set_to_none=True)
     gc.collect()
     torch.cuda.empty_cache()

@@ -57,9 +57,12 @@ class Telemetry:
         n = self.nvml
         out = []
         for i in range(n.nvmlDeviceGetCount()):
-            h = n.nvmlDeviceGetHandleByIndex(i)
-            util = n.nvmlDeviceGetUtilizationRates(h)
-            mem = n.nvmlDeviceGetMemoryInfo(h)
+            try:
+                h = n.nvmlDeviceGetHandleByIndex(i)
+                util = n.nvmlDeviceGetUtilizationRates(h)
+                mem = n.nvmlDeviceGetMemoryInfo(h)
+            except Exception:  # noqa: BLE001 - MIG and some virtual GPUs refuse these: that GPU goes unread
+                continue
             out.append(GPUReading(i, _str(n.nvmlDeviceGetName(h)), float(util.gpu), float(util.memory),
                                   int(mem.used), int(mem.total),
                                   _opt(lambda: float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))),

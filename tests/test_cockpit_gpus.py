@@ -252,3 +252,28 @@ def test_the_headless_progress_line_reads_the_run_s_own_gpu():
     reading = FakeTelemetry(4).read()
     assert "GPU 21%" in progress_line(view, reading, 1) and "VRAM 2.1/85.9GB" in progress_line(view, reading, 1)
     assert "GPU –" in progress_line(view, reading, None) and "VRAM –" in progress_line(view, reading, None)
+
+
+def test_a_gpu_that_refuses_its_readings_is_left_out_and_the_others_still_read():
+    """MIG instances and some virtual GPUs answer NVML's utilisation query with NotSupported: the
+    sampler must go on with the GPUs that answer (this machine has no NVML: a stand-in driver)."""
+    from types import SimpleNamespace
+
+    class NotSupported(Exception):
+        pass
+
+    def utilisation(handle):
+        if handle == 0:
+            raise NotSupported("Not Supported")
+        return SimpleNamespace(gpu=42, memory=7)
+
+    driver = SimpleNamespace(
+        nvmlDeviceGetCount=lambda: 2, nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetUtilizationRates=utilisation,
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=GiB, total=80 * GiB),
+        nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3", NVML_TEMPERATURE_GPU=0, NVML_CLOCK_SM=1)
+    telemetry = Telemetry()
+    telemetry.nvml = driver
+    [reading] = telemetry.read().gpus
+    assert (reading.index, reading.name, reading.util, reading.mem_total) == (1, "NVIDIA H100 80GB HBM3", 42.0, 80 * GiB)
+    assert reading.temperature is None  # not offered by this driver either: no reading, no failure
