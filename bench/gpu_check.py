@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -59,8 +60,11 @@ GiB = fit.GiB
 
 
 def cli(*args: str, timeout: float = 7200) -> subprocess.CompletedProcess:
+    """The real command, in the environment the user gave this script: lmcockpit sets the allocator
+    variable itself, and one inherited from here would read as the user's own."""
+    env = {k: v for k, v in os.environ.items() if ALLOCATOR.by_user or k != ALLOCATOR.name}
     return subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
 
 
 def sets(*overrides: str) -> list[str]:

@@ -17,6 +17,7 @@ table) it still runs, for checking the script, and records nothing unless --reco
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -92,12 +93,19 @@ def measure(preset: str, device: torch.device, steps: int, warmup: int, override
     tps = tokens / dt
     peak = peak_flops(device)
     flops = model.flops_per_token(t.seq_len)
-    return {
+    result = {
         "preset": preset, "params": model.num_params(), "tokens": tokens, "precision": precision,
         "compile": t.compile_mode if t.compile else "off", "tps": tps, "dt": dt,
         "mfu": flops * tps / peak if peak else None, "opt_share": opt_share, "warm": warm,
         "peak_mem": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
     }
+    # The next preset needs the card to itself: the compiled graphs hold this model until reset.
+    del run, model, opts, batch
+    torch._dynamo.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
 
 
 def main() -> int:

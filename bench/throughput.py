@@ -9,8 +9,12 @@ keeps its best round, so a noisy neighbour on a shared machine hurts all of them
 Prints a table with ratios against the transformers row and appends it, with the date and the
 machine, to bench/RESULTS.md.
 
-    python bench/throughput.py [--preset cpu] [--steps 4] [--rounds 3] [--device cpu]
+    python bench/throughput.py [--preset cpu] [--micro-batch N] [--steps 4] [--rounds 3] [--device cpu]
                                [--precision fp32|bf16] [--compile]
+
+On a GPU, issue 9's case is the h100 preset's shape: three models and their optimizer state share
+the card, so give a smaller micro-batch than the preset's 24, e.g.
+`--device cuda --precision bf16 --compile --preset h100 --micro-batch 8 --steps 10 --warmup 3`.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ def hf_model(cfg, ours: GPT):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="cpu", help="whose model shape and batch to time (default cpu)")
+    ap.add_argument("--micro-batch", type=int, help="sequences per step instead of the preset's micro-batch")
     ap.add_argument("--steps", type=int, default=4, help="timed optimizer steps per row per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=2)
@@ -60,7 +65,7 @@ def main() -> None:
     cfg, _ = load_config(args.preset)
     device = torch.device(args.device)
     shape = shape_from_config(cfg)
-    B, T = cfg.training.micro_batch_size, cfg.training.seq_len
+    B, T = args.micro_batch or cfg.training.micro_batch_size, cfg.training.seq_len
     torch.manual_seed(0)
     ours_adamw = GPT(shape)
     ours_muon = GPT(shape)
@@ -76,7 +81,8 @@ def main() -> None:
         return lambda x, y: model(x, y)
 
     def hf_loss(model):
-        return lambda x, y: F.cross_entropy(model(input_ids=x).logits.float().view(-1, V), y.view(-1))
+        # use_cache=False: a training forward builds no key/value cache, as ours builds none
+        return lambda x, y: F.cross_entropy(model(input_ids=x, use_cache=False).logits.float().view(-1, V), y.view(-1))
 
     rows = []
     for name, model, loss_of, opts_of in [
