@@ -21,8 +21,8 @@ Under FSDP (distributed.strategy = "fsdp" with several processes) each GPU keeps
 fp32 weights, gradients and optimizer state, plus the whole parameters of what is gathered at a
 time: the root's (the embedding and final norm, for the whole pass) and two blocks (the one
 running and the one prefetched); its gradients stay sharded under accumulation too, since each
-micro-batch's are reduce-scattered (group.accumulating). DDP keeps everything whole, its gradients as views into its
-communication buckets (no second copy).
+micro-batch's are reduce-scattered (group.accumulating). DDP keeps everything whole, its
+gradients as views into its communication buckets (no second copy).
 
 The margins are named constants below. They are first estimates, not measurements: calibrate
 them against `torch.cuda.max_memory_allocated` with bench/gpu_check.py on a GPU before trusting a

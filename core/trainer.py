@@ -345,12 +345,12 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         self.emit(P.StateChanged(P.CHECKPOINTING))
-        path = checkpoint.save(self.run_dir / CHECKPOINTS, self.step, self.model, self.optimizers,
-                               {"tokens_seen": self.tokens_seen, "nan_skips": self.nan_skips,
-                                "world": self.group.world, "config_hash": self.cfg.hash(),
-                                # fp16's loss scale: a resumed run that restarted at 65536 would skip steps
-                                "grad_scaler": self.scaler.state_dict() if self.scaler else None}, self.cfg.to_toml(), self.cfg.checkpoint.keep,
-                               self.group)
+        state = {"tokens_seen": self.tokens_seen, "nan_skips": self.nan_skips, "world": self.group.world,
+                 "config_hash": self.cfg.hash(),
+                 # fp16's loss scale: a resumed run that restarted at 65536 would skip steps
+                 "grad_scaler": self.scaler.state_dict() if self.scaler else None}
+        path = checkpoint.save(self.run_dir / CHECKPOINTS, self.step, self.model, self.optimizers, state,
+                               self.cfg.to_toml(), self.cfg.checkpoint.keep, self.group)
         self.metrics.write("checkpoint", step=self.step, path=str(path))
         self.emit(P.CheckpointWritten(self.step, str(path)))
         self.log(f"checkpoint: step {self.step} written to {path}")
