@@ -49,9 +49,6 @@ def fit_micro_batch(trainer: Trainer) -> None:
         return fits(n)
 
     mb = fit.choose_micro_batch(effective, max(1, estimated), attempt)
-    if len(tried) > 1:  # an out-of-memory trial may leave a half-recorded CUDA graph: start clean
-        torch._dynamo.reset()
-        trainer.train_model = trainer.compiled_model()
     if mb is None:
         raise OutOfMemory(out_of_memory_message(trainer, "a micro-batch of 1 did not fit"))
     trainer.cfg = dataclasses.replace(trainer.cfg, training=dataclasses.replace(
