@@ -193,3 +193,20 @@ def test_training_losses_are_identical_with_samples_in_between(tmp_path):
     assert {4, 8, 12} <= {r["step"] for r in rows if r["prompt"] == "def "}
     assert sum(r["prompt"] == "def " for r in rows) >= 3 + 3  # request a's three rows, periodic at 4, 8, 12
     assert any(isinstance(e, P.LogLine) and e.text.startswith("sample at step 4: ") for e in events)
+
+
+def test_agree_makes_every_row_take_the_agreed_tokens_and_stop_together():
+    """Under FSDP every rank decodes beside rank 0 and must take rank 0's tokens (the group's
+    broadcast); here the agreed tokens are end-of-text after two steps, whatever this model drew,
+    so generation stops there for every row."""
+    torch.manual_seed(0)
+    model = GPT(SHAPE).eval()
+    agreed = iter([[5, 6], [7, 8], [3, 3]])
+    seen = []
+
+    def agree(nxt: torch.Tensor) -> torch.Tensor:
+        seen.append(nxt.tolist())
+        return torch.tensor(next(agreed), device=nxt.device)
+
+    out = list(generate(model, [1, 2], 10, num_samples=2, seed=0, eos_id=3, agree=agree))
+    assert out == [[5, 6], [7, 8], [None, None]] and len(seen) == 3
