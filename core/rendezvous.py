@@ -26,7 +26,7 @@ class Rendezvous:
         config alone does not show."""
         nnodes, mode = cfg.distributed.nnodes, cfg.training.compile_mode
         if cfg.training.compile and mode in CUDA_GRAPH_MODES:
-            raise ConfigError(cuda_graphs_need_one_process(mode, f"{cfg.world} process(es) by the command line"))
+            raise ConfigError(cuda_graphs_need_one_process(mode, "asked for by --nproc or --nnodes"))
         if nnodes > 1 and not self.endpoint:
             raise ConfigError(f"distributed.nnodes = {nnodes}: the machines need a meeting point; give "
                               "--rdzv-endpoint HOST:PORT (the same on every machine) and --node-rank")
