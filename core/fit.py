@@ -4,17 +4,21 @@ What one GPU holds while a run trains (B = micro-batch, T = seq_len, V = vocabul
 N = parameters; `a` = bytes of the autocast dtype: 2 for bf16/fp16, 4 for fp32):
 
 * weights: fp32 master weights, 4·N; with autocast also the 2-byte copies of the matrices that
-  autocast caches for the step and the matmuls keep for backward, 2·(N − norms);
-* gradients: fp32, 4·N. At the activation peak (the start of backward) only the head's gradient
-  exists yet when there is no accumulation; from the second micro-batch of an accumulated step
-  on, all of them do, and under CUDA graphs always (`keeps_grads`);
+  autocast caches for the step and the matmuls keep for backward, 2·(N − norms) compiled, where the
+  head's copy of the embedding is one of them; eager casts the head's copy inside the loss instead;
+* gradients: fp32, 4·N, all of them at the activation peak (the start of backward) from the second
+  micro-batch of an accumulated step on, and always under CUDA graphs (`keeps_grads`); otherwise
+  none yet, beyond the head's (counted with the loss);
 * optimizer state: AdamW keeps two fp32 moments of its parameters (embedding and norms), 8 bytes
   each; Muon one fp32 momentum buffer of its matrices, 4 bytes each. Muon's step also needs a
   working set for the largest group of same-shape matrices it orthogonalises at once;
 * activations: what autograd saves for backward, counted tensor by tensor per layer and token
   below (eager and compiled differ: the compiler fuses casts and norms). With activation
   checkpointing each layer keeps only its input, and backward recomputes one layer at a time;
-* logits and loss: (B, T, V) in fp32 for the loss, and their gradient;
+* the loss: compiled, the (B, T, V) logits in the autocast dtype; eager, the loss is computed a
+  block of rows at a time (gpt.LinearCrossEntropy), so one block of logits and the head's
+  gradient, never the whole logits. `tests/test_fit.py` checks the per-token counts of both paths
+  against the tensors autograd saves in a real step on the CPU;
 * margins for what no formula sees (compile workspaces, allocator fragmentation, the CUDA context).
 
 Under FSDP (distributed.strategy = "fsdp" with several processes) each GPU keeps 1/world of the
@@ -115,35 +119,58 @@ def layer_activation_bytes(cfg: Config, a: int, compiled: bool) -> int:
 
     The residual stream is fp32 (the embedding is fp32 and each branch's low-precision output
     promotes on the add), so each norm's input is 4 bytes; the matmuls' inputs and outputs are in
-    the autocast dtype. QK-norm's weight is fp32, so q and k leave it in fp32.
+    the autocast dtype. Every RMSNorm also keeps one fp32 reciprocal RMS per row: two per token for
+    the block's norms, one per head for QK-norm.
     """
     m, d = cfg.model, cfg.model.d_model
     q, kv, f = m.n_head * cfg.head_dim, m.n_kv_head * cfg.head_dim, cfg.mlp_hidden
-    amp = a < 4
+    rms = 4 * (2 + m.n_head + m.n_kv_head)
     if compiled:
         # What the partitioner keeps: the fp32 residual into each norm, each matmul's input in the
         # autocast dtype (one cast shared by q/k/v, one by gate/up), the q, k and v projections, the
         # normed and rotated q and k that SDPA takes, its output and log-sum-exp, and the SwiGLU
         # gate, up and product.
         return (2 * (4 * d + a * d) + a * (q + 2 * kv) + a * (q + kv) + a * q + 4 * m.n_head
-                + 3 * a * f)
-    # Eager autocast: each norm saves its input and its fp32 output, each linear its own cast of
-    # the input (3 for q/k/v, 2 for gate/up; none in fp32, where they share the norm's output);
-    # QK-norm keeps an fp32 copy, its fp32 output and the cast back; SDPA its own low-precision q
-    # and k; SwiGLU the gate, silu(gate), up and the product.
-    casts = (3 + 2) * a * d if amp else 2 * a * d
-    qk_norm = (8 + (a if amp else 0)) * (q + kv)
-    return (2 * 8 * d + casts + qk_norm + a * kv + a * (q + kv) + a * q + 4 * m.n_head + 4 * a * f)
+                + 3 * a * f + rms)
+    # Eager: each block norm saves its fp32 input and normalised output; each linear its own cast
+    # of the norm's weighted output (3 for q/k/v, 2 for gate/up; in fp32 one shared tensor per
+    # norm); QK-norm its input in fp32 (a copy under autocast) and its output cast back; SDPA v and
+    # its own low-precision copies of q and k; SwiGLU the gate, silu(gate), up and the product.
+    casts = (3 + 2) * a * d if a < 4 else 2 * a * d
+    return (2 * 8 * d + casts + (4 + a) * (q + kv) + a * kv + a * (q + kv) + a * q + 4 * m.n_head + 4 * a * f
+            + rms)
 
 
-def logits_bytes(cfg: Config, a: int, compiled: bool) -> int:
-    """Bytes per token for the logits and the loss at their peak (the start of backward).
+def head_activation_bytes(cfg: Config, a: int, compiled: bool) -> int:
+    """Bytes per token saved after the last block: the token ids (int64, for the embedding's
+    backward) and the final norm's. Compiled: its fp32 input, the head's input in the autocast
+    dtype and two per-row statistics of the loss. Eager: its fp32 input and output, and the fp32
+    gradient of the head's input that the blockwise loss computes in its forward."""
+    d = cfg.model.d_model
+    return 8 + 4 + ((4 + a) * d + 8 if compiled else 8 * d + 4 * d)
 
-    Eager: the fp32 log-probabilities cross-entropy saves, their gradient and the logits' fp32
-    gradient. Compiled: the fused loss keeps the logits in the autocast dtype, and its backward
-    writes one fp32 gradient.
+
+# gpt.LinearCrossEntropy's block of logits (elements), by device; a test keeps the two equal.
+LOSS_BLOCK_ELEMENTS = {"cuda": 1 << 26, "cpu": 1 << 22}
+
+
+def loss_bytes(cfg: Config, a: int, compiled: bool, tokens: int, device_type: str) -> int:
+    """The loss's memory beyond the saved activations, at its peak.
+
+    Compiled: the fused loss keeps the logits in the autocast dtype (a·V per token; its backward
+    writes their gradient over them), and backward forms the head's gradient in the autocast dtype
+    beside the fp32 gradient of the embedding lookup, (4 + a)·V·d. Eager (gpt.LinearCrossEntropy):
+    the head weight's fp32 gradient and, beside it, the weight's cast and one block's product in
+    the forward, or the gradient's scaled copy at the start of backward: 8·V·d either way; one
+    block of fp32 logits and its cast gradient in the forward, and the scaled copy of the head
+    input's saved gradient (4·d per token) in the backward, both counted: a bound one block above
+    either moment.
     """
-    return cfg.tokenizer.vocab_size * ((a + 4) if compiled else 12)
+    V, d = cfg.tokenizer.vocab_size, cfg.model.d_model
+    if compiled:
+        return tokens * a * V + (4 + a) * V * d
+    block = min(tokens, max(1, LOSS_BLOCK_ELEMENTS[device_type] // V)) * V
+    return tokens * 4 * d + 8 * V * d + block * (4 + (a if a < 4 else 0))
 
 
 @dataclass(frozen=True)
@@ -153,7 +180,7 @@ class MemoryEstimate:
     grads: int
     optimizer: int
     activations: int
-    logits: int
+    loss: int
     muon_step: int  # Muon's working set while it steps (activations are gone by then)
     margin: int  # compile workspaces
     allocated: int
@@ -174,11 +201,12 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
     shards = cfg.world if cfg.distributed.strategy == "fsdp" else 1
     block = (n.matrices + n.norms - m.d_model) // m.n_layer  # one block's parameters (not the final norm)
     gathered = 0 if shards == 1 else 4 * (n.embedding + 2 * block)
-    weights = 4 * n.total // shards + gathered + (2 * (n.total - n.norms) if a < 4 else 0)
+    casts = n.matrices + (n.embedding if compiled else 0)
+    weights = 4 * n.total // shards + gathered + (2 * casts if a < 4 else 0)
     grads_all = 4 * n.total // shards + gathered
-    # Without accumulation, backward has created only the head's (the tied embedding's) gradient
-    # when the saved activations peak; with it, or with gradients kept between steps, all of them.
-    grads_at_peak = grads_all if t.grad_accum_steps > 1 or keeps_grads(cfg) else 4 * n.embedding
+    # Without accumulation, backward has created none when the saved activations peak (the head's
+    # is part of the loss); with it, or with gradients kept between steps, all of them.
+    grads_at_peak = grads_all if t.grad_accum_steps > 1 or keeps_grads(cfg) else 0
     optimizer = (8 * n.adamw + 4 * n.muon) // shards
 
     layer = layer_activation_bytes(cfg, a, compiled)
@@ -186,12 +214,11 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
         per_token = m.n_layer * 4 * d + layer  # each block's fp32 input, plus one block recomputed
     else:
         per_token = m.n_layer * layer
-    per_token += (4 + a) * d if compiled else (8 + a) * d  # final norm and the head's input
-    activations = tokens * per_token
-    logits = tokens * logits_bytes(cfg, a, compiled)
+    activations = tokens * (per_token + head_activation_bytes(cfg, a, compiled))
+    loss = loss_bytes(cfg, a, compiled, tokens, device_type)
 
     muon_step = MUON_STEP_BYTES * muon_largest_group(cfg)
-    peak = max(weights + grads_at_peak + optimizer + activations + logits,
+    peak = max(weights + grads_at_peak + optimizer + activations + loss,
                weights + grads_all + optimizer + muon_step)
     margin = int(peak * COMPILE_MARGIN) if compiled else 0
     allocated = peak + margin
@@ -202,7 +229,7 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
         # fp32 log-probabilities, plus one block's working set.
         reserved += tokens * (V * (a + 8) + layer)
     total = reserved + (CUDA_CONTEXT_BYTES if device_type == "cuda" else 0)
-    return MemoryEstimate(weights, grads_at_peak, optimizer, activations, logits, muon_step, margin, allocated,
+    return MemoryEstimate(weights, grads_at_peak, optimizer, activations, loss, muon_step, margin, allocated,
                           reserved, total)
 
 

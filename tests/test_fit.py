@@ -45,22 +45,71 @@ def test_hand_worked_parts():
     assert fit.muon_largest_group(cfg) == 2 * 2 * 128 * 64
 
 
+def saved_bytes_per_token(cfg, compiled: bool, amp: bool) -> float:
+    """What autograd keeps for backward from one real training forward on the CPU, per token: the
+    bytes of every distinct storage saved at micro-batch 2 less those at micro-batch 1, so what
+    does not grow with the batch (weights, their casts, the rotary tables) cancels."""
+    T = cfg.training.seq_len
+    torch.manual_seed(0)
+    model = model_of(cfg)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def saved(B: int) -> int:
+        storages = {}
+
+        def pack(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        forward = torch.compile(model) if compiled else model
+        idx = torch.randint(0, cfg.tokenizer.vocab_size, (B, T))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            forward(idx, idx)
+        return sum(n for ptr, n in storages.items() if ptr not in params)
+
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # one graph per micro-batch
+        return (saved(2) - saved(1)) / T
+
+
+def fit_bytes_per_token(cfg, compiled: bool, a: int) -> int:
+    saved = cfg.model.n_layer * fit.layer_activation_bytes(cfg, a, compiled) + fit.head_activation_bytes(cfg, a, compiled)
+    # Compiled, the loss keeps the logits for backward too (eager's blockwise loss keeps none).
+    return saved + (a * cfg.tokenizer.vocab_size if compiled else 0)
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+def test_eager_activations_are_what_autograd_saves(amp):
+    cfg = tiny_config(*HAND)
+    assert saved_bytes_per_token(cfg, compiled=False, amp=amp) == fit_bytes_per_token(cfg, False, 2 if amp else 4)
+
+
+def test_compiled_activations_are_what_the_partitioner_saves():
+    cfg = tiny_config(*HAND)
+    measured = saved_bytes_per_token(cfg, compiled=True, amp=True)
+    assert measured == pytest.approx(fit_bytes_per_token(cfg, True, 2), rel=0.03)
+
+
 def test_estimate_compiled_bf16_with_accumulation_by_hand():
     cfg = tiny_config(*HAND, "training.compile=true", "training.grad_accum_steps=2")
     e = fit.estimate(cfg, "cuda")
     a = 2  # bf16
-    assert e.weights == 4 * N + 2 * (N - 384)  # fp32 master weights + bf16 copies of the matrices
+    assert e.weights == 4 * N + 2 * (N - 384)  # fp32 master weights + bf16 copies of the matrices and the head
     assert e.grads == 4 * N  # accumulation: all gradients alive at the second micro-batch's peak
     assert e.optimizer == 8 * ADAMW + 4 * MUON
     # Per layer and token: 2 norms × (fp32 residual 4·64 + cast a·64); q, k, v a·(64 + 64);
-    # SDPA's q, k a·(64 + 32); its output a·64; log-sum-exp 4·4; gate, up, product 3·a·128.
-    layer = 2 * (4 * 64 + a * 64) + a * 128 + a * 96 + a * 64 + 16 + 3 * a * 128
-    assert layer == 2128
-    assert e.activations == 512 * (2 * layer + (4 + a) * 64)  # + final norm's input and the head's input
-    assert e.logits == 512 * 512 * (a + 4)
+    # SDPA's q, k a·(64 + 32); its output a·64; log-sum-exp 4·4; gate, up, product 3·a·128;
+    # the norms' reciprocal RMS, 4 bytes for each of 2 + 4 + 2 rows.
+    layer = 2 * (4 * 64 + a * 64) + a * 128 + a * 96 + a * 64 + 16 + 3 * a * 128 + 4 * 8
+    assert layer == 2160
+    # After the blocks: token ids 8, final norm's input and statistic 4·64 + 4, the head's input
+    # a·64, the loss's two per-row statistics 8.
+    assert e.activations == 512 * (2 * layer + 8 + 4 * 64 + 4 + a * 64 + 8)
+    # The logits in bf16, and the head's bf16 gradient beside the lookup's fp32 one.
+    assert e.loss == 512 * 512 * a + (4 + a) * 512 * 64
     assert e.muon_step == fit.MUON_STEP_BYTES * 32768
-    peak = e.weights + e.grads + e.optimizer + e.activations + e.logits  # above the optimizer step's
-    assert peak == 5576704
+    peak = e.weights + e.grads + e.optimizer + e.activations + e.loss  # above the optimizer step's
+    assert peak == 4767744
     assert e.margin == int(peak * fit.COMPILE_MARGIN)
     assert e.allocated == peak + e.margin
     assert e.reserved == int(e.allocated * (1 + fit.ALLOCATOR_MARGIN))
@@ -72,17 +121,27 @@ def test_estimate_eager_fp32_with_checkpointing_by_hand():
     e = fit.estimate(cfg, "cpu")
     a = 4  # fp32 on the CPU
     assert e.weights == 4 * N  # no low-precision copies
-    assert e.grads == 4 * 32768  # no accumulation: only the head's gradient exists at the peak
+    assert e.grads == 0  # no accumulation: backward has made none yet at the peak
     # Eager, one block: two norms' inputs and outputs 16·64; the q/k/v and gate/up inputs (one
     # shared fp32 tensor per norm) 2·a·64; QK-norm's input and output 8·(64 + 32); v a·32; SDPA's
-    # q, k a·96; its output a·64; log-sum-exp 16; SwiGLU's four tensors 4·a·128.
-    layer = 16 * 64 + 2 * a * 64 + 8 * 96 + a * 32 + a * 96 + a * 64 + 16 + 4 * a * 128
-    assert layer == 5136
-    # Checkpointing: each block's fp32 input, one block recomputed, the final norm and head input.
-    assert e.activations == 512 * (2 * 4 * 64 + layer + (8 + a) * 64)
-    assert e.logits == 512 * 512 * 12  # fp32 log-probs, their gradient, the logits' gradient
-    assert e.allocated == 7549440 and e.margin == 0
-    assert e.total == e.reserved == int(7549440 * (1 + fit.ALLOCATOR_MARGIN))  # no CUDA context on a CPU
+    # q, k a·96; its output a·64; log-sum-exp 16; SwiGLU's four tensors 4·a·128; the norms'
+    # reciprocal RMS 4·8.
+    layer = 16 * 64 + 2 * a * 64 + 8 * 96 + a * 32 + a * 96 + a * 64 + 16 + 4 * a * 128 + 4 * 8
+    assert layer == 5168
+    # Checkpointing: each block's fp32 input and one block recomputed; then the token ids, the
+    # final norm's input, output and statistic, and the head input's gradient the loss computed.
+    assert e.activations == 512 * (2 * 4 * 64 + layer + 8 + 8 * 64 + 4 + 4 * 64)
+    # Blockwise loss: the scaled copy of that gradient, the head weight's fp32 gradient and its
+    # copy, and one block of fp32 logits (all 512 rows of 512 fit in one).
+    assert e.loss == 512 * 4 * 64 + 8 * 512 * 64 + 512 * 512 * 4
+    assert e.allocated == 5736960 and e.margin == 0
+    assert e.total == e.reserved == int(5736960 * (1 + fit.ALLOCATOR_MARGIN))  # no CUDA context on a CPU
+
+
+def test_the_estimator_knows_the_blockwise_losss_block():
+    from lmcockpit.core.gpt import LinearCrossEntropy
+    assert fit.LOSS_BLOCK_ELEMENTS == {"cuda": LinearCrossEntropy.GPU_BLOCK_ELEMENTS,
+                                       "cpu": LinearCrossEntropy.BLOCK_ELEMENTS}
 
 
 def test_fsdp_keeps_a_share_of_the_state_per_gpu_and_ddp_all_of_it():
@@ -109,7 +168,7 @@ def test_checkpointing_and_cuda_graphs_move_the_estimate_the_right_way():
     assert ckpt.activations < base.activations
     # CUDA graphs keep every gradient between steps (fit.keeps_grads), and evaluation has its own
     # pool beside the graphs'.
-    assert base.grads == 4 * 32768 and graphs.grads == 4 * N
+    assert base.grads == 0 and graphs.grads == 4 * N
     assert graphs.allocated > base.allocated and graphs.reserved - base.reserved > graphs.allocated - base.allocated
 
 
