@@ -11,6 +11,10 @@ Parts, in the order they run (each appends its own section, so they can also run
   `3090`, `4090` and `4070ti` presets, each in a fresh process whose allocator is capped with
   `torch.cuda.set_per_process_memory_fraction` to its card's memory (minus the CUDA context fit.py
   assumes), none allowed out of memory, each within ±15%;
+* saved: what autograd keeps for backward per token, eager and compiled in bf16, measured with
+  saved-tensor hooks on the GPU's own kernels (flash attention, inductor's CUDA fusions) for the
+  memory part's presets at 2 layers, against fit.py's per-token counts: where the memory part's
+  difference comes from, if it is the activations;
 * graphs: the trainer's accumulated gradients in every `training.compile_mode` against the same
   step recomputed eagerly, four steps each (CUDA graphs record on one call and replay on the next:
   an accumulated gradient aliased to a graph's output shows up as a difference of order 1, not
@@ -19,12 +23,12 @@ Parts, in the order they run (each appends its own section, so they can also run
   every 50 steps on the `4070ti` preset: no error, and reserved memory after each eval/sample round
   not above the round before.
 
-    python bench/gpu_check.py [--part doctor h100 torchrun memory graphs modes] [--steps 300] [--out DIR]
+    python bench/gpu_check.py [--part doctor h100 torchrun memory saved graphs modes] [--steps 300] [--out DIR]
 
 Exit 0 when every check passed, 1 otherwise (or without a CUDA GPU). On the lent GPU each part
 fits one 10-minute call; the data cache built by the first run is reused by the others.
-`--part graphs --device cpu` rehearses the graphs part on a CPU (compiled, no CUDA graphs), printing
-its table without recording it.
+`--device cpu` rehearses the graphs and saved parts on a CPU (compiled, no CUDA graphs), printing
+their tables without recording them.
 """
 
 from __future__ import annotations
@@ -51,10 +55,12 @@ from lmcockpit.core import fit  # noqa: E402
 from lmcockpit.core.config import load_config  # noqa: E402
 from lmcockpit.core.runfolder import create_run_dir, read_metrics  # noqa: E402
 
-PARTS = ("doctor", "h100", "torchrun", "memory", "graphs", "modes")
+PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes")
+CPU_PARTS = ("saved", "graphs")
 MEMORY_PRESETS = ("h100", "3090", "4090", "4070ti")
 MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 TOLERANCE = 0.15  # the issue's ±15% between estimate and measurement
+SAVED_TOLERANCE = 0.05  # per-token counts: the CPU test holds them to 0 (eager) and 3% (compiled)
 GRAD_TOLERANCE = 1e-3  # fp32 without TF32: kernels differ in summation order only
 GiB = fit.GiB
 
@@ -115,8 +121,8 @@ def part_memory(out: Path, presets: list[str]) -> tuple[bool, list[str]]:
     lines = ["Each preset in a fresh process, its allocator capped with `torch.cuda.set_per_process_memory_fraction`"
              f" to the card's memory minus the {fit.CUDA_CONTEXT_BYTES / GiB:.2f} GiB CUDA context fit.py assumes "
              f"(h100: uncapped); 20 steps; ±{TOLERANCE:.0%} wanted.", "",
-             "| preset | cap | peak allocated | estimate (allocated) | measured / estimate | out of memory |",
-             "| --- | ---: | ---: | ---: | ---: | --- |"]
+             "| preset | cap | peak allocated | estimate (allocated) | measured / estimate | out of memory | "
+             "estimate's parts (GiB) |", "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
     ok = True
     for name in presets:
         proc = subprocess.run([sys.executable, __file__, "--measure", name, "--out", str(out)], capture_output=True,
@@ -127,12 +133,13 @@ def part_memory(out: Path, presets: list[str]) -> tuple[bool, list[str]]:
             m = {"oom": None, "error": tail(proc.stderr, 3)}
         if "peak" not in m:
             ok = False
-            lines.append(f"| {name} | | | | | {'yes' if m['oom'] else 'no'}: {m['error'].replace(chr(10), ' ')} |")
+            lines.append(f"| {name} | | | | | {'yes' if m['oom'] else 'no'}: {m['error'].replace(chr(10), ' ')} | |")
             continue
         ratio = m["peak"] / m["estimate"]
         ok &= abs(ratio - 1) <= TOLERANCE
+        parts = ", ".join(f"{k} {v / GiB:.2f}" for k, v in m["parts"].items())
         lines.append(f"| {name} | {m['cap'] / GiB:.2f} GiB | {m['peak'] / GiB:.2f} GiB | "
-                     f"{m['estimate'] / GiB:.2f} GiB | {ratio:.2f} | no |")
+                     f"{m['estimate'] / GiB:.2f} GiB | {ratio:.2f} | no | {parts} |")
     return ok, lines
 
 
@@ -151,8 +158,30 @@ def measure(name: str, out: Path) -> dict:
         trainer = run_in_process(cfg, run_dir, log=lambda line: print(line, file=sys.stderr))
     except OutOfMemory as e:
         return {"oom": True, "error": str(e)}
-    return {"peak": torch.cuda.max_memory_allocated(0), "cap": cap,
-            "estimate": fit.estimate(trainer.cfg, "cuda").allocated}
+    est = fit.estimate(trainer.cfg, "cuda")
+    parts = ("weights", "grads", "optimizer", "activations", "loss", "muon_step", "margin")
+    return {"peak": torch.cuda.max_memory_allocated(0), "cap": cap, "estimate": est.allocated,
+            "parts": {k: getattr(est, k) for k in parts}}
+
+
+def part_saved(presets: list[str], device: str = "cuda") -> tuple[bool, list[str]]:
+    from lmcockpit.core.memory_fit import saved_bytes_per_token
+
+    lines = ["Bytes per token autograd keeps for backward (saved-tensor hooks, micro-batch 2 less micro-batch 1) "
+             "in one bf16 forward of each preset's shape at 2 layers and 256 tokens, against fit.py's count "
+             f"(the blocks, what follows them and, compiled, the logits); within {SAVED_TOLERANCE:.0%} wanted.", "",
+             "| preset | path | measured | fit.py | measured / fit.py |", "| --- | --- | ---: | ---: | ---: |"]
+    ok = True
+    for name in presets:
+        cfg, _ = load_config(name, ["model.n_layer=2", "training.seq_len=256"])
+        for compiled in (False, True):
+            measured = saved_bytes_per_token(cfg, device, compiled, torch.bfloat16)
+            counted = fit.saved_per_token(cfg, 2, compiled)
+            ok &= abs(measured / counted - 1) <= SAVED_TOLERANCE
+            lines.append(f"| {name} | {'compiled' if compiled else 'eager'} | {measured:,.0f} | {counted:,} | "
+                         f"{measured / counted:.3f} |")
+        torch._dynamo.reset()
+    return ok, lines
 
 
 def graph_gradients(mode: str, device: str, out: Path, steps: int = 4) -> tuple[list[float], int]:
@@ -260,12 +289,15 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="where the runs go (default: a new temporary folder)")
     ap.add_argument("--measure", metavar="PRESET", help=argparse.SUPPRESS)  # part_memory's child process
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                    help="cpu: rehearse the graphs part without a GPU (printed, not recorded)")
+                    help="cpu: rehearse the saved and graphs parts without a GPU (printed, not recorded)")
     args = ap.parse_args()
     if args.device == "cpu":
         out = args.out or Path(tempfile.mkdtemp(prefix="gpu_check-"))
-        ok, lines = part_graphs(out, args.modes, "cpu")
-        print("\n".join(lines))
+        ok = True
+        for part in (p for p in args.part if p in CPU_PARTS):
+            good, lines = part_graphs(out, args.modes, "cpu") if part == "graphs" else part_saved(args.presets, "cpu")
+            print("\n".join(lines) + "\n")
+            ok &= good
         return 0 if ok else 1
     if not torch.cuda.is_available():
         print(f"bench/gpu_check.py needs a CUDA GPU, and torch {torch.__version__} sees none here "
@@ -281,6 +313,7 @@ def main() -> int:
         ok, lines = {"doctor": part_doctor, "h100": lambda: part_h100(out, args.steps),
                      "torchrun": lambda: part_h100(out, args.steps, ("--nproc", "1")),
                      "memory": lambda: part_memory(out, args.presets),
+                     "saved": lambda: part_saved(args.presets),
                      "graphs": lambda: part_graphs(out, args.modes),
                      "modes": lambda: part_modes(out, args.modes)}[part]()
         record(f"gpu_check: {part} ({'pass' if ok else 'FAIL'})",

@@ -150,6 +150,14 @@ def head_activation_bytes(cfg: Config, a: int, compiled: bool) -> int:
     return 8 + 4 + ((4 + a) * d + 8 if compiled else 8 * d + 4 * d)
 
 
+def saved_per_token(cfg: Config, a: int, compiled: bool) -> int:
+    """Bytes per token autograd keeps for backward without activation checkpointing: the blocks,
+    what follows them and, compiled, the logits the fused loss keeps (eager's blockwise loss keeps
+    none). What memory_fit.saved_bytes_per_token measures in a real forward."""
+    return (cfg.model.n_layer * layer_activation_bytes(cfg, a, compiled) + head_activation_bytes(cfg, a, compiled)
+            + (a * cfg.tokenizer.vocab_size if compiled else 0))
+
+
 # gpt.LinearCrossEntropy's block of logits (elements), by device; a test keeps the two equal.
 LOSS_BLOCK_ELEMENTS = {"cuda": 1 << 26, "cpu": 1 << 22}
 

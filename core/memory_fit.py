@@ -1,6 +1,7 @@
 """Memory on the GPU: the largest micro-batch that fits (training.auto_micro_batch), and the
 message a CUDA out-of-memory error becomes. Functions of a set-up `Trainer`: they read its model,
-data and device, and replace its config's micro-batch."""
+data and device, and replace its config's micro-batch. Also the measurement fit.py's per-token
+counts are checked against (`saved_bytes_per_token`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import psutil
 import torch
 
 from . import batches, checkpoint, fit
+from .gpt import GPT, shape_from_config
 from .runfolder import CHECKPOINTS
 
 if TYPE_CHECKING:
@@ -99,3 +101,31 @@ def out_of_memory_message(trainer: Trainer, error: str) -> str:
     return fit.out_of_memory_message(trainer.cfg, trainer.step + 1, error, props.name, props.total_memory,
                                      torch.cuda.max_memory_allocated(trainer.device),
                                      checkpoint.latest_step(trainer.run_dir / CHECKPOINTS))
+
+
+def saved_bytes_per_token(cfg, device: str, compiled: bool, amp_dtype: torch.dtype | None) -> float:
+    """What autograd keeps for backward from one training forward of `cfg`'s model, per token: the
+    bytes of every distinct storage saved at micro-batch 2 less those at micro-batch 1, so what
+    does not grow with the batch (weights, their casts, the rotary tables) cancels. What
+    fit.layer_activation_bytes and fit.head_activation_bytes count (and, compiled, the logits)."""
+    T, dev = cfg.training.seq_len, torch.device(device)
+    torch.manual_seed(0)
+    model = GPT(shape_from_config(cfg)).to(dev)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def saved(B: int) -> int:
+        storages = {}
+
+        def pack(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        forward = torch.compile(model) if compiled else model
+        idx = torch.randint(0, cfg.tokenizer.vocab_size, (B, T), device=dev)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+            forward(idx, idx)
+        return sum(n for ptr, n in storages.items() if ptr not in params)
+
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # one graph per micro-batch
+        return (saved(2) - saved(1)) / T

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lmcockpit.core import fit, protocol as P
+from lmcockpit.core import fit, memory_fit, protocol as P
 from lmcockpit.core.config import load_config
 from lmcockpit.core.gpt import GPT, GPTShape
 from lmcockpit.core.optim import split_params
@@ -45,49 +45,18 @@ def test_hand_worked_parts():
     assert fit.muon_largest_group(cfg) == 2 * 2 * 128 * 64
 
 
-def saved_bytes_per_token(cfg, compiled: bool, amp: bool) -> float:
-    """What autograd keeps for backward from one real training forward on the CPU, per token: the
-    bytes of every distinct storage saved at micro-batch 2 less those at micro-batch 1, so what
-    does not grow with the batch (weights, their casts, the rotary tables) cancels."""
-    T = cfg.training.seq_len
-    torch.manual_seed(0)
-    model = model_of(cfg)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-
-    def saved(B: int) -> int:
-        storages = {}
-
-        def pack(t):
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        forward = torch.compile(model) if compiled else model
-        idx = torch.randint(0, cfg.tokenizer.vocab_size, (B, T))
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-            forward(idx, idx)
-        return sum(n for ptr, n in storages.items() if ptr not in params)
-
-    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # one graph per micro-batch
-        return (saved(2) - saved(1)) / T
-
-
-def fit_bytes_per_token(cfg, compiled: bool, a: int) -> int:
-    saved = cfg.model.n_layer * fit.layer_activation_bytes(cfg, a, compiled) + fit.head_activation_bytes(cfg, a, compiled)
-    # Compiled, the loss keeps the logits for backward too (eager's blockwise loss keeps none).
-    return saved + (a * cfg.tokenizer.vocab_size if compiled else 0)
-
-
-@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+# fit.py's per-token counts against what autograd saves in a real forward on the CPU.
+@pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["fp32", "bf16"])
 def test_eager_activations_are_what_autograd_saves(amp):
     cfg = tiny_config(*HAND)
-    assert saved_bytes_per_token(cfg, compiled=False, amp=amp) == fit_bytes_per_token(cfg, False, 2 if amp else 4)
+    measured = memory_fit.saved_bytes_per_token(cfg, "cpu", compiled=False, amp_dtype=amp)
+    assert measured == fit.saved_per_token(cfg, 2 if amp else 4, compiled=False)
 
 
 def test_compiled_activations_are_what_the_partitioner_saves():
     cfg = tiny_config(*HAND)
-    measured = saved_bytes_per_token(cfg, compiled=True, amp=True)
-    assert measured == pytest.approx(fit_bytes_per_token(cfg, True, 2), rel=0.03)
+    measured = memory_fit.saved_bytes_per_token(cfg, "cpu", compiled=True, amp_dtype=torch.bfloat16)
+    assert measured == pytest.approx(fit.saved_per_token(cfg, 2, compiled=True), rel=0.03)
 
 
 def test_estimate_compiled_bf16_with_accumulation_by_hand():
