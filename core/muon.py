@@ -37,10 +37,13 @@ def newton_schulz(G: torch.Tensor, steps: int = 5) -> torch.Tensor:
     if transposed:  # iterate on the wide form: X @ X.mT is then the smaller Gram matrix
         X = X.mT
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # spectral norm ≤ Frobenius norm ≤ 1
+    # b·A + c·A², then a·X + B·X, each one fused multiply-add: no separately rounded products, and
+    # no temporaries of X's size beside the new iterate.
+    fma = torch.baddbmm if X.ndim == 3 else torch.addmm
     for _ in range(steps):
         A = X @ X.mT
-        B = b * A + c * A @ A
-        X = a * X + B @ X
+        B = fma(A, A, A, beta=b, alpha=c)
+        X = fma(X, B, X, beta=a)
     return X.mT if transposed else X
 
 
@@ -55,27 +58,36 @@ class Muon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         for group in self.param_groups:
-            lr, beta, wd = group["lr"], group["momentum"], group["weight_decay"]
             by_shape: dict[torch.Size, list[torch.Tensor]] = defaultdict(list)
             for p in group["params"]:
                 if p.grad is not None:
                     by_shape[p.shape].append(p)
             for shape, params in by_shape.items():
-                updates = []
-                for p in params:
-                    buf = self.state[p].get("momentum_buffer")
-                    if buf is None:
-                        buf = self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
-                    buf.lerp_(p.grad, 1 - beta)
-                    updates.append(p.grad.lerp(buf, beta))  # Nesterov: look ahead along the momentum
-                ortho = newton_schulz(torch.stack([_whole(u) for u in updates]), group["ns_steps"])
-                scale = max(1.0, shape[0] / shape[1]) ** 0.5
-                for p, u in zip(params, ortho):
-                    p, u = _own_part(p, u)
-                    if wd:
-                        p.mul_(1 - lr * wd)
-                    p.add_(u.to(p.dtype), alpha=-lr * scale)
+                self._step_shape(shape, params, group)
         return None
+
+    def _step_shape(self, shape: torch.Size, params: list[torch.Tensor], group: dict) -> None:
+        """One batched orthogonalisation for every matrix of `shape`; its temporaries die with the
+        call, before the next shape's (fit.muon_step_bytes counts one shape at a time)."""
+        lr, beta, wd = group["lr"], group["momentum"], group["weight_decay"]
+        stacked = None  # the updates are written straight into one stack: no list of them beside it
+        for i, p in enumerate(params):
+            buf = self.state[p].get("momentum_buffer")
+            if buf is None:
+                buf = self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
+            buf.lerp_(p.grad, 1 - beta)
+            update = _whole(p.grad.lerp(buf, beta))  # Nesterov: look ahead along the momentum
+            if stacked is None:
+                stacked = update.new_empty((len(params), *update.shape))
+            stacked[i] = update
+        ortho = newton_schulz(stacked, group["ns_steps"])
+        del stacked
+        scale = max(1.0, shape[0] / shape[1]) ** 0.5
+        for p, u in zip(params, ortho):
+            p, u = _own_part(p, u)
+            if wd:
+                p.mul_(1 - lr * wd)
+            p.add_(u.to(p.dtype), alpha=-lr * scale)
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:
