@@ -17,8 +17,7 @@ N = parameters; `a` = bytes of the autocast dtype: 2 for bf16/fp16, 4 for fp32):
   checkpointing each layer keeps only its input, and backward recomputes one layer at a time;
 * the loss: compiled, the (B, T, V) logits in the autocast dtype; eager, the loss is computed a
   block of rows at a time (gpt.LinearCrossEntropy), so one block of logits and the head's
-  gradient, never the whole logits. `tests/test_fit.py` checks the per-token counts of both paths
-  against the tensors autograd saves in a real step on the CPU;
+  gradient, never the whole logits;
 * margins for what no formula sees (compile workspaces, allocator fragmentation, the CUDA context).
 
 Under FSDP (distributed.strategy = "fsdp" with several processes) each GPU keeps 1/world of the
@@ -28,9 +27,12 @@ running and the one prefetched); its gradients stay sharded under accumulation t
 micro-batch's are reduce-scattered (group.accumulating). DDP keeps everything whole, its
 gradients as views into its communication buckets (no second copy).
 
-The margins are named constants below. They are first estimates, not measurements: calibrate
-them against `torch.cuda.max_memory_allocated` with bench/gpu_check.py on a GPU before trusting a
-verdict within a few per cent.
+What the CPU can check, `tests/test_fit.py` does: the per-token counts against the tensors autograd
+saves (eager exactly, fp32 and bf16; compiled within 3%), Muon's working set against the CPU
+allocator's events (exactly), and a whole eager step's peak against `estimate(cfg, "cpu")` (within
+1%). The GPU's kernels, inductor's CUDA buffers and the margins, named constants below, are first
+estimates: calibrate them against `torch.cuda.max_memory_allocated` with bench/gpu_check.py
+(parts memory and saved) before trusting a verdict within a few per cent.
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ GiB = 1024**3
 COMPILE_MARGIN = 0.05  # share of allocated memory for inductor's workspaces and fused-kernel buffers
 ALLOCATOR_MARGIN = 0.08  # reserved over allocated: the caching allocator's fragmentation (expandable segments)
 CUDA_CONTEXT_BYTES = int(0.75 * GiB)  # context, kernel images, cuBLAS workspace: on the card, not in the allocator
-MUON_STEP_BYTES = 16  # per element of Muon's largest same-shape group: fp32 updates and stack, bf16 iterates
 HEADROOM = 0.10  # "fits" leaves this share of the card free; less than that is "tight"
 
 
@@ -96,14 +97,19 @@ def param_counts(cfg: Config) -> ParamCounts:
                        matrices=m.n_layer * per_layer)
 
 
-def muon_largest_group(cfg: Config) -> int:
-    """Elements in Muon's largest batch of same-shape matrices (it stacks them per shape)."""
+def muon_step_bytes(cfg: Config, device_type: str) -> int:
+    """Muon's working set while it steps (muon.Muon.step), the largest over its groups of
+    same-shape matrices: the fp32 stack of their updates, 4 bytes an element, and the last update
+    written into it; the Newton–Schulz iterate and the next one, in bf16 on a GPU (in fp32
+    elsewhere, where the stack is the first iterate: 4 + 2·4 bytes an element in all); and two
+    k × k Gram products per matrix, k its shorter side."""
     m, d, hd = cfg.model, cfg.model.d_model, cfg.head_dim
     q, kv, f = m.n_head * hd, m.n_kv_head * hd, cfg.mlp_hidden
-    groups: Counter = Counter()
+    s = 2 if device_type == "cuda" else 4
+    groups: Counter = Counter()  # shape: how many matrices of it
     for shape in [(q, d), (kv, d), (kv, d), (d, q), (f, d), (f, d), (d, f)]:
-        groups[shape] += m.n_layer * shape[0] * shape[1]
-    return max(groups.values())
+        groups[shape] += m.n_layer
+    return max(n * (r * c * (4 + 2 * s) + 2 * s * min(r, c) ** 2) + 4 * r * c for (r, c), n in groups.items())
 
 
 def amp_bytes(cfg: Config, device_type: str) -> int:
@@ -167,18 +173,22 @@ def loss_bytes(cfg: Config, a: int, compiled: bool, tokens: int, device_type: st
 
     Compiled: the fused loss keeps the logits in the autocast dtype (a·V per token; its backward
     writes their gradient over them), and backward forms the head's gradient in the autocast dtype
-    beside the fp32 gradient of the embedding lookup, (4 + a)·V·d. Eager (gpt.LinearCrossEntropy):
-    the head weight's fp32 gradient and, beside it, the weight's cast and one block's product in
-    the forward, or the gradient's scaled copy at the start of backward: 8·V·d either way; one
-    block of fp32 logits and its cast gradient in the forward, and the scaled copy of the head
-    input's saved gradient (4·d per token) in the backward, both counted: a bound one block above
-    either moment.
+    beside the fp32 gradient of the embedding lookup, (4 + a)·V·d.
+
+    Eager (gpt.LinearCrossEntropy), the larger of two moments. In the forward: the head's input
+    (fp32, and its cast under autocast), the weight's fp32 gradient and cast, and one block of
+    fp32 logits with logsumexp's temporary of its size, or later the block's gradient, its cast
+    and its product with the block's input. At the start of backward: the scaled copies of the
+    saved gradients of the head's input (4·d per token) and weight, beside the weight's.
     """
     V, d = cfg.tokenizer.vocab_size, cfg.model.d_model
     if compiled:
         return tokens * a * V + (4 + a) * V * d
+    amp = a if a < 4 else 0  # bytes of a cast (none in fp32)
     block = min(tokens, max(1, LOSS_BLOCK_ELEMENTS[device_type] // V)) * V
-    return tokens * 4 * d + 8 * V * d + block * (4 + (a if a < 4 else 0))
+    forward = (tokens * d + V * d) * (4 + amp) + max(8 * block, (amp or 4) * V * d + (4 + amp) * block)
+    backward = tokens * 4 * d + 8 * V * d
+    return max(forward, backward)
 
 
 @dataclass(frozen=True)
@@ -225,7 +235,7 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
     activations = tokens * (per_token + head_activation_bytes(cfg, a, compiled))
     loss = loss_bytes(cfg, a, compiled, tokens, device_type)
 
-    muon_step = MUON_STEP_BYTES * muon_largest_group(cfg)
+    muon_step = muon_step_bytes(cfg, device_type)
     peak = max(weights + grads_at_peak + optimizer + activations + loss,
                weights + grads_all + optimizer + muon_step)
     margin = int(peak * COMPILE_MARGIN) if compiled else 0

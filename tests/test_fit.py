@@ -4,6 +4,7 @@ import torch
 from lmcockpit.core import fit, memory_fit, protocol as P
 from lmcockpit.core.config import load_config
 from lmcockpit.core.gpt import GPT, GPTShape
+from lmcockpit.core.muon import Muon
 from lmcockpit.core.optim import split_params
 
 from .conftest import drive_engine, tiny_config
@@ -41,8 +42,11 @@ def test_hand_worked_parts():
     cfg = tiny_config(*HAND)
     assert N == 106880 and fit.param_counts(cfg).total == N
     assert (fit.param_counts(cfg).adamw, fit.param_counts(cfg).muon) == (ADAMW, MUON)
-    # Muon stacks same shapes: q and o (64×64) 16384, k and v 8192, gate and up (128×64) 32768, down 16384
-    assert fit.muon_largest_group(cfg) == 2 * 2 * 128 * 64
+    # Muon stacks same shapes: its largest working set is gate and up, 4 matrices of 128×64: the
+    # fp32 stack and the last update, the two iterates (bf16 on a GPU, fp32 on a CPU) and two
+    # 64×64 Gram products each.
+    assert fit.muon_step_bytes(cfg, "cuda") == 4 * 128 * 64 * (4 + 2 * 2) + 4 * 128 * 64 + 4 * 2 * 2 * 64 * 64
+    assert fit.muon_step_bytes(cfg, "cpu") == 4 * 128 * 64 * (4 + 2 * 4) + 4 * 128 * 64 + 4 * 2 * 4 * 64 * 64
 
 
 # fit.py's per-token counts against what autograd saves in a real forward on the CPU.
@@ -57,6 +61,60 @@ def test_compiled_activations_are_what_the_partitioner_saves():
     cfg = tiny_config(*HAND)
     measured = memory_fit.saved_bytes_per_token(cfg, "cpu", compiled=True, amp_dtype=torch.bfloat16)
     assert measured == pytest.approx(fit.saved_per_token(cfg, 2, compiled=True), rel=0.03)
+
+
+def cpu_bytes_held(fn) -> int:
+    """The most bytes `fn` holds at once beyond what existed when it began: the CPU allocator's
+    events, in the order the profiler saw them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    # Every allocation and free is a "[memory]" event in the raw results (the summarised
+    # prof.events() attributes some to their op and drops them).
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    live = held = 0
+    for e in events:
+        live += e.nbytes()
+        held = max(held, live)
+    return held
+
+
+@pytest.mark.parametrize("preset, overrides", [("debug", HAND), ("cpu", ["model.n_layer=2"])])
+def test_muons_step_holds_what_fit_counts(preset, overrides):
+    cfg, _ = load_config(preset, overrides)
+    model = model_of(cfg)
+    muon, _ = split_params(model)
+    opt = Muon([p for _, p in muon])
+    for _, p in muon:
+        p.grad = torch.randn_like(p)
+    opt.step()  # creates the momentum buffers, which stay: the optimizer state, counted apart
+    assert cpu_bytes_held(opt.step) == fit.muon_step_bytes(cfg, "cpu")
+
+
+@pytest.mark.parametrize("micro_batch, accum", [(1, 1), (16, 1), (8, 2)])
+def test_an_eager_step_on_the_cpu_peaks_where_fit_says(tmp_path, micro_batch, accum):
+    """The whole estimate against a real training step: at micro-batch 1 Muon's step is the peak,
+    at 16 the start of backward, and with accumulation the second micro-batch's, gradients alive."""
+    from lmcockpit.core.runfolder import create_run_dir
+    from lmcockpit.core.trainer import Trainer
+
+    cfg = tiny_config(f"training.micro_batch_size={micro_batch}", f"training.grad_accum_steps={accum}",
+                      "eval.every=0", "checkpoint.every=0")
+    trainer = Trainer(cfg, create_run_dir(cfg, "test", str(tmp_path / "run")), lambda e: None, lambda line: None,
+                      lambda block: None)
+    try:
+        trainer.setup()
+        trainer.train_step()  # the optimizers' state exists from here on
+        state = [*trainer.model.parameters(), *trainer.model.buffers(),
+                 *(v for opt in trainer.optimizers for st in opt.state.values() for v in st.values()
+                   if torch.is_tensor(v))]
+        held = sum(t.untyped_storage().nbytes() for t in state) + cpu_bytes_held(trainer.train_step)
+        assert held == pytest.approx(fit.estimate(trainer.cfg, "cpu").allocated, rel=0.01)
+    finally:
+        trainer.close()
+        torch.use_deterministic_algorithms(False)  # the trainer set it for this whole process
 
 
 def test_estimate_compiled_bf16_with_accumulation_by_hand():
@@ -76,7 +134,7 @@ def test_estimate_compiled_bf16_with_accumulation_by_hand():
     assert e.activations == 512 * (2 * layer + 8 + 4 * 64 + 4 + a * 64 + 8)
     # The logits in bf16, and the head's bf16 gradient beside the lookup's fp32 one.
     assert e.loss == 512 * 512 * a + (4 + a) * 512 * 64
-    assert e.muon_step == fit.MUON_STEP_BYTES * 32768
+    assert e.muon_step == fit.muon_step_bytes(cfg, "cuda") == 360448
     peak = e.weights + e.grads + e.optimizer + e.activations + e.loss  # above the optimizer step's
     assert peak == 4767744
     assert e.margin == int(peak * fit.COMPILE_MARGIN)
@@ -100,11 +158,11 @@ def test_estimate_eager_fp32_with_checkpointing_by_hand():
     # Checkpointing: each block's fp32 input and one block recomputed; then the token ids, the
     # final norm's input, output and statistic, and the head input's gradient the loss computed.
     assert e.activations == 512 * (2 * 4 * 64 + layer + 8 + 8 * 64 + 4 + 4 * 64)
-    # Blockwise loss: the scaled copy of that gradient, the head weight's fp32 gradient and its
-    # copy, and one block of fp32 logits (all 512 rows of 512 fit in one).
-    assert e.loss == 512 * 4 * 64 + 8 * 512 * 64 + 512 * 512 * 4
-    assert e.allocated == 5736960 and e.margin == 0
-    assert e.total == e.reserved == int(5736960 * (1 + fit.ALLOCATOR_MARGIN))  # no CUDA context on a CPU
+    # Blockwise loss, its forward (the larger moment here): the head's input, the head weight's
+    # fp32 gradient, and all 512 rows of 512 logits in one block with logsumexp's temporary.
+    assert e.loss == 4 * (512 * 64 + 512 * 64) + 8 * 512 * 512
+    assert e.allocated == 6654464 and e.margin == 0
+    assert e.total == e.reserved == int(6654464 * (1 + fit.ALLOCATOR_MARGIN))  # no CUDA context on a CPU
 
 
 def test_the_estimator_knows_the_blockwise_losss_block():
