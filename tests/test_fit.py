@@ -96,7 +96,8 @@ def test_muons_step_holds_what_fit_counts(preset, overrides):
 @pytest.mark.parametrize("micro_batch, accum", [(1, 1), (16, 1), (8, 2)])
 def test_an_eager_step_on_the_cpu_peaks_where_fit_says(tmp_path, micro_batch, accum):
     """The whole estimate against a real training step: at micro-batch 1 Muon's step is the peak,
-    at 16 the start of backward, and with accumulation the second micro-batch's, gradients alive."""
+    at 16 the blockwise loss's forward, and with accumulation the second micro-batch's loss, all
+    gradients alive beside it."""
     from lmcockpit.core.runfolder import create_run_dir
     from lmcockpit.core.trainer import Trainer
 
