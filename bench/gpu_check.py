@@ -159,7 +159,7 @@ def measure(name: str, out: Path) -> dict:
     except OutOfMemory as e:
         return {"oom": True, "error": str(e)}
     est = fit.estimate(trainer.cfg, "cuda")
-    parts = ("weights", "grads", "optimizer", "activations", "loss", "muon_step", "margin")
+    parts = ("weights", "grads", "optimizer", "activations", "loss", "recompute", "muon_step", "margin")
     return {"peak": torch.cuda.max_memory_allocated(0), "cap": cap, "estimate": est.allocated,
             "parts": {k: getattr(est, k) for k in parts}}
 

@@ -29,9 +29,10 @@ gradients as views into its communication buckets (no second copy).
 
 What the CPU can check, `tests/test_fit.py` does: the per-token counts against the tensors autograd
 saves (eager exactly, fp32 and bf16; compiled within 3%), Muon's working set against the CPU
-allocator's events (exactly), and a whole eager step's peak against `estimate(cfg, "cpu")` (within
-1%). The GPU's kernels, inductor's CUDA buffers and the margins, named constants below, are first
-estimates: calibrate them against `torch.cuda.max_memory_allocated` with bench/gpu_check.py
+allocator's events (exactly), and a whole eager step's peak against `estimate(cfg, "cpu")`
+(within 1%; 2% with activation checkpointing, whose backward the estimate bounds rather than
+counts). The GPU's kernels, inductor's CUDA buffers and the margins, named constants below, are
+first estimates: calibrate them against `torch.cuda.max_memory_allocated` with bench/gpu_check.py
 (parts memory and saved) before trusting a verdict within a few per cent.
 """
 
@@ -199,6 +200,7 @@ class MemoryEstimate:
     optimizer: int
     activations: int
     loss: int
+    recompute: int  # activation checkpointing: one block recomputed in backward, beside the blocks' inputs
     muon_step: int  # Muon's working set while it steps (activations are gone by then)
     margin: int  # compile workspaces
     allocated: int
@@ -228,16 +230,20 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
     optimizer = (8 * n.adamw + 4 * n.muon) // shards
 
     layer = layer_activation_bytes(cfg, a, compiled)
-    if t.activation_checkpointing:
-        per_token = m.n_layer * 4 * d + layer  # each block's fp32 input, plus one block recomputed
-    else:
-        per_token = m.n_layer * layer
-    activations = tokens * (per_token + head_activation_bytes(cfg, a, compiled))
+    # With activation checkpointing each block keeps only its fp32 input. Backward recomputes one
+    # block at a time, once the loss's and the head's backward are done: that block's activations
+    # and two gradients of the MLP's width inside its backward, beside the blocks' inputs, the
+    # block's new parameter gradients and, without accumulation, the head's.
+    ckpt = t.activation_checkpointing
+    stored = tokens * m.n_layer * (4 * d if ckpt else layer)
+    activations = stored + tokens * head_activation_bytes(cfg, a, compiled)
     loss = loss_bytes(cfg, a, compiled, tokens, device_type)
+    recompute = (tokens * (layer + 2 * a * cfg.mlp_hidden) + 4 * block + (0 if grads_at_peak else 4 * n.embedding)
+                 if ckpt else 0)
 
     muon_step = muon_step_bytes(cfg, device_type)
-    peak = max(weights + grads_at_peak + optimizer + activations + loss,
-               weights + grads_all + optimizer + muon_step)
+    held = weights + grads_at_peak + optimizer
+    peak = max(held + activations + loss, held + stored + recompute, weights + grads_all + optimizer + muon_step)
     margin = int(peak * COMPILE_MARGIN) if compiled else 0
     allocated = peak + margin
     reserved = int(allocated * (1 + ALLOCATOR_MARGIN))
@@ -247,7 +253,7 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
         # fp32 log-probabilities, plus one block's working set.
         reserved += tokens * (V * (a + 8) + layer)
     total = reserved + (CUDA_CONTEXT_BYTES if device_type == "cuda" else 0)
-    return MemoryEstimate(weights, grads_at_peak, optimizer, activations, loss, muon_step, margin, allocated,
+    return MemoryEstimate(weights, grads_at_peak, optimizer, activations, loss, recompute, muon_step, margin, allocated,
                           reserved, total)
 
 
