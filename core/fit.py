@@ -30,8 +30,8 @@ gradients as views into its communication buckets (no second copy).
 What the CPU can check, `tests/test_fit.py` does: the per-token counts against the tensors autograd
 saves (eager exactly, fp32 and bf16; compiled within 3%), Muon's working set against the CPU
 allocator's events (exactly), and a whole eager step's peak against `estimate(cfg, "cpu")`
-(within 1%; 2% with activation checkpointing, whose backward the estimate bounds rather than
-counts). The GPU's kernels, inductor's CUDA buffers and the margins, named constants below, are
+(within 1%; 2% with activation checkpointing, the gradients inside whose backward it
+approximates). The GPU's kernels, inductor's CUDA buffers and the margins, named constants below, are
 first estimates: calibrate them against `torch.cuda.max_memory_allocated` with bench/gpu_check.py
 (parts memory and saved) before trusting a verdict within a few per cent.
 """

@@ -113,7 +113,7 @@ def test_an_eager_step_on_the_cpu_peaks_where_fit_says(tmp_path, micro_batch, ac
                  *(v for opt in trainer.optimizers for st in opt.state.values() for v in st.values()
                    if torch.is_tensor(v))]
         held = sum(t.untyped_storage().nbytes() for t in state) + cpu_bytes_held(trainer.train_step)
-        # Checkpointing's backward has gradients of its own that the estimate bounds, not counts.
+        # Checkpointing's backward has gradients of its own that the estimate approximates.
         assert held == pytest.approx(fit.estimate(trainer.cfg, "cpu").allocated, rel=0.02 if recompute else 0.01)
     finally:
         trainer.close()
