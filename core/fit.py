@@ -30,8 +30,8 @@ gradients as views into its communication buckets (no second copy).
 What the CPU can check, `tests/test_fit.py` does: the per-token counts against the tensors autograd
 saves (eager exactly, fp32 and bf16; compiled within 3%), Muon's working set against the CPU
 allocator's events (exactly), and a whole eager step's peak against `estimate(cfg, "cpu")`
-(within 1%; 2% with activation checkpointing, the gradients inside whose backward it
-approximates). The GPU's kernels, inductor's CUDA buffers and the margins, named constants below, are
+(within 1%; 1.5% with activation checkpointing, whose recomputed block's new gradients it
+counts whole). The GPU's kernels, inductor's CUDA buffers and the margins, named constants below, are
 first estimates: calibrate them against `torch.cuda.max_memory_allocated` with bench/gpu_check.py
 (parts memory and saved) before trusting a verdict within a few per cent.
 """
@@ -233,12 +233,14 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
     # With activation checkpointing each block keeps only its fp32 input. Backward recomputes one
     # block at a time, once the loss's and the head's backward are done: that block's activations
     # and two gradients of the MLP's width inside its backward, beside the blocks' inputs, the
-    # block's new parameter gradients and, without accumulation, the head's.
+    # head's gradient (autograd holds it until the embedding's, the same tied matrix, is added at
+    # the end of backward) and, without accumulation, the block's new gradients (with it, each is
+    # added in place as it comes).
     ckpt = t.activation_checkpointing
     stored = tokens * m.n_layer * (4 * d if ckpt else layer)
     activations = stored + tokens * head_activation_bytes(cfg, a, compiled)
     loss = loss_bytes(cfg, a, compiled, tokens, device_type)
-    recompute = (tokens * (layer + 2 * a * cfg.mlp_hidden) + 4 * block + (0 if grads_at_peak else 4 * n.embedding)
+    recompute = (tokens * (layer + 2 * a * cfg.mlp_hidden) + 4 * n.embedding + (0 if grads_at_peak else 4 * block)
                  if ckpt else 0)
 
     muon_step = muon_step_bytes(cfg, device_type)

@@ -113,8 +113,8 @@ def test_an_eager_step_on_the_cpu_peaks_where_fit_says(tmp_path, micro_batch, ac
                  *(v for opt in trainer.optimizers for st in opt.state.values() for v in st.values()
                    if torch.is_tensor(v))]
         held = sum(t.untyped_storage().nbytes() for t in state) + cpu_bytes_held(trainer.train_step)
-        # Checkpointing's backward has gradients of its own that the estimate approximates.
-        assert held == pytest.approx(fit.estimate(trainer.cfg, "cpu").allocated, rel=0.02 if recompute else 0.01)
+        # Checkpointing: the estimate counts a block's new gradients whole; the peak comes partway.
+        assert held == pytest.approx(fit.estimate(trainer.cfg, "cpu").allocated, rel=0.015 if recompute else 0.01)
     finally:
         trainer.close()
         torch.use_deterministic_algorithms(False)  # the trainer set it for this whole process
@@ -165,8 +165,9 @@ def test_estimate_eager_fp32_with_checkpointing_by_hand():
     # rows of 512 logits in one block with logsumexp's temporary.
     assert e.loss == 4 * (512 * 64 + 512 * 64) + 8 * 512 * 512
     # Backward recomputes a block: its activations and two gradients of the MLP's width (128),
-    # beside the block's new gradients and the head's (no accumulation).
-    assert e.recompute == 512 * (layer + 2 * a * 128) + 4 * (MUON + 384 - 64) // 2 + 4 * 32768
+    # beside the head's gradient, waiting for the embedding's, and the block's new gradients (no
+    # accumulation).
+    assert e.recompute == 512 * (layer + 2 * a * 128) + 4 * 32768 + 4 * (MUON + 384 - 64) // 2
     # The larger moment here: the blocks' inputs and the recomputed block, after the loss.
     held = e.weights + e.optimizer
     assert e.allocated == held + 512 * 2 * 4 * 64 + e.recompute == 4699264 and e.margin == 0
