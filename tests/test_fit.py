@@ -175,7 +175,7 @@ def test_estimate_eager_fp32_with_checkpointing_by_hand():
     assert e.total == e.reserved == int(4699264 * (1 + fit.ALLOCATOR_MARGIN))  # no CUDA context on a CPU
 
 
-def test_the_estimator_knows_the_blockwise_losss_block():
+def test_the_estimator_uses_the_models_loss_block():
     from lmcockpit.core.gpt import LinearCrossEntropy
     assert fit.LOSS_BLOCK_ELEMENTS == {"cuda": LinearCrossEntropy.GPU_BLOCK_ELEMENTS,
                                        "cpu": LinearCrossEntropy.BLOCK_ELEMENTS}
