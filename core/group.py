@@ -135,8 +135,10 @@ class ProcessGroup(Group):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         # Gradients as views into DDP's buckets: otherwise DDP keeps a second copy of every gradient.
+        # The only buffers are the rotary tables, equal on every rank by construction: broadcasting
+        # them before each forward would be a collective per micro-batch for nothing.
         return DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                   gradient_as_bucket_view=True)
+                   gradient_as_bucket_view=True, broadcast_buffers=False)
 
     def accumulating(self, wrapped: torch.nn.Module, last: bool):
         """DDP all-reduces after the last micro-batch only. FSDP reduce-scatters after every one,
