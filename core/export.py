@@ -97,7 +97,7 @@ def qwen3_config(cfg: Config, eos: int | None, dtype: str) -> dict:
         "num_key_value_heads": m.n_kv_head,
         "head_dim": cfg.head_dim,
         "hidden_act": "silu",
-        "max_position_embeddings": m.max_seq_len,
+        "max_position_embeddings": cfg.max_seq_len,
         "initializer_range": m.init_std,
         "rms_norm_eps": float(m.norm_eps),
         "rope_parameters": {"rope_type": "default", "rope_theta": float(m.rope_theta)},
@@ -172,7 +172,7 @@ def _tokenizer(ckpt: Path, cfg: Config):
     if top >= cfg.tokenizer.vocab_size:
         raise ConfigError(f"{path}: the tokenizer has {size} tokens (ids up to {top}) but the model embeds only "
                           f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size}; cannot be exported consistently")
-    return path, tok, eos_id(tok)
+    return path, tok, eos_id(tok, path.parent)
 
 
 def _check_out(out: Path) -> None:
@@ -250,6 +250,6 @@ def _write_tokenizer(tok_path: Path, tok, dest: Path) -> None:
         for f in files:
             shutil.copy2(f, dest / f.name)
         return
-    from .tokenizer import save_hf_tokenizer
+    from .tokenizer import eos_token, save_hf_tokenizer
 
-    save_hf_tokenizer(tok, dest)
+    save_hf_tokenizer(tok, dest, eos_token(tok, folder))

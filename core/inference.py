@@ -137,7 +137,8 @@ def load(ckpt: Path, device: str = "auto") -> LoadedModel:
 
     step = check_checkpoint(ckpt)
     cfg = checkpoint_config(ckpt)
-    tokenizer = Tokenizer.from_file(str(tokenizer_file(ckpt, cfg)))
+    tok_path = tokenizer_file(ckpt, cfg)
+    tokenizer = Tokenizer.from_file(str(tok_path))
     dev = resolve_device(device)
     try:
         precision = resolve_precision(cfg.training.precision, dev)
@@ -150,4 +151,4 @@ def load(ckpt: Path, device: str = "auto") -> LoadedModel:
     except Exception as e:  # noqa: BLE001 - safetensors and torch each raise their own
         raise ConfigError(f"{ckpt / WEIGHTS}: does not fit the checkpoint's config or is damaged "
                           f"({str(e).splitlines()[0]})") from None
-    return LoadedModel(model.eval(), tokenizer, eos_id(tokenizer), cfg, ckpt, step, dev, precision)
+    return LoadedModel(model.eval(), tokenizer, eos_id(tokenizer, tok_path.parent), cfg, ckpt, step, dev, precision)

@@ -64,6 +64,11 @@ def cache_key(cfg: Config) -> tuple[str, list[corpus.SourceFile]]:
         "tokenizer": [t.kind, t.vocab_size, t.train_bytes],
         "dtype": np.dtype(token_dtype(t.vocab_size)).name,
     }
+    if t.kind != "bpe":  # a pretrained tokenizer's files decide the tokens as much as its path does
+        folder = Path(t.kind).expanduser()
+        material["tokenizer_files"] = [(f.name, f.stat().st_size, f.stat().st_mtime_ns)
+                                       for f in (folder / "tokenizer.json", folder / "tokenizer_config.json")
+                                       if f.is_file()]
     digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:20]
     return digest, files
 
@@ -119,9 +124,14 @@ def _build(cfg: Config, files: list[corpus.SourceFile], out: Path, log, progress
     if tok.get_vocab_size() > tok_cfg.vocab_size:
         raise ConfigError(f"tokenizer.vocab_size = {tok_cfg.vocab_size} is smaller than the tokenizer's "
                           f"{tok.get_vocab_size()} tokens")
-    tokenizer.save_hf_tokenizer(tok, out / "tokenizer")
+    eos_name = tokenizer.eos_token(tok, None if tok_cfg.kind == "bpe" else Path(tok_cfg.kind).expanduser())
+    if eos_name is None:
+        log(f"data: warning: tokenizer {tok_cfg.kind} has no end-of-text token (its tokenizer_config.json names "
+            f"none, nor has it any of {', '.join(tokenizer.EOS_NAMES)}): documents are joined without one, "
+            f"and sampling stops only at its length")
+    tokenizer.save_hf_tokenizer(tok, out / "tokenizer", eos_name)
 
-    eos = tokenizer.eos_id(tok)
+    eos = tokenizer.eos_id(tok, out / "tokenizer")
     dtype = token_dtype(tok_cfg.vocab_size)
     counts = {}
     done = 0

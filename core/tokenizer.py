@@ -6,6 +6,8 @@ Encoding during training uses `tokenizers.Tokenizer` directly (it imports in mil
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -14,6 +16,11 @@ import numpy as np
 from .config import ConfigError, TokenizerConfig
 
 EOS = "<|endoftext|>"
+# End-of-text by the names tokenizer families give it, for a folder whose tokenizer_config.json does
+# not name one: ours, GPT-2 and Qwen; Llama 2 and Mistral; Llama 3; Gemma.
+EOS_NAMES = (EOS, "</s>", "<|end_of_text|>", "<eos>")
+BYTE_FALLBACK = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+METASPACE = "\u2581"  # SentencePiece's visible space
 
 
 def train_bpe(texts: Iterable[str], cfg: TokenizerConfig):
@@ -53,30 +60,67 @@ def load_tokenizer(kind: str, trained_dir: Path | None):
     return Tokenizer.from_file(str(path))
 
 
-def save_hf_tokenizer(tok, folder: Path) -> None:
+def save_hf_tokenizer(tok, folder: Path, eos: str | None) -> None:
     """Save as a transformers `PreTrainedTokenizerFast` folder (AutoTokenizer loads it offline)."""
     from transformers import PreTrainedTokenizerFast
 
-    eos = EOS if tok.token_to_id(EOS) is not None else None
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=eos)
     hf.save_pretrained(str(folder))
 
 
-def eos_id(tok) -> int | None:
-    return tok.token_to_id(EOS)
+def eos_token(tok, folder: Path | None) -> str | None:
+    """The end-of-text token: the one `folder`'s tokenizer_config.json names, else a known name the
+    vocabulary holds, else None (documents then run together and sampling stops only at its length)."""
+    for name in (_configured_eos(folder), *EOS_NAMES):
+        if name and tok.token_to_id(name) is not None:
+            return name
+    return None
+
+
+def eos_id(tok, folder: Path | None) -> int | None:
+    name = eos_token(tok, folder)
+    return None if name is None else tok.token_to_id(name)
+
+
+def _configured_eos(folder: Path | None) -> str | None:
+    path = folder / "tokenizer_config.json" if folder is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text()).get("eos_token")
+    except (OSError, ValueError, AttributeError):
+        return None  # an unreadable config names nothing; the known names still apply
+    if isinstance(value, dict):  # transformers writes AddedToken as {"content": ..., ...}
+        value = value.get("content")
+    return value if isinstance(value, str) else None
 
 
 def token_byte_lengths(tok, vocab_size: int) -> np.ndarray:
     """UTF-8 bytes each token id stands for (0 for specials and unused ids), for bits per byte.
 
-    In byte-level BPE every character of a token's string stands for exactly one byte.
+    In byte-level BPE every character of a token's string stands for exactly one byte. In
+    SentencePiece-style vocabularies "▁" stands for a space and a byte-fallback token `<0xNN>` for
+    one byte; the rest is the token's own UTF-8. (Metaspace's space before a document's first word
+    counts one byte the text does not have: one per document, not per token.)
     """
+    byte_level = _is_byte_level(tok)
     lengths = np.zeros(vocab_size, dtype=np.int64)
     specials = {t.content for t in tok.get_added_tokens_decoder().values()}
     for token, idx in tok.get_vocab().items():
-        if idx < vocab_size and token not in specials:
+        if idx >= vocab_size or token in specials:
+            continue
+        if byte_level:
             lengths[idx] = len(token)
+        elif BYTE_FALLBACK.fullmatch(token):
+            lengths[idx] = 1
+        else:
+            lengths[idx] = len(token.replace(METASPACE, " ").encode())
     return lengths
+
+
+def _is_byte_level(tok) -> bool:
+    spec = json.loads(tok.to_str())
+    return "ByteLevel" in json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
 
 
 def encode_documents(tok, texts: list[str], eos: int | None, on_batch: Callable[[int], None]) -> Iterable[np.ndarray]:

@@ -98,3 +98,58 @@ def test_malformed_jsonl_names_the_line(tmp_path):
     jl.write_text('{"text": "fine"}\n{"content": "no text field"}\n')
     with pytest.raises(ConfigError, match=r"bad.jsonl:2: expected an object with a string field 'text'"):
         prepare(tiny_config(f"data.source=\"{jl}\"", "data.max_bytes=0"))
+
+
+def sentencepiece_style_folder(folder):
+    """A tokenizer folder shaped like Llama 2's: Metaspace, byte-fallback tokens in the ordinary
+    vocabulary, and `</s>` named as end-of-text by tokenizer_config.json."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    specials = ["<unk>", "<s>", "</s>"]
+    pieces = specials + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581"] + [chr(c) for c in range(33, 127)] + ["é"]
+    vocab = {p: i for i, p in enumerate(pieces)}
+    merges = [("\u2581", "d"), ("e", "f")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(s, special=True) for s in specials])
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "</s>"}, "bos_token": "<s>"}))
+    return tok
+
+
+def test_a_sentencepiece_style_tokenizer_counts_bytes_and_finds_its_end_token(tmp_path):
+    from transformers import AutoTokenizer
+
+    from lmcockpit.core.tokenizer import eos_id, token_byte_lengths
+
+    tok = sentencepiece_style_folder(tmp_path / "spm")
+    # "✓" and "😀" are not in the vocabulary: they fall back to their 3 and 4 UTF-8 bytes
+    text = " def café(x): ✓ 😀\n"
+    enc = tok.encode(text, add_special_tokens=False)
+    assert {"<0xE2>", "<0xF0>", "\u2581d", "ef", "é"} <= set(enc.tokens)
+    lengths = token_byte_lengths(tok, 512)
+    assert sum(lengths[i] for i in enc.ids) == len(text.encode())
+    assert eos_id(tok, tmp_path / "spm") == tok.token_to_id("</s>") == 2
+
+    data, logs = prepare(tiny_config(f"tokenizer.kind=\"{tmp_path / 'spm'}\"", "tokenizer.vocab_size=512"))
+    assert data.eos_id == 2 and data.eos_id in np.asarray(data.train[:100_000])  # documents end with </s>
+    assert data.token_bytes[2] == 0 and not any("end-of-text" in line for line in logs)
+    assert AutoTokenizer.from_pretrained(str(data.tokenizer_dir)).eos_token == "</s>"
+
+
+def test_a_tokenizer_without_an_end_token_is_said_once(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    folder = tmp_path / "noeos"
+    folder.mkdir()
+    vocab = {chr(c): i for i, c in enumerate([10, *range(32, 127)])} | {"[UNK]": 95}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.save(str(folder / "tokenizer.json"))
+    data, logs = prepare(tiny_config(f"tokenizer.kind=\"{folder}\"", "tokenizer.vocab_size=128"))
+    assert data.eos_id is None
+    assert [line for line in logs if "no end-of-text token" in line]
