@@ -26,7 +26,7 @@ def step_times(cfg, precision: str, compiled: bool, steps: int) -> tuple[float, 
     torch.manual_seed(0)
     m = cfg.model
     model = GPT(GPTShape(cfg.tokenizer.vocab_size, m.n_layer, m.d_model, m.n_head, m.n_kv_head, cfg.head_dim,
-                         cfg.mlp_hidden, m.max_seq_len))
+                         cfg.mlp_hidden, cfg.max_seq_len))
     opts = build_optimizers(model, cfg.optimizer, torch.device("cpu"))
     fwd = torch.compile(model) if compiled else model
     B, T = cfg.training.micro_batch_size, cfg.training.seq_len

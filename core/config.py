@@ -34,7 +34,7 @@ class ModelConfig:
     n_kv_head: int = 2
     head_dim: int = 0  # 0: d_model // n_head
     mlp_hidden: int = 0  # 0: the multiple of 64 nearest 8/3 · d_model (SwiGLU's usual width)
-    max_seq_len: int = 1024
+    max_seq_len: int = 0  # 0: training.seq_len; rotary positions beyond what it trains on are untrained
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     init_std: float = 0.02
@@ -155,6 +155,10 @@ class Config:
         if self.model.mlp_hidden:
             return self.model.mlp_hidden
         return max(64, round(8 * self.model.d_model / 3 / 64) * 64)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.model.max_seq_len or self.training.seq_len
 
     @property
     def world(self) -> int:
@@ -334,7 +338,7 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
     m, t, o = cfg.model, cfg.training, cfg.optimizer
     for key, value in [
         ("model.n_layer", m.n_layer), ("model.d_model", m.d_model), ("model.n_head", m.n_head),
-        ("model.n_kv_head", m.n_kv_head), ("model.max_seq_len", m.max_seq_len),
+        ("model.n_kv_head", m.n_kv_head),
         ("training.max_steps", t.max_steps), ("training.micro_batch_size", t.micro_batch_size),
         ("training.grad_accum_steps", t.grad_accum_steps), ("training.seq_len", t.seq_len),
         ("training.log_every", t.log_every), ("tokenizer.vocab_size", cfg.tokenizer.vocab_size),
@@ -344,6 +348,7 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
     ]:
         need(value > 0, f"{key} = {value} must be a positive integer")
     for key, value in [("model.head_dim", m.head_dim), ("model.mlp_hidden", m.mlp_hidden),
+                       ("model.max_seq_len", m.max_seq_len),
                        ("checkpoint.every", cfg.checkpoint.every), ("eval.every", cfg.eval.every),
                        ("sample.every", cfg.sample.every), ("data.max_bytes", cfg.data.max_bytes),
                        ("optimizer.warmup_steps", o.warmup_steps), ("training.seed", t.seed),
@@ -355,7 +360,7 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
     need(m.head_dim > 0 or m.d_model % m.n_head == 0,
          f"model.n_head = {m.n_head} must divide model.d_model = {m.d_model} (or set model.head_dim)")
     need(cfg.head_dim % 2 == 0, f"the head dimension ({cfg.head_dim}) must be even for rotary embeddings")
-    need(t.seq_len <= m.max_seq_len,
+    need(t.seq_len <= cfg.max_seq_len,
          f"training.seq_len = {t.seq_len} is above the model's context, model.max_seq_len = {m.max_seq_len}")
     need(cfg.tokenizer.vocab_size >= 260 or cfg.tokenizer.kind != "bpe",
          f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} must be at least 260 (256 bytes + specials)")

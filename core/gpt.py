@@ -56,7 +56,7 @@ def shape_from_config(cfg) -> GPTShape:
     m = cfg.model
     return GPTShape(vocab_size=cfg.tokenizer.vocab_size, n_layer=m.n_layer, d_model=m.d_model, n_head=m.n_head,
                     n_kv_head=m.n_kv_head, head_dim=cfg.head_dim, mlp_hidden=cfg.mlp_hidden,
-                    max_seq_len=m.max_seq_len, rope_theta=m.rope_theta, norm_eps=m.norm_eps, init_std=m.init_std)
+                    max_seq_len=cfg.max_seq_len, rope_theta=m.rope_theta, norm_eps=m.norm_eps, init_std=m.init_std)
 
 
 class RMSNorm(nn.Module):

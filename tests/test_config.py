@@ -74,6 +74,7 @@ def test_toml_syntax_error_has_line_and_column(tmp_path):
     ("model.n_kv_head=3", "model.n_kv_head = 3 must divide model.n_head = 4"),
     ("model.n_head=6", "model.n_head = 6 must divide model.d_model = 64"),
     ("training.seq_len=1000", "above the model's context, model.max_seq_len = 64"),
+    ("model.max_seq_len=-1", "model.max_seq_len = -1 must be 0 or more"),
     ("hardware.device=\"gpu\"", "hardware.device = 'gpu' must be"),
     ("distributed.nnodes=0", "distributed.nnodes = 0 must be a positive integer"),
     ("distributed.strategy=\"zero\"", "distributed.strategy = 'zero' is not one of"),
@@ -91,6 +92,15 @@ def test_bad_values_are_named(override, message):
 def test_multi_process_settings_that_cannot_work_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config("debug", overrides)
+
+
+def test_an_unset_context_is_the_trained_sequence_length():
+    # Sampling and export use the model's context: wider than training, it would reach rotary
+    # positions no step ever trained.
+    cfg, _ = load_config("debug", ["model.max_seq_len=0", "training.seq_len=96"])
+    assert cfg.max_seq_len == 96
+    assert Config().max_seq_len == Config().training.seq_len
+    assert load_config("debug", ["model.max_seq_len=128", "training.seq_len=96"])[0].max_seq_len == 128
 
 
 def test_tokens_per_step_counts_every_process_on_every_machine():

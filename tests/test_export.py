@@ -76,7 +76,7 @@ def test_transformers_loads_it_as_qwen3_with_a_tied_head(hf, ours):
 def test_logits_match_in_fp32(hf, ours):
     model, _ = hf
     V = ours.cfg.tokenizer.vocab_size
-    ids = torch.randint(0, V, (2, ours.cfg.model.max_seq_len), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, V, (2, ours.cfg.max_seq_len), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         theirs = model(ids).logits
         mine = ours.model.float()(ids)
