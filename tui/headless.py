@@ -166,6 +166,6 @@ class Headless:
             if v.last_checkpoint:
                 self.say(f"last checkpoint: {v.last_checkpoint}")
                 self.say(f"chat with it:    lmcockpit chat {v.run_dir}")
-            if state == P.INTERRUPTED:
-                self.say(f"resume with:     lmcockpit --run --resume {v.run_dir}")
+                if state == P.INTERRUPTED:
+                    self.say(f"resume with:     lmcockpit --run --resume {v.run_dir}")
         return EXIT_CODES.get(state, 1)
