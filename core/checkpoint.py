@@ -133,10 +133,13 @@ def save(ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list[to
                 _fsync_file(f)
         _fsync_dir(tmp / TRAIN_STATE)
         _fsync_dir(tmp)
-        if final.exists():  # a second save of the same step (checkpoint now, then the final one)
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync_dir(ckpt_root)
+        if final.exists():
+            # This step is on disk already, the same weights: deleting it first would leave no
+            # checkpoint at all if the process were killed before the rename.
+            shutil.rmtree(tmp)
+        else:
+            os.rename(tmp, final)
+            _fsync_dir(ckpt_root)
         _write_latest(ckpt_root, final.name)
         _prune(ckpt_root, keep)
     group.barrier()  # no rank runs ahead into a step (or a next save) before this one is in place
@@ -165,11 +168,6 @@ def _clean_partial(ckpt_root: Path) -> None:
         shutil.rmtree(p, ignore_errors=True)
     for p in ckpt_root.glob(f".{LATEST}.tmp-*"):
         p.unlink(missing_ok=True)
-
-
-def latest_step(ckpt_root: Path) -> int | None:
-    found = list_checkpoints(ckpt_root)
-    return int(found[-1].name.split("_")[1]) if found else None
 
 
 def _prune(ckpt_root: Path, keep: int) -> None:

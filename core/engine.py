@@ -25,9 +25,22 @@ from pathlib import Path
 
 from . import gpu_env, protocol as P
 from .config import ConfigError, config_from_dict
-from .runfolder import TRAIN_LOG
+from .runfolder import TRAIN_LOG, hold_run_dir
 
 _EOF = "\x00lmcockpit-log-eof\x00"
+_EARLY_SIGNALS: list[str] = []
+
+
+def hold_signals() -> None:
+    """First thing in the engine: the log pump and torch's import take a second or more, and a
+    SIGTERM or SIGHUP in that time must still stop the run in order (Commands takes it over)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: _EARLY_SIGNALS.append(signal.Signals(signum).name))
+
+
+def early_signal() -> str | None:
+    return _EARLY_SIGNALS.pop() if _EARLY_SIGNALS else None
 
 
 class LogPump:
@@ -87,8 +100,8 @@ class Commands:
 
     def __init__(self, commands):
         self.commands = commands  # None: a rank other than 0, which hears only signals and its parent
-        self.signalled: str | None = None  # a signal not yet turned into an Abort
-        self.stop_signal: str | None = None  # the last signal received, kept
+        self.signalled = early_signal()  # a signal not yet turned into an Abort
+        self.stop_signal = self.signalled  # the last signal received, kept
         self.parent = mp.parent_process()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -119,11 +132,18 @@ class Commands:
 def main(run_dir: str, config: dict, resume_from: str | None, rendezvous, events, commands) -> None:
     """Spawn target. Exit code 0 for any orderly end (finished, aborted, interrupted), 1 on failure.
     `rendezvous` (a core.rendezvous.Rendezvous) means several processes, started through torchrun."""
-    # First, while torch is not even imported: the CUDA allocator reads its settings once, when
-    # CUDA initialises. expandable_segments goes in PYTORCH_ALLOC_CONF for torch 2.11 and later and
-    # in PYTORCH_CUDA_ALLOC_CONF before (the version comes from package metadata, not an import;
+    hold_signals()
+    # While torch is not even imported: the CUDA allocator reads its settings once, when CUDA
+    # initialises. expandable_segments goes in PYTORCH_ALLOC_CONF for torch 2.11 and later and in
+    # PYTORCH_CUDA_ALLOC_CONF before (the version comes from package metadata, not an import;
     # gpu_env says why 2.11), and a variable the user set is left exactly as it is.
     allocator = gpu_env.configure_allocator()
+    try:
+        # Held until this process exits. Several machines share one run folder, each with an
+        # engine of its own: no claim there.
+        _claim = hold_run_dir(Path(run_dir)) if config["distributed"]["nnodes"] == 1 else None
+    except ConfigError as e:
+        return finish(events, P.FAILED, P.Failure(str(e), user_error=True))
     pump = LogPump(Path(run_dir) / TRAIN_LOG, events)
     print(run_header(run_dir))
     print(f"allocator: {allocator.describe()}")
@@ -137,6 +157,10 @@ def main(run_dir: str, config: dict, resume_from: str | None, rendezvous, events
         print(f"engine: run failed: {failure.message}")
     print(f"engine: {final}")
     pump.close()
+    finish(events, final, failure)
+
+
+def finish(events, final: str, failure: P.Failure | None) -> None:
     if failure is not None:
         events.put(failure)
     events.put(P.StateChanged(final, failure.message if failure else ""))
@@ -160,6 +184,8 @@ def train(run_dir: str, config: dict, resume_from: str | None, events, cmds: Com
         final = trainer.run()
     except ConfigError as e:
         failure = P.Failure(str(e), user_error=True)
+    except P.RunFailure as e:
+        failure = P.Failure(str(e))
     except Exception as e:  # noqa: BLE001 - every failure must reach the front-end
         tb = traceback.format_exc()
         print(tb, end="")

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from . import protocol as P
 from .config import config_from_dict
-from .engine import Commands, LogPump, run_header, flush_events, train
+from .engine import Commands, LogPump, early_signal, run_header, flush_events, train
 from .rendezvous import Rendezvous
 from .runfolder import METRICS, TRAIN_LOG, MetricsLog, tail_rows
 
@@ -106,6 +106,8 @@ def _forward_stops(commands) -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: stop(f"{signal.Signals(signum).name} received"))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the front-end's to turn into a command
+    if (early := early_signal()) is not None:
+        stop(f"{early} received")
     parent = mp.parent_process()
     if parent is not None:
         def watch() -> None:

@@ -12,15 +12,14 @@ from typing import TYPE_CHECKING
 import psutil
 import torch
 
-from . import batches, checkpoint, fit
+from . import batches, fit, protocol as P
 from .gpt import GPT, shape_from_config
-from .runfolder import CHECKPOINTS
 
 if TYPE_CHECKING:
     from .trainer import Trainer
 
 
-class OutOfMemory(RuntimeError):
+class OutOfMemory(P.RunFailure):
     """The GPU ran out of memory: the message says where, how much, and what to change."""
 
 
@@ -100,7 +99,7 @@ def out_of_memory_message(trainer: Trainer, error: str) -> str:
     props = torch.cuda.get_device_properties(trainer.device)
     return fit.out_of_memory_message(trainer.cfg, trainer.step + 1, error, props.name, props.total_memory,
                                      torch.cuda.max_memory_allocated(trainer.device),
-                                     checkpoint.latest_step(trainer.run_dir / CHECKPOINTS))
+                                     trainer.saved_step)
 
 
 def saved_bytes_per_token(cfg, device: str, compiled: bool, amp_dtype: torch.dtype | None) -> float:

@@ -30,10 +30,16 @@ def build_optimizers(model: torch.nn.Module, cfg: OptimizerConfig, device: torch
     if muon:
         opts.append(Muon([p for _, p in muon], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
                          weight_decay=cfg.weight_decay))
+    set_peak_lrs(opts, cfg)
+    return opts
+
+
+def set_peak_lrs(opts: list[torch.optim.Optimizer], cfg: OptimizerConfig) -> None:
+    """The config's peak rates into every group, which the schedule scales. Loading a checkpoint
+    brings back the rates it was saved with, and a resume may have lowered them (resume.py)."""
     for opt in opts:
         for group in opt.param_groups:
-            group["peak_lr"] = group["lr"]
-    return opts
+            group["peak_lr"] = cfg.muon_lr if isinstance(opt, Muon) else cfg.lr
 
 
 def lr_multiplier(step: int, max_steps: int, cfg: OptimizerConfig) -> float:

@@ -2,11 +2,13 @@
 
 A run folder continues in place from its latest complete checkpoint (metrics.jsonl loses the
 lines past that checkpoint's step, so no step appears twice); a checkpoint folder continues into
-a new run folder. The checkpoint's own config is used: `--set` may change only what cannot change
-the trajectory (the step budget and the eval/checkpoint/log/sample cadence) and refuses the rest
-by name. The number of processes may change too (2 → 1, 1 → 2, DDP ↔ FSDP): accumulation is then
-rescaled so that every step still takes the same sequences, which is what makes the continued run
-the same run. Torch-free: the front-end plans the resume before the engine starts.
+a new run folder. The checkpoint's own config is used: `--set` may change the step budget, the
+eval/checkpoint/log/sample cadence, and what gets a run past a loss spike (learning rates,
+clipping, what to do on a non-finite loss); it refuses the rest (model, data, batch) by name. The
+number of processes may change too (2 → 1, 1 → 2, DDP ↔ FSDP): accumulation is then rescaled so
+that every step still takes the same sequences, which is what makes the continued run the same
+run. A run folder that an engine is training in is not resumed meanwhile (runfolder.hold_run_dir).
+Torch-free: the front-end plans the resume before the engine starts.
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Config, ConfigError, apply_overrides, config_from_dict, parse_override, read_toml, write_config
-from .runfolder import CHECKPOINTS, CONFIG, METRICS, create_run_dir, latest_checkpoint
+from .runfolder import (CHECKPOINTS, CONFIG, METRICS, check_not_training, create_run_dir, latest_checkpoint,
+                        step_dirs)
 
 SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eval.batches", "checkpoint.every",
                   "checkpoint.keep", "hardware.device", "distributed.nproc", "distributed.nnodes",
-                  "distributed.strategy"}
+                  "distributed.strategy",
+                  # What gets a run past a loss spike: they change the steps to come, which is the point.
+                  "optimizer.lr", "optimizer.muon_lr", "training.grad_clip", "training.on_nan",
+                  "training.max_nan_skips"}
 SAFE_SECTIONS = {"sample"}
 TRAIN_STATE = "train_state"  # the torch.distributed.checkpoint folder: weights and optimizer state
 CHECKPOINT_FILES = ("model.safetensors", f"{TRAIN_STATE}/.metadata", "state.json", CONFIG)
@@ -64,6 +70,7 @@ def plan_resume(path_arg: str, overrides: list[str], out: str | None) -> ResumeP
         if out:
             raise ConfigError(f"--resume {path} continues that run folder in place; --out applies only when "
                               "resuming from a checkpoint folder")
+        check_not_training(path)
         ckpt = latest_checkpoint(path)
         if ckpt is None:
             raise ConfigError(f"--resume {path}: the run has no complete checkpoint to continue from")
@@ -91,9 +98,9 @@ def plan_resume(path_arg: str, overrides: list[str], out: str | None) -> ResumeP
         run_dir = path
         write_config(cfg, run_dir / CONFIG)
         truncate_metrics(run_dir / METRICS, step)
-        for later in (path / CHECKPOINTS).glob("step_*"):
+        for later_step, later in step_dirs(path / CHECKPOINTS):
             # Checkpoints past the one we continue from belong to a future that is being redone.
-            if later.name > ckpt.name:
+            if later_step > step:
                 shutil.rmtree(later, ignore_errors=True)
     else:
         run_dir = create_run_dir(cfg, ckpt.parent.parent.name or "resumed", out)

@@ -6,7 +6,10 @@ folder is known even if the engine dies at once); filled by the engine. No torch
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,8 @@ METRICS = "metrics.jsonl"
 TRAIN_LOG = "train.log"
 TOKENIZER = "tokenizer"
 CHECKPOINTS = "checkpoints"
+STEP_DIR = re.compile(r"step_(\d+)")
+LOCK = ".training"  # flock'ed by the engine while it trains here; holds its pid
 
 
 def default_run_dir(name: str, runs_root: Path = Path("runs")) -> Path:
@@ -67,22 +72,47 @@ def join_run_dir(cfg: Config, path: Path, out: str | None) -> Path:
     return path
 
 
+def hold_run_dir(run_dir: Path):
+    """Claim the run folder for this process's training, until the returned file is closed or the
+    process ends (a killed one too: the kernel drops an flock with its owner). A second training,
+    or a resume planned while this one runs, would rewrite config.toml and metrics.jsonl under it
+    and delete its half-written checkpoints: refused instead, naming who holds it."""
+    fh = open(run_dir / LOCK, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        holder = fh.read().strip() or "?"
+        fh.close()
+        raise ConfigError(f"{run_dir}: a training is running in this run folder (pid {holder}); stop it, "
+                          "or wait for it to end, before resuming it") from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    return fh
+
+
+def check_not_training(run_dir: Path) -> None:
+    hold_run_dir(run_dir).close()
+
+
+def step_dirs(ckpt_root: Path) -> list[tuple[int, Path]]:
+    """Every `step_N` folder, complete or not, by step: by number, since step_1000000 sorts before
+    step_999999 as text."""
+    found = [(int(m[1]), p) for p in ckpt_root.glob("step_*") if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir()]
+    return sorted(found)
+
+
 def list_checkpoints(ckpt_root: Path) -> list[Path]:
     """Complete checkpoints (state.json is written before the folder is renamed into place), oldest first."""
-    if not ckpt_root.is_dir():
-        return []
-    return sorted(p for p in ckpt_root.glob("step_*") if p.is_dir() and (p / "state.json").is_file())
+    return [p for _, p in step_dirs(ckpt_root) if (p / "state.json").is_file()]
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint: the one `latest` names if it is whole, else the highest step."""
-    root = Path(run_dir) / CHECKPOINTS
-    pointer = root / "latest"
-    if pointer.is_file():
-        target = root / pointer.read_text().strip()
-        if (target / "state.json").is_file():
-            return target
-    found = list_checkpoints(root)
+    """The highest complete checkpoint. Not the `latest` pointer, which is for people: a kill
+    between a checkpoint's rename and the pointer's update leaves it one checkpoint behind."""
+    found = list_checkpoints(Path(run_dir) / CHECKPOINTS)
     return found[-1] if found else None
 
 

@@ -12,6 +12,7 @@ import multiprocessing as mp
 import queue
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from . import protocol as P
@@ -32,6 +33,21 @@ def _real_streams():
         sys.stdout, sys.stderr = saved
 
 
+@contextlib.contextmanager
+def _sigint_ignored():
+    """A process started while SIGINT is ignored starts with it ignored (exec keeps SIG_IGN, and
+    Python then installs no KeyboardInterrupt handler): Ctrl-C in the child's first second, while
+    it imports, would otherwise kill it before it can ignore SIGINT itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; the app starts processes from it
+        return
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, saved)
+
+
 class ProcessHandle:
     """A spawned process that speaks the protocol: commands in, events out. Subclasses name the
     process's entry point and may watch events (`observe`) or record a silent death."""
@@ -48,7 +64,7 @@ class ProcessHandle:
         self.failure: P.Failure | None = None
 
     def start(self) -> None:
-        with _real_streams():
+        with _real_streams(), _sigint_ignored():
             self.process.start()
 
     @property

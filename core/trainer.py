@@ -25,13 +25,13 @@ from .device import autocast_dtype, memory_stats, peak_flops, resolve_device, re
 from .gpt import GPT, shape_from_config
 from .group import Group
 from .memory_fit import OutOfMemory, oom_in
-from .optim import build_optimizers, clip_grad_norm, lr_multiplier, set_lr
+from .optim import build_optimizers, clip_grad_norm, lr_multiplier, set_lr, set_peak_lrs
 from .runfolder import CHECKPOINTS, METRICS, TOKENIZER, MetricsLog
 
 Emit = Callable[[object], None]
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(P.RunFailure):
     pass
 
 
@@ -59,6 +59,7 @@ class Trainer:
         self.step = 0  # optimizer steps completed
         self.tokens_seen = 0
         self.nan_skips = 0
+        self.saved_step: int | None = None  # the newest checkpoint on disk
 
     # ------------------------------------------------------------------------------- set-up
     def setup(self) -> None:
@@ -146,7 +147,10 @@ class Trainer:
         except Exception as e:  # noqa: BLE001 - safetensors, torch and pickle each raise their own
             raise ConfigError(f"--resume {path}: the checkpoint does not fit this model or is damaged "
                               f"({str(e).splitlines()[0]})") from None
+        set_peak_lrs(self.optimizers, self.cfg.optimizer)
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+        if Path(path).resolve().parent == (self.run_dir / CHECKPOINTS).resolve():
+            self.saved_step = self.step  # in place; from another run's checkpoint, this run has none yet
         self.nan_skips = state.get("nan_skips", 0)
         checkpoint.restore_rng_state(state["rng"])
         if self.scaler and state.get("grad_scaler"):
@@ -266,9 +270,11 @@ class Trainer:
                      f"({self.nan_skips}/{self.cfg.training.max_nan_skips})")
             self.step += 1
             return
+        o = self.cfg.optimizer
         raise NonFiniteLoss(f"non-finite values at step {self.step + 1} ({what}); the weights of step "
-                            f"{self.step} were kept. Lower optimizer.lr / optimizer.muon_lr or set "
-                            "training.on_nan = \"skip\".")
+                            f"{self.step} were kept. Resume with lower learning rates (lmcockpit --run --resume "
+                            f"{self.run_dir} --set optimizer.lr={o.lr / 2:g} --set optimizer.muon_lr={o.muon_lr / 2:g}) "
+                            f"or past bad batches (--set training.on_nan='\"skip\"').")
 
     # ----------------------------------------------------------------------------- commands
     def handle_commands(self) -> None:
@@ -339,11 +345,15 @@ class Trainer:
 
     def save_last_good(self) -> None:
         """After a non-finite step: the weights in memory are still the last good step's."""
-        last = checkpoint.latest_step(self.run_dir / CHECKPOINTS)
-        if self.step > 0 and last != self.step:
+        if self.step > 0:
             self.save_checkpoint()
 
     def save_checkpoint(self) -> None:
+        if self.step == self.saved_step:
+            # Saved already (a periodic checkpoint, then an abort; or the step it resumed from):
+            # writing it again would only double the time a stop takes.
+            self.emit(P.CheckpointWritten(self.step, str(self.run_dir / CHECKPOINTS / checkpoint.step_dir_name(self.step))))
+            return
         self.emit(P.StateChanged(P.CHECKPOINTING))
         state = {"tokens_seen": self.tokens_seen, "nan_skips": self.nan_skips, "world": self.group.world,
                  "config_hash": self.cfg.hash(),
@@ -351,6 +361,7 @@ class Trainer:
                  "grad_scaler": self.scaler.state_dict() if self.scaler else None}
         path = checkpoint.save(self.run_dir / CHECKPOINTS, self.step, self.model, self.optimizers, state,
                                self.cfg.to_toml(), self.cfg.checkpoint.keep, self.group)
+        self.saved_step = self.step
         self.metrics.write("checkpoint", step=self.step, path=str(path))
         self.emit(P.CheckpointWritten(self.step, str(path)))
         self.log(f"checkpoint: step {self.step} written to {path}")

@@ -33,16 +33,26 @@ def tiny_config(*overrides: str) -> Config:
     return cfg
 
 
-def drive_engine(cfg: Config, run_dir: Path, on_event=None, timeout: float = 300):
+def drive_engine(cfg: Config, run_dir: Path, on_event=None, timeout: float = 300, resume=None, queued=(),
+                 on_start=None):
     """Run the real engine process to its end; returns (engine, every event in order).
-    `on_event(engine, event)` may send commands as events arrive."""
+    `on_event(engine, event)` may send commands as events arrive; `queued` commands wait for the
+    engine before it starts, so it takes them before its first step; `on_start(engine)` runs the
+    moment it has started. `resume`: a resume.ResumePlan, whose run folder and checkpoint are used."""
     import time
 
     from lmcockpit.core.runner import EngineProcess
 
-    run_dir = create_run_dir(cfg, "test", str(run_dir))
-    engine = EngineProcess(cfg, run_dir)
+    if resume is not None:
+        cfg, run_dir = resume.cfg, resume.run_dir
+    else:
+        run_dir = create_run_dir(cfg, "test", str(run_dir))
+    engine = EngineProcess(cfg, run_dir, resume.checkpoint if resume is not None else None)
+    for command in queued:
+        engine.commands.put(command)
     engine.start()
+    if on_start:
+        on_start(engine)
     events = []
     deadline = time.monotonic() + timeout
     try:

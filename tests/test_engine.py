@@ -134,13 +134,24 @@ def test_an_engine_killed_from_outside_is_reported_as_failed(tmp_path):
     assert "SIGKILL" in read_metrics(tmp_path / "run", "failure")[-1]["message"]
 
 
+def test_ctrl_c_while_the_engine_starts_up_is_left_to_the_front_end(tmp_path):
+    # Ctrl-C reaches the whole foreground process group, the engine too, maybe while it is still
+    # importing: it must not die of it (the front-end turns Ctrl-C into a command).
+    engine, events = drive_engine(tiny_config(), tmp_path / "run", queued=[P.Abort(save=False)],
+                                  on_start=lambda engine: os.kill(engine.pid, signal.SIGINT))
+    assert engine.final_state == P.ABORTED and engine.process.exitcode == 0, engine.failure
+
+
 def test_an_exception_in_the_engine_arrives_with_its_traceback(tmp_path):
-    # An absurd learning rate makes the loss non-finite: a real failure, raised inside the engine.
-    engine, events = drive_engine(tiny_config("optimizer.lr=1e30", "optimizer.muon_lr=1e30",
-                                              "training.max_steps=20", "training.grad_clip=0"), tmp_path / "run")
+    # A token cache whose tokenizer file is damaged: nothing the engine expects, raised inside it.
+    from lmcockpit.core import token_cache
+
+    cfg = tiny_config(f"data.cache_dir=\"{tmp_path / 'cache'}\"")
+    data = token_cache.prepare(cfg, lambda line: None, lambda *a: None)
+    (data.tokenizer_dir / "tokenizer.json").write_text("{ not json")
+    engine, events = drive_engine(cfg, tmp_path / "run")
     assert engine.final_state == P.FAILED and engine.process.exitcode == 1
-    assert "non-finite" in engine.failure.message
-    assert "Traceback" in engine.failure.traceback
+    assert "Traceback" in engine.failure.traceback and not engine.failure.user_error
     assert read_metrics(tmp_path / "run", "failure")
 
 

@@ -139,6 +139,7 @@ def test_nan_stops_with_a_report_and_keeps_the_last_good_weights(tmp_path):
     engine, events = drive_engine(cfg, run)
     assert engine.final_state == P.FAILED and engine.process.exitcode == 1
     assert "non-finite" in engine.failure.message and not engine.failure.user_error
+    assert engine.failure.traceback == ""  # the message is whole: what happened, where, what to do
     good = [e.step for e in events if isinstance(e, P.StepMetrics)]
     bad_step = (good[-1] if good else 0) + 1
     report = (run / "nan_debug" / f"step_{bad_step:06d}" / "report.txt").read_text()
@@ -159,6 +160,108 @@ def test_nan_skip_counts_and_then_stops(tmp_path):
     assert engine.final_state == P.FAILED
     skips = [e for e in events if isinstance(e, P.LogLine) and "update skipped" in e.text]
     assert [s.text.split("(")[-1] for s in skips][-1].startswith("3/3")
+
+
+def copy_checkpoint(src: Path, dst: Path, step: int) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    state = json.loads((dst / "state.json").read_text())
+    (dst / "state.json").write_text(json.dumps({**state, "step": step}))
+    return dst
+
+
+def test_checkpoints_are_ordered_by_step_number_not_by_name(reference, tmp_path):
+    import shutil
+
+    from lmcockpit.core.checkpoint import _prune
+    from lmcockpit.core.resume import plan_resume
+
+    run, ref = tmp_path / "run", reference / "checkpoints" / "step_000020"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(reference / "config.toml", run / "config.toml")
+    for step in (999_990, 1_000_000):  # "step_1000000" < "step_999990" as text
+        copy_checkpoint(ref, run / "checkpoints" / f"step_{step:06d}", step)
+    (run / "checkpoints" / "latest").write_text("step_999990\n")  # killed before the pointer moved
+    (run / "checkpoints" / "step_1000010").mkdir()  # killed before its state.json: not a checkpoint
+    assert latest_checkpoint(run).name == "step_1000000"
+
+    plan = plan_resume(str(run), ["training.max_steps=1000020"], None)
+    assert plan.step == 1_000_000
+    assert not (run / "checkpoints" / "step_1000010").exists()  # the future being redone
+    assert (run / "checkpoints" / "step_999990").exists()
+    _prune(run / "checkpoints", keep=1)
+    assert [p.name for p in (run / "checkpoints").glob("step_*")] == ["step_1000000"]
+
+
+def test_a_stop_at_a_saved_step_keeps_that_checkpoint_as_it_is(reference, tmp_path):
+    """Saving a step twice once deleted the first copy before renaming the second into place: a
+    kill in between left no checkpoint at all. The step on disk is now left alone."""
+    import shutil
+
+    from lmcockpit.core.resume import plan_resume
+
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    ckpt = run / "checkpoints" / "step_000040"
+    written = (ckpt / "state.json").stat().st_mtime_ns
+    plan = plan_resume(str(run), ["training.max_steps=50"], None)
+    engine, events = drive_engine(None, run, resume=plan, queued=[P.Abort(save=True)])
+    assert engine.final_state == P.ABORTED, engine.failure
+    assert [e.step for e in events if isinstance(e, P.CheckpointWritten)] == [40]
+    assert (ckpt / "state.json").stat().st_mtime_ns == written
+    assert not [r for r in read_metrics(run, "checkpoint") if r["step"] == 40][1:]
+
+    # From another run's checkpoint, the new run has none of its own yet: the stop writes one.
+    plan = plan_resume(str(ckpt), ["training.max_steps=50"], str(tmp_path / "new"))
+    engine, events = drive_engine(None, None, resume=plan, queued=[P.Abort(save=True)])
+    assert engine.final_state == P.ABORTED, engine.failure
+    assert latest_checkpoint(tmp_path / "new").name == "step_000040"
+
+
+def test_a_run_being_trained_cannot_be_resumed_meanwhile(tmp_path):
+    out = tmp_path / "run"
+    proc = start_cli_run(out, "checkpoint.every=2", until="checkpoint: step 2")
+    try:
+        config, metrics = (out / "config.toml").read_text(), (out / "metrics.jsonl").stat().st_ino
+        again = cli("--run", "--resume", str(out), "--set", "training.max_steps=7")
+        assert again.returncode == 2 and "a training is running in this run folder" in again.stderr
+        assert (out / "config.toml").read_text() == config and (out / "metrics.jsonl").stat().st_ino == metrics
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    # once it has stopped, the same command goes through
+    again = cli("--run", "--resume", str(out), "--set", f"training.max_steps={latest_step(out) + 1}")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def latest_step(run: Path) -> int:
+    return json.loads((latest_checkpoint(run) / "state.json").read_text())["step"]
+
+
+def test_a_loss_spike_is_resumed_past_with_other_learning_rates(reference, tmp_path):
+    import shutil
+
+    from lmcockpit.core.config import load_config
+    from lmcockpit.core.optim import lr_multiplier
+
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    spike = ["--set", "optimizer.lr=1e38", "--set", "optimizer.muon_lr=1e38", "--set", "training.grad_clip=0.0"]
+    proc = cli("--run", "--resume", str(run), "--set", "training.max_steps=44", *spike)
+    assert proc.returncode == 1 and "non-finite values" in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr  # the message says it all
+    assert f"lmcockpit --run --resume {run} --set optimizer.lr=5e+37" in proc.stderr
+
+    # The rates given on resume are the ones trained with, not those the optimizer state saved.
+    proc = cli("--run", "--resume", str(run / "checkpoints" / "step_000040"), "--out", str(tmp_path / "calm"),
+               "--set", "training.max_steps=44", "--set", "optimizer.lr=1e-3", "--set", "optimizer.muon_lr=0.01")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = read_metrics(tmp_path / "calm", "step")
+    assert [r["step"] for r in rows] == [41, 42, 43, 44]
+    schedule = load_config("debug", ["training.max_steps=44"])[0].optimizer
+    assert rows[0]["lr"] == pytest.approx(1e-3 * lr_multiplier(40, 44, schedule))
 
 
 # ---------------------------------------------------------------------------- bad --resume input
