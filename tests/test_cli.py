@@ -100,3 +100,45 @@ def test_the_cockpit_form_refuses_bad_input_before_it_opens(args, message):
     proc = cli(*args)
     assert proc.returncode == 2 and message in proc.stderr
     assert "Traceback" not in proc.stderr and "\x1b[?1049h" not in proc.stdout + proc.stderr  # no alt screen
+
+
+# ------------------------------------------------------------------ the live progress line
+def progressed_view(steps: int = 45, max_steps: int = 400, mfu: float | None = None):
+    from lmcockpit.core import protocol as P
+    from lmcockpit.tui.runview import RunView
+
+    view = RunView()
+    view.apply(P.RunStarted("run", {}, 1000, "cpu", "fp32", 0, max_steps, 4096))
+    view.apply(P.StateChanged(P.RUNNING))
+    for step in range(1, steps + 1):
+        view.apply(P.StepMetrics(step, 5.2847, 1e-3, 1.0, 4096 / 0.8, mfu, 0.8, step * 4096))
+    return view
+
+
+def test_the_progress_line_of_a_cpu_run_shows_what_matters_within_80_columns():
+    from lmcockpit.tui.headless import progress_line
+
+    line = progress_line(progressed_view(), None, None)
+    assert "VRAM" not in line and "GPU" not in line and "MFU" not in line and "–" not in line
+    shown = line[:80]
+    for field in ["step 45/400", "11%", "loss 5.2847", "ETA 0:04:44", "5.1k tok/s"]:
+        assert field in shown, (field, line)
+    # the least useful fields go last; the longest counts still keep the four within 80 columns
+    assert line.index("loss") < line.index("ETA") < line.index("tok/s") < line.index("step/s")
+    long = progress_line(progressed_view(3, 100000), None, None)
+    assert "tok/s" in long[:80] and "ETA" in long[:80]
+
+
+def test_the_progress_line_shows_gpu_fields_when_known_and_says_a_pause_up_front():
+    from lmcockpit.core import protocol as P
+    from lmcockpit.core.telemetry import GPUReading, Reading
+    from lmcockpit.tui.headless import progress_line
+
+    view = progressed_view(mfu=0.41)
+    gpu = GPUReading(0, "Card", 97.0, 50.0, 3_100_000_000, 24_000_000_000, 60.0, 300.0, 1800)
+    line = progress_line(view, Reading(10.0, 1, 2, [gpu]), 0)
+    assert line.endswith("| VRAM 3.1/24.0GB | GPU 97% | MFU 41%"), line
+    view.apply(P.StateChanged(P.PAUSED))
+    assert progress_line(view, None, None).startswith("step 45/400 [█▏        ] 11% PAUSED | loss 5.2847 |")
+    fresh = progressed_view(1)  # the first step's rate is compilation's: no rate yet
+    assert progress_line(fresh, None, None).endswith("| loss 5.2847 | ETA – | – tok/s")

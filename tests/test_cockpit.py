@@ -267,3 +267,108 @@ async def test_a_cuda_graph_mode_launches_from_the_cockpit_in_one_process(tmp_pa
         assert len(app.engines) == 1 and (tmp_path / "runs").exists()
         app.engines[0].kill()
         app.engines[0].join(timeout=30)
+
+
+# ------------------------------------------------------------------ the dashboard fed events
+# The dashboard with no engine, fed the snapshot tests' fixed event stream: what it does with
+# keys and resizes does not need a training run.
+
+async def test_the_log_scale_chart_survives_a_resize_and_the_chat_pane():
+    """plotext's own log axis took log10 of its stored data again on every build, so a repaint
+    without fresh data (a resize, the chat pane narrowing the chart) crashed the cockpit."""
+    from lmcockpit.tui.widgets.charts import LossChart
+
+    from .test_cockpit_snapshots import FedDashboard
+
+    app = FedDashboard()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        dash = dashboard(app)
+        chart = dash.query_one("#loss", LossChart)
+        await pilot.press("l")
+        await pilot.pause()
+        for size in [(100, 30), (140, 45), (80, 24), (120, 40)]:
+            await pilot.resize_terminal(*size)
+            await pilot.pause()
+            assert chart.size.width > 0 and chart.error == "", (size, chart.error)
+        width = chart.size.width
+        await pilot.press("t")  # the chat pane takes width from the chart: a repaint on old data
+        await pilot.pause()
+        assert dash.has_class("chatting") and chart.size.width < width
+        await pilot.resize_terminal(130, 40)
+        await pilot.pause()
+        assert app.is_running and chart.error == ""
+        shown = chart.render().plain
+        assert "loss (log scale)" in shown and "4┤" in shown  # tick labels in loss units, not log10
+        await pilot.press("escape", "l")  # back to linear, still drawing
+        await pilot.pause()
+        assert "log scale" not in chart.render().plain and chart.error == ""
+    assert app.return_code in (None, 0)
+
+
+async def test_escape_leaves_the_chat_prompt_then_closes_the_pane():
+    from .test_cockpit_snapshots import FedDashboard
+
+    app = FedDashboard()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        dash = dashboard(app)
+        chat = dash.query_one("#chat")
+        assert "Esc" in chat.border_title and "t closes" in chat.border_title
+        await pilot.press("t")
+        assert dash.has_class("chatting") and app.focused.id == "chat-input"
+        await pilot.press("t")  # typed into the prompt, as a prompt may begin with t
+        assert dash.has_class("chatting") and app.focused.value == "t"
+        await pilot.press("escape")  # out of the prompt: the cockpit's keys work again
+        assert dash.has_class("chatting") and app.focused is None
+        await pilot.press("t")
+        assert not dash.has_class("chatting")
+        await pilot.press("t", "escape", "escape")  # or Esc twice
+        assert not dash.has_class("chatting") and app.focused is None
+        await pilot.press("question_mark")
+        assert "Esc" in screen_text(app.screen.query_one("Static").render())
+        await pilot.press("escape")
+        assert app.screen is dash
+
+
+def test_the_rates_shown_follow_one_smoothed_step_time():
+    """tokens/s, steps/s, MFU and the ETA all come from the same smoothed step time, on the
+    dashboard and on the headless progress line alike."""
+    from lmcockpit.tui.headless import progress_line
+    from lmcockpit.tui.runview import RunView, fmt_count
+    from lmcockpit.tui.widgets.panels import throughput_rows
+
+    view = RunView()
+    view.apply(P.RunStarted("run", {}, 1000, "cpu", "fp32", 0, 100, 4096))
+    view.apply(P.StateChanged(P.RUNNING))
+    for step, dt in enumerate([30.0, 1.0, 1.0, 1.0, 1.0, 0.25], 1):  # compile, then steady, then a fast step
+        view.apply(P.StepMetrics(step, 5.0, 1e-3, 1.0, 4096 / dt, 0.4 / dt, dt, step * 4096))
+    steps_per_s = view.steps_per_s
+    assert steps_per_s == pytest.approx(1 / (0.9 + 0.1 * 0.25))
+    assert view.tokens_per_s == pytest.approx(4096 * steps_per_s)  # not the last step's 16384
+    assert view.mfu == pytest.approx(0.4 * steps_per_s)
+    assert view.eta == pytest.approx((100 - 6) / steps_per_s)
+    rows = dict(throughput_rows(view))
+    assert rows["tokens/s"] == fmt_count(4096 * steps_per_s) == "4.4k" and rows["steps/s"] == f"{steps_per_s:.2f}"
+    assert rows["MFU"] == f"{100 * 0.4 * steps_per_s:.1f}%"
+    assert "4.4k tok/s" in progress_line(view, None, None) and f"{steps_per_s:.2f} step/s" in progress_line(view, None, None)
+
+
+@pytest.mark.parametrize("end", sorted(P.TERMINAL_STATES))
+def test_elapsed_stops_when_the_run_ends(end):
+    from lmcockpit.tui.runview import RunView
+
+    now = [100.0]
+    view = RunView(clock=lambda: now[0])
+    view.apply(P.StateChanged(P.RUNNING))
+    now[0] = 130.0
+    view.apply(P.StateChanged(P.PAUSED))
+    now[0] = 160.0
+    assert view.elapsed == 60.0  # wall time: a pause is part of it
+    view.apply(P.StateChanged(P.RUNNING))
+    now[0] = 190.0
+    view.apply(P.StateChanged(end))
+    now[0] = 1000.0
+    assert view.elapsed == 90.0
+    view.apply(P.StateChanged(end))  # a repeated end does not restart it
+    assert view.elapsed == 90.0

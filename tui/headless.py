@@ -31,21 +31,23 @@ def progress_line(v: RunView, reading: Reading | None, gpu_index: int | None = 0
     if v.state == P.COMPILING:
         return f"Compiling the model (torch.compile)… {fmt_duration(v.elapsed)}"
     gpu = find_gpu(reading, gpu_index) if gpu_index is not None else None
-    vram = f"{gpu.mem_used / 1e9:.1f}/{gpu.mem_total / 1e9:.1f}GB" if gpu else DASH
     frac = v.step / v.max_steps if v.max_steps else 0.0
+    head = f"step {v.step}/{v.max_steps} [{bar(frac, 10)}] {100 * frac:.0f}%"
+    if v.state not in (P.RUNNING, P.COMPILING):  # paused, evaluating, ended: said up front
+        head += f" {v.state.upper()}"
+    # most useful first, so a narrow terminal that cuts the line keeps step, loss, ETA and tok/s;
+    # the rest only when there is a value to show (a CPU run has no VRAM, GPU or MFU)
     fields = [
-        f"Training: {v.step}/{v.max_steps} [{bar(frac)}] {100 * frac:.0f}%",
-        f"Loss {v.loss:.4f}" if v.loss is not None else f"Loss {DASH}",
-        f"VRAM {vram}",
-        f"GPU {gpu.util:.0f}%" if gpu else f"GPU {DASH}",
-        f"{1 / v.dt_ema:.2f} step/s" if v.dt_ema else f"{DASH} step/s",
-        f"{fmt_count(v.tokens_per_s)} tok/s" if v.tokens_per_s else f"{DASH} tok/s",
-        f"MFU {100 * v.mfu:.0f}%" if v.mfu is not None else f"MFU {DASH}",
+        head,
+        f"loss {v.loss:.4f}" if v.loss is not None else f"loss {DASH}",
         f"ETA {fmt_duration(v.eta)}" if v.eta is not None else f"ETA {DASH}",
+        f"{fmt_count(v.tokens_per_s)} tok/s" if v.tokens_per_s else f"{DASH} tok/s",
+        f"{v.steps_per_s:.2f} step/s" if v.steps_per_s else "",
+        f"VRAM {gpu.mem_used / 1e9:.1f}/{gpu.mem_total / 1e9:.1f}GB" if gpu else "",
+        f"GPU {gpu.util:.0f}%" if gpu else "",
+        f"MFU {100 * v.mfu:.0f}%" if v.mfu is not None else "",
     ]
-    if v.state not in (P.RUNNING, P.COMPILING):
-        fields.append(v.state)
-    return " | ".join(fields)
+    return " | ".join(f for f in fields if f)
 
 
 def step_line(ev: P.StepMetrics, v: RunView) -> str:

@@ -43,11 +43,16 @@ class RunView:
     start_step: int = 0
     step: int = 0
     loss: float | None = None
-    tokens_per_s: float | None = None
-    mfu: float | None = None
+    # The rates shown all follow one smoothed step time, dt_ema: tokens/s, steps/s, MFU and the
+    # ETA agree. The last step's raw figures are kept as they came.
+    last_tokens_per_s: float | None = None
+    last_mfu: float | None = None
     dt_ema: float | None = None
+    tokens_ema: float | None = None  # tokens per step (the engine's rate × step time), smoothed alike
+    flops_ema: float | None = None  # MFU × step time, smoothed alongside dt_ema
     clock: object = time.monotonic  # injectable, so snapshot tests render a fixed elapsed time
     started_at: float = 0.0
+    ended_at: float | None = None  # when the run reached a terminal state: elapsed stops there
     train_started_at: float | None = None
     progress: P.Progress | None = None
     last_eval: P.EvalMetrics | None = None
@@ -77,7 +82,28 @@ class RunView:
 
     @property
     def elapsed(self) -> float:
-        return self.clock() - self.started_at
+        """Wall time since the front-end began watching the run (pauses included), frozen once
+        the run has ended."""
+        end = self.ended_at if self.ended_at is not None else self.clock()
+        return end - self.started_at
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Tokens per second at the smoothed step time, the one steps/s and the ETA use."""
+        if not self.dt_ema:
+            return None
+        return self.tokens_ema / self.dt_ema if self.tokens_ema is not None else None
+
+    @property
+    def steps_per_s(self) -> float | None:
+        return 1 / self.dt_ema if self.dt_ema else None
+
+    @property
+    def mfu(self) -> float | None:
+        """MFU at the smoothed step time (the engine's figure is the last step's)."""
+        if self.flops_ema is None or not self.dt_ema:
+            return None
+        return self.flops_ema / self.dt_ema
 
     def apply(self, ev: object) -> None:
         if isinstance(ev, P.RunStarted):
@@ -88,17 +114,22 @@ class RunView:
         elif isinstance(ev, P.StepMetrics):
             if self.train_started_at is None:
                 self.train_started_at = self.clock()
-            self.step, self.loss, self.tokens_per_s, self.mfu = ev.step, ev.loss, ev.tokens_per_s, ev.mfu
+            self.step, self.loss, self.last_tokens_per_s, self.last_mfu = ev.step, ev.loss, ev.tokens_per_s, ev.mfu
             self.lr, self.grad_norm, self.tokens_seen, self.mem = ev.lr, ev.grad_norm, ev.tokens_seen, ev.mem
             self.steps.append(ev.step)
             self.losses.append(ev.loss)
             self.lrs.append(ev.lr)
+            tokens = ev.tokens_per_s * ev.dt
+            flops = ev.mfu * ev.dt if ev.mfu is not None else None
             if self.first_loss is None:
                 self.first_loss = ev.loss
             elif self.dt_ema is None:  # the first step carries compilation: leave it out of the rate
-                self.dt_ema = ev.dt
+                self.dt_ema, self.tokens_ema, self.flops_ema = ev.dt, tokens, flops
             else:
                 self.dt_ema = 0.9 * self.dt_ema + 0.1 * ev.dt
+                self.tokens_ema = 0.9 * self.tokens_ema + 0.1 * tokens
+                self.flops_ema = None if flops is None or self.flops_ema is None else \
+                    0.9 * self.flops_ema + 0.1 * flops
         elif isinstance(ev, P.EvalMetrics):
             self.last_eval = ev
             self.val_steps.append(ev.step)
@@ -109,6 +140,8 @@ class RunView:
             self.state, self.state_detail = ev.state, ev.detail
             if ev.state in (P.PAUSED, P.RUNNING) or ev.state in P.TERMINAL_STATES:
                 self.paused = ev.state == P.PAUSED
+            if ev.state in P.TERMINAL_STATES and self.ended_at is None:
+                self.ended_at = self.clock()
         elif isinstance(ev, P.Failure):
             self.failure = ev
         elif isinstance(ev, P.CheckpointWritten):

@@ -13,6 +13,7 @@ import time
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Input, ProgressBar, RichLog, Static
@@ -30,6 +31,7 @@ from lmcockpit.tui.widgets.panels import (Panel, gpu_layout, gpu_panel, host_row
 
 REDRAW_EVERY = 0.5  # seconds: plotext rebuilds every point on a draw
 NARROW, SHORT = 100, 30  # below these the side panels and the chart shrink
+CHAT_TITLE = "chat · Esc leaves the prompt · t closes"
 
 
 class DashboardScreen(Screen):
@@ -39,6 +41,8 @@ class DashboardScreen(Screen):
         ("a", "abort", "Abort"),
         ("l", "log_scale", "Log scale"),
         ("t", "chat", "Chat"),
+        # Esc reaches the screen from the chat prompt too (the prompt takes every other key)
+        Binding("escape", "leave_chat", "Chat: leave the prompt, then close", show=False),
         ("question_mark", "help", "Help"),
         ("q", "quit_run", "Quit"),
     ]
@@ -82,7 +86,7 @@ class DashboardScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#log", RichLog).border_title = "log"
-        self.query_one("#chat").border_title = "chat (t to close)"
+        self.query_one("#chat").border_title = CHAT_TITLE
         self.on_resize()
         self.set_interval(REDRAW_EVERY, self.redraw)
         if self.telemetry is not None:
@@ -238,6 +242,24 @@ class DashboardScreen(Screen):
         self.toggle_class("chatting")
         if self.has_class("chatting"):
             self.query_one("#chat-input", Input).focus()
+        else:
+            self.leave_chat_input()
+
+    def action_leave_chat(self) -> None:
+        """Esc: out of the chat prompt, so the cockpit's keys work again (t then closes the pane);
+        with the prompt already left, Esc closes the pane."""
+        if not self.has_class("chatting"):
+            return
+        if not self.leave_chat_input():
+            self.remove_class("chatting")
+
+    def leave_chat_input(self) -> bool:
+        """Take the focus off the chat pane; whether it had it."""
+        focused = self.focused
+        if focused is not None and self.query_one(ChatPane) in focused.ancestors_with_self:
+            self.set_focus(None)
+            return True
+        return False
 
     def send_sample(self, request: P.Sample) -> bool:
         if not self.running:

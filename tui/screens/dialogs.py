@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
@@ -41,12 +42,13 @@ class QuitDialog(ModalScreen[bool]):
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [("escape", "dismiss", "Close"), ("question_mark", "dismiss", "Close"), ("q", "dismiss", "Close")]
 
-    def __init__(self, bindings: list[tuple[str, str, str]]):
+    def __init__(self, bindings: list[tuple[str, str, str] | Binding]):
         super().__init__()
         self.keys = bindings
 
     def compose(self) -> ComposeResult:
-        names = {"question_mark": "?"}
-        lines = "\n".join(f"[b]{names.get(k, k):>3}[/b]  {desc}" for k, _, desc in self.keys)
+        names = {"question_mark": "?", "escape": "Esc"}
+        keys = [(b.key, b.description) if isinstance(b, Binding) else (b[0], b[2]) for b in self.keys]
+        lines = "\n".join(f"[b]{names.get(k, k):>3}[/b]  {desc}" for k, desc in keys)
         with Vertical(classes="dialog"):
             yield Static(f"[b]Keys[/b]\n\n{lines}\n\n[dim]Esc closes this help[/dim]")

@@ -2,10 +2,19 @@
 
 plotext rebuilds every point on each draw, so the chart plots the whole history downsampled to
 about twice its width, and redraws only when asked (the dashboard asks at a bounded rate).
+
+Textual also renders the widget again on its own (a resize, a neighbour appearing), so the plot
+is built afresh from the stored history on every render, never left in plotext between two.
+Log scale takes log10 of the values here and keeps plotext's axis linear, with tick labels in
+loss units: plotext's own log axis transforms its stored data in place on each build.
 """
 
 from __future__ import annotations
 
+import math
+
+from rich.text import Text
+from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
 EMA_BETA = 0.9
@@ -35,6 +44,21 @@ def downsample(xs: list[int], ys: list[float], points: int) -> tuple[list[float]
     return out_x, out_y
 
 
+def log_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
+    """Readable tick values (in loss units) between lo and hi > 0 for a log axis: 1, 2, 5 × 10^k
+    (or every integer mantissa on a short range), else evenly spaced in log space."""
+    if not (0 < lo <= hi and math.isfinite(hi)):
+        return []
+    for mantissas in ((1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 5), (1,)):
+        ticks = [m * 10.0**k for k in range(math.floor(math.log10(lo)), math.floor(math.log10(hi)) + 1)
+                 for m in mantissas if lo <= m * 10.0**k <= hi]
+        if 2 <= len(ticks) <= most:
+            return ticks
+    a, b = math.log10(lo), math.log10(hi)
+    n = min(most, 4)
+    return [10 ** (a + (b - a) * i / (n - 1)) for i in range(n)] if b > a else [lo]
+
+
 class LossChart(PlotextPlot):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -43,25 +67,49 @@ class LossChart(PlotextPlot):
         self.losses: list[float] = []
         self.val_steps: list[int] = []
         self.val_losses: list[float] = []
+        self.error: str = ""  # why the last render failed, if it did
 
     def set_data(self, steps, losses, val_steps, val_losses) -> None:
         self.steps, self.losses, self.val_steps, self.val_losses = steps, losses, val_steps, val_losses
 
     def redraw(self) -> None:
+        self.refresh()
+
+    @property
+    def plots_log(self) -> bool:
+        """Log scale is asked for and every value can take it."""
+        values = self.losses + self.val_losses
+        return self.log_scale and bool(values) and all(v > 0 and math.isfinite(v) for v in values)
+
+    def build_plot(self) -> None:
+        """Put the whole figure into plotext, sized for the widget as it is now."""
         plt = self.plt
         plt.clear_figure()
-        plt.title("loss" + (" (log scale)" if self.log_scale else ""))
+        log = self.plots_log
+        y = (lambda vs: [math.log10(v) for v in vs]) if log else (lambda vs: list(vs))
+        if self.log_scale and not log and (self.losses or self.val_losses):
+            plt.title("loss (log scale needs positive values)")
+        else:
+            plt.title("loss" + (" (log scale)" if self.log_scale else ""))
         width = max(10, self.size.width)
         if self.steps:
             xs, ys = downsample(self.steps, self.losses, 2 * width)
-            plt.plot(xs, ys, label="train", color="gray", marker="braille")
+            plt.plot(xs, y(ys), label="train", color="gray", marker="braille")
             sx, sy = downsample(self.steps, ema(self.losses), 2 * width)
-            plt.plot(sx, sy, label="ema", color="cyan", marker="braille")
+            plt.plot(sx, y(sy), label="ema", color="cyan", marker="braille")
         if self.val_steps:
-            plt.scatter(self.val_steps, self.val_losses, label="val", color="orange", marker="dot")
-        if self.log_scale and (self.losses or self.val_losses) and min(self.losses + self.val_losses) > 0:
-            plt.yscale("log")
-        else:
-            plt.yscale("linear")
+            plt.scatter(self.val_steps, y(self.val_losses), label="val", color="orange", marker="dot")
+        if log:
+            ticks = log_ticks(min(self.losses + self.val_losses), max(self.losses + self.val_losses))
+            plt.yticks([math.log10(t) for t in ticks], [f"{t:.3g}" for t in ticks])
         plt.xlabel("step")
-        self.refresh()
+
+    def render(self) -> RenderResult:
+        try:
+            self.build_plot()
+            rendered = super().render()
+        except Exception as e:  # noqa: BLE001 -- a chart that cannot draw must never take the cockpit down
+            self.error = f"{type(e).__name__}: {e}"
+            return Text(f"loss chart unavailable ({self.error})", style="dim red")
+        self.error = ""
+        return rendered

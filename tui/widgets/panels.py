@@ -50,7 +50,7 @@ def state_text(v: RunView) -> Text:
 def throughput_rows(v: RunView) -> list[tuple[str, str]]:
     return [
         ("tokens/s", fmt_count(v.tokens_per_s) if v.tokens_per_s else DASH),
-        ("steps/s", f"{1 / v.dt_ema:.2f}" if v.dt_ema else DASH),
+        ("steps/s", f"{v.steps_per_s:.2f}" if v.steps_per_s else DASH),
         ("MFU", f"{100 * v.mfu:.1f}%" if v.mfu is not None else DASH),
         ("ETA", fmt_duration(v.eta) if v.eta is not None else DASH),
         ("elapsed", fmt_duration(v.elapsed)),
