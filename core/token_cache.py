@@ -53,7 +53,9 @@ def token_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= 1 << 16 else np.uint32
 
 
-def cache_key(cfg: Config) -> tuple[str, list[corpus.SourceFile]]:
+def cache_key(cfg: Config, tokenizer_file: Path | None = None) -> tuple[str, list[corpus.SourceFile]]:
+    """What decides the tokens, hashed: the source's files and split, and the tokenizer (its
+    settings, or with `tokenizer_file` that very file's contents)."""
     desc, files = corpus.list_source_files(cfg.data)
     d, t = cfg.data, cfg.tokenizer
     material = {
@@ -64,7 +66,9 @@ def cache_key(cfg: Config) -> tuple[str, list[corpus.SourceFile]]:
         "tokenizer": [t.kind, t.vocab_size, t.train_bytes],
         "dtype": np.dtype(token_dtype(t.vocab_size)).name,
     }
-    if t.kind != "bpe":  # a pretrained tokenizer's files decide the tokens as much as its path does
+    if tokenizer_file is not None:
+        material["tokenizer"] = ["file", hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()]
+    elif t.kind != "bpe":  # a pretrained tokenizer's files decide the tokens as much as its path does
         folder = Path(t.kind).expanduser()
         material["tokenizer_files"] = [(f.name, f.stat().st_size, f.stat().st_mtime_ns)
                                        for f in (folder / "tokenizer.json", folder / "tokenizer_config.json")
@@ -73,9 +77,18 @@ def cache_key(cfg: Config) -> tuple[str, list[corpus.SourceFile]]:
     return digest, files
 
 
-def prepare(cfg: Config, log: Callable[[str], None], progress: ProgressFn) -> TokenData:
+def prepare(cfg: Config, log: Callable[[str], None], progress: ProgressFn,
+            tokenizer_file: Path | None = None) -> TokenData:
+    """The token cache for `cfg`'s data, built if need be. A resumed run passes its own
+    `tokenizer_file`: its weights know those ids and no others. The cache for its data serves if it
+    was made with that very tokenizer; if not (the source changed since the run started, so a new
+    BPE would differ, or the cache was deleted), the data is tokenised with the run's own."""
     key, files = cache_key(cfg)
     root = cache_root(cfg)
+    if tokenizer_file is not None and not _same_bytes(root / key / "tokenizer" / "tokenizer.json", tokenizer_file):
+        key, files = cache_key(cfg, tokenizer_file)
+    else:
+        tokenizer_file = None  # the cache for the data has it already
     final = root / key
     if (final / "meta.json").is_file():
         log(f"data: reusing token cache {final}")
@@ -86,7 +99,7 @@ def prepare(cfg: Config, log: Callable[[str], None], progress: ProgressFn) -> To
     except OSError as e:
         raise ConfigError(f"data.cache_dir: cannot write the token cache under {root} ({e.strerror})") from None
     try:
-        _build(cfg, files, tmp, log, progress)
+        _build(cfg, files, tmp, log, progress, tokenizer_file)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -104,7 +117,12 @@ def _mkdtemp(root: Path, key: str) -> str:
     return tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root)
 
 
-def _build(cfg: Config, files: list[corpus.SourceFile], out: Path, log, progress: ProgressFn) -> None:
+def _same_bytes(a: Path, b: Path) -> bool:
+    return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
+
+
+def _build(cfg: Config, files: list[corpus.SourceFile], out: Path, log, progress: ProgressFn,
+           tokenizer_file: Path | None) -> None:
     t0 = time.time()
     progress("reading corpus", 0, len(files), "files")
     docs = list(corpus.iter_documents(cfg.data, files))
@@ -113,18 +131,24 @@ def _build(cfg: Config, files: list[corpus.SourceFile], out: Path, log, progress
     log(f"data: {len(train_docs)} train / {len(val_docs)} val documents, {n_bytes / 1e6:.1f} MB of text")
 
     tok_cfg = cfg.tokenizer
-    if tok_cfg.kind == "bpe":
+    if tokenizer_file is not None:
+        from tokenizers import Tokenizer
+
+        tok, tok_folder = Tokenizer.from_file(str(tokenizer_file)), tokenizer_file.parent
+        log(f"data: tokenising with the run's own tokenizer ({tokenizer_file}): no token cache for this data "
+            "was made with it (the source changed since the run started, or the cache was deleted)")
+    elif tok_cfg.kind == "bpe":
         budget = min(tok_cfg.train_bytes or n_bytes, n_bytes)
         progress("training tokenizer", 0, budget, "bytes")
-        tok = tokenizer.train_bpe((d.text for d in train_docs), tok_cfg)
+        tok, tok_folder = tokenizer.train_bpe((d.text for d in train_docs), tok_cfg), None
         log(f"data: trained a byte-level BPE of {tok.get_vocab_size()} tokens on "
             f"{budget / 1e6:.1f} MB in {time.time() - t0:.1f}s")
     else:
-        tok = tokenizer.load_tokenizer(tok_cfg.kind, None)
+        tok, tok_folder = tokenizer.load_tokenizer(tok_cfg.kind, None), Path(tok_cfg.kind).expanduser()
     if tok.get_vocab_size() > tok_cfg.vocab_size:
         raise ConfigError(f"tokenizer.vocab_size = {tok_cfg.vocab_size} is smaller than the tokenizer's "
                           f"{tok.get_vocab_size()} tokens")
-    eos_name = tokenizer.eos_token(tok, None if tok_cfg.kind == "bpe" else Path(tok_cfg.kind).expanduser())
+    eos_name = tokenizer.eos_token(tok, tok_folder)
     if eos_name is None:
         log(f"data: warning: tokenizer {tok_cfg.kind} has no end-of-text token (its tokenizer_config.json names "
             f"none, nor has it any of {', '.join(tokenizer.EOS_NAMES)}): documents are joined without one, "

@@ -24,6 +24,7 @@ from .config import Config, ConfigError
 from .device import autocast_dtype, memory_stats, peak_flops, resolve_device, resolve_precision
 from .gpt import GPT, shape_from_config
 from .group import Group
+from .inference import tokenizer_file
 from .memory_fit import OutOfMemory, oom_in
 from .optim import build_optimizers, clip_grad_norm, lr_multiplier, set_lr, set_peak_lrs
 from .runfolder import CHECKPOINTS, METRICS, TOKENIZER, MetricsLog
@@ -115,14 +116,26 @@ class Trainer:
         """The token cache, tokenised once: the first process of each machine builds it while the
         others wait, then they all map the same files."""
         progress = lambda *a: self.emit(P.Progress(*a))  # noqa: E731
-        data = token_cache.prepare(self.cfg, self.log, progress) if self.group.local_rank == 0 else None
+        own = self.own_tokenizer()
+        data = token_cache.prepare(self.cfg, self.log, progress, own) if self.group.local_rank == 0 else None
         self.group.barrier()
         if data is None:
-            data = token_cache.prepare(self.cfg, self.log, progress)
+            data = token_cache.prepare(self.cfg, self.log, progress, own)
         tok_dst = self.run_dir / TOKENIZER
         if self.group.is_main and not tok_dst.exists():
             shutil.copytree(data.tokenizer_dir, tok_dst)
         return data
+
+    def own_tokenizer(self) -> Path | None:
+        """A resumed run's tokenizer.json (its run folder's): the one its weights were trained on."""
+        if not self.resume_from:
+            return None
+        try:
+            return tokenizer_file(Path(self.resume_from), self.cfg)
+        except ConfigError:  # a checkpoint copied away from its run folder: the data decides
+            self.log(f"warning: no tokenizer beside {self.resume_from}; the data's own is used, which matches "
+                     "the checkpoint only if the data is unchanged")
+            return None
 
     def compiled_model(self):
         """The module the training step calls. Static shapes (dynamic=False): a run's shapes never

@@ -153,3 +153,38 @@ def test_a_tokenizer_without_an_end_token_is_said_once(tmp_path):
     data, logs = prepare(tiny_config(f"tokenizer.kind=\"{folder}\"", "tokenizer.vocab_size=128"))
     assert data.eos_id is None
     assert [line for line in logs if "no end-of-text token" in line]
+
+
+def test_a_resumed_run_keeps_its_own_tokenizer_when_the_data_changed(tmp_path):
+    """A BPE trained again on changed data gives other ids; the checkpoint's weights know the old ones."""
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for i in range(6):
+        (folder / f"doc{i}.txt").write_text(f"document {i}: " + "the quick brown fox jumps. " * 300)
+    cfg = tiny_config(f"data.source=\"{folder}\"", "data.val_fraction=0.3", "tokenizer.vocab_size=300",
+                      "data.max_bytes=0")
+    first, _ = prepare(cfg)
+    run_tokenizer = tmp_path / "run-tokenizer.json"  # what a run folder keeps of it
+    run_tokenizer.write_bytes((first.tokenizer_dir / "tokenizer.json").read_bytes())
+
+    # unchanged data: the data's own cache serves
+    logs: list[str] = []
+    same = token_cache.prepare(cfg, logs.append, lambda *a: None, run_tokenizer)
+    assert same.reused and same.dir == first.dir
+
+    (folder / "doc6.txt").write_text("zebra quartz jukebox vexing " * 400)
+    changed, _ = prepare(cfg)
+    assert (changed.tokenizer_dir / "tokenizer.json").read_bytes() != run_tokenizer.read_bytes()  # a new BPE
+    logs = []
+    kept = token_cache.prepare(cfg, logs.append, lambda *a: None, run_tokenizer)
+    assert kept.dir not in (first.dir, changed.dir)
+    assert any("tokenising with the run's own tokenizer" in line for line in logs)
+    from tokenizers import Tokenizer
+
+    ours = Tokenizer.from_file(str(run_tokenizer))
+    assert Tokenizer.from_file(str(kept.tokenizer_dir / "tokenizer.json")).get_vocab() == ours.get_vocab()
+    decoded = ours.decode(np.asarray(kept.train[:2000]).tolist())
+    assert decoded.startswith("document") or decoded.startswith("zebra")  # the tokens are the run's ids
+    # and it is a cache like any other: the next resume reuses it
+    again = token_cache.prepare(cfg, lambda line: None, lambda *a: None, run_tokenizer)
+    assert again.reused and again.dir == kept.dir

@@ -264,6 +264,23 @@ def test_a_loss_spike_is_resumed_past_with_other_learning_rates(reference, tmp_p
     assert rows[0]["lr"] == pytest.approx(1e-3 * lr_multiplier(40, 44, schedule))
 
 
+def test_a_run_resumed_after_its_data_changed_keeps_its_tokenizer(tmp_path):
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for i in range(6):
+        (folder / f"doc{i}.txt").write_text(f"document {i}: " + "the quick brown fox jumps. " * 300)
+    data = ["--set", f"data.source=\"{folder}\"", "--set", "data.val_fraction=0.3", "--set", "data.max_bytes=0",
+            "--set", "tokenizer.vocab_size=300"]
+    run = tmp_path / "run"
+    proc = cli("--run", "debug", *data, "--set", "training.max_steps=4", "--set", "eval.every=0", "--out", str(run))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (folder / "doc0.txt").write_text("zebra quartz jukebox vexing " * 400)
+    proc = cli("--run", "--resume", str(run), "--set", "training.max_steps=6")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"tokenising with the run's own tokenizer ({run / 'tokenizer' / 'tokenizer.json'})" in proc.stdout
+    assert sorted(step_losses(run)) == list(range(1, 7))
+
+
 # ---------------------------------------------------------------------------- bad --resume input
 def test_resume_refuses_unsafe_changes_by_name(reference, tmp_path):
     proc = cli("--run", "--resume", str(reference / "checkpoints" / "step_000020"), "--out", str(tmp_path / "x"),
