@@ -154,7 +154,7 @@ def main(run_dir: str, config: dict, resume_from: str | None, rendezvous, events
     else:
         final, failure = train(run_dir, config, resume_from, events, Commands(commands))
     if failure is not None:
-        print(f"engine: run failed: {failure.message}")
+        print(f"{P.FAILED_LINE}{failure.message}")
     print(f"engine: {final}")
     pump.close()
     finish(events, final, failure)

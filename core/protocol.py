@@ -104,6 +104,9 @@ class Failure:
     user_error: bool = False  # a mistake in the input (bad data path, corpus too small): exit 2
 
 
+FAILED_LINE = "engine: run failed: "  # how train.log records a failure; the front-ends say it their way
+
+
 class RunFailure(RuntimeError):
     """The engine cannot go on, for a reason its message says in full (non-finite loss, out of GPU
     memory): a Failure with no traceback, which would only add the engine's own frames."""

@@ -33,6 +33,11 @@ def test_gpu_flag_reaches_the_engine(tmp_path):
     proc = cli("--run", "debug", *as_flags(TINY), "--gpu", "0", "--out", str(tmp_path / "run"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "hardware.device = 'cuda:0', but this machine has no usable CUDA GPU" in proc.stderr
+    assert "run failed" not in proc.stdout + proc.stderr  # said once, as the error it is
+    # the refused run leaves no folder behind to block the same --out (or list a failed run)
+    assert not (tmp_path / "run").exists()
+    again = cli("--run", "debug", *as_flags(TINY), "--set", "training.max_steps=2", "--out", str(tmp_path / "run"))
+    assert again.returncode == 0, again.stdout + again.stderr
 
 
 @pytest.mark.parametrize("requested, device, native_bf16, chosen", [

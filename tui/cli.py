@@ -7,6 +7,7 @@ traceback), 130 interrupted. This module never imports torch: the engine process
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from lmcockpit import __version__
 from lmcockpit.core.config import ConfigError, load_config
 from lmcockpit.core.rendezvous import Rendezvous
 from lmcockpit.core.resume import plan_resume
-from lmcockpit.core.runfolder import create_run_dir
+from lmcockpit.core.runfolder import CONFIG, LOCK, METRICS, TRAIN_LOG, create_run_dir
 from lmcockpit.tui.runplan import RunPlan
 
 
@@ -109,7 +110,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     plan = plan_run(args, args.run or args.preset)
     engine = EngineProcess(plan.cfg, plan.run_dir, plan.resume_from, plan.rendezvous)
-    return Headless(engine, plan.cfg.training.log_every).run()
+    code = Headless(engine, plan.cfg.training.log_every).run()
+    if code == 2 and plan.resume_from is None and plan.cfg.distributed.nnodes == 1:
+        discard_unstarted_run(plan.run_dir)
+    return code
+
+
+def discard_unstarted_run(run_dir: Path) -> None:
+    """A new run that the engine refused (a GPU that is not there, data it cannot read) holds only
+    the attempt's own files: left behind, they would block the same --out next time and list a
+    failed run among the recent ones. A run with anything more is left as it is."""
+    ours = {CONFIG, METRICS, TRAIN_LOG, LOCK}
+    if not run_dir.is_dir() or any(p.name not in ours for p in run_dir.iterdir()):
+        return
+    for name in ours:
+        (run_dir / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        run_dir.rmdir()
 
 
 def cmd_cockpit(args: argparse.Namespace) -> int:

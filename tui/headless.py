@@ -128,7 +128,7 @@ class Headless:
         if isinstance(ev, P.RunStarted):  # the engine inherits our environment: its CUDA numbering is ours
             gpus = run_gpu_indices(ev.devices or (ev.device,), os.environ.get("CUDA_VISIBLE_DEVICES"))
             self.gpu = gpus[0] if gpus else None
-        elif isinstance(ev, P.LogLine):
+        elif isinstance(ev, P.LogLine) and not ev.text.startswith(P.FAILED_LINE):  # _finish says it once
             self.say(ev.text)
         elif isinstance(ev, P.StepMetrics):
             last = ev.step == self.view.max_steps
