@@ -24,10 +24,10 @@ from .config import Config, ConfigError
 from .device import autocast_dtype, memory_stats, peak_flops, resolve_device, resolve_precision
 from .gpt import GPT, shape_from_config
 from .group import Group
-from .inference import tokenizer_file
+from .inference import checkpoint_config, tokenizer_file
 from .memory_fit import OutOfMemory, oom_in
 from .optim import build_optimizers, clip_grad_norm, lr_multiplier, set_lr, set_peak_lrs
-from .runfolder import CHECKPOINTS, METRICS, TOKENIZER, MetricsLog
+from .runfolder import CHECKPOINTS, METRICS, TOKENIZER, MetricsLog, list_checkpoints
 
 Emit = Callable[[object], None]
 
@@ -158,8 +158,12 @@ class Trainer:
         try:
             state = checkpoint.load(path, self.model, self.optimizers)
         except Exception as e:  # noqa: BLE001 - safetensors, torch and pickle each raise their own
+            found = list_checkpoints(Path(path).parent)
+            earlier = found[:found.index(Path(path))] if Path(path) in found else []
+            hint = (f"; the one before it, {earlier[-1].name}, is whole: move {Path(path).name} out of "
+                    f"{Path(path).parent} and resume again to continue from there" if earlier else "")
             raise ConfigError(f"--resume {path}: the checkpoint does not fit this model or is damaged "
-                              f"({str(e).splitlines()[0]})") from None
+                              f"({str(e).splitlines()[0]}){hint}") from None
         set_peak_lrs(self.optimizers, self.cfg.optimizer)
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         if Path(path).resolve().parent == (self.run_dir / CHECKPOINTS).resolve():
@@ -172,6 +176,12 @@ class Trainer:
         moved = (f"; saved by {saved_world} process(es), continuing on {self.group.world} with {t.grad_accum_steps} "
                  "accumulation step(s), the same batches" if saved_world != self.group.world else "")
         self.log(f"resumed from {path} at step {self.step} ({self.tokens_seen:,} tokens seen{moved})")
+        saved_max, o = checkpoint_config(Path(path)).training.max_steps, self.cfg.optimizer
+        before, after = lr_multiplier(self.step, saved_max, o), lr_multiplier(self.step, t.max_steps, o)
+        if not math.isclose(before, after):
+            self.log(f"schedule: the run now ends at step {t.max_steps}, not {saved_max}, and the {o.schedule} "
+                     f"schedule stretches with it: step {self.step + 1} trains at {after:.3g}× the peak learning "
+                     f"rate, not {before:.3g}×")
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,

@@ -66,6 +66,7 @@ def test_killed_run_resumes_in_place_exactly(reference, tmp_path):
 
     proc = cli("--run", "--resume", str(run))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "schedule:" not in proc.stdout  # the same budget: the same learning rates
     ref, got = step_losses(reference), step_losses(run)
     assert sorted(got) == list(range(1, 41))  # every step exactly once: lines past 20 were dropped
     assert got == ref
@@ -258,6 +259,7 @@ def test_a_loss_spike_is_resumed_past_with_other_learning_rates(reference, tmp_p
     proc = cli("--run", "--resume", str(run / "checkpoints" / "step_000040"), "--out", str(tmp_path / "calm"),
                "--set", "training.max_steps=44", "--set", "optimizer.lr=1e-3", "--set", "optimizer.muon_lr=0.01")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "schedule: the run now ends at step 44, not 40, and the cosine schedule stretches" in proc.stdout
     rows = read_metrics(tmp_path / "calm", "step")
     assert [r["step"] for r in rows] == [41, 42, 43, 44]
     schedule = load_config("debug", ["training.max_steps=44"])[0].optimizer
@@ -305,6 +307,20 @@ def test_damaged_or_foreign_checkpoints_exit_2(reference, tmp_path, damage, mess
     proc = cli("--run", "--resume", str(ckpt), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stdout + proc.stderr and "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_a_damaged_newest_checkpoint_points_to_the_one_before(reference, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    (run / "checkpoints" / "step_000040" / "train_state" / "__0_0.distcp").write_bytes(b"\x00" * 64)
+    proc = cli("--run", "--resume", str(run), "--set", "training.max_steps=42")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "the one before it, step_000020, is whole: move step_000040 out of" in proc.stderr
+    shutil.move(run / "checkpoints" / "step_000040", tmp_path / "damaged")
+    proc = cli("--run", "--resume", str(run), "--set", "training.max_steps=22")
+    assert proc.returncode == 0 and "at step 20" in proc.stdout, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("args, message", [
