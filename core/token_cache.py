@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,8 +114,24 @@ def prepare(cfg: Config, log: Callable[[str], None], progress: ProgressFn,
 
 
 def _mkdtemp(root: Path, key: str) -> str:
+    """A folder to build in, named after this machine and process, so that a later build can tell
+    a killed build's leftovers (gigabytes, for a large corpus) from one still under way."""
     import tempfile
-    return tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root)
+
+    _clean_abandoned(root)
+    return tempfile.mkdtemp(prefix=f".tmp-{key}-{socket.gethostname()}-{os.getpid()}-", dir=root)
+
+
+def _clean_abandoned(root: Path) -> None:
+    import psutil
+
+    host = socket.gethostname()
+    for p in root.glob(".tmp-*"):
+        parts = p.name.split("-")  # ".tmp", key, host..., pid, random: a host name may hold "-"
+        if len(parts) < 5 or "-".join(parts[2:-2]) != host or not parts[-2].isdigit():
+            continue  # another machine's (a shared cache folder), or an older name: not ours to judge
+        if not psutil.pid_exists(int(parts[-2])):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _same_bytes(a: Path, b: Path) -> bool:

@@ -188,3 +188,23 @@ def test_a_resumed_run_keeps_its_own_tokenizer_when_the_data_changed(tmp_path):
     # and it is a cache like any other: the next resume reuses it
     again = token_cache.prepare(cfg, lambda line: None, lambda *a: None, run_tokenizer)
     assert again.reused and again.dir == kept.dir
+
+
+def test_a_killed_cache_build_is_cleaned_up_by_the_next(tmp_path):
+    import os
+    import socket
+    import subprocess
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process that has ended: its build was killed
+    host = socket.gethostname()
+    abandoned = cache / f".tmp-0123abcd-{host}-{gone.pid}-k1ll3d"
+    running = cache / f".tmp-0123abcd-{host}-{os.getpid()}-bu1ld1"  # a build still under way
+    elsewhere = cache / f".tmp-0123abcd-not-{host}-{gone.pid}-sh4red"  # another machine's, in a shared folder
+    for p in (abandoned, running, elsewhere):
+        (p / "train.bin").parent.mkdir()
+        (p / "train.bin").write_bytes(b"\0" * 1024)
+    prepare(tiny_config(f"data.cache_dir=\"{cache}\""))
+    assert not abandoned.exists() and running.exists() and elsewhere.exists()
