@@ -117,6 +117,16 @@ def test_signals_checkpoint_and_exit_130(tmp_path, sig):
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_a_closed_output_pipe_stops_the_run_like_a_hang_up(tmp_path):
+    """`lmcockpit --run cpu | head`: the reader is gone; the run stops in order, with a checkpoint."""
+    out = tmp_path / "run"
+    proc = start_cli_run(out)
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 130, proc.stderr.read()
+    assert "Traceback" not in proc.stderr.read()
+    assert json.loads((latest_checkpoint(out) / "state.json").read_text())["step"] >= 4
+
+
 def test_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(tmp_path):
     out = tmp_path / "run"
     proc = start_cli_run(out, "checkpoint.every=3", until="checkpoint: step 3")

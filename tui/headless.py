@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from rich.console import Console
 from rich.live import Live
@@ -67,6 +68,7 @@ class Headless:
         self.console = console or Console(highlight=False, soft_wrap=True)
         self.errors = Console(stderr=True, highlight=False, soft_wrap=True)
         self.interactive = self.console.is_terminal
+        self.console.on_broken_pipe = self._output_gone
         self.log_every = log_every
         self.view = RunView()
         self.telemetry = Telemetry()
@@ -92,6 +94,17 @@ class Headless:
 
     def say(self, text: str) -> None:
         self.console.print(Text(text))
+
+    def _output_gone(self) -> None:
+        """Rich's answer to a closed stdout (`| head`) is SystemExit(1) on the spot, leaving the engine
+        to notice a vanished front-end. Treated instead as a hang-up: stop with a checkpoint, in
+        order, and exit 130; what is left to say has nowhere to go."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        if self.interrupts == 0:
+            self.interrupts = 1
+            self.engine.send(P.Abort(save=True, interrupted=True))
 
     # -------------------------------------------------------------------------------- loop
     def run(self) -> int:
