@@ -12,6 +12,7 @@ import difflib
 import hashlib
 import json
 import os
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -331,9 +332,9 @@ def cuda_graphs_need_one_process(mode: str, processes: str) -> str:
 def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozenset()) -> None:
     """Ranges and consistency between keys; each message names the key and what was expected."""
     def need(cond: bool, msg: str) -> None:
-        if not cond:  # each message opens with the key it is about: blame --set when it came from there
-            key = msg.split(" ", 1)[0]
-            raise ConfigError(f"{'--set' if key in from_set else source}: {msg}")
+        if not cond:  # blame --set when a key the message names came from there
+            named = set(re.findall(r"\b[a-z_]+\.[a-z_]+\b", msg))
+            raise ConfigError(f"{'--set' if named & set(from_set) else source}: {msg}")
 
     m, t, o = cfg.model, cfg.training, cfg.optimizer
     for key, value in [

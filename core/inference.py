@@ -30,12 +30,12 @@ def find_checkpoint(spec: str) -> Path:
     if is_run_dir(path):
         ckpt = latest_checkpoint(path)
         if ckpt is None:
-            raise ConfigError(f"{spec}: the run has no complete checkpoint yet")
+            raise ConfigError(f"{spec}: the run has no complete checkpoint yet (it stopped, or is still, before "
+                              "its first one)")
     elif (path / STATE).is_file() or (path / WEIGHTS).is_file():
         ckpt = path
     else:
-        raise ConfigError(f"{spec}: neither a run folder (config.toml and checkpoints/) nor a checkpoint folder "
-                          f"({STATE}, {WEIGHTS})")
+        raise ConfigError(f"{spec}: neither a run folder (config.toml) nor a checkpoint folder ({STATE}, {WEIGHTS})")
     check_checkpoint(ckpt)
     tokenizer_file(ckpt, checkpoint_config(ckpt))
     return ckpt

@@ -46,7 +46,8 @@ class ResumePlan:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / CONFIG).is_file() and (path / CHECKPOINTS).is_dir()
+    """A run folder has config.toml; a checkpoint folder has one too, beside its state.json."""
+    return (path / CONFIG).is_file() and not (path / "state.json").is_file() and not (path / "model.safetensors").is_file()
 
 
 def check_checkpoint(path: Path) -> int:
@@ -73,23 +74,26 @@ def plan_resume(path_arg: str, overrides: list[str], out: str | None) -> ResumeP
         check_not_training(path)
         ckpt = latest_checkpoint(path)
         if ckpt is None:
-            raise ConfigError(f"--resume {path}: the run has no complete checkpoint to continue from")
+            raise ConfigError(f"--resume {path}: the run has no complete checkpoint to continue from (it stopped "
+                              "before its first one); start it again instead")
         in_place = True
     elif (path / "state.json").is_file() or (path / "model.safetensors").is_file():
         ckpt, in_place = path, False
     else:
-        raise ConfigError(f"--resume {path}: neither a run folder (config.toml and checkpoints/) nor a "
-                          "checkpoint folder (state.json, model.safetensors)")
+        raise ConfigError(f"--resume {path}: neither a run folder (config.toml) nor a checkpoint folder "
+                          "(state.json, model.safetensors)")
     step = check_checkpoint(ckpt)
+    saved = read_toml(ckpt / CONFIG)
+    raw = apply_overrides(saved, overrides)
+    # First whether each key exists and each value fits (a misspelt key is a misspelling), then
+    # whether it may change.
+    cfg = config_from_dict(raw, source=str(ckpt / CONFIG), from_set={".".join(parse_override(o)[:2]) for o in overrides})
     for item in overrides:
         section, key, _ = parse_override(item)
         if f"{section}.{key}" not in SAFE_TO_CHANGE and section not in SAFE_SECTIONS:
             allowed = ", ".join(sorted(SAFE_TO_CHANGE | {f"{s}.*" for s in SAFE_SECTIONS}))
             raise ConfigError(f"--set {section}.{key}: cannot change when resuming (it would change the run "
                               f"the checkpoint belongs to); these can: {allowed}")
-    saved = read_toml(ckpt / CONFIG)
-    raw = apply_overrides(saved, overrides)
-    cfg = config_from_dict(raw, source=str(ckpt / CONFIG), from_set={".".join(parse_override(o)[:2]) for o in overrides})
     cfg = same_sequences_per_step(config_from_dict(saved, source=str(ckpt / CONFIG)), cfg)
     if cfg.training.max_steps <= step:
         raise ConfigError(f"--resume {path}: the checkpoint is at step {step} and training.max_steps is "

@@ -39,7 +39,9 @@ def create_run_dir(cfg: Config, name: str, out: str | None) -> Path:
     path = Path(out).expanduser() if out else default_run_dir(name)
     if cfg.distributed.nnodes > 1:
         return join_run_dir(cfg, path, out)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {path}: is a file; give a folder for the run (a new or an empty one)")
+    if path.exists() and any(path.iterdir()):
         raise ConfigError(f"--out {path}: already exists and is not an empty folder; "
                           "choose a new folder (or --resume to continue a run)")
     try:

@@ -94,6 +94,12 @@ def test_multi_process_settings_that_cannot_work_are_refused(overrides, message)
         load_config("debug", overrides)
 
 
+def test_a_mistake_is_blamed_on_the_set_that_made_it():
+    # the message is about n_kv_head, which the preset set; n_head, which it names too, came from --set
+    with pytest.raises(ConfigError, match=r"^--set: model.n_kv_head = 2 must divide model.n_head = 3"):
+        load_config("debug", ["model.n_head=3"])
+
+
 def test_an_unset_context_is_the_trained_sequence_length():
     # Sampling and export use the model's context: wider than training, it would reach rotary
     # positions no step ever trained.

@@ -299,6 +299,20 @@ def test_resume_refuses_unsafe_changes_by_name(reference, tmp_path):
                "--set", "model.d_model=128")
     assert proc.returncode == 2 and "--set model.d_model: cannot change when resuming" in proc.stderr
     assert "Traceback" not in proc.stderr
+    proc = cli("--run", "--resume", str(reference), "--set", "training.max_step=50")  # a typo is a typo
+    assert proc.returncode == 2 and "--set: unknown key training.max_step" in proc.stderr, proc.stderr
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_named_as_such(reference, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(reference / "config.toml", run / "config.toml")
+    proc = cli("--run", "--resume", str(run))
+    assert proc.returncode == 2 and "the run has no complete checkpoint to continue from" in proc.stderr
+    proc = cli("chat", str(run), "--prompt", "x")
+    assert proc.returncode == 2 and "the run has no complete checkpoint yet" in proc.stderr
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -337,6 +351,7 @@ def test_a_damaged_newest_checkpoint_points_to_the_one_before(reference, tmp_pat
     (lambda t: ["--resume", str(t)], "neither a run folder"),
     (lambda t: ["--resume", str(t / "nope")], "neither a run folder"),
     (lambda t: ["--out", str(Path(__file__)) + "/sub"], "cannot create the run folder"),
+    (lambda t: ["--out", str(Path(__file__))], "is a file; give a folder for the run"),
     (lambda t: ["debug", "--resume", str(t)], "drop the preset"),
 ])
 def test_bad_paths_exit_2(tmp_path, args, message):
