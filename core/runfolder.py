@@ -79,7 +79,10 @@ def hold_run_dir(run_dir: Path):
     process ends (a killed one too: the kernel drops an flock with its owner). A second training,
     or a resume planned while this one runs, would rewrite config.toml and metrics.jsonl under it
     and delete its half-written checkpoints: refused instead, naming who holds it."""
-    fh = open(run_dir / LOCK, "a+")
+    try:
+        fh = open(run_dir / LOCK, "a+")
+    except OSError as e:
+        raise ConfigError(f"{run_dir}: cannot write in the run folder ({e.strerror})") from None
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
