@@ -158,12 +158,8 @@ class Trainer:
         try:
             state = checkpoint.load(path, self.model, self.optimizers)
         except Exception as e:  # noqa: BLE001 - safetensors, torch and pickle each raise their own
-            found = list_checkpoints(Path(path).parent)
-            earlier = found[:found.index(Path(path))] if Path(path) in found else []
-            hint = (f"; the one before it, {earlier[-1].name}, is whole: move {Path(path).name} out of "
-                    f"{Path(path).parent} and resume again to continue from there" if earlier else "")
             raise ConfigError(f"--resume {path}: the checkpoint does not fit this model or is damaged "
-                              f"({str(e).splitlines()[0]}){hint}") from None
+                              f"({str(e).splitlines()[0]}){earlier_checkpoint_hint(Path(path))}") from None
         set_peak_lrs(self.optimizers, self.cfg.optimizer)
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         if Path(path).resolve().parent == (self.run_dir / CHECKPOINTS).resolve():
@@ -176,12 +172,16 @@ class Trainer:
         moved = (f"; saved by {saved_world} process(es), continuing on {self.group.world} with {t.grad_accum_steps} "
                  "accumulation step(s), the same batches" if saved_world != self.group.world else "")
         self.log(f"resumed from {path} at step {self.step} ({self.tokens_seen:,} tokens seen{moved})")
-        saved_max, o = checkpoint_config(Path(path)).training.max_steps, self.cfg.optimizer
-        before, after = lr_multiplier(self.step, saved_max, o), lr_multiplier(self.step, t.max_steps, o)
+        self.note_schedule_change(checkpoint_config(Path(path)).training.max_steps)
+
+    def note_schedule_change(self, saved_max_steps: int) -> None:
+        """A new step budget stretches (or shrinks) the schedule from here on: say so, with the rates."""
+        t, o = self.cfg.training, self.cfg.optimizer
+        before, after = lr_multiplier(self.step, saved_max_steps, o), lr_multiplier(self.step, t.max_steps, o)
         if not math.isclose(before, after):
-            self.log(f"schedule: the run now ends at step {t.max_steps}, not {saved_max}, and the {o.schedule} "
-                     f"schedule stretches with it: step {self.step + 1} trains at {after:.3g}× the peak learning "
-                     f"rate, not {before:.3g}×")
+            self.log(f"schedule: the run now ends at step {t.max_steps}, not {saved_max_steps}, and the "
+                     f"{o.schedule} schedule stretches with it: step {self.step + 1} trains at {after:.3g}× the "
+                     f"peak learning rate, not {before:.3g}×")
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
@@ -429,6 +429,16 @@ class Trainer:
         if self.cfg.training.compile:
             torch._dynamo.reset()
         gc.collect()
+
+
+def earlier_checkpoint_hint(path: Path) -> str:
+    """For a damaged checkpoint in a run folder: the whole one before it, and how to use it."""
+    found = list_checkpoints(path.parent)
+    earlier = found[:found.index(path)] if path in found else []
+    if not earlier:
+        return ""
+    return (f"; the one before it, {earlier[-1].name}, is whole: move {path.name} out of {path.parent} and "
+            "resume again to continue from there")
 
 
 def run_in_process(cfg: Config, run_dir: Path, emit: Emit = lambda e: None,
