@@ -10,6 +10,11 @@ Events, in order: `StateChanged(PREPARING)`; then either `RunStarted` (`run_dir`
 folder, `start_step` its step, `config` its run's) and `StateChanged(RUNNING)` when ready, or a
 `Failure` (`user_error` for a missing or damaged checkpoint) and `StateChanged(FAILED)`. An `Abort`
 ends it with `StateChanged(FINISHED)` and exit code 0.
+
+Requests are answered one at a time, and commands are still heard while one is being generated:
+a `Cancel` of it stops it after the current token (its `done` marker follows at once, after the
+text so far), and an `Abort` stops it and then the engine. A `Cancel` of a request still waiting
+drops it (its `done` marker is sent too); one of a request already answered is ignored.
 """
 
 from __future__ import annotations
@@ -17,11 +22,19 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import protocol as P
 from .config import ConfigError
 from .runner import ProcessHandle
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop generating for request `request_id` (a chat engine's command; the training engine has none)."""
+    request_id: str
 
 
 class ChatEngine(ProcessHandle):
@@ -36,6 +49,49 @@ class ChatEngine(ProcessHandle):
     def observe(self, event: object) -> None:
         if isinstance(event, P.RunStarted):
             self.loaded = event
+
+    def cancel(self, request_id: str) -> None:
+        """Stop that request's generation: its `done` marker comes after the current token."""
+        self.send(Cancel(request_id))
+
+
+class _Stopped(Exception):
+    """Raised out of a generation by a command heard while it ran."""
+
+    def __init__(self, command: object):
+        super().__init__()
+        self.command = command
+
+
+def answer_heeding(loaded, request: P.Sample, cmds, pending: deque, events) -> P.Abort | None:
+    """Answer `request`, listening for commands between its pieces of text: a Cancel of it or an
+    Abort ends it early (the Abort is returned); a Cancel of a request waiting in `pending` drops
+    that one; other commands wait in `pending` for after it."""
+
+    def emit(event: object) -> None:
+        events.put(event)
+        if isinstance(event, P.SampleText) and event.done:
+            return
+        while (cmd := cmds.next(False)) is not None:
+            if isinstance(cmd, P.Abort) or isinstance(cmd, Cancel) and cmd.request_id == request.request_id:
+                raise _Stopped(cmd)
+            if isinstance(cmd, Cancel):
+                drop_waiting(cmd.request_id, pending, loaded.step, events)
+            else:
+                pending.append(cmd)
+
+    try:
+        loaded.answer(request, emit, print)
+    except _Stopped as stop:
+        events.put(P.SampleText(request.request_id, loaded.step, request.prompt, "", done=True))
+        return stop.command if isinstance(stop.command, P.Abort) else None
+    return None
+
+
+def drop_waiting(request_id: str, pending: deque, step: int, events) -> None:
+    for waiting in [c for c in pending if isinstance(c, P.Sample) and c.request_id == request_id]:
+        pending.remove(waiting)
+        events.put(P.SampleText(waiting.request_id, step, waiting.prompt, "", done=True))
 
 
 def main(checkpoint: str, device: str, events, commands) -> None:
@@ -54,9 +110,11 @@ def main(checkpoint: str, device: str, events, commands) -> None:
         events.put(P.RunStarted(str(loaded.checkpoint), cfg.to_dict(), loaded.model.num_params(), str(loaded.device),
                                 loaded.precision, loaded.step, cfg.training.max_steps, cfg.tokens_per_step))
         events.put(P.StateChanged(P.RUNNING, f"step {loaded.step} loaded"))
-        while not isinstance(cmd := cmds.next(True), P.Abort):
-            if isinstance(cmd, P.Sample):
-                loaded.answer(cmd, events.put, print)
+        pending: deque = deque()  # commands heard during a generation, for after it
+        while not isinstance(cmd := pending.popleft() if pending else cmds.next(True), P.Abort):
+            # (a Cancel heard here is of a request already answered: nothing waits when idle)
+            if isinstance(cmd, P.Sample) and answer_heeding(loaded, cmd, cmds, pending, events) is not None:
+                break
     except ConfigError as e:
         failure = P.Failure(str(e), user_error=True)
     except Exception as e:  # noqa: BLE001 - every failure must reach the front-end

@@ -1,9 +1,14 @@
 """`lmcockpit chat`: one-shot flags, the REPL driven through stdin, bad input, and the chat engine."""
 
+import contextlib
+import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +16,7 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.chat_engine import ChatEngine
 from lmcockpit.core.inference import find_checkpoint, load
 from lmcockpit.core.sampling import generate
+from lmcockpit.tui.chat import HELP
 
 from .conftest import cli
 
@@ -166,3 +172,256 @@ def test_chat_engine_reports_a_missing_checkpoint_as_a_user_error(tmp_path):
         assert engine.final_state == P.FAILED and engine.process.exitcode == 1
     finally:
         engine.close()
+
+
+def test_chat_engine_stops_a_generation_on_cancel_and_on_abort(run):
+    """Commands are heard while a (here practically endless) generation runs: a Cancel ends it at
+    once with its done marker and the engine answers the next request; an Abort ends the engine."""
+    from lmcockpit.core.chat_engine import Cancel
+
+    engine = ChatEngine(run, "cpu")
+    engine.start()
+    try:
+        events_until(engine, state(P.RUNNING))
+        engine.send(P.Sample("long", "def ", max_new_tokens=10_000_000, greedy=True))
+        engine.send(P.Sample("queued", "class ", max_new_tokens=10_000_000, greedy=True))
+        events_until(engine, lambda e: isinstance(e, P.SampleText) and e.request_id == "long" and e.text)
+        engine.send(Cancel("queued"))  # waiting behind "long": dropped, still marked done
+        engine.cancel("long")
+        got = events_until(engine, lambda e: done(e) and e.request_id == "long",
+                           lambda e: done(e) and e.request_id == "queued", timeout=30)
+        assert not [e for e in got if isinstance(e, P.SampleText) and e.request_id == "queued" and e.text]
+        engine.send(P.Sample("next", "import ", max_new_tokens=4))
+        events_until(engine, lambda e: done(e) and e.request_id == "next", timeout=30)
+        engine.send(P.Sample("endless", "def ", max_new_tokens=10_000_000, greedy=True))
+        events_until(engine, lambda e: isinstance(e, P.SampleText) and e.request_id == "endless" and e.text)
+        engine.send(P.Abort(save=False))
+        events_until(engine, state(*P.TERMINAL_STATES), timeout=30)
+        engine.process.join(timeout=30)
+        assert engine.final_state == P.FINISHED and engine.process.exitcode == 0
+    finally:
+        engine.close()
+
+
+def test_repl_says_what_greedy_and_batch_expect_and_takes_the_cockpits_slash_commands(run, greedy):
+    script = ("greedy\nbatch \n/set temperature 0\n/set max_new_tokens 12\n/set batch 2\n/settings\n"
+              "/greedy def \n/batch class \n/frobnicate\n/help\n/quit\nnever sampled\n")
+    proc = chat(str(run), stdin=script)
+    assert proc.returncode == 0, proc.stderr
+    out, err = proc.stdout, proc.stderr
+    assert "error: greedy: expected the text to continue after it (greedy TEXT)" in err
+    assert "error: batch: expected the text to continue after it (batch TEXT)" in err
+    assert "error: /frobnicate: not a command" in err
+    assert "temperature = 0.0" in out and "max_new_tokens = 12" in out and "batch = 2" in out
+    assert out.count("def " + greedy("def ", 12) + "\n") == 1
+    assert "--- sample 2 of 2 ---\nclass " in out and "set KEY VALUE" in out
+    assert out.count("Commands (also with a leading /") == 1
+    sampled = [line for line in out.replace(HELP, "").splitlines() if " = " not in line]
+    assert not [line for line in sampled if line.startswith(("greedy", "batch", "/", "never"))], sampled
+    assert "Traceback" not in err
+
+
+# --------------------------------------------------------------- the REPL on a terminal
+class Terminal:
+    """`lmcockpit chat` on a pseudo-terminal, as a user types at it (Ctrl-C, Ctrl-D included)."""
+
+    def __init__(self, *args: str):
+        import pty
+
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: the real command, with the terminal as its controlling tty
+            os.execv(sys.executable, [sys.executable, "-m", "lmcockpit.tui.cli", "chat", *args])
+        self.seen = ""
+
+    def expect(self, text: str, timeout: float = 120) -> str:
+        """Read until `text` has appeared after what earlier calls consumed; returns what came."""
+        deadline = time.monotonic() + timeout
+        while text not in self.seen:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {text!r} in {timeout}s: {self.seen[-400:]!r}"
+            if select.select([self.fd], [], [], left)[0]:
+                try:
+                    self.seen += os.read(self.fd, 4096).decode(errors="replace")
+                except OSError:  # the command has ended (EIO on Linux)
+                    assert text in self.seen, f"ended before {text!r}: {self.seen[-400:]!r}"
+        head, _, self.seen = self.seen.partition(text)
+        return head + text
+
+    def read(self, at_least: int, timeout: float = 60) -> str:
+        """Read until at least that many more characters came; returns them."""
+        deadline, start = time.monotonic() + timeout, len(self.seen)
+        while len(self.seen) - start < at_least:
+            left = deadline - time.monotonic()
+            assert left > 0, f"only {self.seen[start:]!r} in {timeout}s"
+            if select.select([self.fd], [], [], left)[0]:
+                self.seen += os.read(self.fd, 4096).decode(errors="replace")
+        got, self.seen = self.seen[start:], ""
+        return got
+
+    def type(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def wait_blocked_reading(self, timeout: float = 30) -> None:
+        """Wait until the command's main thread sleeps in select(), where readline waits for keys.
+        A Ctrl-C that lands in the moment between readline printing the prompt and its select()
+        is not acted on until Enter (CPython's readline checks for signals only when select() is
+        interrupted); a person cannot type that fast, a test can."""
+        deadline = time.monotonic() + timeout
+        while not Path(f"/proc/{self.pid}/wchan").read_text().startswith("poll_schedule_timeout"):
+            assert time.monotonic() < deadline, "the command never waited for input"
+            time.sleep(0.01)  # polling the state waited for, not standing in for it
+
+    def end(self, timeout: float = 30) -> tuple[int, str]:
+        """(exit code, everything it printed after the last expect) once it has exited."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"still running after {timeout}s: {self.seen[-400:]!r}"
+            if select.select([self.fd], [], [], left)[0]:
+                try:
+                    data = os.read(self.fd, 4096)
+                except OSError:
+                    data = b""
+                if not data:
+                    break
+                self.seen += data.decode(errors="replace")
+        _, status = os.waitpid(self.pid, 0)
+        os.close(self.fd)
+        return os.waitstatus_to_exitcode(status), self.seen
+
+    def close(self) -> None:
+        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+            if os.waitpid(self.pid, os.WNOHANG) == (0, 0):
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+
+
+@pytest.fixture
+def terminal():
+    opened = []
+
+    def open_(*args: str) -> Terminal:
+        opened.append(Terminal(*args))
+        return opened[-1]
+    yield open_
+    for t in opened:
+        t.close()
+
+
+def test_ctrl_c_stops_a_generation_and_the_repl_goes_on(run, terminal):
+    term = terminal(str(run))
+    term.expect("> ")
+    term.type("set max_new_tokens 10000000\n")
+    term.expect("> ")
+    term.type("greedy def \n")
+    term.expect("def ")  # the echo of what was typed
+    term.expect("def ")  # the prompt, streamed back before its continuation
+    term.read(40)  # text is coming
+    start = time.monotonic()
+    term.type("\x03")
+    stopped = term.expect("\n> ", timeout=30)
+    assert time.monotonic() - start < 5, "Ctrl-C waited for the generation"
+    assert "stopped by Ctrl-C" in stopped
+    term.type("set max_new_tokens 4\n")
+    term.expect("> ")
+    term.type("quit\n")
+    code, rest = term.end()
+    assert code == 0, rest
+    assert "Traceback" not in rest
+
+
+@pytest.mark.parametrize("key, code", [("\x04", 0), ("\x03", 130)])
+def test_ctrl_d_and_ctrl_c_at_the_prompt_leave_the_shell_a_line_of_its_own(run, terminal, key, code):
+    term = terminal(str(run))
+    term.expect("> ")
+    term.wait_blocked_reading()
+    term.type(key)
+    got, rest = term.end()
+    assert got == code, rest
+    assert rest.endswith("\n") and "Traceback" not in rest, repr(rest)
+
+
+# ----------------------------------------------------------------- the cockpit's chat screen
+async def open_chat(pilot, app):
+    from lmcockpit.tui.screens.chat import ChatScreen
+
+    launch = app.screen
+    launch.query_one("#runs").focus()
+    await pilot.press("o")
+    chat = app.screen
+    assert isinstance(chat, ChatScreen) and chat.engine.pid is not None
+    return launch, chat
+
+
+def notes(app) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+async def test_cockpit_chat_says_it_is_still_loading_and_closes_at_once_on_a_busy_engine(run):
+    """A prompt typed while the checkpoint loads is not blamed on an ended run; and Esc returns at
+    once even when the engine does not answer (held stopped here, as a long load or one slow
+    token would hold it), which is killed in the background."""
+    from lmcockpit.tui.app import CockpitApp
+    from lmcockpit.tui.widgets.chat import ChatPane
+
+    from .test_cockpit import wait_for
+
+    app = CockpitApp(runs_root=run.parent, telemetry=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        launch, chat = await open_chat(pilot, app)
+        os.kill(chat.engine.pid, signal.SIGSTOP)  # the load cannot finish while the test types
+        try:
+            await pilot.press(*"def ", "enter")
+            assert chat.engine.loaded is None  # so the prompt really came while loading
+            assert "still loading the checkpoint; try again in a moment" in notes(app)
+            assert not [n for n in notes(app) if "nothing is listening" in n]
+            assert not chat.query_one(ChatPane).history
+            start = time.monotonic()
+            await pilot.press("escape")
+            assert app.screen is launch and time.monotonic() - start < 3, "Esc waited for the engine"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(chat.engine.pid, signal.SIGCONT)
+        await wait_for(pilot, lambda: not chat.engine.process.is_alive(), timeout=30, what="the engine to end")
+
+
+async def test_cockpit_chat_closes_promptly_during_a_long_generation(run):
+    from lmcockpit.tui.app import CockpitApp
+    from lmcockpit.tui.widgets.chat import ChatPane
+
+    from .test_cockpit import wait_for
+
+    app = CockpitApp(runs_root=run.parent, telemetry=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        launch, chat = await open_chat(pilot, app)
+        await wait_for(pilot, lambda: chat.engine.loaded is not None, what="the checkpoint to load")
+        pane = chat.query_one(ChatPane)
+        await pilot.press(*"/set max_new_tokens 10000000", "enter", *"/greedy def ", "enter")
+        await wait_for(pilot, lambda: any(len(r) > 20 for e in pane.history.values() for r in e.rows.values()),
+                       what="text to come")
+        start = time.monotonic()
+        await pilot.press("escape")
+        assert app.screen is launch
+        await wait_for(pilot, lambda: not chat.engine.process.is_alive(), timeout=30, what="the engine to end")
+        assert time.monotonic() - start < 4, "the engine went on generating after Esc"
+        assert chat.engine.process.exitcode == 0  # it stopped on its own, not killed
+
+
+async def test_cockpit_chat_says_why_a_checkpoint_could_not_be_loaded(run, tmp_path):
+    from lmcockpit.tui.app import CockpitApp
+    from lmcockpit.tui.widgets.chat import ChatPane
+
+    from .test_cockpit import wait_for
+
+    copy = tmp_path / "runs" / "damaged"
+    shutil.copytree(run, copy)
+    for weights in copy.glob("checkpoints/step_*/model.safetensors"):
+        weights.write_bytes(b"not a tensor file")
+    app = CockpitApp(runs_root=copy.parent, telemetry=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        _, chat = await open_chat(pilot, app)
+        await wait_for(pilot, lambda: chat.engine.done, what="the load to fail")
+        await pilot.press(*"def ", "enter")
+        said = [n for n in notes(app) if n.startswith("the checkpoint could not be loaded: ")]
+        assert said and "model.safetensors" in said[0] and "damaged" in said[0], notes(app)
+        assert not chat.query_one(ChatPane).history

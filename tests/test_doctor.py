@@ -26,6 +26,13 @@ def test_doctor_on_a_machine_without_a_gpu_says_so_and_exits_0():
     assert proc.stdout.rstrip().endswith("ready: runs can start on the CPU (no GPU here)")
 
 
+def test_doctor_usage_errors_are_one_error_line_and_exit_2():
+    proc = cli("doctor", "--frobnicate")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == "error: unrecognized arguments: --frobnicate (see `lmcockpit doctor --help`)\n"
+    assert proc.stdout == ""
+
+
 def test_doctor_diagnoses_a_torch_that_does_not_import(tmp_path, monkeypatch):
     # A `torch` package that fails on import, first on the path: the doctor's child process
     # meets it, the doctor itself (torch-free) does not.

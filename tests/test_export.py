@@ -186,3 +186,13 @@ def test_refuses_what_qwen3_cannot_express(run_copy, tmp_path, key, value):
 
 def test_usage_errors_exit_2(tmp_path):
     _refused(cli("export", str(tmp_path)), "OUT_DIR")
+
+
+@pytest.mark.parametrize("where", ["/proc/forbidden", "/sys/forbidden"])
+def test_a_destination_that_cannot_be_written_is_a_user_error(trained_run, where):
+    """An output place that cannot be created is the user's input, named with the OS's reason."""
+    r = cli("export", str(trained_run[0]), where)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.splitlines()[-1]  # after the export's own progress line
+    assert last.startswith(f"error: {where}: cannot write the export there: "), last
+    assert any(reason in last for reason in ("No such file or directory", "Permission denied", "not permitted"))

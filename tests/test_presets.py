@@ -58,6 +58,20 @@ def test_presets_command_judges_against_a_given_card():
     assert cli("presets", "--memory", "0").returncode == 2
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--memory", "nan"], "--memory nan: expected a positive, finite number of GiB"),
+    (["--memory", "inf"], "--memory inf: expected a positive, finite number of GiB"),
+    (["--memory=-inf"], "--memory -inf: expected a positive, finite number of GiB"),
+    (["--memory", "1e999"], "--memory inf: expected a positive, finite number of GiB"),
+    (["--memory", "lots"], "argument --memory: invalid float value: 'lots' (see `lmcockpit presets --help`)"),
+    (["--frobnicate"], "unrecognized arguments: --frobnicate (see `lmcockpit presets --help`)"),
+])
+def test_presets_command_refuses_bad_arguments_in_one_line(args, message):
+    proc = cli("presets", *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == f"error: {message}\n" and proc.stdout == ""
+
+
 def test_presets_command_imports_no_torch():
     code = ("import sys; from lmcockpit.tui.presets import main; rc = main([]); "
             "print('torch imported' if 'torch' in sys.modules else 'torch-free', rc)")

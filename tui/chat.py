@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import signal
 import sys
-from typing import Any, TextIO
+import threading
+from typing import Any, Self, TextIO
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.chat_engine import ChatEngine
@@ -20,14 +22,17 @@ from lmcockpit.core.inference import SAMPLE_SETTINGS, find_checkpoint, parse_set
 from lmcockpit.tui.cli import Parser, UsageError, error
 
 HELP = """\
-Type text to continue it with the current settings. Commands:
+Type text to continue it with the current settings. Commands (also with a leading /, as in the
+cockpit's chat: /set temperature 0.5):
   greedy TEXT        the most likely continuation of TEXT
   batch TEXT         `batch` samples of TEXT side by side (set batch N)
   settings           the current settings
   set KEY VALUE      change one: max_new_tokens, temperature, top_k (0: off), top_p (1: off),
                      num_samples, greedy (on/off), seed (the next request's; it counts up), batch
   help               this text
-  quit               leave (so do Ctrl-D and an empty stdin)"""
+  quit               leave (so do Ctrl-D, Ctrl-C at the prompt and an empty stdin)
+Ctrl-C while text is coming stops that generation; a second Ctrl-C leaves."""
+COMMANDS = ("greedy", "batch", "settings", "set", "help", "quit", "exit")
 
 FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k",
          "top_p": "--top-p", "num_samples": "--num-samples", "seed": "--seed"}
@@ -72,6 +77,29 @@ class EngineGone(Exception):
     pass
 
 
+class Interrupts:
+    """Ctrl-C counted instead of raised while a generation streams (so the engine's event queue is
+    never read half-way through a message), in the main thread; the second one raises
+    KeyboardInterrupt, or the first with `first_raises`."""
+
+    def __init__(self, first_raises: bool = False):
+        self.first_raises, self.count, self.previous = first_raises, 0, None
+
+    def _on_sigint(self, signum, frame) -> None:
+        self.count += 1
+        if self.first_raises or self.count > 1:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> Self:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
 class Session:
     """Requests to the chat engine and their text on stdout."""
 
@@ -85,8 +113,10 @@ class Session:
             self._next_event()
         return self.engine.loaded
 
-    def generate(self, prompt: str, **overrides: Any) -> None:
-        """Print prompt + continuation: streamed for one sample, numbered blocks for several."""
+    def generate(self, prompt: str, cancel_on_interrupt: bool = False, **overrides: Any) -> None:
+        """Print prompt + continuation: streamed for one sample, numbered blocks for several. With
+        `cancel_on_interrupt` (the REPL), Ctrl-C stops this generation and keeps what came so far,
+        and a second Ctrl-C raises KeyboardInterrupt; otherwise the first one does."""
         self.requests += 1
         request = P.Sample(f"chat-{self.requests}", prompt, **{**self.settings, **overrides})
         rows = [""] * request.num_samples
@@ -95,32 +125,44 @@ class Session:
             self.out.write(prompt)
             self.out.flush()
         self.engine.send(request)
-        while True:
-            ev = self._next_event()
-            if not isinstance(ev, P.SampleText) or ev.request_id != request.request_id:
-                continue
-            if ev.done:
-                break
-            rows[ev.row] += ev.text
-            if streaming:
-                self.out.write(ev.text)
-                self.out.flush()
+        with Interrupts(first_raises=not cancel_on_interrupt) as interrupts:
+            cancelled = False
+            while True:
+                if interrupts.count and not cancelled:
+                    self.engine.cancel(request.request_id)  # its done marker follows within a token
+                    cancelled = True
+                ev = self._poll(timeout=0.1)
+                if not isinstance(ev, P.SampleText) or ev.request_id != request.request_id:
+                    continue
+                if ev.done:
+                    break
+                rows[ev.row] += ev.text
+                if streaming:
+                    self.out.write(ev.text)
+                    self.out.flush()
         if streaming:
             self.out.write("\n")
         else:
             for i, text in enumerate(rows, 1):
                 self.out.write(f"--- sample {i} of {len(rows)} ---\n{prompt}{text}\n")
         self.out.flush()
+        if cancelled:
+            print("(stopped by Ctrl-C; Ctrl-C at the prompt, or Ctrl-D, leaves)", file=sys.stderr)
 
     def _next_event(self) -> object:
-        while True:
-            ev = self.engine.poll(timeout=0.5)
-            if isinstance(ev, P.LogLine):
-                print(ev.text, file=sys.stderr)
-            elif self.engine.done:
-                raise EngineGone()
-            elif ev is not None:
-                return ev
+        while (ev := self._poll(timeout=0.5)) is None:
+            pass
+        return ev
+
+    def _poll(self, timeout: float) -> object | None:
+        """The next event other than a log line (those go to stderr), or None after `timeout`."""
+        ev = self.engine.poll(timeout=timeout)
+        if isinstance(ev, P.LogLine):
+            print(ev.text, file=sys.stderr)
+            return None
+        if ev is None and self.engine.done:
+            raise EngineGone()
+        return ev
 
     # --------------------------------------------------------------------------------- REPL
     def repl(self, stdin: TextIO) -> None:
@@ -130,14 +172,23 @@ class Session:
         while True:
             try:
                 line = input("> ") if interactive else stdin.readline()
-            except EOFError:
+            except EOFError:  # Ctrl-D
+                if interactive:
+                    print(file=self.out)  # the shell's prompt goes on a line of its own
                 return
+            except KeyboardInterrupt:
+                if interactive:
+                    print(file=self.out)
+                raise
             if not line:  # end of a piped stdin
                 return
             line = line.rstrip("\r\n")
+            slash = line.startswith("/")  # the cockpit's form: /set temperature 0.5, /greedy TEXT
+            if slash:
+                line = line[1:]
             word, _, rest = line.partition(" ")
             command = line.strip()
-            if not command:
+            if not command and not slash:
                 continue
             if command in ("quit", "exit"):
                 return
@@ -147,14 +198,19 @@ class Session:
                 self.show_settings()
             elif word == "set":
                 self.set(rest)
-            elif word == "greedy" and rest:
-                self.generate(rest, greedy=True, num_samples=1)
+            elif word in ("greedy", "batch") and not rest.strip():
+                error(f"{'/' if slash else ''}{word}: expected the text to continue after it ({word} TEXT)")
+            elif word == "greedy":
+                self.generate(rest, cancel_on_interrupt=True, greedy=True, num_samples=1)
                 self.requests_done()
-            elif word == "batch" and rest:
-                self.generate(rest, num_samples=self.batch)
+            elif word == "batch":
+                self.generate(rest, cancel_on_interrupt=True, num_samples=self.batch)
                 self.requests_done()
+            elif slash:
+                error(f"/{word}: not a command; the commands are {', '.join(COMMANDS)} (with or without "
+                      "the /), and a line without / is a prompt")
             else:
-                self.generate(line)
+                self.generate(line, cancel_on_interrupt=True)
                 self.requests_done()
 
     def requests_done(self) -> None:
@@ -214,6 +270,7 @@ def main(argv: list[str]) -> int:
         error(failure.message)
         return 1
     except KeyboardInterrupt:
+        engine.kill()  # a chat engine holds nothing to save: no waiting on a generation or a load
         return 130
     finally:
         engine.close()

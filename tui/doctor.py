@@ -11,7 +11,6 @@ stays torch-free and reports a broken torch install instead of crashing on it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -28,6 +27,7 @@ from lmcockpit import __version__
 from lmcockpit.core import gpu_env
 from lmcockpit.core.config import Config
 from lmcockpit.core.token_cache import cache_root
+from lmcockpit.tui.cli import Parser, UsageError, error
 
 TORCH_CHECK_TIMEOUT = 600  # a cold compile smoke test on a slow machine takes well under a minute
 LOW_DISK = 10 * 1024**3  # a checkpoint of the h100 preset (weights and optimizer state) is about 4 GB
@@ -162,8 +162,10 @@ def disk_checks() -> list[Check]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lmcockpit doctor", description=__doc__.split("\n\n")[0])
-    parser.parse_args(argv)
+    try:
+        Parser(prog="lmcockpit doctor", description=__doc__.split("\n\n")[0]).parse_args(argv)
+    except UsageError as e:
+        return error(str(e))
     console = Console(highlight=False, soft_wrap=True)
     results = checks()
     for c in results:

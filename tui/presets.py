@@ -8,7 +8,7 @@ card it was sized for; `--memory GB` judges them all against a card you are thin
 
 from __future__ import annotations
 
-import argparse
+import math
 
 from rich import box
 from rich.console import Console
@@ -17,18 +17,22 @@ from rich.table import Table
 from lmcockpit.core import fit
 from lmcockpit.core.config import load_config, shipped_presets
 from lmcockpit.core.telemetry import Telemetry
-from lmcockpit.tui.cli import error
+from lmcockpit.tui.cli import Parser, UsageError, error
 
 STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="lmcockpit presets", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="lmcockpit presets", description=__doc__.split("\n\n")[0])
     parser.add_argument("--memory", metavar="GB", type=float,
                         help="judge every preset against a GPU with this much memory (GiB) instead of this machine's")
-    args = parser.parse_args(argv)
-    if args.memory is not None and args.memory <= 0:
-        return error(f"--memory {args.memory:g}: expected a positive number of GiB")
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as e:
+        return error(str(e))
+    # NaN compares false with everything and infinity has no byte count: both are refused here.
+    if args.memory is not None and not (math.isfinite(args.memory) and args.memory > 0):
+        return error(f"--memory {args.memory:g}: expected a positive, finite number of GiB")
 
     if args.memory is not None:
         card, title = int(args.memory * fit.GiB), f"verdicts for a GPU with {args.memory:g} GiB"

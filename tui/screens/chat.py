@@ -3,6 +3,8 @@ torch-free), and the chat pane talks to it."""
 
 from __future__ import annotations
 
+import threading
+
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -13,6 +15,9 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.chat_engine import ChatEngine
 from lmcockpit.tui.bridge import EngineEvents, drain
 from lmcockpit.tui.widgets.chat import ChatPane
+
+
+CLOSE_GRACE = 5.0  # seconds a closing chat engine gets to exit on its own before it is killed
 
 
 class ChatScreen(Screen):
@@ -53,15 +58,27 @@ class ChatScreen(Screen):
             elif isinstance(ev, P.Failure):
                 top.update(Text(f" cannot chat: {ev.message}", style="bold red"))
 
-    def send_sample(self, request: P.Sample) -> bool:
-        if self.engine.loaded is None or self.engine.done:
-            return False
-        self.engine.send(request)
+    def send_sample(self, request: P.Sample) -> bool | str:
+        """True once sent; otherwise why it could not be (the chat pane shows it)."""
+        engine = self.engine
+        if engine.failure is not None or engine.done:
+            why = engine.failure.message if engine.failure is not None else "it was closed"
+            if engine.loaded is None:
+                return f"the checkpoint could not be loaded: {why}"
+            return f"the chat engine has stopped: {why}"
+        if engine.loaded is None:
+            return "still loading the checkpoint; try again in a moment"
+        engine.send(request)
         return True
 
     def on_unmount(self) -> None:
         self.engine.send(P.Abort(save=False))
 
     def action_close(self) -> None:
-        self.engine.close()
+        """Back at once: the Abort also stops a generation under way (after its current token), and
+        the wait for the engine to exit, then a kill if it has not (a chat engine holds nothing
+        to save), happens off the UI thread."""
+        self.engine.send(P.Abort(save=False))
+        threading.Thread(target=self.engine.close, args=(CLOSE_GRACE,), name="lmcockpit-chat-close",
+                         daemon=True).start()
         self.app.pop_screen()

@@ -1,8 +1,9 @@
 """The chat pane: a prompt box, the streamed samples, editable settings and the session's history.
 
 It sends `Sample` requests through a callback (the live training engine, or a chat engine on a
-past checkpoint) and shows the `SampleText` pieces that come back, row by row. Settings are
-edited in the prompt box with `/set KEY VALUE`, checked by the same rules as `lmcockpit chat`.
+past checkpoint; it returns True once sent, else False or the reason it was not) and shows the
+`SampleText` pieces that come back, row by row. Settings are edited in the prompt box with
+`/set KEY VALUE`, checked by the same rules as `lmcockpit chat`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class Exchange:
 
 
 class ChatPane(Vertical):
-    def __init__(self, send: Callable[[P.Sample], bool], settings: dict[str, Any] | None = None, **kwargs):
+    def __init__(self, send: Callable[[P.Sample], bool | str], settings: dict[str, Any] | None = None, **kwargs):
         super().__init__(**kwargs)
         self.send_request = send
         self.settings = {"max_new_tokens": 64, "temperature": 0.8, "top_k": 50, "top_p": 1.0, "num_samples": 1,
@@ -116,8 +117,10 @@ class ChatPane(Vertical):
         s = {**self.settings, **overrides}
         request = P.Sample(request_id, prompt, s["max_new_tokens"], s["temperature"], s["top_k"], s["seed"],
                            s["top_p"], s["num_samples"], s.get("greedy", False))
-        if not self.send_request(request):
-            self.note("nothing is listening: the run has ended (open it from the launch screen to chat)", "red")
+        sent = self.send_request(request)  # True, or False (the run has ended), or why it was not sent
+        if sent is not True:
+            self.note(sent if isinstance(sent, str) else
+                      "nothing is listening: the run has ended (open it from the launch screen to chat)", "red")
             return
         self.history[request_id] = Exchange(prompt)
         self.settings["seed"] += 1  # the same prompt again gives new text; a seed still reproduces one
