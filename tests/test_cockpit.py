@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import io
+import re
 import subprocess
 import sys
 import time
@@ -47,6 +49,28 @@ def screen_text(renderable) -> str:
     console = Console(width=120, record=True, file=open("/dev/null", "w"))
     console.print(renderable)
     return console.export_text()
+
+
+def screen_lines(app) -> list[str]:
+    """The screen as the terminal shows it, a string per row: what the snapshot SVGs draw."""
+    from rich.console import Console
+
+    width, height = app.size
+    console = Console(width=width, height=height, record=True, file=io.StringIO(), legacy_windows=False,
+                      safe_box=False)
+    console.print(app.screen._compositor.render_update(full=True))
+    return console.export_text().splitlines()
+
+
+def shown_in(app, widget) -> list[str]:
+    """The screen's rows within `widget`'s region: what of the widget the user really sees (a
+    table cell cropped by the widget's edge, or scrolled out of it, is not there)."""
+    x, y, width, height = widget.region
+    return [line[x:x + width] for line in screen_lines(app)[y:y + height]]
+
+
+def footer_keys(app) -> str:
+    return screen_lines(app)[-1]
 
 
 def dashboard(app) -> DashboardScreen:
@@ -169,6 +193,112 @@ async def test_launch_screen_selects_edits_validates_and_saves(tmp_path, monkeyp
     proc = cli("--run", str(saved), "--set", "training.log_every=1", "--out", str(tmp_path / "fromsaved"))
     assert proc.returncode == 0, proc.stderr
     assert "step 4/4" in proc.stdout
+
+
+def preset_line(name: str, params: str, memory: str, verdict: str) -> re.Pattern:
+    """A presets row as shown: the columns a preset is picked by, whole and in this order."""
+    return re.compile(rf"│ {re.escape(name)} +{re.escape(params)} +{re.escape(memory)} +{re.escape(verdict)}( |$)")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (100, 30), (120, 40), (170, 45)], ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_the_launch_screen_shows_every_presets_fit_and_the_settings_values(tmp_path, size):
+    """At 80 columns the settings showed only their keys and the presets stopped at "tok…"; at
+    120 the fit column was cut. What is asserted is what the screen shows inside each table."""
+    from lmcockpit.tui.presets import preset_rows
+    from lmcockpit.tui.screens.launch import flatten
+
+    app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        launch = app.screen
+        presets, settings, runs = (launch.query_one(f"#{name}") for name in ("presets", "settings", "runs"))
+        shown = shown_in(app, presets)
+        # the fit column shows at its full width, the longest verdict ("does not fit") included
+        assert re.search(r" fit {9,}", shown[1]), shown[1]
+        for name, _, params, _, memory, verdict in preset_rows(None):
+            assert any(preset_line(name, params, memory, verdict).search(line) for line in shown), (name, shown)
+
+        values = dict(flatten(launch.current_config()))
+        settings.focus()
+        for key in ["model.n_layer", "training.activation_checkpointing", "optimizer.lr"]:  # the longest key too
+            settings.move_cursor(row=settings.get_row_index(key))
+            await pilot.pause()
+            assert any(re.search(rf"│ {re.escape(key)} +{re.escape(values[key])} ", line)
+                       for line in shown_in(app, settings)), (key, shown_in(app, settings))
+        # on a short screen the presets give the focused settings the height, the selected preset still in view
+        shown = shown_in(app, presets)
+        assert any(preset_line("cpu", "5.2M", "0.5 GiB RAM", "–").search(line) for line in shown), shown
+        assert len(shown_in(app, settings)) >= 8
+
+        await pilot.press("tab")  # the recent runs: reached with Tab, with room to show some
+        assert app.focused is runs
+        await pilot.pause()
+        assert runs.region.height >= 5 and "run  status  step  loss" in shown_in(app, runs)[1]
+        assert runs.region.bottom <= app.screen.region.bottom - 1  # above the footer
+        assert "Resume" in footer_keys(app) and "Quit" in footer_keys(app)
+
+
+async def test_after_a_run_ends_b_goes_back_to_the_launch_screen_which_lists_it(tmp_path):
+    """The run's controls leave the footer when it ends, b takes their place and returns to the
+    launch screen it was launched from, whose recent runs now hold it; q still quits."""
+    app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        launch = app.screen
+        assert isinstance(launch, LaunchScreen)
+        # as if typed in with e, in an order each stays valid in
+        launch.overrides = dict(s.split("=", 1) for s in [*SHRINK_CPU, *TINY, "training.compile=false",
+                                                           "eval.every=0", "training.max_steps=100000"])
+        launch.show_settings()
+        await pilot.press("enter")  # the presets have the focus: Enter launches
+        dash = dashboard(app)
+        await wait_for(pilot, lambda: dash.view.step >= 2, what="training to start")
+        keys = footer_keys(app)
+        assert "Pause" in keys and "Abort" in keys and "Back" not in keys
+        await pilot.press("b")  # nothing while it runs
+        assert app.screen is dash
+        await pilot.press("a", "enter")
+        await wait_for(pilot, lambda: dash.view.state == P.ABORTED, what="the run to end as aborted")
+        await pilot.pause()
+        keys = footer_keys(app)
+        assert "b Back to launch" in keys and "q Quit" in keys, keys
+        assert not {"Pause", "Checkpoint", "Abort"} & set(keys.split()), keys
+        await pilot.press("b")
+        assert app.screen is launch
+        await pilot.pause()
+        run_dir = dash.engine.run_dir
+        assert run_dir.parent == tmp_path / "runs"
+        runs = launch.query_one("#runs")
+        assert [row.value for row in runs.rows] == [str(run_dir)]
+        assert any(run_dir.name in line and "stopped" in line for line in shown_in(app, runs))
+        await pilot.press("q")
+    assert app.return_code == 0
+    dash.engine.join(timeout=30)
+    assert dash.engine.process.exitcode == 0
+
+
+def test_started_on_a_run_b_opens_the_launch_screen_and_the_exit_prints_the_run_folder(tmp_path, capsys):
+    """`lmcockpit PRESET`: when the run ends, b puts a launch screen in the dashboard's place
+    (listing the run, though its folder is not under runs/); after q the terminal gets the folder."""
+    app = CockpitApp(request(tmp_path, "training.max_steps=3"), runs_root=tmp_path / "runs", telemetry=False)
+    seen: dict[str, object] = {}
+
+    async def user(pilot) -> None:
+        dash = dashboard(app)
+        await wait_for(pilot, lambda: dash.view.state == P.FINISHED, what="the run to finish")
+        await pilot.pause()
+        seen["footer"] = footer_keys(app)
+        await pilot.press("b")
+        await pilot.pause()
+        seen["screens"] = [type(s).__name__ for s in app.screen_stack]
+        seen["runs"] = [row.value for row in app.screen.query_one("#runs").rows]
+        await pilot.press("q")
+
+    app.run(headless=True, size=(80, 24), auto_pilot=user)
+    app.stop_engines(timeout=30)
+    assert "b Back to launch" in seen["footer"], seen
+    assert seen["screens"][1:] == ["LaunchScreen"], seen  # the dashboard closed, not left under it
+    assert seen["runs"] == [str(tmp_path / "run")]
+    assert f"run folder: {tmp_path / 'run'} (finished at step 3)" in capsys.readouterr().out
 
 
 def test_starting_the_cockpit_never_imports_torch(tmp_path):

@@ -37,19 +37,29 @@ def fixed_events() -> list[object]:
 
 
 class FedDashboard(App):
-    """The dashboard with no engine: events come from the test, the clock stands still."""
+    """The dashboard with no engine: events come from the test (the fixed ones, then `then`), the
+    clock stands still."""
     CSS_PATH = CockpitApp.CSS_PATH
+
+    def __init__(self, then: list[object] = ()) -> None:
+        super().__init__()
+        self.then = list(then)
 
     async def on_mount(self) -> None:
         screen = DashboardScreen(None, "cpu", clock=lambda: 1000.0, telemetry=None)
         await self.push_screen(screen)
-        screen.apply_events(fixed_events())
+        screen.apply_events(fixed_events() + self.then)
         screen.redraw()
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_dashboard_snapshot(snap_compare, size):
     assert snap_compare(FedDashboard(), terminal_size=size)
+
+
+def test_ended_dashboard_snapshot(snap_compare):
+    """Aborted at step 240: the footer trades p, c and a for b (back to the launch screen)."""
+    assert snap_compare(FedDashboard([P.StateChanged(P.ABORTED)]), terminal_size=(80, 24))
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")

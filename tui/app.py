@@ -11,6 +11,7 @@ from pathlib import Path
 
 from textual.app import App
 
+from lmcockpit.core import protocol as P
 from lmcockpit.core.config import Config, ConfigError
 from lmcockpit.core.rendezvous import Rendezvous
 from lmcockpit.core.resume import plan_resume
@@ -34,20 +35,56 @@ class CockpitApp(App):
         self.telemetry = Telemetry() if telemetry else None
         self.clock = clock
         self.engines: list[EngineProcess] = []
+        self.dashboards: list[DashboardScreen] = []  # every run of this session, in order, kept after going back
+        self.run_dirs: list[Path] = []  # their folders: the launch screen lists them wherever they are
+
+    def run(self, *args, **kwargs):
+        """The app in the terminal; once the terminal is back, each run's folder is printed there."""
+        try:
+            return super().run(*args, **kwargs)
+        finally:
+            if report := self.run_report():
+                print(report, flush=True)
+
+    def run_report(self) -> str:
+        """A line per run started in this session: its folder and how it ended (or that it is being
+        stopped with a checkpoint, as `on_unmount` asked)."""
+        lines = []
+        for dash in self.dashboards:
+            v = dash.view
+            how = (f"{v.state} at step {v.step}" if v.state in P.TERMINAL_STATES
+                   else f"stopping at step {v.step}, with a checkpoint")
+            lines.append(f"run folder: {dash.engine.run_dir} ({how})")
+        return "\n".join(lines)
 
     def on_mount(self) -> None:
         if self.start is not None:
             self.start_run(self.start)
         else:
-            self.push_screen(LaunchScreen(self.runs_root, self.telemetry))
+            self.push_screen(self.launch_screen())
+
+    def launch_screen(self) -> LaunchScreen:
+        return LaunchScreen(self.runs_root, self.telemetry, self.run_dirs)
 
     def start_run(self, request: RunPlan) -> DashboardScreen:
         engine = EngineProcess(request.cfg, request.run_dir, request.resume_from, request.rendezvous)
         engine.start()
         self.engines.append(engine)
         screen = DashboardScreen(engine, request.title, self.clock, self.telemetry)
+        self.dashboards.append(screen)
+        if engine.run_dir not in self.run_dirs:
+            self.run_dirs.append(engine.run_dir)
         self.push_screen(screen)
         return screen
+
+    def back_to_launch(self) -> None:
+        """From an ended run's dashboard to the launch screen it was launched from (which re-reads
+        the recent runs as it comes back); started on a run (`lmcockpit PRESET`), to a new one in
+        the dashboard's place. Either way the dashboard closes: its run folder stays listed."""
+        if isinstance(self.screen_stack[-2] if len(self.screen_stack) > 1 else None, LaunchScreen):
+            self.pop_screen()
+        else:
+            self.switch_screen(self.launch_screen())
 
     def launch(self, cfg: Config, name: str) -> None:
         try:

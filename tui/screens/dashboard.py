@@ -43,6 +43,8 @@ class DashboardScreen(Screen):
         ("t", "chat", "Chat"),
         # Esc reaches the screen from the chat prompt too (the prompt takes every other key)
         Binding("escape", "leave_chat", "Chat: leave the prompt, then close", show=False),
+        # once the run has ended (p, c and a then leave the footer): back to the launch screen
+        ("b", "back", "Back to launch"),
         ("question_mark", "help", "Help"),
         ("q", "quit_run", "Quit"),
     ]
@@ -129,7 +131,8 @@ class DashboardScreen(Screen):
         if ev.state == P.FAILED:
             self.show_failure()
         else:
-            self.notify(f"run {ev.state} at step {v.step}", timeout=8)
+            self.notify(f"run {ev.state} at step {v.step}: b goes back to the launch screen", timeout=8)
+        self.refresh_bindings()  # p, c and a leave the footer; b joins it
         if self.quit_when_done:
             self.app.exit()
 
@@ -213,6 +216,22 @@ class DashboardScreen(Screen):
     @property
     def running(self) -> bool:
         return self.engine is not None and not self.engine.done
+
+    @property
+    def ended(self) -> bool:
+        """The run reached its end (finished, failed, aborted, interrupted), as the events told."""
+        return self.view.state in P.TERMINAL_STATES
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # the run's controls only while it runs; the way back only once it has ended
+        if action in ("toggle_pause", "checkpoint", "abort"):
+            return not self.ended
+        if action == "back":
+            return self.ended
+        return True
+
+    def action_back(self) -> None:
+        self.app.back_to_launch()
 
     def action_toggle_pause(self) -> None:
         if self.running:

@@ -10,18 +10,22 @@ from pathlib import Path
 import tomli_w
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Container, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, write_config
-from lmcockpit.core.runfolder import recent_runs, run_summary
+from lmcockpit.core.runfolder import CONFIG, recent_runs, run_summary
 from lmcockpit.core.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count
 from lmcockpit.tui.presets import STYLE as VERDICT_STYLE, preset_rows
 from lmcockpit.tui.runview import DASH
 
 
 def toml_value(value) -> str:
+    """A value as `--set` takes it, on one line (tomli_w spreads a list over several, which a
+    table row and the edit box cannot show)."""
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     return tomli_w.dumps({"v": value}).strip()[4:]
 
 
@@ -54,21 +58,44 @@ def nproc_cycle(current: int, gpus: int) -> list[int]:
     return [n for n in [*range(start + 1, gpus + 1), *range(1, start + 1)] if n != current]
 
 
+# Below NARROW columns the presets, the settings and the recent runs stack, each full width; at
+# ROOMY and wider the presets show every column beside the settings. Below SHORT rows (80x24) the
+# stacked tables share the height: the focused one grows, the others keep their cursor row in view.
+NARROW, ROOMY, SHORT = 110, 160, 30
+# What a preset is picked by comes first, so a narrow table cuts only the extras on the right.
+PRESET_COLUMNS = [("preset", 0), ("params", 2), ("est. memory", 4), ("fit", 5), ("tokens/step", 3), ("GPU class", 1)]
+FIT_WIDTH = max(map(len, VERDICT_STYLE))  # the longest verdict: the column never crops one
+
+
+class Table(DataTable):
+    """A row-cursor DataTable that keeps its cursor row in view when it shrinks (on a short
+    terminal the launch screen gives the height to the focused table)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", **kwargs)
+
+    def on_resize(self) -> None:
+        # the cursor row when the new size has settled, not now: a key may move it meanwhile
+        self.call_after_refresh(lambda: self.row_count and self.move_cursor(row=self.cursor_row))
+
+
 class LaunchScreen(Screen):
     BINDINGS = [
         ("enter", "launch", "Launch"),
-        ("e", "edit", "Edit value"),
+        ("e", "edit", "Edit"),
         ("s", "save_as", "Save as"),
-        ("r", "resume", "Resume run"),
-        ("o", "open_chat", "Chat with run"),
+        ("r", "resume", "Resume"),
+        ("o", "open_chat", "Chat"),
         ("p", "processes", "Processes"),
         ("question_mark", "help", "Help"),
         ("q", "app.quit", "Quit"),
     ]
 
-    def __init__(self, runs_root: Path = Path("runs"), telemetry: Telemetry | None = None):
+    def __init__(self, runs_root: Path = Path("runs"), telemetry: Telemetry | None = None,
+                 session_runs: list[Path] | None = None):
         super().__init__()
         self.runs_root = runs_root
+        self.session_runs = session_runs if session_runs is not None else []  # the app's runs, wherever they are
         self.telemetry = telemetry
         self.presets = shipped_presets()
         self.preset_name = "cpu" if "cpu" in self.presets else sorted(self.presets)[0]
@@ -79,30 +106,38 @@ class LaunchScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Static(id="hardware")
-        with Horizontal(id="launch-main"):
-            with Vertical(id="presets-box"):
-                yield DataTable(id="presets", cursor_type="row")
-                yield DataTable(id="runs", cursor_type="row")
+        # a grid when wide (presets over runs, settings beside both); stacked in this order when narrow
+        with Container(id="launch-main"):
+            yield Table(id="presets")
             with Vertical(id="settings-box"):
-                yield DataTable(id="settings", cursor_type="row")
-                yield Input(placeholder="select a setting and press e (or Enter) to edit", id="edit", disabled=True)
+                yield Table(id="settings")
+                yield Input(id="edit", disabled=True)
                 yield Static(id="edit-status")
                 yield Input(placeholder="save as: path of the new preset TOML", id="saveas")
+            yield Table(id="runs")
         yield Footer()
+
+    def on_resize(self, event=None) -> None:
+        self.set_class(self.size.width < NARROW, "narrow")
+        self.set_class(self.size.width >= ROOMY, "roomy")
+        self.set_class(self.size.height < SHORT, "short")
 
     def on_mount(self) -> None:
         reading = self.telemetry.read() if self.telemetry else None
         if reading:
             self.gpu_count = cuda_gpu_count(len(reading.gpus), os.environ.get("CUDA_VISIBLE_DEVICES"))
         self.refresh_bindings()
+        self.on_resize()
         self.query_one("#hardware", Static).update(hardware_line(self.telemetry, reading, self.gpu_count))
         presets = self.query_one("#presets", DataTable)
         presets.border_title = "presets · Enter launches"
-        presets.add_columns("preset", "GPU class", "params", "tokens/step", "est. memory", "fit")
+        for label, _ in PRESET_COLUMNS:
+            presets.add_column(label, width=FIT_WIDTH if label == "fit" else None)
         card = reading.gpus[0].mem_total if reading and reading.gpus else None
         rows = preset_rows(card)
         for row in rows:
-            presets.add_row(*row[:-1], Text(row[-1], style=VERDICT_STYLE.get(row[-1], "")), key=row[0])
+            cells = [*row[:-1], Text(row[-1], style=VERDICT_STYLE.get(row[-1], ""))]
+            presets.add_row(*(cells[i] for _, i in PRESET_COLUMNS), key=row[0])
         presets.move_cursor(row=[r[0] for r in rows].index(self.preset_name))
         self.query_one("#settings", DataTable).add_columns("setting", "value")
         self.query_one("#settings", DataTable).border_title = "settings"
@@ -125,17 +160,32 @@ class LaunchScreen(Screen):
         for key, value in flatten(self.current_config()):
             style = "bold yellow" if key in self.overrides else ""
             table.add_row(Text(key, style=style), Text(value, style=style), key=key)
-        table.border_title = f"settings · {self.preset_name}" + (" (edited)" if self.overrides else "")
+        table.border_title = (f"settings · {self.preset_name}" + (" (edited)" if self.overrides else "")
+                              + " · e edits")
 
     def refresh_runs(self) -> None:
+        """Read the runs folder again, keeping the cursor on the run it was on."""
         table = self.query_one("#runs", DataTable)
+        selected = (table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+                    if table.row_count else None)
         table.clear()
-        self.runs = recent_runs(self.runs_root)
+        found = recent_runs(self.runs_root)
+        seen = {p.resolve() for p in found}
+        found += [p for p in self.session_runs if p.resolve() not in seen and (p / CONFIG).is_file()]
+        self.runs = sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
         for run in self.runs:
             s = run_summary(run)
             step = f"{s['step']}/{s['max_steps']}" if s["max_steps"] else str(s["step"])
             loss = f"{s['loss']:.3f}" if s["loss"] is not None else DASH
             table.add_row(s["name"], s["status"], step, loss, key=str(run))
+        if selected in map(str, self.runs):
+            table.move_cursor(row=table.get_row_index(selected))
+
+    def on_screen_resume(self) -> None:
+        """Back from a run's dashboard or a chat: the runs folder may have changed (a new run, a
+        resumed one gone further)."""
+        if self.is_mounted and self.query_one("#runs", DataTable).columns:
+            self.refresh_runs()
 
     # ------------------------------------------------------------------------------ events
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -161,6 +211,7 @@ class LaunchScreen(Screen):
         value = dict(flatten(self.current_config()))[key]
         edit = self.query_one("#edit", Input)
         edit.disabled = False
+        self.add_class("editing")
         edit.border_title = key
         edit.value = value
         edit.focus()
@@ -206,6 +257,7 @@ class LaunchScreen(Screen):
         self.editing = None
         edit = self.query_one("#edit", Input)
         edit.value, edit.disabled = "", True
+        self.remove_class("editing")
         self.query_one("#edit-status", Static).update("")
         self.query_one("#settings", DataTable).focus()
 
