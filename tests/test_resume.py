@@ -119,10 +119,17 @@ def test_signals_checkpoint_and_exit_130(tmp_path, sig):
 
 def test_a_closed_output_pipe_stops_the_run_like_a_hang_up(tmp_path):
     """`lmcockpit --run cpu | head`: the reader is gone; the run stops in order, with a checkpoint."""
+    import psutil
+
     out = tmp_path / "run"
     proc = start_cli_run(out)
+    engine = psutil.Process(proc.pid).children()
     proc.stdout.close()
-    assert proc.wait(timeout=120) == 130, proc.stderr.read()
+    try:
+        assert proc.wait(timeout=120) == 130, proc.stderr.read()
+    finally:  # a front-end that hangs must not leave a training running past the test
+        for p in [psutil.Process(proc.pid), *engine] if proc.poll() is None else []:
+            p.kill()
     assert "Traceback" not in proc.stderr.read()
     assert json.loads((latest_checkpoint(out) / "state.json").read_text())["step"] >= 4
 
