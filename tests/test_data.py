@@ -146,7 +146,7 @@ def test_a_tokenizer_without_an_end_token_is_said_once(tmp_path):
 
     folder = tmp_path / "noeos"
     folder.mkdir()
-    vocab = {chr(c): i for i, c in enumerate([10, *range(32, 127)])} | {"[UNK]": 95}
+    vocab = {chr(c): i for i, c in enumerate([10, *range(32, 127)])} | {"[UNK]": 96}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.save(str(folder / "tokenizer.json"))
