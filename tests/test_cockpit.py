@@ -372,7 +372,8 @@ async def test_launch_screen_opens_a_past_run_in_chat(trained_run):
         assert list(pane.history.values())[0].rows[0]  # some text came back
         await pilot.press("escape")
         assert app.screen is launch
-        chat.engine.join(timeout=30)
+        # the screen's closer thread reaps the process; a second join here could race it
+        await wait_for(pilot, lambda: chat.engine.process.exitcode is not None, what="the chat engine to exit")
         assert chat.engine.process.exitcode == 0
 
 
