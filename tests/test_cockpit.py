@@ -503,3 +503,15 @@ def test_elapsed_stops_when_the_run_ends(end):
     assert view.elapsed == 90.0
     view.apply(P.StateChanged(end))  # a repeated end does not restart it
     assert view.elapsed == 90.0
+
+
+def test_an_ended_run_has_no_time_left():
+    from lmcockpit.tui.runview import RunView
+
+    view = RunView()
+    view.apply(P.RunStarted("run", {}, 1, "cpu", "fp32", 0, 100, 512))
+    for step in (1, 2, 3):
+        view.apply(P.StepMetrics(step, 5.0, 1e-3, 1.0, 1000.0, None, 0.5, 512 * step))
+    assert view.eta == 0.5 * 97
+    view.apply(P.StateChanged(P.ABORTED))
+    assert view.eta is None

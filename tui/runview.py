@@ -151,4 +151,6 @@ class RunView:
 
     @property
     def eta(self) -> float | None:
+        if self.ended_at is not None:  # aborted or failed short of max_steps: nothing is coming
+            return None
         return self.dt_ema * (self.max_steps - self.step) if self.dt_ema else None
