@@ -203,7 +203,10 @@ def export(spec: str, out_dir: str, log: Callable[[str], None] = lambda s: None)
 
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        tmp.mkdir()
+    except OSError as e:  # /proc/x, a read-only mount, a folder not ours: where the user asked to write
+        raise ConfigError(f"{out}: cannot write the export there: {e.strerror}") from None
     try:
         config = qwen3_config(cfg, eos, dtype)
         _validate_with_transformers(config, where)

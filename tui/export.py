@@ -7,10 +7,8 @@ parses the arguments and turns refusals into one `error: ...` line and exit code
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import traceback
-from pathlib import Path
 
 from lmcockpit.core.config import ConfigError
 from lmcockpit.tui.cli import Parser, UsageError, error
@@ -35,37 +33,9 @@ def main(argv: list[str]) -> int:
         return error(str(e))
     except KeyboardInterrupt:
         return 130
-    except OSError as e:
-        where = at_destination(e, args.out)
-        if where is None:
-            return failed(e)
-        # a place that cannot be created or written: the user's input
-        return error(f"{args.out}: cannot write the export there: {e.strerror or e} (at {where})")
     except Exception as e:  # noqa: BLE001 - a failure that is not the user's: show where
-        return failed(e)
+        traceback.print_exc(file=sys.stderr)
+        error(f"export failed: {e}")
+        return 1
     print(f"exported step {done.step} ({done.n_params:,} parameters) as Qwen3ForCausalLM to {done.out}")
     return 0
-
-
-def failed(e: Exception) -> int:
-    traceback.print_exc(file=sys.stderr)
-    error(f"export failed: {e}")
-    return 1
-
-
-def at_destination(e: OSError, out_dir: str) -> Path | None:
-    """Where, at the place the user asked to write to, an OSError happened: the folder, what goes
-    in it, or (named by the folder it is in) the temporary folder beside it that core/export.py
-    renames into place. None for an error elsewhere: an internal failure."""
-    out = Path(out_dir).expanduser().absolute()
-    partial = f".{out.name}.partial-"
-    for name in (e.filename, e.filename2):
-        if name is None:
-            continue
-        path = Path(os.fsdecode(name)).expanduser().absolute()
-        if path == out or path == out.parent or out in path.parents:
-            return path
-        top = path if path.parent == out.parent else next((p for p in path.parents if p.parent == out.parent), None)
-        if top is not None and top.name.startswith(partial):
-            return out.parent
-    return None
