@@ -23,18 +23,11 @@ import os
 import sys
 import traceback
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import protocol as P
 from .config import ConfigError
 from .runner import ProcessHandle
-
-
-@dataclass(frozen=True)
-class Cancel:
-    """Stop generating for request `request_id` (a chat engine's command; the training engine has none)."""
-    request_id: str
 
 
 class ChatEngine(ProcessHandle):
@@ -52,7 +45,7 @@ class ChatEngine(ProcessHandle):
 
     def cancel(self, request_id: str) -> None:
         """Stop that request's generation: its `done` marker comes after the current token."""
-        self.send(Cancel(request_id))
+        self.send(P.Cancel(request_id))
 
 
 class _Stopped(Exception):
@@ -73,9 +66,9 @@ def answer_heeding(loaded, request: P.Sample, cmds, pending: deque, events) -> P
         if isinstance(event, P.SampleText) and event.done:
             return
         while (cmd := cmds.next(False)) is not None:
-            if isinstance(cmd, P.Abort) or isinstance(cmd, Cancel) and cmd.request_id == request.request_id:
+            if isinstance(cmd, P.Abort) or isinstance(cmd, P.Cancel) and cmd.request_id == request.request_id:
                 raise _Stopped(cmd)
-            if isinstance(cmd, Cancel):
+            if isinstance(cmd, P.Cancel):
                 drop_waiting(cmd.request_id, pending, loaded.step, events)
             else:
                 pending.append(cmd)

@@ -148,3 +148,10 @@ class Sample:
     top_p: float = 1.0
     num_samples: int = 1
     greedy: bool = False
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop generating for request `request_id`. The chat engine honours it; the trainer does not
+    yet (its samples are short, and training waits for them)."""
+    request_id: str

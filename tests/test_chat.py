@@ -177,8 +177,6 @@ def test_chat_engine_reports_a_missing_checkpoint_as_a_user_error(tmp_path):
 def test_chat_engine_stops_a_generation_on_cancel_and_on_abort(run):
     """Commands are heard while a (here practically endless) generation runs: a Cancel ends it at
     once with its done marker and the engine answers the next request; an Abort ends the engine."""
-    from lmcockpit.core.chat_engine import Cancel
-
     engine = ChatEngine(run, "cpu")
     engine.start()
     try:
@@ -186,7 +184,7 @@ def test_chat_engine_stops_a_generation_on_cancel_and_on_abort(run):
         engine.send(P.Sample("long", "def ", max_new_tokens=10_000_000, greedy=True))
         engine.send(P.Sample("queued", "class ", max_new_tokens=10_000_000, greedy=True))
         events_until(engine, lambda e: isinstance(e, P.SampleText) and e.request_id == "long" and e.text)
-        engine.send(Cancel("queued"))  # waiting behind "long": dropped, still marked done
+        engine.send(P.Cancel("queued"))  # waiting behind "long": dropped, still marked done
         engine.cancel("long")
         got = events_until(engine, lambda e: done(e) and e.request_id == "long",
                            lambda e: done(e) and e.request_id == "queued", timeout=30)
