@@ -43,13 +43,10 @@ class RunView:
     start_step: int = 0
     step: int = 0
     loss: float | None = None
-    # The rates shown all follow one smoothed step time, dt_ema: tokens/s, steps/s, MFU and the
-    # ETA agree. The last step's raw figures are kept as they came.
-    last_tokens_per_s: float | None = None
-    last_mfu: float | None = None
+    # The rates shown all follow one smoothed step time, dt_ema, so tokens/s, steps/s, MFU and the
+    # ETA agree. A step's tokens and its MFU × step time are the same every step: not smoothed.
     dt_ema: float | None = None
-    tokens_ema: float | None = None  # tokens per step (the engine's rate × step time), smoothed alike
-    flops_ema: float | None = None  # MFU × step time, smoothed alongside dt_ema
+    mfu_seconds: float | None = None  # MFU × step time
     clock: object = time.monotonic  # injectable, so snapshot tests render a fixed elapsed time
     started_at: float = 0.0
     ended_at: float | None = None  # when the run reached a terminal state: elapsed stops there
@@ -90,9 +87,7 @@ class RunView:
     @property
     def tokens_per_s(self) -> float | None:
         """Tokens per second at the smoothed step time, the one steps/s and the ETA use."""
-        if not self.dt_ema:
-            return None
-        return self.tokens_ema / self.dt_ema if self.tokens_ema is not None else None
+        return self.tokens_per_step / self.dt_ema if self.dt_ema else None
 
     @property
     def steps_per_s(self) -> float | None:
@@ -101,9 +96,9 @@ class RunView:
     @property
     def mfu(self) -> float | None:
         """MFU at the smoothed step time (the engine's figure is the last step's)."""
-        if self.flops_ema is None or not self.dt_ema:
+        if self.mfu_seconds is None or not self.dt_ema:
             return None
-        return self.flops_ema / self.dt_ema
+        return self.mfu_seconds / self.dt_ema
 
     def apply(self, ev: object) -> None:
         if isinstance(ev, P.RunStarted):
@@ -114,22 +109,18 @@ class RunView:
         elif isinstance(ev, P.StepMetrics):
             if self.train_started_at is None:
                 self.train_started_at = self.clock()
-            self.step, self.loss, self.last_tokens_per_s, self.last_mfu = ev.step, ev.loss, ev.tokens_per_s, ev.mfu
+            self.step, self.loss = ev.step, ev.loss
+            self.mfu_seconds = ev.mfu * ev.dt if ev.mfu is not None else None
             self.lr, self.grad_norm, self.tokens_seen, self.mem = ev.lr, ev.grad_norm, ev.tokens_seen, ev.mem
             self.steps.append(ev.step)
             self.losses.append(ev.loss)
             self.lrs.append(ev.lr)
-            tokens = ev.tokens_per_s * ev.dt
-            flops = ev.mfu * ev.dt if ev.mfu is not None else None
             if self.first_loss is None:
                 self.first_loss = ev.loss
             elif self.dt_ema is None:  # the first step carries compilation: leave it out of the rate
-                self.dt_ema, self.tokens_ema, self.flops_ema = ev.dt, tokens, flops
+                self.dt_ema = ev.dt
             else:
                 self.dt_ema = 0.9 * self.dt_ema + 0.1 * ev.dt
-                self.tokens_ema = 0.9 * self.tokens_ema + 0.1 * tokens
-                self.flops_ema = None if flops is None or self.flops_ema is None else \
-                    0.9 * self.flops_ema + 0.1 * flops
         elif isinstance(ev, P.EvalMetrics):
             self.last_eval = ev
             self.val_steps.append(ev.step)
