@@ -35,7 +35,7 @@ UNDER_COCKPIT = """
 import sys
 from pathlib import Path
 from lmcockpit.core.config import load_config
-from lmcockpit.core.runfolder import create_run_dir
+from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.runplan import RunPlan
 cfg, _ = load_config("cpu", sys.argv[2:])
@@ -110,7 +110,7 @@ def events(n: int) -> list[str]:
 
 
 def median_tokens_per_s(run: Path) -> float:
-    from lmcockpit.core.runfolder import read_metrics
+    from lmcockpit.core.run.folder import read_metrics
     return statistics.median(r["tokens_per_s"] for r in read_metrics(run, "step") if r["step"] > 5)
 
 

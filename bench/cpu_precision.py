@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from machine import record  # noqa: E402
 
 from lmcockpit.core.config import load_config  # noqa: E402
-from lmcockpit.core.gpt import GPT, GPTShape  # noqa: E402
-from lmcockpit.core.optim import build_optimizers  # noqa: E402
+from lmcockpit.core.model.gpt import GPT, GPTShape  # noqa: E402
+from lmcockpit.core.train.optim import build_optimizers  # noqa: E402
 
 
 def step_times(cfg, precision: str, compiled: bool, steps: int) -> tuple[float, float]:

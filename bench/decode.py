@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from machine import record  # noqa: E402
 
 from lmcockpit.core.config import load_config  # noqa: E402
-from lmcockpit.core.gpt import GPT, shape_from_config  # noqa: E402
-from lmcockpit.core.sampling import generate  # noqa: E402
+from lmcockpit.core.model.gpt import GPT, shape_from_config  # noqa: E402
+from lmcockpit.core.model.sampling import generate  # noqa: E402
 
 
 def timed(model: GPT, prompt: list[int], new_tokens: int, rows: int, use_cache: bool) -> tuple[float, list]:

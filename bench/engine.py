@@ -23,8 +23,8 @@ from machine import record  # noqa: E402
 IN_PROCESS = """
 import sys
 from lmcockpit.core.config import load_config
-from lmcockpit.core.runfolder import create_run_dir
-from lmcockpit.core.trainer import run_in_process
+from lmcockpit.core.run.folder import create_run_dir
+from lmcockpit.core.train.trainer import run_in_process
 cfg, _ = load_config("cpu", sys.argv[2:])
 run_in_process(cfg, create_run_dir(cfg, "bench", sys.argv[1]), log=lambda line: None)
 """

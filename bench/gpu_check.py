@@ -42,7 +42,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lmcockpit.core import gpu_env
+from lmcockpit.core.hardware import gpu_env
 
 ALLOCATOR = gpu_env.configure_allocator()  # as the engine does, before torch initialises CUDA
 
@@ -51,9 +51,9 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from machine import record  # noqa: E402
 
-from lmcockpit.core import fit  # noqa: E402
+from lmcockpit.core.hardware import fit  # noqa: E402
 from lmcockpit.core.config import load_config  # noqa: E402
-from lmcockpit.core.runfolder import create_run_dir, read_metrics  # noqa: E402
+from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402
 
 PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes")
 CPU_PARTS = ("saved", "graphs")
@@ -150,8 +150,8 @@ def measure(name: str, out: Path) -> dict:
     total = torch.cuda.get_device_properties(0).total_memory
     cap = total if name == "h100" else int(cfg.hardware.vram_gb * GiB) - fit.CUDA_CONTEXT_BYTES
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), 0)
-    from lmcockpit.core.memory_fit import OutOfMemory
-    from lmcockpit.core.trainer import run_in_process
+    from lmcockpit.core.train.memory_fit import OutOfMemory
+    from lmcockpit.core.train.trainer import run_in_process
 
     run_dir = create_run_dir(cfg, name, str(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out))))
     try:
@@ -165,7 +165,7 @@ def measure(name: str, out: Path) -> dict:
 
 
 def part_saved(presets: list[str], device: str = "cuda") -> tuple[bool, list[str]]:
-    from lmcockpit.core.memory_fit import saved_bytes_per_token
+    from lmcockpit.core.train.memory_fit import saved_bytes_per_token
 
     lines = ["Bytes per token autograd keeps for backward (saved-tensor hooks, micro-batch 2 less micro-batch 1) "
              "in one bf16 forward of each preset's shape at 2 layers and 256 tokens, against fit.py's count "
@@ -190,8 +190,8 @@ def graph_gradients(mode: str, device: str, out: Path, steps: int = 4) -> tuple[
     recomputed eagerly from the same weights; and how many graphs inductor ran without CUDA graphs."""
     import copy
 
-    from lmcockpit.core import batches
-    from lmcockpit.core.trainer import Trainer
+    from lmcockpit.core.data import batches
+    from lmcockpit.core.train.trainer import Trainer
 
     cfg, _ = load_config("debug", [
         "training.compile=true", f"training.compile_mode=\"{mode}\"", "training.grad_accum_steps=2",

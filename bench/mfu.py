@@ -6,7 +6,7 @@ Each preset's model, batch, precision and compile setting as shipped, trained on
 step is timed whole and its optimizer part on its own, both between CUDA synchronisations, so the
 optimizer share is a share of the same steps. FLOPs per token are 6·N + 12·L·H·Q·T with N the
 unique parameters (the tied embedding counted once, for the head's matmul), as the issue asks; MFU
-is against the detected GPU's dense bf16 peak (core/device.py's table).
+is against the detected GPU's dense bf16 peak (core/hardware/device.py's table).
 
     python bench/mfu.py [--presets h100 4090 ...] [--steps 30] [--warmup 10] [--device cuda]
 
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from lmcockpit.core import gpu_env
+from lmcockpit.core.hardware import gpu_env
 
 gpu_env.configure_allocator()  # as the engine does, before torch initialises CUDA
 
@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from machine import record  # noqa: E402
 
 from lmcockpit.core.config import load_config  # noqa: E402
-from lmcockpit.core.device import autocast_dtype, peak_flops, resolve_device, resolve_precision  # noqa: E402
-from lmcockpit.core.gpt import GPT, shape_from_config  # noqa: E402
-from lmcockpit.core.group import Group  # noqa: E402
-from lmcockpit.core.optim import build_optimizers, clip_grad_norm  # noqa: E402
+from lmcockpit.core.hardware.device import autocast_dtype, peak_flops, resolve_device, resolve_precision  # noqa: E402
+from lmcockpit.core.model.gpt import GPT, shape_from_config  # noqa: E402
+from lmcockpit.core.train.group import Group  # noqa: E402
+from lmcockpit.core.train.optim import build_optimizers, clip_grad_norm  # noqa: E402
 
 GPU_PRESETS = ("3060", "4070ti", "3090", "4090", "a100-40gb", "a100-80gb", "h100")
 

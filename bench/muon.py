@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from machine import record  # noqa: E402
 
 from lmcockpit.core.config import load_config  # noqa: E402
-from lmcockpit.core.muon import NS_COEFFS, newton_schulz  # noqa: E402
+from lmcockpit.core.model.muon import NS_COEFFS, newton_schulz  # noqa: E402
 
 
 def textbook(G: torch.Tensor, steps: int = 5) -> torch.Tensor:

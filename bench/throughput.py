@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from machine import record  # noqa: E402
 
 from lmcockpit.core.config import load_config  # noqa: E402
-from lmcockpit.core.export import qwen3_config  # noqa: E402
-from lmcockpit.core.gpt import GPT, shape_from_config  # noqa: E402
-from lmcockpit.core.optim import build_optimizers  # noqa: E402
+from lmcockpit.core.infer.export import qwen3_config  # noqa: E402
+from lmcockpit.core.model.gpt import GPT, shape_from_config  # noqa: E402
+from lmcockpit.core.train.optim import build_optimizers  # noqa: E402
 
 
 def hf_model(cfg, ours: GPT):

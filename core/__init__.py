@@ -1,2 +1,13 @@
-"""The engine and everything it needs. Importing this package imports no torch: the modules
-that need it (gpt, trainer, muon, ...) import it themselves, and only the engine process loads them."""
+"""The engine and everything it needs, by concern. `config.py` and `protocol.py` are the two
+contracts every package reads; the packages stand in floors, each importing only those below it:
+
+    infer/     a trained model outside training: loading it, the chat engine, Hugging Face export
+    process/   the processes: the engine, torchrun's launcher and ranks, the front-end's handle on them
+    train/     the training loop: trainer, optimizers, checkpoints, NaN report, memory fitting, process group
+    model/     the GPT, Muon, the sampling decoder
+    data/      sources, tokenizer, token cache, batches
+    hardware/  device and precision, GPU environment, telemetry, doctor, memory arithmetic
+    run/       the run folder on disk: its files, checkpoints found and checked, resume planned
+
+Torch: each package's docstring says whether its modules import torch when imported. The
+front-end (tui/) imports only modules that do not; tests/test_layout.py holds both rules."""

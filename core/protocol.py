@@ -6,8 +6,11 @@ front-ends (the Textual cockpit and the headless console) speak exactly this, no
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+from .config import ConfigError
 
 
 # Run states, in the order a healthy run passes through them.
@@ -155,3 +158,50 @@ class Cancel:
     """Stop generating for request `request_id`. The chat engine honours it; the trainer does not
     yet (its samples are short, and training waits for them)."""
     request_id: str
+
+
+# -------------------------------------------------------------------------- sampling settings
+@dataclass(frozen=True)
+class Setting:
+    kind: type
+    expected: str  # said to the user when a value is refused
+    ok: Callable[[Any], bool]
+
+
+# The sampling settings a request carries, with their valid ranges: one place for the chat
+# command's flags, its REPL and the engines that answer requests.
+SAMPLE_SETTINGS: dict[str, Setting] = {
+    "max_new_tokens": Setting(int, "a positive integer", lambda v: v > 0),
+    "temperature": Setting(float, "a number, 0 or more (0: greedy)", lambda v: math.isfinite(v) and v >= 0),
+    "top_k": Setting(int, "an integer, 0 (off) or more", lambda v: v >= 0),
+    "top_p": Setting(float, "a number in (0, 1] (1: off)", lambda v: 0 < v <= 1),
+    "num_samples": Setting(int, "an integer from 1 to 64", lambda v: 1 <= v <= 64),
+    "seed": Setting(int, "an integer, 0 or more", lambda v: 0 <= v < 2**63),
+    "greedy": Setting(bool, "on or off", lambda v: True),
+}
+_BOOLS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
+
+
+def parse_setting(key: str, text: str) -> Any:
+    """A setting's value from text (a flag, a REPL `set`); a ConfigError saying what is expected."""
+    setting = SAMPLE_SETTINGS[key]
+    try:
+        value = _BOOLS[text.lower()] if setting.kind is bool else setting.kind(text)
+    except (KeyError, ValueError):
+        value = None
+    if value is None or not setting.ok(value):
+        raise ConfigError(f"expected {setting.expected}, got {text!r}")
+    return value
+
+
+def check_sample(request: Sample) -> None:
+    for key, setting in SAMPLE_SETTINGS.items():
+        value = getattr(request, key)
+        if not (_is_a(setting.kind, value) and setting.ok(value)):
+            raise ConfigError(f"{key} = {value!r}: expected {setting.expected}")
+
+
+def _is_a(kind: type, value: Any) -> bool:
+    if isinstance(value, bool):
+        return kind is bool
+    return isinstance(value, (int, float)) if kind is float else isinstance(value, kind)

@@ -11,7 +11,7 @@ import pytest
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import Config, load_config
-from lmcockpit.core.runfolder import create_run_dir
+from lmcockpit.core.run.folder import create_run_dir
 
 # Small everywhere: a 1 MB slice of the stdlib, a 512-token BPE, a 2-layer model of width 64.
 TINY = [
@@ -41,7 +41,7 @@ def drive_engine(cfg: Config, run_dir: Path, on_event=None, timeout: float = 300
     moment it has started. `resume`: a resume.ResumePlan, whose run folder and checkpoint are used."""
     import time
 
-    from lmcockpit.core.runner import EngineProcess
+    from lmcockpit.core.process.runner import EngineProcess
 
     if resume is not None:
         cfg, run_dir = resume.cfg, resume.run_dir

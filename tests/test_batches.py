@@ -1,6 +1,6 @@
 import numpy as np
 
-from lmcockpit.core.batches import eval_windows, get_batch, global_index
+from lmcockpit.core.data.batches import eval_windows, get_batch, global_index
 
 TOKENS = np.arange(10_000, dtype=np.uint16)
 

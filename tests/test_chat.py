@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.chat_engine import ChatEngine
-from lmcockpit.core.inference import find_checkpoint, load
-from lmcockpit.core.sampling import generate
+from lmcockpit.core.infer.chat_engine import ChatEngine
+from lmcockpit.core.infer.load import load
+from lmcockpit.core.model.sampling import generate
+from lmcockpit.core.run.checkpoints import find_checkpoint
 from lmcockpit.tui.chat import HELP
 
 from .conftest import cli

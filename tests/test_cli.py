@@ -131,7 +131,7 @@ def test_the_progress_line_of_a_cpu_run_shows_what_matters_within_80_columns():
 
 def test_the_progress_line_shows_gpu_fields_when_known_and_says_a_pause_up_front():
     from lmcockpit.core import protocol as P
-    from lmcockpit.core.telemetry import GPUReading, Reading
+    from lmcockpit.core.hardware.telemetry import GPUReading, Reading
     from lmcockpit.tui.headless import progress_line
 
     view = progressed_view(mfu=0.41)

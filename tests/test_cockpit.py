@@ -14,7 +14,7 @@ import pytest
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import load_config
-from lmcockpit.core.runfolder import create_run_dir, latest_checkpoint
+from lmcockpit.core.run.folder import create_run_dir, latest_checkpoint
 from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.runplan import RunPlan
 from lmcockpit.tui.screens.dashboard import DashboardScreen
@@ -306,7 +306,7 @@ def test_starting_the_cockpit_never_imports_torch(tmp_path):
     script = f"""
 import asyncio, sys, time
 from lmcockpit.core.config import load_config
-from lmcockpit.core.runfolder import create_run_dir
+from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.runplan import RunPlan
 from tests.test_cockpit import shrunk_cpu

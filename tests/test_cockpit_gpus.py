@@ -11,7 +11,7 @@ from rich.console import Console
 from textual.app import App
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count, nvml_index, run_gpu_indices
+from lmcockpit.core.hardware.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count, nvml_index, run_gpu_indices
 from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.screens.dashboard import DashboardScreen
 from lmcockpit.tui.screens.launch import LaunchScreen

@@ -3,15 +3,15 @@ import json
 import numpy as np
 import pytest
 
-from lmcockpit.core import corpus, token_cache
 from lmcockpit.core.config import ConfigError
+from lmcockpit.core.data import cache, sources
 
 from .conftest import tiny_config
 
 
 def prepare(cfg):
     logs = []
-    data = token_cache.prepare(cfg, logs.append, lambda *a: None)
+    data = cache.prepare(cfg, logs.append, lambda *a: None)
     return data, logs
 
 
@@ -31,10 +31,10 @@ def test_cache_is_built_once_and_reused():
 
 def test_stdlib_split_is_by_file_and_deterministic():
     cfg = tiny_config().data
-    _, files = corpus.list_source_files(cfg)
-    docs = list(corpus.iter_documents(cfg, files))
-    train, val = corpus.split_documents(cfg, docs)
-    train2, val2 = corpus.split_documents(cfg, list(reversed(docs)))
+    _, files = sources.list_source_files(cfg)
+    docs = list(sources.iter_documents(cfg, files))
+    train, val = sources.split_documents(cfg, docs)
+    train2, val2 = sources.split_documents(cfg, list(reversed(docs)))
     assert [d.id for d in val] == [d.id for d in val2] and [d.id for d in train] == [d.id for d in train2]
     assert not {d.id for d in train} & {d.id for d in val}
     assert all(d.id.endswith(".py") for d in train + val)
@@ -65,7 +65,7 @@ def test_text_folder_and_jsonl_sources(tmp_path):
                                   "tokenizer.vocab_size=300", "data.max_bytes=0"))
     assert len(data.train) > 1000 and len(data.val) > 65
 
-    jl = tmp_path / "corpus.jsonl"
+    jl = tmp_path / "sources.jsonl"
     jl.write_text("\n".join(json.dumps({"body": f"record {i} " + "lorem ipsum dolor " * 50}) for i in range(40)))
     data, _ = prepare(tiny_config(f"data.source=\"{jl}\"", "data.text_field=\"body\"", "data.val_fraction=0.2",
                                   "tokenizer.vocab_size=300", "data.max_bytes=0"))
@@ -124,7 +124,7 @@ def sentencepiece_style_folder(folder):
 def test_a_sentencepiece_style_tokenizer_counts_bytes_and_finds_its_end_token(tmp_path):
     from transformers import AutoTokenizer
 
-    from lmcockpit.core.tokenizer import eos_id, token_byte_lengths
+    from lmcockpit.core.data.tokenizer import eos_id, token_byte_lengths
 
     tok = sentencepiece_style_folder(tmp_path / "spm")
     # "✓" and "😀" are not in the vocabulary: they fall back to their 3 and 4 UTF-8 bytes
@@ -169,14 +169,14 @@ def test_a_resumed_run_keeps_its_own_tokenizer_when_the_data_changed(tmp_path):
 
     # unchanged data: the data's own cache serves
     logs: list[str] = []
-    same = token_cache.prepare(cfg, logs.append, lambda *a: None, run_tokenizer)
+    same = cache.prepare(cfg, logs.append, lambda *a: None, run_tokenizer)
     assert same.reused and same.dir == first.dir
 
     (folder / "doc6.txt").write_text("zebra quartz jukebox vexing " * 400)
     changed, _ = prepare(cfg)
     assert (changed.tokenizer_dir / "tokenizer.json").read_bytes() != run_tokenizer.read_bytes()  # a new BPE
     logs = []
-    kept = token_cache.prepare(cfg, logs.append, lambda *a: None, run_tokenizer)
+    kept = cache.prepare(cfg, logs.append, lambda *a: None, run_tokenizer)
     assert kept.dir not in (first.dir, changed.dir)
     assert any("tokenising with the run's own tokenizer" in line for line in logs)
     from tokenizers import Tokenizer
@@ -186,7 +186,7 @@ def test_a_resumed_run_keeps_its_own_tokenizer_when_the_data_changed(tmp_path):
     decoded = ours.decode(np.asarray(kept.train[:2000]).tolist())
     assert decoded.startswith("document") or decoded.startswith("zebra")  # the tokens are the run's ids
     # and it is a cache like any other: the next resume reuses it
-    again = token_cache.prepare(cfg, lambda line: None, lambda *a: None, run_tokenizer)
+    again = cache.prepare(cfg, lambda line: None, lambda *a: None, run_tokenizer)
     assert again.reused and again.dir == kept.dir
 
 
@@ -195,16 +195,16 @@ def test_a_killed_cache_build_is_cleaned_up_by_the_next(tmp_path):
     import socket
     import subprocess
 
-    cache = tmp_path / "cache"
-    cache.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
     gone = subprocess.Popen(["true"])
     gone.wait()  # a process that has ended: its build was killed
     host = socket.gethostname()
-    abandoned = cache / f".tmp-0123abcd-{host}-{gone.pid}-k1ll3d"
-    running = cache / f".tmp-0123abcd-{host}-{os.getpid()}-bu1ld1"  # a build still under way
-    elsewhere = cache / f".tmp-0123abcd-not-{host}-{gone.pid}-sh4red"  # another machine's, in a shared folder
+    abandoned = root / f".tmp-0123abcd-{host}-{gone.pid}-k1ll3d"
+    running = root / f".tmp-0123abcd-{host}-{os.getpid()}-bu1ld1"  # a build still under way
+    elsewhere = root / f".tmp-0123abcd-not-{host}-{gone.pid}-sh4red"  # another machine's, in a shared folder
     for p in (abandoned, running, elsewhere):
         (p / "train.bin").parent.mkdir()
         (p / "train.bin").write_bytes(b"\0" * 1024)
-    prepare(tiny_config(f"data.cache_dir=\"{cache}\""))
+    prepare(tiny_config(f"data.cache_dir=\"{root}\""))
     assert not abandoned.exists() and running.exists() and elsewhere.exists()

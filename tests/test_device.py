@@ -1,9 +1,10 @@
 import pytest
 import torch
 
-from lmcockpit.core import gpu_env, protocol as P
+from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
-from lmcockpit.core.device import choose_precision, peak_tflops, resolve_device
+from lmcockpit.core.hardware import gpu_env
+from lmcockpit.core.hardware.device import choose_precision, peak_tflops, resolve_device
 
 from .conftest import TINY, as_flags, cli, drive_engine, tiny_config
 

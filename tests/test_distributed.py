@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.launcher import first_failure, write_record
-from lmcockpit.core.runfolder import METRICS, TRAIN_LOG
+from lmcockpit.core.process.launcher import first_failure, write_record
+from lmcockpit.core.run.folder import METRICS, TRAIN_LOG
 from tests.conftest import TINY, as_flags, cli, drive_engine, losses, tiny_config
 
 # Three eval batches over two ranks: under FSDP rank 1 must run a forward pass it does not count.
@@ -250,7 +250,7 @@ def test_several_machines_need_a_named_shared_run_folder(tmp_path):
 def test_a_killed_front_end_makes_every_rank_checkpoint_and_stop(tmp_path):
     """SSH drops under a multi-process run: the launcher sees its parent go and tells rank 0; the
     ranks agree, write one checkpoint together and all end."""
-    from lmcockpit.core.runfolder import latest_checkpoint
+    from lmcockpit.core.run.folder import latest_checkpoint
     from tests.conftest import start_cli_run
 
     out = tmp_path / "run"

@@ -5,7 +5,7 @@ import signal
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import load_config
-from lmcockpit.core.runfolder import read_metrics
+from lmcockpit.core.run.folder import read_metrics
 
 from .conftest import drive_engine, losses, tiny_config
 
@@ -144,10 +144,10 @@ def test_ctrl_c_while_the_engine_starts_up_is_left_to_the_front_end(tmp_path):
 
 def test_an_exception_in_the_engine_arrives_with_its_traceback(tmp_path):
     # A token cache whose tokenizer file is damaged: nothing the engine expects, raised inside it.
-    from lmcockpit.core import token_cache
+    from lmcockpit.core.data import cache
 
     cfg = tiny_config(f"data.cache_dir=\"{tmp_path / 'cache'}\"")
-    data = token_cache.prepare(cfg, lambda line: None, lambda *a: None)
+    data = cache.prepare(cfg, lambda line: None, lambda *a: None)
     (data.tokenizer_dir / "tokenizer.json").write_text("{ not json")
     engine, events = drive_engine(cfg, tmp_path / "run")
     assert engine.final_state == P.FAILED and engine.process.exitcode == 1
@@ -160,8 +160,8 @@ def train_in_process(cfg, run_dir):
     (losses, every step's gradient storage addresses, the trainer)."""
     import torch
 
-    from lmcockpit.core.runfolder import create_run_dir
-    from lmcockpit.core.trainer import Trainer
+    from lmcockpit.core.run.folder import create_run_dir
+    from lmcockpit.core.train.trainer import Trainer
 
     steps, addresses = [], []
     trainer = None

@@ -43,7 +43,8 @@ def hf(exported):
 
 @pytest.fixture(scope="module")
 def ours(exported):
-    from lmcockpit.core.inference import find_checkpoint, load
+    from lmcockpit.core.infer.load import load
+    from lmcockpit.core.run.checkpoints import find_checkpoint
 
     return load(find_checkpoint(str(exported[0])), "cpu")
 
@@ -124,7 +125,7 @@ def run_copy(trained_run, tmp_path) -> Path:
 
 
 def _latest(run: Path) -> Path:
-    from lmcockpit.core.runfolder import latest_checkpoint
+    from lmcockpit.core.run.folder import latest_checkpoint
 
     return latest_checkpoint(run)
 

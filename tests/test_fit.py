@@ -1,11 +1,13 @@
 import pytest
 import torch
 
-from lmcockpit.core import fit, memory_fit, protocol as P
+from lmcockpit.core import protocol as P
 from lmcockpit.core.config import load_config
-from lmcockpit.core.gpt import GPT, GPTShape
-from lmcockpit.core.muon import Muon
-from lmcockpit.core.optim import split_params
+from lmcockpit.core.hardware import fit
+from lmcockpit.core.model.gpt import GPT, GPTShape
+from lmcockpit.core.model.muon import Muon
+from lmcockpit.core.train import memory_fit
+from lmcockpit.core.train.optim import split_params
 
 from .conftest import drive_engine, tiny_config
 
@@ -99,8 +101,8 @@ def test_an_eager_step_on_the_cpu_peaks_where_fit_says(tmp_path, micro_batch, ac
     """The whole estimate against a real training step: at micro-batch 1 Muon's step is the peak,
     at 16 the blockwise loss's forward, and with accumulation the second micro-batch's loss, all
     gradients alive beside it. With activation checkpointing, a block recomputed in backward."""
-    from lmcockpit.core.runfolder import create_run_dir
-    from lmcockpit.core.trainer import Trainer
+    from lmcockpit.core.run.folder import create_run_dir
+    from lmcockpit.core.train.trainer import Trainer
 
     cfg = tiny_config(f"training.micro_batch_size={micro_batch}", f"training.grad_accum_steps={accum}",
                       f"training.activation_checkpointing={str(recompute).lower()}", "eval.every=0", "checkpoint.every=0")
@@ -176,7 +178,7 @@ def test_estimate_eager_fp32_with_checkpointing_by_hand():
 
 
 def test_the_estimator_uses_the_models_loss_block():
-    from lmcockpit.core.gpt import LinearCrossEntropy
+    from lmcockpit.core.model.gpt import LinearCrossEntropy
     assert fit.LOSS_BLOCK_ELEMENTS == {"cuda": LinearCrossEntropy.GPU_BLOCK_ELEMENTS,
                                        "cpu": LinearCrossEntropy.BLOCK_ELEMENTS}
 
@@ -264,7 +266,7 @@ def test_out_of_memory_message_says_where_how_much_and_what_to_change():
 
 
 def test_an_out_of_memory_error_is_found_behind_the_compilers_wrapping():
-    from lmcockpit.core.memory_fit import oom_in
+    from lmcockpit.core.train.memory_fit import oom_in
 
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB.")
     try:

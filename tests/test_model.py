@@ -1,8 +1,8 @@
 import torch
 
-from lmcockpit.core.gpt import GPT, GPTShape, apply_rotary, rotary_tables
-from lmcockpit.core.optim import build_optimizers
 from lmcockpit.core.config import OptimizerConfig
+from lmcockpit.core.model.gpt import GPT, GPTShape, apply_rotary, rotary_tables
+from lmcockpit.core.train.optim import build_optimizers
 
 SHAPE = GPTShape(vocab_size=97, n_layer=2, d_model=32, n_head=4, n_kv_head=2, head_dim=8, mlp_hidden=64,
                  max_seq_len=32)
@@ -72,7 +72,7 @@ def test_blockwise_loss_gives_the_plain_loss_and_gradients(monkeypatch):
     with blocks smaller than the batch (so several blocks and a short last one are exercised)."""
     import torch.nn.functional as F
 
-    from lmcockpit.core.gpt import LinearCrossEntropy
+    from lmcockpit.core.model.gpt import LinearCrossEntropy
 
     monkeypatch.setattr(LinearCrossEntropy, "BLOCK_ELEMENTS", 97 * 5)  # 5 rows a block, 34 rows in all
     torch.manual_seed(0)
@@ -92,7 +92,7 @@ def test_blockwise_loss_gives_the_plain_loss_and_gradients(monkeypatch):
 def test_checkpoint_refuses_to_start_without_the_disk_space(tmp_path):
     import pytest
 
-    from lmcockpit.core.checkpoint import CheckpointError, check_free_space
+    from lmcockpit.core.train.checkpoint import CheckpointError, check_free_space
 
     check_free_space(tmp_path, 1 << 20)  # a megabyte is there
     with pytest.raises(CheckpointError, match=r"not enough free disk for a checkpoint in .*GiB free"):

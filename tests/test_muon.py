@@ -1,10 +1,10 @@
 import torch
 
-from lmcockpit.core import muon as muon_mod
-from lmcockpit.core.gpt import GPT, GPTShape
-from lmcockpit.core.muon import Muon, newton_schulz
-from lmcockpit.core.optim import build_optimizers, lr_multiplier, split_params
 from lmcockpit.core.config import OptimizerConfig
+from lmcockpit.core.model import muon as muon_mod
+from lmcockpit.core.model.gpt import GPT, GPTShape
+from lmcockpit.core.model.muon import Muon, newton_schulz
+from lmcockpit.core.train.optim import build_optimizers, lr_multiplier, split_params
 
 
 def tiny_model() -> GPT:

@@ -3,8 +3,8 @@ import sys
 
 import pytest
 
-from lmcockpit.core import fit
 from lmcockpit.core.config import ConfigError, load_config, shipped_presets
+from lmcockpit.core.hardware import fit
 
 from .conftest import cli
 

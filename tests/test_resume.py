@@ -9,7 +9,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.runfolder import latest_checkpoint, read_metrics
+from lmcockpit.core.run.folder import latest_checkpoint, read_metrics
 
 from .conftest import cli, drive_engine, start_cli_run, tiny_config
 
@@ -192,8 +192,8 @@ def copy_checkpoint(src: Path, dst: Path, step: int) -> Path:
 def test_checkpoints_are_ordered_by_step_number_not_by_name(reference, tmp_path):
     import shutil
 
-    from lmcockpit.core.checkpoint import _prune
-    from lmcockpit.core.resume import plan_resume
+    from lmcockpit.core.run.resume import plan_resume
+    from lmcockpit.core.train.checkpoint import _prune
 
     run, ref = tmp_path / "run", reference / "checkpoints" / "step_000020"
     (run / "checkpoints").mkdir(parents=True)
@@ -217,7 +217,7 @@ def test_a_stop_at_a_saved_step_keeps_that_checkpoint_as_it_is(reference, tmp_pa
     kill in between left no checkpoint at all. The step on disk is now left alone."""
     import shutil
 
-    from lmcockpit.core.resume import plan_resume
+    from lmcockpit.core.run.resume import plan_resume
 
     run = tmp_path / "run"
     shutil.copytree(reference, run)
@@ -262,7 +262,7 @@ def test_a_loss_spike_is_resumed_past_with_other_learning_rates(reference, tmp_p
     import shutil
 
     from lmcockpit.core.config import load_config
-    from lmcockpit.core.optim import lr_multiplier
+    from lmcockpit.core.train.optim import lr_multiplier
 
     run = tmp_path / "run"
     shutil.copytree(reference, run)

@@ -8,10 +8,11 @@ import torch
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
-from lmcockpit.core.gpt import GPT, GPTShape, KVCache
-from lmcockpit.core.inference import find_checkpoint, load
-from lmcockpit.core.runfolder import read_metrics
-from lmcockpit.core.sampling import TextStream, answer, filter_logits, generate
+from lmcockpit.core.infer.load import load
+from lmcockpit.core.model.gpt import GPT, GPTShape, KVCache
+from lmcockpit.core.model.sampling import TextStream, answer, filter_logits, generate
+from lmcockpit.core.run.checkpoints import find_checkpoint
+from lmcockpit.core.run.folder import read_metrics
 
 from .conftest import drive_engine, losses, tiny_config
 

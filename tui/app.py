@@ -13,11 +13,11 @@ from textual.app import App
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import Config, ConfigError
-from lmcockpit.core.rendezvous import Rendezvous
-from lmcockpit.core.resume import plan_resume
-from lmcockpit.core.runfolder import create_run_dir
-from lmcockpit.core.runner import EngineProcess
-from lmcockpit.core.telemetry import Telemetry
+from lmcockpit.core.hardware.telemetry import Telemetry
+from lmcockpit.core.process.rendezvous import Rendezvous
+from lmcockpit.core.process.runner import EngineProcess
+from lmcockpit.core.run.folder import create_run_dir
+from lmcockpit.core.run.resume import plan_resume
 from lmcockpit.tui.runplan import RunPlan
 from lmcockpit.tui.screens.dashboard import DashboardScreen
 from lmcockpit.tui.screens.launch import LaunchScreen

@@ -1,6 +1,6 @@
 """`lmcockpit chat RUN_OR_CHECKPOINT`: a sampling REPL, or one-shot generation for scripts.
 
-The model runs in a chat engine process (core/chat_engine.py): this front-end imports no torch,
+The model runs in a chat engine process (core/infer/chat_engine.py): this front-end imports no torch,
 and refuses bad input (a missing checkpoint, nonsense settings) before any engine starts. Text
 goes to stdout, everything else (the banner, errors, the engine's log lines) to stderr, so that
 `lmcockpit chat RUN --greedy --prompt X` prints exactly the prompt and its greedy continuation.
@@ -16,10 +16,11 @@ import threading
 from typing import Any, Self, TextIO
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.chat_engine import ChatEngine
 from lmcockpit.core.config import ConfigError
-from lmcockpit.core.inference import SAMPLE_SETTINGS, find_checkpoint, parse_setting
-from lmcockpit.tui.cli import Parser, UsageError, error
+from lmcockpit.core.infer.chat_engine import ChatEngine
+from lmcockpit.core.protocol import SAMPLE_SETTINGS, parse_setting
+from lmcockpit.core.run.checkpoints import find_checkpoint
+from lmcockpit.tui.usage import Parser, UsageError, error
 
 HELP = """\
 Type text to continue it with the current settings. Commands (also with a leading /, as in the

@@ -11,26 +11,13 @@ import contextlib
 import sys
 from pathlib import Path
 
-from rich.console import Console
-from rich.text import Text
-
 from lmcockpit import __version__
 from lmcockpit.core.config import ConfigError, load_config
-from lmcockpit.core.rendezvous import Rendezvous
-from lmcockpit.core.resume import plan_resume
-from lmcockpit.core.runfolder import CONFIG, LOCK, METRICS, TRAIN_LOG, create_run_dir
+from lmcockpit.core.process.rendezvous import Rendezvous
+from lmcockpit.core.run.folder import CONFIG, LOCK, METRICS, TRAIN_LOG, create_run_dir
+from lmcockpit.core.run.resume import plan_resume
 from lmcockpit.tui.runplan import RunPlan
-
-
-class UsageError(Exception):
-    pass
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse whose mistakes become our one-line `error:` and exit 2, for every subcommand."""
-
-    def error(self, message: str):
-        raise UsageError(f"{message} (see `{self.prog} --help`)")
+from lmcockpit.tui.usage import Parser, UsageError, error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,11 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--rdzv-backend", metavar="NAME", default="c10d", help="torchrun's rendezvous backend (c10d, static, etcd)")
     p.add_argument("--version", action="version", version=f"lmcockpit {__version__}")
     return p
-
-
-def error(message: str) -> int:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(Text(f"error: {message}"), style="bold red")
-    return 2
 
 
 def overrides_of(args: argparse.Namespace) -> list[str]:
@@ -105,7 +87,7 @@ def plan_run(args: argparse.Namespace, preset: str | None) -> RunPlan:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from lmcockpit.core.runner import EngineProcess
+    from lmcockpit.core.process.runner import EngineProcess
     from lmcockpit.tui.headless import Headless
 
     plan = plan_run(args, args.run or args.preset)

@@ -5,7 +5,7 @@ something stops it: torch that does not import, a GPU the driver sees but torch 
 compiler that fails (every preset compiles). Warnings (no bf16, no flash attention, little disk)
 slow a run down or limit it without stopping it.
 
-Torch's facts come from `python -m lmcockpit.core.doctor` in a child process, so this command
+Torch's facts come from `python -m lmcockpit.core.hardware.doctor` in a child process, so this command
 stays torch-free and reports a broken torch install instead of crashing on it.
 """
 
@@ -24,10 +24,10 @@ from rich.console import Console
 from rich.text import Text
 
 from lmcockpit import __version__
-from lmcockpit.core import gpu_env
 from lmcockpit.core.config import Config
-from lmcockpit.core.token_cache import cache_root
-from lmcockpit.tui.cli import Parser, UsageError, error
+from lmcockpit.core.data.store import cache_root
+from lmcockpit.core.hardware import gpu_env
+from lmcockpit.tui.usage import Parser, UsageError, error
 
 TORCH_CHECK_TIMEOUT = 600  # a cold compile smoke test on a slow machine takes well under a minute
 LOW_DISK = 10 * 1024**3  # a checkpoint of the h100 preset (weights and optimizer state) is about 4 GB
@@ -47,7 +47,7 @@ STYLE = {"ok": "green", "info": "cyan", "warn": "yellow", "FAIL": "bold red"}
 def torch_facts(env: dict[str, str]) -> tuple[dict | None, str]:
     """The child's JSON facts, or None and why there are none."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "lmcockpit.core.doctor"], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", "lmcockpit.core.hardware.doctor"], capture_output=True, text=True,
                               env=env, timeout=TORCH_CHECK_TIMEOUT)
     except subprocess.TimeoutExpired:
         return None, f"the torch check did not finish in {TORCH_CHECK_TIMEOUT} s"

@@ -1,6 +1,6 @@
 """`lmcockpit export RUN_OR_CHECKPOINT OUT_DIR`: a Hugging Face `Qwen3ForCausalLM` folder.
 
-The work is core/export.py's (it reads the weights with torch, imported there); this front-end
+The work is core/infer/export.py's (it reads the weights with torch, imported there); this front-end
 parses the arguments and turns refusals into one `error: ...` line and exit code 2.
 """
 
@@ -11,7 +11,7 @@ import sys
 import traceback
 
 from lmcockpit.core.config import ConfigError
-from lmcockpit.tui.cli import Parser, UsageError, error
+from lmcockpit.tui.usage import Parser, UsageError, error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
-        from lmcockpit.core.export import export
+        from lmcockpit.core.infer.export import export
 
         done = export(args.path, args.out, log=lambda s: print(s, file=sys.stderr))
     except (UsageError, ConfigError) as e:

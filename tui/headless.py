@@ -12,8 +12,8 @@ from rich.live import Live
 from rich.text import Text
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.runner import EngineProcess
-from lmcockpit.core.telemetry import Reading, Telemetry, find_gpu, run_gpu_indices
+from lmcockpit.core.hardware.telemetry import Reading, Telemetry, find_gpu, run_gpu_indices
+from lmcockpit.core.process.runner import EngineProcess
 from lmcockpit.tui.runview import DASH, RunView, bar, fmt_count, fmt_duration
 
 EXIT_CODES = {P.FINISHED: 0, P.ABORTED: 0, P.INTERRUPTED: 130, P.FAILED: 1}

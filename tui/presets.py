@@ -14,10 +14,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from lmcockpit.core import fit
 from lmcockpit.core.config import load_config, shipped_presets
-from lmcockpit.core.telemetry import Telemetry
-from lmcockpit.tui.cli import Parser, UsageError, error
+from lmcockpit.core.hardware import fit
+from lmcockpit.core.hardware.telemetry import Telemetry
+from lmcockpit.tui.usage import Parser, UsageError, error
 
 STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
 

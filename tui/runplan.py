@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmcockpit.core.config import Config
-from lmcockpit.core.rendezvous import Rendezvous
+from lmcockpit.core.process.rendezvous import Rendezvous
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, RichLog, Static
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.chat_engine import ChatEngine
+from lmcockpit.core.infer.chat_engine import ChatEngine
 from lmcockpit.tui.bridge import EngineEvents, drain
 from lmcockpit.tui.widgets.chat import ChatPane
 

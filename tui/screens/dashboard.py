@@ -19,8 +19,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, ProgressBar, RichLog, Static
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.runner import EngineProcess
-from lmcockpit.core.telemetry import Reading, Telemetry, find_gpu, run_gpu_indices
+from lmcockpit.core.hardware.telemetry import Reading, Telemetry, find_gpu, run_gpu_indices
+from lmcockpit.core.process.runner import EngineProcess
 from lmcockpit.tui.bridge import EngineEvents, drain
 from lmcockpit.tui.runview import RunView
 from lmcockpit.tui.screens.dialogs import AbortDialog, HelpScreen, QuitDialog

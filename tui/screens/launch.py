@@ -15,8 +15,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, write_config
-from lmcockpit.core.runfolder import CONFIG, recent_runs, run_summary
-from lmcockpit.core.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count
+from lmcockpit.core.hardware.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count
+from lmcockpit.core.run.folder import CONFIG, recent_runs, run_summary
 from lmcockpit.tui.presets import STYLE as VERDICT_STYLE, preset_rows
 from lmcockpit.tui.runview import DASH
 

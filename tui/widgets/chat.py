@@ -20,7 +20,7 @@ from textual.widgets import Input, Static
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
-from lmcockpit.core.inference import SAMPLE_SETTINGS, parse_setting
+from lmcockpit.core.protocol import SAMPLE_SETTINGS, parse_setting
 
 EDITABLE = ("temperature", "top_k", "top_p", "max_new_tokens", "num_samples", "seed")
 

@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.telemetry import GPUReading, Reading, find_gpu
+from lmcockpit.core.hardware.telemetry import GPUReading, Reading, find_gpu
 from lmcockpit.tui.runview import DASH, RunView, fmt_count, fmt_duration
 
 STATE_STYLE = {P.RUNNING: "bold green", P.PAUSED: "bold yellow", P.FAILED: "bold red", P.FINISHED: "bold cyan",

@@ -25,9 +25,9 @@ import traceback
 from collections import deque
 from pathlib import Path
 
-from . import protocol as P
-from .config import ConfigError
-from .runner import ProcessHandle
+from .. import protocol as P
+from ..config import ConfigError
+from ..process.runner import ProcessHandle
 
 
 class ChatEngine(ProcessHandle):
@@ -89,14 +89,15 @@ def drop_waiting(request_id: str, pending: deque, step: int, events) -> None:
 
 def main(checkpoint: str, device: str, events, commands) -> None:
     """Spawn target. Exit code 0 after an Abort, 1 when the checkpoint could not be loaded."""
-    from .engine import Commands, LogPump, flush_events
+    from ..process.child import Commands, LogPump, flush_events
 
     pump = LogPump(Path(os.devnull), events)
     cmds = Commands(commands)
     failure = None
     try:
         events.put(P.StateChanged(P.PREPARING, f"loading {checkpoint}"))
-        from .inference import find_checkpoint, load
+        from ..run.checkpoints import find_checkpoint
+        from .load import load
 
         loaded = load(find_checkpoint(checkpoint), device)
         cfg = loaded.cfg

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import CUDA_GRAPH_MODES, Config, ConfigError, cuda_graphs_need_one_process
+from ..config import CUDA_GRAPH_MODES, Config, ConfigError, cuda_graphs_need_one_process
 
 BACKENDS = ("c10d", "static", "etcd", "etcd-v2")  # torch.distributed.elastic's registered rendezvous handlers
 

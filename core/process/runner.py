@@ -15,10 +15,10 @@ import sys
 import threading
 from pathlib import Path
 
-from . import protocol as P
-from .config import Config
+from .. import protocol as P
+from ..config import Config
+from ..run.folder import METRICS, MetricsLog, TRAIN_LOG
 from .rendezvous import Rendezvous
-from .runfolder import METRICS, TRAIN_LOG, MetricsLog
 
 
 @contextlib.contextmanager
@@ -130,7 +130,7 @@ class ProcessHandle:
 
 
 class EngineProcess(ProcessHandle):
-    """The training engine (core/engine.py) for one run folder."""
+    """The training engine (core/process/engine.py) for one run folder."""
 
     def __init__(self, cfg: Config, run_dir: Path, resume_from: Path | None = None,
                  rendezvous: Rendezvous | None = None):

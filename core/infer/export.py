@@ -1,6 +1,6 @@
 """Export a checkpoint as a Hugging Face `Qwen3ForCausalLM` folder that `transformers` loads offline.
 
-Our model is Qwen3's math with Qwen3's parameter names (core/gpt.py), so the export is a renaming
+Our model is Qwen3's math with Qwen3's parameter names (core/model/gpt.py), so the export is a renaming
 (`model.` in front of every name) plus a config.json that says the same thing in Qwen3's words:
 
     lmcockpit            Qwen3Config
@@ -35,9 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .config import Config, ConfigError
-from .inference import WEIGHTS, checkpoint_config, find_checkpoint, tokenizer_file
-from .resume import check_checkpoint
+from ..config import Config, ConfigError
+from ..run.checkpoints import WEIGHTS, check_checkpoint, checkpoint_config, find_checkpoint, tokenizer_file
 
 PREFIX = "model."
 
@@ -51,7 +50,7 @@ class Exported:
 
 
 def expected_tensors(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """The name and shape of every tensor the model of `cfg` holds (core/gpt.py's state dict)."""
+    """The name and shape of every tensor the model of `cfg` holds (core/model/gpt.py's state dict)."""
     m = cfg.model
     V, d, D, F = cfg.tokenizer.vocab_size, m.d_model, cfg.head_dim, cfg.mlp_hidden
     H, KV = m.n_head, m.n_kv_head
@@ -160,7 +159,7 @@ def _few(items: list[str], n: int = 4) -> str:
 def _tokenizer(ckpt: Path, cfg: Config):
     from tokenizers import Tokenizer
 
-    from .tokenizer import eos_id
+    from ..data.tokenizer import eos_id
 
     path = tokenizer_file(ckpt, cfg)
     try:
@@ -253,6 +252,6 @@ def _write_tokenizer(tok_path: Path, tok, dest: Path) -> None:
         for f in files:
             shutil.copy2(f, dest / f.name)
         return
-    from .tokenizer import eos_token, save_hf_tokenizer
+    from ..data.tokenizer import eos_token, save_hf_tokenizer
 
     save_hf_tokenizer(tok, dest, eos_token(tok, folder))

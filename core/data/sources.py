@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .config import ConfigError, DataConfig
+from ..config import ConfigError, DataConfig
 
 STDLIB = "python-stdlib"
 CHUNK_BYTES = 64 * 1024  # a single big text file is cut into documents of about this size

@@ -20,8 +20,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Config, ConfigError, apply_overrides, config_from_dict, parse_override, read_toml, write_config
-from .runfolder import (CHECKPOINTS, CONFIG, METRICS, check_not_training, create_run_dir, latest_checkpoint,
+from ..config import Config, ConfigError, apply_overrides, config_from_dict, parse_override, read_toml, write_config
+from .checkpoints import check_checkpoint, is_run_dir
+from .folder import (CHECKPOINTS, CONFIG, METRICS, check_not_training, create_run_dir, latest_checkpoint,
                         step_dirs)
 
 SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eval.batches", "checkpoint.every",
@@ -31,9 +32,6 @@ SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eva
                   "optimizer.lr", "optimizer.muon_lr", "training.grad_clip", "training.on_nan",
                   "training.max_nan_skips"}
 SAFE_SECTIONS = {"sample"}
-TRAIN_STATE = "train_state"  # the torch.distributed.checkpoint folder: weights and optimizer state
-CHECKPOINT_FILES = ("model.safetensors", f"{TRAIN_STATE}/.metadata", "state.json", CONFIG)
-FORMAT_VERSION = 2  # checkpoint.FORMAT_VERSION, kept here so the front-end needs no torch
 
 
 @dataclass(frozen=True)
@@ -43,26 +41,6 @@ class ResumePlan:
     checkpoint: Path
     step: int
     in_place: bool
-
-
-def is_run_dir(path: Path) -> bool:
-    """A run folder has config.toml; a checkpoint folder has one too, beside its state.json."""
-    return (path / CONFIG).is_file() and not (path / "state.json").is_file() and not (path / "model.safetensors").is_file()
-
-
-def check_checkpoint(path: Path) -> int:
-    """The checkpoint's step, or a ConfigError saying what is wrong with it (resume, chat and
-    export all check a checkpoint here)."""
-    missing = [f for f in CHECKPOINT_FILES if not (path / f).is_file()]
-    if missing:
-        raise ConfigError(f"{path}: not a complete lmcockpit checkpoint (missing {', '.join(missing)})")
-    try:
-        state = json.loads((path / "state.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: state.json is unreadable ({e}); the checkpoint is damaged") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION or not isinstance(state.get("step"), int):
-        raise ConfigError(f"{path}: state.json is not an lmcockpit checkpoint of format {FORMAT_VERSION}")
-    return state["step"]
 
 
 def plan_resume(path_arg: str, overrides: list[str], out: str | None) -> ResumePlan:

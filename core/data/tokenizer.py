@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .config import ConfigError, TokenizerConfig
+from ..config import ConfigError, TokenizerConfig
 
 EOS = "<|endoftext|>"
 # End-of-text by the names tokenizer families give it, for a folder whose tokenizer_config.json does

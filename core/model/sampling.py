@@ -17,10 +17,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import protocol as P
-from .config import ConfigError
+from .. import protocol as P
+from ..config import ConfigError
 from .gpt import GPT, KVCache
-from .inference import check_sample
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -125,7 +124,7 @@ def answer(model: GPT, tokenizer, eos_id: int | None, request: P.Sample, step: i
     mode without gradients, in the caller's autocast, and restores the model's mode. Returns each
     row's continuation."""
     try:
-        check_sample(request)
+        P.check_sample(request)
     except ConfigError as e:
         log(f"sample request {request.request_id!r} refused: {e}")
         emit(P.SampleText(request.request_id, step, request.prompt, "", done=True))

@@ -32,11 +32,11 @@ import time
 import traceback
 from pathlib import Path
 
-from . import protocol as P
-from .config import config_from_dict
-from .engine import Commands, LogPump, early_signal, run_header, flush_events, train
+from .. import protocol as P
+from ..config import config_from_dict
+from ..run.folder import METRICS, MetricsLog, TRAIN_LOG, tail_rows
+from .child import Commands, LogPump, early_signal, flush_events, run_header, train
 from .rendezvous import Rendezvous
-from .runfolder import METRICS, TRAIN_LOG, MetricsLog, tail_rows
 
 SHUTDOWN_GRACE = 15  # s from torchrun's SIGTERM to its SIGKILL, when one rank failed
 STOP_GRACE = 20  # s a rank told to stop (SIGTERM) may take before it exits regardless
@@ -126,7 +126,7 @@ def worker(run_dir: str, config: dict, resume_from: str | None, events, commands
     cmds = Commands(commands if rank == 0 else None)
     _exit_if_stuck_after_sigterm(rank, Path(records))
     print(run_header(run_dir))
-    from .group import ProcessGroup
+    from ..train.group import ProcessGroup
 
     group = ProcessGroup(config["distributed"]["strategy"])
     final, failure = train(run_dir, config, resume_from, events, cmds, group,

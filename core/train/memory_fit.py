@@ -1,22 +1,38 @@
 """Memory on the GPU: the largest micro-batch that fits (training.auto_micro_batch), and the
-message a CUDA out-of-memory error becomes. Functions of a set-up `Trainer`: they read its model,
-data and device, and replace its config's micro-batch. Also the measurement fit.py's per-token
+message a CUDA out-of-memory error becomes. Functions of a set-up trainer (`Fitting`: what they
+use of it, so this module need not import the Trainer that imports it): they read its model, data
+and device, and replace its config's micro-batch. Also the measurement fit.py's per-token
 counts are checked against (`saved_bytes_per_token`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import gc
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 import psutil
 import torch
 
-from . import batches, fit, protocol as P
-from .gpt import GPT, shape_from_config
+from .. import protocol as P
+from ..data import batches
+from ..hardware import fit
+from ..model.gpt import GPT, shape_from_config
 
-if TYPE_CHECKING:
-    from .trainer import Trainer
+
+class Fitting(Protocol):
+    """What the micro-batch search and the out-of-memory message use of a set-up Trainer."""
+    cfg: Config
+    device: torch.device
+    data: TokenData
+    model: torch.nn.Module
+    step: int
+    saved_step: int | None
+
+    def log(self, text: str) -> None: ...
+    def allocate_grads(self) -> None: ...
+    def autocast(self) -> AbstractContextManager: ...
+    def train_model(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...
 
 
 class OutOfMemory(P.RunFailure):
@@ -30,7 +46,7 @@ def oom_in(e: BaseException | None) -> torch.OutOfMemoryError | None:
     return e
 
 
-def fit_micro_batch(trainer: Trainer) -> None:
+def fit_micro_batch(trainer: Fitting) -> None:
     """training.auto_micro_batch: the largest micro-batch the estimator allows, confirmed by a
     trial step and halved on out-of-memory, with accumulation raised to keep the step's tokens.
     On CPU the estimate against available RAM decides alone: running out there is the OOM
@@ -58,7 +74,7 @@ def fit_micro_batch(trainer: Trainer) -> None:
              f"the estimate allowed {estimated}, tried {', '.join(map(str, tried))})")
 
 
-def trial_step(trainer: Trainer, mb: int) -> bool:
+def trial_step(trainer: Fitting, mb: int) -> bool:
     """Whether micro-batch `mb` trains without running out of memory: two compiled forward and
     backward passes (the second with the first's gradients alive, as under accumulation) beside
     a block as large as the optimizer state the first real step creates. Leaves the weights,
@@ -95,7 +111,7 @@ def trial_step(trainer: Trainer, mb: int) -> bool:
     return ok
 
 
-def out_of_memory_message(trainer: Trainer, error: str) -> str:
+def out_of_memory_message(trainer: Fitting, error: str) -> str:
     props = torch.cuda.get_device_properties(trainer.device)
     return fit.out_of_memory_message(trainer.cfg, trainer.step + 1, error, props.name, props.total_memory,
                                      torch.cuda.max_memory_allocated(trainer.device),

@@ -7,9 +7,9 @@ import math
 import torch
 from torch.distributed.tensor import DTensor
 
-from .config import OptimizerConfig
+from ..config import OptimizerConfig
+from ..model.muon import Muon
 from .group import Group
-from .muon import Muon
 
 
 def split_params(model: torch.nn.Module) -> tuple[list[tuple[str, torch.nn.Parameter]], list[tuple[str, torch.nn.Parameter]]]:

@@ -43,7 +43,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from .config import CUDA_GRAPH_MODES, Config
+from ..config import CUDA_GRAPH_MODES, Config
 
 GiB = 1024**3
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..config import ConfigError
 from . import gpu_env
-from .config import ConfigError
 
 # Dense bf16 tensor-core peak (fp32 accumulate, no sparsity), TFLOP/s, by a substring of the CUDA
 # device name. First match wins, so the more specific names come first ("RTX 4070 Ti SUPER" before

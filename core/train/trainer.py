@@ -3,7 +3,7 @@
 The Trainer knows nothing of processes or terminals: it reports through `emit` (protocol events)
 and `log` (text lines), and asks `next_command` for front-end commands between optimizer steps.
 Steps are numbered from 1 in everything it reports; step N's batches use the 0-based index N-1.
-Under several processes the same loop runs on every rank against a `group` (core/group.py):
+Under several processes the same loop runs on every rank against a `group` (core/train/group.py):
 rank 0 reports and writes the run folder, and every decision (stop, pause, skip a non-finite
 step) is taken on values all ranks share, so the ranks never part ways.
 """
@@ -19,15 +19,19 @@ from typing import Callable
 
 import torch
 
-from . import batches, checkpoint, fit, memory_fit, nan_debug, protocol as P, sampling, token_cache
-from .config import Config, ConfigError
-from .device import autocast_dtype, memory_stats, peak_flops, resolve_device, resolve_precision
-from .gpt import GPT, shape_from_config
+from .. import protocol as P
+from ..config import Config, ConfigError
+from ..data import batches, cache
+from ..hardware import fit
+from ..hardware.device import autocast_dtype, memory_stats, peak_flops, resolve_device, resolve_precision
+from ..model import sampling
+from ..model.gpt import GPT, shape_from_config
+from ..run.checkpoints import checkpoint_config, tokenizer_file
+from ..run.folder import CHECKPOINTS, METRICS, MetricsLog, TOKENIZER, list_checkpoints
+from . import checkpoint, memory_fit, nan_debug
 from .group import Group
-from .inference import checkpoint_config, tokenizer_file
 from .memory_fit import OutOfMemory, oom_in
 from .optim import build_optimizers, clip_grad_norm, lr_multiplier, set_lr, set_peak_lrs
-from .runfolder import CHECKPOINTS, METRICS, TOKENIZER, MetricsLog, list_checkpoints
 
 Emit = Callable[[object], None]
 
@@ -112,15 +116,15 @@ class Trainer:
                                self.precision, self.step, cfg.training.max_steps, cfg.tokens_per_step,
                                g.world, g.local_devices(self.device)))
 
-    def prepare_data(self) -> token_cache.TokenData:
+    def prepare_data(self) -> cache.TokenData:
         """The token cache, tokenised once: the first process of each machine builds it while the
         others wait, then they all map the same files."""
         progress = lambda *a: self.emit(P.Progress(*a))  # noqa: E731
         own = self.own_tokenizer()
-        data = token_cache.prepare(self.cfg, self.log, progress, own) if self.group.local_rank == 0 else None
+        data = cache.prepare(self.cfg, self.log, progress, own) if self.group.local_rank == 0 else None
         self.group.barrier()
         if data is None:
-            data = token_cache.prepare(self.cfg, self.log, progress, own)
+            data = cache.prepare(self.cfg, self.log, progress, own)
         tok_dst = self.run_dir / TOKENIZER
         if self.group.is_main and not tok_dst.exists():
             shutil.copytree(data.tokenizer_dir, tok_dst)

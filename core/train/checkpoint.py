@@ -35,9 +35,9 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
+from ..run.checkpoints import FORMAT_VERSION, TRAIN_STATE
+from ..run.folder import CONFIG, list_checkpoints
 from .group import Group
-from .resume import FORMAT_VERSION, TRAIN_STATE
-from .runfolder import CONFIG, list_checkpoints
 
 LATEST = "latest"
 

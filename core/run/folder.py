@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import Config, ConfigError, config_from_dict, read_toml, write_config
+from ..config import Config, ConfigError, config_from_dict, read_toml, write_config
 
 CONFIG = "config.toml"
 METRICS = "metrics.jsonl"

@@ -1,12 +1,7 @@
-"""The engine process: owns torch, the model and the GPU; speaks only the protocol.
-
-`main` is the target of a `spawn` process. It points its own stdout and stderr, at the file
-descriptor level (so compiler and C++ warnings too), into a pipe that a thread copies to
-`train.log` and forwards as log events. It ignores SIGINT (Ctrl-C reaches the whole foreground
-process group: the front-end turns it into a command), turns SIGTERM and SIGHUP into "checkpoint
-and stop", and does the same when its parent vanishes. With a rendezvous (several processes) it
-trains nothing itself: it becomes torchrun's launcher (core/launcher.py) and reports how the
-ranks ended. Importing this module imports no torch.
+"""What every engine-side process is made of: the engine itself, each torchrun rank and the chat
+engine. Signals held from the first instant, stdout and stderr pumped into train.log and the
+events queue, the run header, commands polled between steps, the Trainer run in this process,
+and the last events handed over. Importing this module imports no torch.
 """
 
 from __future__ import annotations
@@ -23,9 +18,8 @@ import threading
 import traceback
 from pathlib import Path
 
-from . import gpu_env, protocol as P
-from .config import ConfigError, config_from_dict
-from .runfolder import TRAIN_LOG, hold_run_dir
+from .. import protocol as P
+from ..config import ConfigError, config_from_dict
 
 _EOF = "\x00lmcockpit-log-eof\x00"
 _EARLY_SIGNALS: list[str] = []
@@ -129,45 +123,6 @@ class Commands:
             return P.Abort(save=True, interrupted=True)
 
 
-def main(run_dir: str, config: dict, resume_from: str | None, rendezvous, events, commands) -> None:
-    """Spawn target. Exit code 0 for any orderly end (finished, aborted, interrupted), 1 on failure.
-    `rendezvous` (a core.rendezvous.Rendezvous) means several processes, started through torchrun."""
-    hold_signals()
-    # While torch is not even imported: the CUDA allocator reads its settings once, when CUDA
-    # initialises. expandable_segments goes in PYTORCH_ALLOC_CONF for torch 2.11 and later and in
-    # PYTORCH_CUDA_ALLOC_CONF before (the version comes from package metadata, not an import;
-    # gpu_env says why 2.11), and a variable the user set is left exactly as it is.
-    allocator = gpu_env.configure_allocator()
-    try:
-        # Held until this process exits. Several machines share one run folder, each with an
-        # engine of its own: no claim there.
-        _claim = hold_run_dir(Path(run_dir)) if config["distributed"]["nnodes"] == 1 else None
-    except ConfigError as e:
-        return finish(events, P.FAILED, P.Failure(str(e), user_error=True))
-    pump = LogPump(Path(run_dir) / TRAIN_LOG, events)
-    print(run_header(run_dir))
-    print(f"allocator: {allocator.describe()}")
-    if rendezvous is not None:
-        from .launcher import launch
-
-        final, failure = launch(run_dir, config, resume_from, rendezvous, events, commands)
-    else:
-        final, failure = train(run_dir, config, resume_from, events, Commands(commands))
-    if failure is not None:
-        print(f"{P.FAILED_LINE}{failure.message}")
-    print(f"engine: {final}")
-    pump.close()
-    finish(events, final, failure)
-
-
-def finish(events, final: str, failure: P.Failure | None) -> None:
-    if failure is not None:
-        events.put(failure)
-    events.put(P.StateChanged(final, failure.message if failure else ""))
-    flush_events(events)
-    sys.exit(1 if failure is not None else 0)
-
-
 def train(run_dir: str, config: dict, resume_from: str | None, events, cmds: Commands, group=None,
           emit=None) -> tuple[str, P.Failure | None]:
     """Run the Trainer in this process (the engine itself, or one rank of several): (final state,
@@ -175,8 +130,8 @@ def train(run_dir: str, config: dict, resume_from: str | None, events, cmds: Com
     metrics.jsonl (of several, the launcher records the run's verdict instead)."""
     final, failure, trainer = P.FAILED, None, None
     try:
-        from .group import Group
-        from .trainer import Trainer
+        from ..train.group import Group
+        from ..train.trainer import Trainer
 
         cfg = config_from_dict(config, source=str(Path(run_dir) / "config.toml"))
         trainer = Trainer(cfg, Path(run_dir), emit or events.put, print, cmds.next, group or Group(),
@@ -210,8 +165,3 @@ def flush_events(events, timeout: float = 30.0) -> bool:
         events.cancel_join_thread()
         return False
     return True
-
-
-if __name__ == "__main__":  # pragma: no cover - only ever started through runner.EngineProcess
-    sys.exit("the engine is started by the lmcockpit front-end")
-

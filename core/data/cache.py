@@ -21,8 +21,9 @@ from typing import Callable
 
 import numpy as np
 
-from . import corpus, tokenizer
-from .config import Config, ConfigError
+from ..config import Config, ConfigError
+from . import sources, tokenizer
+from .store import cache_root
 
 FORMAT_VERSION = 1
 ProgressFn = Callable[[str, int, int, str], None]
@@ -43,21 +44,14 @@ class TokenData:
         return self.dir / "tokenizer"
 
 
-def cache_root(cfg: Config) -> Path:
-    if cfg.data.cache_dir:
-        return Path(cfg.data.cache_dir).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "lmcockpit"
-
-
 def token_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= 1 << 16 else np.uint32
 
 
-def cache_key(cfg: Config, tokenizer_file: Path | None = None) -> tuple[str, list[corpus.SourceFile]]:
+def cache_key(cfg: Config, tokenizer_file: Path | None = None) -> tuple[str, list[sources.SourceFile]]:
     """What decides the tokens, hashed: the source's files and split, and the tokenizer (its
     settings, or with `tokenizer_file` that very file's contents)."""
-    desc, files = corpus.list_source_files(cfg.data)
+    desc, files = sources.list_source_files(cfg.data)
     d, t = cfg.data, cfg.tokenizer
     material = {
         "format": FORMAT_VERSION,
@@ -138,12 +132,12 @@ def _same_bytes(a: Path, b: Path) -> bool:
     return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
 
 
-def _build(cfg: Config, files: list[corpus.SourceFile], out: Path, log, progress: ProgressFn,
+def _build(cfg: Config, files: list[sources.SourceFile], out: Path, log, progress: ProgressFn,
            tokenizer_file: Path | None) -> None:
     t0 = time.time()
     progress("reading corpus", 0, len(files), "files")
-    docs = list(corpus.iter_documents(cfg.data, files))
-    train_docs, val_docs = corpus.split_documents(cfg.data, docs)
+    docs = list(sources.iter_documents(cfg.data, files))
+    train_docs, val_docs = sources.split_documents(cfg.data, docs)
     n_bytes = sum(len(d.text) for d in train_docs) + sum(len(d.text) for d in val_docs)
     log(f"data: {len(train_docs)} train / {len(val_docs)} val documents, {n_bytes / 1e6:.1f} MB of text")
 

@@ -1,0 +1,5 @@
+"""The machine: device and precision, the GPU environment (NVML, allocator settings), telemetry,
+the doctor's checks, and the memory arithmetic that says whether a preset fits.
+
+Torch: `device` and `doctor` import it (the engine's and the doctor's child process); `gpu_env`,
+`telemetry` and `fit` never do: they are what the front-end reads."""

@@ -1,0 +1,74 @@
+"""A checkpoint folder on disk, without torch: its files, whether it is whole, the one a user's
+path names (a run folder's latest, or a checkpoint folder), and its config and tokenizer.
+Resume, chat, export and the trainer all find and check checkpoints here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..config import Config, ConfigError, config_from_dict, read_toml
+from .folder import CONFIG, TOKENIZER, latest_checkpoint
+
+WEIGHTS = "model.safetensors"
+STATE = "state.json"
+TRAIN_STATE = "train_state"  # the torch.distributed.checkpoint folder: weights and optimizer state
+CHECKPOINT_FILES = (WEIGHTS, f"{TRAIN_STATE}/.metadata", STATE, CONFIG)
+FORMAT_VERSION = 2  # train.checkpoint writes it; kept here so the front-end needs no torch
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run folder has config.toml; a checkpoint folder has one too, beside its state.json."""
+    return (path / CONFIG).is_file() and not (path / STATE).is_file() and not (path / WEIGHTS).is_file()
+
+
+def check_checkpoint(path: Path) -> int:
+    """The checkpoint's step, or a ConfigError saying what is wrong with it (resume, chat and
+    export all check a checkpoint here)."""
+    missing = [f for f in CHECKPOINT_FILES if not (path / f).is_file()]
+    if missing:
+        raise ConfigError(f"{path}: not a complete lmcockpit checkpoint (missing {', '.join(missing)})")
+    try:
+        state = json.loads((path / STATE).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: {STATE} is unreadable ({e}); the checkpoint is damaged") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION or not isinstance(state.get("step"), int):
+        raise ConfigError(f"{path}: {STATE} is not an lmcockpit checkpoint of format {FORMAT_VERSION}")
+    return state["step"]
+
+
+def find_checkpoint(spec: str) -> Path:
+    """A run folder (its latest complete checkpoint) or a checkpoint folder; a ConfigError naming
+    what is missing otherwise."""
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"{spec}: no such run folder or checkpoint folder")
+    if is_run_dir(path):
+        ckpt = latest_checkpoint(path)
+        if ckpt is None:
+            raise ConfigError(f"{spec}: the run has no complete checkpoint yet (it stopped, or is still, before "
+                              "its first one)")
+    elif (path / STATE).is_file() or (path / WEIGHTS).is_file():
+        ckpt = path
+    else:
+        raise ConfigError(f"{spec}: neither a run folder (config.toml) nor a checkpoint folder ({STATE}, {WEIGHTS})")
+    check_checkpoint(ckpt)
+    tokenizer_file(ckpt, checkpoint_config(ckpt))
+    return ckpt
+
+
+def checkpoint_config(ckpt: Path) -> Config:
+    return config_from_dict(read_toml(ckpt / CONFIG), source=str(ckpt / CONFIG))
+
+
+def tokenizer_file(ckpt: Path, cfg: Config) -> Path:
+    """The run folder's tokenizer (a checkpoint lives in RUN/checkpoints/), else a pretrained one's."""
+    candidates = [ckpt.parent.parent / TOKENIZER / "tokenizer.json"]
+    if cfg.tokenizer.kind != "bpe":
+        candidates.append(Path(cfg.tokenizer.kind).expanduser() / "tokenizer.json")
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise ConfigError(f"{ckpt}: no tokenizer found for it (looked for {', '.join(map(str, candidates))})")
+
+
