@@ -1,0 +1,213 @@
+"""The shape of the code, read from the source with `ast` (nothing is executed): no import cycles
+in core/ or tui/, a front-end that never pulls torch, transformers or numpy in at import time, and
+package docstrings that say whether their modules import torch, and tell the truth."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ROOTS = {"lmcockpit": REPO / "lmcockpit", "lmcockpit.core": REPO / "core", "lmcockpit.tui": REPO / "tui"}
+HEAVY = {"torch", "transformers", "numpy"}  # seconds to import: never in the front-end's start
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    is_package: bool
+    anywhere: set[str] = field(default_factory=set)  # every import, in functions too
+    at_import: set[str] = field(default_factory=set)  # what runs when the module is imported
+
+
+def _modules(roots: dict[str, Path]) -> dict[str, Module]:
+    found = {}
+    for prefix, folder in roots.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            is_package = parts[-1] == "__init__"
+            name = ".".join((prefix, *(parts[:-1] if is_package else parts)))
+            found[name] = Module(name, path, is_package)
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(node: ast.AST, in_function: bool, out: list[tuple[ast.AST, bool]]) -> None:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            out.append((child, in_function))
+        elif isinstance(child, ast.If) and _is_type_checking(child):
+            for inner in child.body:  # read by type checkers only: a cycle all the same, never run
+                _imports(ast.Module(body=[inner], type_ignores=[]), True, out)
+            for inner in child.orelse:
+                _imports(ast.Module(body=[inner], type_ignores=[]), in_function, out)
+        else:
+            _imports(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)),
+                     out)
+
+
+def _targets(mod: Module, node: ast.AST, known: dict[str, Module]) -> set[str]:
+    """The modules (ours by full name, others by their top name) an import statement loads."""
+    if isinstance(node, ast.Import):
+        names = {alias.name for alias in node.names}
+        return {n if n in known else n.split(".")[0] for n in names}
+    base = node.module or ""
+    if node.level:
+        package = mod.name if mod.is_package else mod.name.rsplit(".", 1)[0]
+        for _ in range(node.level - 1):
+            package = package.rsplit(".", 1)[0]
+        base = f"{package}.{base}" if base else package
+    if base not in known and not base.startswith("lmcockpit"):
+        return {base.split(".")[0]}
+    out = {base}
+    out |= {f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in known}
+    return out
+
+
+def import_graph(roots: dict[str, Path] = ROOTS) -> dict[str, Module]:
+    modules = _modules(roots)
+    for mod in modules.values():
+        found: list[tuple[ast.AST, bool]] = []
+        _imports(ast.parse(mod.path.read_text(), str(mod.path)), False, found)
+        for node, in_function in found:
+            targets = _targets(mod, node, modules) - {mod.name}
+            mod.anywhere |= targets
+            if not in_function:
+                mod.at_import |= targets
+    # Importing a.b.c runs a/__init__ and a/b/__init__ first.
+    for mod in modules.values():
+        for target in list(mod.at_import):
+            parts = target.split(".")
+            mod.at_import |= {".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in modules}
+    return modules
+
+
+def cycles(modules: dict[str, Module]) -> list[list[str]]:
+    """Each group of our modules that import one another in a loop (Tarjan's strongly connected
+    components), counting every import, also those inside functions."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(modules[v].anywhere & modules.keys()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for name in sorted(modules):
+        if name not in index:
+            visit(name)
+    return groups
+
+
+def loaded_at_import(modules: dict[str, Module], start: str) -> dict[str, str]:
+    """Every module importing `start` loads, each with the module that imported it first."""
+    seen, todo = {start: ""}, [start]
+    while todo:
+        name = todo.pop()
+        for target in sorted(modules[name].at_import) if name in modules else ():
+            if target not in seen:
+                seen[target] = name
+                todo.append(target)
+    return seen
+
+
+def chain(seen: dict[str, str], name: str) -> str:
+    path = [name]
+    while seen[path[-1]]:
+        path.append(seen[path[-1]])
+    return " ← ".join(path)
+
+
+def front_end(modules: dict[str, Module]) -> list[str]:
+    """Every tui module, and every core module that any of them imports (in functions too)."""
+    tui = [n for n in modules if n.startswith("lmcockpit.tui")]
+    reached = {t for n in tui for t in modules[n].anywhere if t.startswith("lmcockpit.core")}
+    return sorted({*tui, *reached})
+
+
+def heavy_imports(modules: dict[str, Module], names: list[str], heavy: set[str]) -> list[str]:
+    problems = []
+    for name in names:
+        seen = loaded_at_import(modules, name)
+        problems += [f"{chain(seen, h)}" for h in sorted(heavy & seen.keys())]
+    return problems
+
+
+def torch_line(package: Module) -> str:
+    doc = ast.get_docstring(ast.parse(package.path.read_text())) or ""
+    lines = [line for line in doc.splitlines() if line.startswith("Torch:")]
+    return lines[0] if lines else ""
+
+
+# ------------------------------------------------------------------------------------ the tests
+def test_no_module_imports_one_that_imports_it_back():
+    found = cycles(import_graph())
+    assert not found, "import cycles (move what both need to a module below them): " + "; ".join(
+        " ↔ ".join(group) for group in found)
+
+
+def test_the_front_end_never_imports_torch_transformers_or_numpy():
+    modules = import_graph()
+    names = front_end(modules)
+    assert "lmcockpit.tui.cli" in names and "lmcockpit.core.process.runner" in names
+    problems = heavy_imports(modules, names, HEAVY)
+    assert not problems, "the front-end loads these at import time:\n" + "\n".join(problems)
+
+
+def test_every_core_package_says_whether_it_imports_torch_and_means_it():
+    modules = import_graph()
+    packages = [m for n, m in modules.items() if m.is_package and n.startswith("lmcockpit.core.")]
+    assert {p.name.rsplit(".", 1)[1] for p in packages} >= {"data", "model", "train", "process", "infer",
+                                                              "hardware", "run"}
+    for package in packages:
+        line = torch_line(package)
+        assert line, f"{package.path}: its docstring needs a 'Torch:' line (does it import torch?)"
+        if line.startswith("Torch: never"):
+            inside = [n for n in modules if n.startswith(package.name + ".")]
+            problems = heavy_imports(modules, inside, {"torch"})
+            assert not problems, f"{package.path} says '{line}', but:\n" + "\n".join(problems)
+
+
+def test_the_checks_see_a_cycle_and_a_torch_import(tmp_path):
+    """The three tests above, against a small tree that breaks each rule: they would go red."""
+    pkg = tmp_path / "core"
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "__init__.py").write_text('"""Low.\n\nTorch: never."""\n')
+    (pkg / "low" / "a.py").write_text("from . import b\n")
+    (pkg / "low" / "b.py").write_text("def f():\n    from .a import x\n")  # a lazy import is a loop too
+    (pkg / "low" / "c.py").write_text("from .d import y\n")
+    (pkg / "low" / "d.py").write_text("import numpy\nimport torch.nn as nn\n")
+    tui = tmp_path / "tui"
+    tui.mkdir()
+    (tui / "__init__.py").write_text("")
+    (tui / "app.py").write_text("def main():\n    from lmcockpit.core.low import c\n")
+    modules = import_graph({"lmcockpit.core": pkg, "lmcockpit.tui": tui})
+    assert cycles(modules) == [["lmcockpit.core.low.a", "lmcockpit.core.low.b"]]
+    assert front_end(modules) == ["lmcockpit.core.low", "lmcockpit.core.low.c", "lmcockpit.tui", "lmcockpit.tui.app"]
+    assert heavy_imports(modules, ["lmcockpit.core.low.c"], HEAVY) == [
+        "numpy ← lmcockpit.core.low.d ← lmcockpit.core.low.c", "torch ← lmcockpit.core.low.d ← lmcockpit.core.low.c"]
+    assert torch_line(modules["lmcockpit.core.low"]) == "Torch: never."
+
