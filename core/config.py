@@ -43,11 +43,15 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "python-stdlib"  # "python-stdlib", a text file or folder, or a .jsonl file
-    text_field: str = "text"  # the JSONL field holding the text
+    # "python-stdlib"; a text, JSONL (.jsonl/.json, also .gz/.zst/.xz), Parquet or Arrow file; a folder
+    # of them (save_to_disk folders too); or "hf:OWNER/NAME[/PATH]", a Hub dataset's Parquet files.
+    source: str = "python-stdlib"
+    text_field: str = "text"  # the JSON field or Parquet/Arrow column holding the text
     val_fraction: float = 0.02  # share of documents (files) held out for validation
-    max_bytes: int = 0  # 0: all of it; else a deterministic slice of about this many bytes
+    max_bytes: int = 0  # 0: all of it; else a deterministic selection of about this many bytes
     cache_dir: str = ""  # "": $XDG_CACHE_HOME/lmcockpit
+    workers: int = 0  # tokenizer processes preparing the cache; 0: one per core
+    shard_bytes: int = 16_000_000  # text per shard of the cache: the unit of parallel work and of resume
 
 
 @dataclass
@@ -345,13 +349,14 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
         ("training.log_every", t.log_every), ("tokenizer.vocab_size", cfg.tokenizer.vocab_size),
         ("checkpoint.keep", cfg.checkpoint.keep), ("eval.batches", cfg.eval.batches),
         ("sample.max_new_tokens", cfg.sample.max_new_tokens), ("distributed.nproc", cfg.distributed.nproc),
-        ("distributed.nnodes", cfg.distributed.nnodes),
+        ("distributed.nnodes", cfg.distributed.nnodes), ("data.shard_bytes", cfg.data.shard_bytes),
     ]:
         need(value > 0, f"{key} = {value} must be a positive integer")
     for key, value in [("model.head_dim", m.head_dim), ("model.mlp_hidden", m.mlp_hidden),
                        ("model.max_seq_len", m.max_seq_len),
                        ("checkpoint.every", cfg.checkpoint.every), ("eval.every", cfg.eval.every),
                        ("sample.every", cfg.sample.every), ("data.max_bytes", cfg.data.max_bytes),
+                       ("data.workers", cfg.data.workers),
                        ("optimizer.warmup_steps", o.warmup_steps), ("training.seed", t.seed),
                        ("training.max_nan_skips", t.max_nan_skips), ("sample.top_k", cfg.sample.top_k),
                        ("tokenizer.train_bytes", cfg.tokenizer.train_bytes)]:

@@ -4,25 +4,25 @@ import numpy as np
 import pytest
 
 from lmcockpit.core.config import ConfigError
-from lmcockpit.core.data import cache, sources
+from lmcockpit.core.data import prepare as data_prepare
 
 from .conftest import tiny_config
 
 
 def prepare(cfg):
     logs = []
-    data = cache.prepare(cfg, logs.append, lambda *a: None)
+    data = data_prepare.prepare(cfg, logs.append, lambda *a: None)
     return data, logs
 
 
 def test_cache_is_built_once_and_reused():
     cfg = tiny_config()
     first, _ = prepare(cfg)
-    bin_mtime = (first.dir / "train.bin").stat().st_mtime_ns
+    bin_mtime = (first.dir / "shards" / "00000.train.bin").stat().st_mtime_ns
     second, logs = prepare(cfg)
     assert second.reused and second.dir == first.dir
     assert any("reusing token cache" in line for line in logs)
-    assert (second.dir / "train.bin").stat().st_mtime_ns == bin_mtime
+    assert (second.dir / "shards" / "00000.train.bin").stat().st_mtime_ns == bin_mtime
     assert np.array_equal(np.asarray(first.train), np.asarray(second.train))
     # what decides the tokens is in the key: another vocabulary is another cache
     other, _ = prepare(tiny_config("tokenizer.vocab_size=600"))
@@ -30,15 +30,18 @@ def test_cache_is_built_once_and_reused():
 
 
 def test_stdlib_split_is_by_file_and_deterministic():
+    """Each stdlib file is one document (or, past 128 KB, a few cut at line ends), on one side."""
+    from lmcockpit.core.data import readers, sources, split
+
     cfg = tiny_config().data
-    _, files = sources.list_source_files(cfg)
-    docs = list(sources.iter_documents(cfg, files))
-    train, val = sources.split_documents(cfg, docs)
-    train2, val2 = sources.split_documents(cfg, list(reversed(docs)))
-    assert [d.id for d in val] == [d.id for d in val2] and [d.id for d in train] == [d.id for d in train2]
-    assert not {d.id for d in train} & {d.id for d in val}
-    assert all(d.id.endswith(".py") for d in train + val)
-    assert sum(len(d.text) for d in train + val) < cfg.max_bytes * 1.2
+    source = sources.list_source(cfg)
+    text_bytes = sum(sources.text_bytes(f, cfg.text_field) for f in source.files)
+    sel = split.Selection(split.keep_share(cfg.max_bytes, text_bytes), cfg.val_fraction)
+    docs = [d for p in sources.plan_pieces(source, cfg, sel.keep) for d in readers.read_piece(p, cfg.text_field, sel.kept)]
+    val = {d.id for d in docs if sel.is_val(d.id)}
+    assert len(val) < len(docs)
+    assert all(d.id.endswith(".py") or "@" in d.id for d in docs)
+    assert 0.8 * cfg.max_bytes < sum(len(d.text) for d in docs) < cfg.max_bytes * 1.2
 
 
 def test_tokens_decode_back_to_the_text_and_the_tokenizer_loads_in_transformers():
@@ -169,14 +172,14 @@ def test_a_resumed_run_keeps_its_own_tokenizer_when_the_data_changed(tmp_path):
 
     # unchanged data: the data's own cache serves
     logs: list[str] = []
-    same = cache.prepare(cfg, logs.append, lambda *a: None, run_tokenizer)
+    same = data_prepare.prepare(cfg, logs.append, lambda *a: None, run_tokenizer)
     assert same.reused and same.dir == first.dir
 
     (folder / "doc6.txt").write_text("zebra quartz jukebox vexing " * 400)
     changed, _ = prepare(cfg)
     assert (changed.tokenizer_dir / "tokenizer.json").read_bytes() != run_tokenizer.read_bytes()  # a new BPE
     logs = []
-    kept = cache.prepare(cfg, logs.append, lambda *a: None, run_tokenizer)
+    kept = data_prepare.prepare(cfg, logs.append, lambda *a: None, run_tokenizer)
     assert kept.dir not in (first.dir, changed.dir)
     assert any("tokenising with the run's own tokenizer" in line for line in logs)
     from tokenizers import Tokenizer
@@ -186,7 +189,7 @@ def test_a_resumed_run_keeps_its_own_tokenizer_when_the_data_changed(tmp_path):
     decoded = ours.decode(np.asarray(kept.train[:2000]).tolist())
     assert decoded.startswith("document") or decoded.startswith("zebra")  # the tokens are the run's ids
     # and it is a cache like any other: the next resume reuses it
-    again = cache.prepare(cfg, lambda line: None, lambda *a: None, run_tokenizer)
+    again = data_prepare.prepare(cfg, lambda line: None, lambda *a: None, run_tokenizer)
     assert again.reused and again.dir == kept.dir
 
 

@@ -144,10 +144,10 @@ def test_ctrl_c_while_the_engine_starts_up_is_left_to_the_front_end(tmp_path):
 
 def test_an_exception_in_the_engine_arrives_with_its_traceback(tmp_path):
     # A token cache whose tokenizer file is damaged: nothing the engine expects, raised inside it.
-    from lmcockpit.core.data import cache
+    from lmcockpit.core.data.prepare import prepare
 
     cfg = tiny_config(f"data.cache_dir=\"{tmp_path / 'cache'}\"")
-    data = cache.prepare(cfg, lambda line: None, lambda *a: None)
+    data = prepare(cfg, lambda line: None, lambda *a: None)
     (data.tokenizer_dir / "tokenizer.json").write_text("{ not json")
     engine, events = drive_engine(cfg, tmp_path / "run")
     assert engine.final_state == P.FAILED and engine.process.exitcode == 1

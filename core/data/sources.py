@@ -1,25 +1,35 @@
-"""Where training text comes from: the interpreter's standard library, text files, or JSONL.
+"""Where training text comes from, and how it is cut into pieces of work.
 
-A corpus is a list of documents, each with a stable id. Train/validation membership and the
-`data.max_bytes` slice are decided by a hash of the id, so they are the same on every machine
-and every rank, and a file's documents never straddle the split (no leakage between near-copies).
-No torch here: the cache key is computed before anything heavy is imported.
+A source is the interpreter's standard library (`python-stdlib`), a file, or a folder read
+recursively with mixed formats: text; JSON lines (`.jsonl`, `.json`, `.ndjson`), also compressed
+(`.gz`, `.zst`, `.xz`); Parquet (`.parquet`, by row group); and folders written by
+`datasets.Dataset.save_to_disk` (their Arrow files). `hf:OWNER/NAME[/PATH]` is a Hub dataset, fetched
+first (hub.py) and then read as a local folder.
+
+The files are listed with sizes and mtimes (the cache key) and planned into pieces of about
+`data.shard_bytes` of selected text each: several small files, one byte range of a large text or
+JSONL file, one Parquet row group, or one compressed or Arrow file. A piece is the unit of parallel
+work, one shard of the cache and the unit a killed build resumes from. The plan is a function of
+the files and the settings alone, so every machine and worker count makes the same one.
+No torch, no numpy: readers.py does the reading.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import io
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from ..config import ConfigError, DataConfig
 
 STDLIB = "python-stdlib"
-CHUNK_BYTES = 64 * 1024  # a single big text file is cut into documents of about this size
-TEXT_SUFFIXES_SKIPPED = {".pyc", ".so", ".png", ".jpg", ".gif", ".zip", ".gz", ".bin", ".exe", ".pdf"}
+JSON_SUFFIXES = {".jsonl", ".json", ".ndjson"}
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".xz": "xz"}
+SKIPPED_SUFFIXES = {".pyc", ".so", ".png", ".jpg", ".jpeg", ".gif", ".zip", ".bin", ".exe", ".pdf", ".lock",
+                    ".tar", ".whl", ".npy", ".pt", ".safetensors", ".incomplete"}
+SAVE_TO_DISK_FILES = {"state.json", "dataset_info.json"}  # a save_to_disk folder's metadata, not data
+ESTIMATE_SAMPLE = 1 << 20  # compressed bytes read to estimate a compressed file's text size
 
 
 @dataclass(frozen=True)
@@ -28,112 +38,178 @@ class SourceFile:
     rel: str
     size: int
     mtime_ns: int
+    kind: str  # "text", "jsonl", "parquet" or "arrow"
+    compression: str = ""  # "", "gzip", "zstd" or "xz"
 
 
 @dataclass(frozen=True)
-class Document:
-    id: str
-    text: str
+class Piece:
+    """A unit of work: whole files, a byte range [start, end) of one file, or one Parquet row group."""
+    index: int
+    files: tuple[SourceFile, ...]
+    start: int = 0
+    end: int = -1  # -1: to the end of the file
+    row_group: int = -1
+    chunked: bool = False  # text cut at line boundaries into ~CHUNK_BYTES documents (readers.py)
 
 
-def _digest(s: str) -> int:
-    return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "little")
-
-
-def _hash_fraction(doc_id: str) -> float:
-    return _digest(doc_id) / 2**64
+@dataclass(frozen=True)
+class Source:
+    desc: str  # canonical: the cache key holds it
+    files: list[SourceFile]
+    single_text_file: bool  # a lone text file is always cut into documents
 
 
 def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def list_source_files(cfg: DataConfig) -> tuple[str, list[SourceFile]]:
-    """(a canonical description of the source, its files with sizes and mtimes)."""
+def file_kind(path: Path) -> tuple[str, str] | None:
+    """(kind, compression) by the file's suffixes; None for what is skipped."""
+    suffixes = [s.lower() for s in path.suffixes]
+    compression = COMPRESSIONS.get(suffixes[-1], "") if suffixes else ""
+    inner = suffixes[-2] if compression and len(suffixes) > 1 else (suffixes[-1] if suffixes else "")
+    if compression and inner not in JSON_SUFFIXES and inner not in {".txt", ".md", ".text"}:
+        return None  # a compressed archive of something else (.tar.gz, .bin.gz)
+    if inner in JSON_SUFFIXES:
+        return "jsonl", compression
+    if inner == ".parquet" and not compression:
+        return "parquet", ""
+    if inner == ".arrow" and not compression:
+        return "arrow", ""
+    if inner in SKIPPED_SUFFIXES:
+        return None
+    return "text", compression
+
+
+def _is_save_to_disk(folder: Path) -> bool:
+    return (folder / "state.json").is_file() and any(folder.glob("*.arrow"))
+
+
+def _walk(root: Path) -> list[Path]:
+    """Data files under `root`, recursively; a save_to_disk folder contributes its Arrow files."""
+    if _is_save_to_disk(root):
+        return sorted(root.glob("*.arrow"))
+    out = []
+    for p in sorted(root.iterdir()):
+        if p.name.startswith(".") or p.name == "__pycache__":
+            continue
+        if p.is_dir():
+            out += _walk(p)
+        elif p.is_file():
+            out.append(p)
+    return out
+
+
+def list_source(cfg: DataConfig) -> Source:
+    """The source's files with sizes and mtimes; a ConfigError naming the source otherwise."""
     if cfg.source == STDLIB:
         root = stdlib_root()
-        files = [p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file()]
+        paths = [p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file()]
         desc = f"{STDLIB}:{root}"
     else:
-        root = Path(cfg.source).expanduser().resolve()
+        if cfg.source.startswith("hf:"):
+            from .hub import local_folder
+
+            root = local_folder(cfg.source)
+        else:
+            root = Path(cfg.source).expanduser().resolve()
         if not root.exists():
             raise ConfigError(f"data.source = {cfg.source!r}: no such file or folder")
         if root.is_dir():
-            files = [p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")
-                     and p.suffix.lower() not in TEXT_SUFFIXES_SKIPPED]
+            paths = _walk(root)
         else:
-            files = [root]
-            root = root.parent
-        desc = str(Path(cfg.source).expanduser().resolve())
-    out = []
-    for p in sorted(files):
+            paths, root = [root], root.parent
+        desc = cfg.source if cfg.source.startswith("hf:") else str(Path(cfg.source).expanduser().resolve())
+    files = []
+    for p in sorted(paths):
+        kind = file_kind(p)
+        if kind is None:
+            continue
         st = p.stat()
-        out.append(SourceFile(p, str(p.relative_to(root)), st.st_size, st.st_mtime_ns))
-    if not out or sum(f.size for f in out) == 0:
+        files.append(SourceFile(p, str(p.relative_to(root)), st.st_size, st.st_mtime_ns, *kind))
+    if not files or sum(f.size for f in files) == 0:
         raise ConfigError(f"data.source = {cfg.source!r}: no text found there (empty)")
-    return desc, out
+    return Source(desc, files, single_text_file=len(files) == 1 and files[0].kind == "text")
 
 
-def _read_text(f: SourceFile) -> str:
-    return f.path.read_bytes().decode("utf-8", errors="replace")
+# ---------------------------------------------------------------------------------- estimates
+def text_bytes(f: SourceFile, text_field: str) -> int:
+    """About how many bytes of text `f` holds: its size, a compressed file's size times the
+    ratio of its first megabyte, a Parquet file's uncompressed size of its text column."""
+    if f.kind == "parquet":
+        return sum(rg for rg in parquet_row_group_bytes(f, text_field))
+    if not f.compression:
+        return f.size
+    from .readers import open_binary
+
+    with open(f.path, "rb") as raw:
+        counted = _Counting(raw)
+        with open_binary(counted, f.compression) as stream:
+            out = len(stream.read(8 * ESTIMATE_SAMPLE)) if f.size else 0
+            consumed = counted.consumed
+    return f.size if consumed == 0 else int(f.size * out / consumed) if consumed < f.size else out
 
 
-def _jsonl_documents(f: SourceFile, field: str) -> Iterator[Document]:
-    with f.path.open(encoding="utf-8", errors="replace") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{f.path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get(field), str):
-                raise ConfigError(f"{f.path}:{lineno}: expected an object with a string field "
-                                  f"{field!r} (data.text_field)")
-            yield Document(f"{f.rel}#{lineno}", record[field])
+class _Counting(io.RawIOBase):
+    """A binary file that counts what a decompressor has read from it."""
+
+    def __init__(self, raw):
+        self.raw, self.consumed = raw, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = self.raw.readinto(b)
+        self.consumed += n or 0
+        return n
 
 
-def _chunks(f: SourceFile) -> Iterator[Document]:
-    """Cut one text at line boundaries into documents of about CHUNK_BYTES."""
-    text, start, n = _read_text(f), 0, 0
-    while start < len(text):
-        end = text.find("\n", start + CHUNK_BYTES)
-        end = len(text) if end < 0 else end + 1
-        yield Document(f"{f.rel}@{n}", text[start:end])
-        start, n = end, n + 1
+def parquet_row_group_bytes(f: SourceFile, text_field: str) -> list[int]:
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(f.path).metadata
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    if text_field not in names:
+        raise ConfigError(f"{f.path}: no column {text_field!r} (data.text_field); it has {', '.join(names)}")
+    col = names.index(text_field)
+    return [meta.row_group(i).column(col).total_uncompressed_size for i in range(meta.num_row_groups)]
 
 
-def iter_documents(cfg: DataConfig, files: list[SourceFile]) -> Iterator[Document]:
-    """Every document of the source (before the max_bytes slice)."""
-    single = len(files) == 1
-    for f in files:
-        if f.path.suffix == ".jsonl":
-            yield from _jsonl_documents(f, cfg.text_field)
-        elif single:
-            yield from _chunks(f)
+# ------------------------------------------------------------------------------------- pieces
+def plan_pieces(source: Source, cfg: DataConfig, keep: float) -> list[Piece]:
+    """Pieces of about `cfg.shard_bytes` of *selected* text (a `keep` share of the whole), in file
+    order. Large plain text and JSONL files are cut into byte ranges; their cuts move to the next
+    line ending when read, so a range is whole lines."""
+    target = max(1, int(cfg.shard_bytes / max(keep, 1e-9)))
+    pieces: list[Piece] = []
+    group: list[SourceFile] = []
+    group_bytes = 0
+
+    def close_group() -> None:
+        nonlocal group, group_bytes
+        if group:
+            pieces.append(Piece(len(pieces), tuple(group), chunked=source.single_text_file))
+        group, group_bytes = [], 0
+
+    for f in source.files:
+        if f.kind == "parquet":
+            close_group()
+            for rg, _ in enumerate(parquet_row_group_bytes(f, cfg.text_field)):
+                pieces.append(Piece(len(pieces), (f,), row_group=rg))
+        elif f.kind in ("text", "jsonl") and not f.compression and f.size > target:
+            close_group()
+            chunked = f.kind == "text"
+            for start in range(0, f.size, target):
+                pieces.append(Piece(len(pieces), (f,), start, min(f.size, start + target), chunked=chunked))
+        elif f.compression or f.kind == "arrow":
+            close_group()
+            pieces.append(Piece(len(pieces), (f,), chunked=f.kind == "text"))
         else:
-            yield Document(f.rel, _read_text(f))
-
-
-def split_documents(cfg: DataConfig, docs: list[Document]) -> tuple[list[Document], list[Document]]:
-    """(train, val), in hash order, after the max_bytes slice; both sides hold at least one doc."""
-    docs = sorted((d for d in docs if d.text), key=lambda d: _digest(d.id))
-    if cfg.max_bytes:
-        kept, total = [], 0
-        for d in docs:
-            if total >= cfg.max_bytes:
-                break
-            kept.append(d)
-            total += len(d.text)
-        docs = kept
-    if len(docs) < 2:
-        raise ConfigError(f"data.source = {cfg.source!r}: found {len(docs)} document(s); need at least "
-                          "two (one to train on, one to validate on)")
-    val = [d for d in docs if _hash_fraction(d.id) < cfg.val_fraction]
-    if not val:
-        val = [min(docs, key=lambda d: _hash_fraction(d.id))]
-    val_ids = {d.id for d in val}
-    train = [d for d in docs if d.id not in val_ids]
-    if not train:
-        train, val = val[1:], val[:1]
-    return train, val
+            group.append(f)
+            group_bytes += f.size
+            if group_bytes >= target:
+                close_group()
+    close_group()
+    return pieces

@@ -27,7 +27,7 @@ from .folder import (CHECKPOINTS, CONFIG, METRICS, check_not_training, create_ru
 
 SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eval.batches", "checkpoint.every",
                   "checkpoint.keep", "hardware.device", "distributed.nproc", "distributed.nnodes",
-                  "distributed.strategy",
+                  "distributed.strategy", "data.workers",
                   # What gets a run past a loss spike: they change the steps to come, which is the point.
                   "optimizer.lr", "optimizer.muon_lr", "training.grad_clip", "training.on_nan",
                   "training.max_nan_skips"}

@@ -15,7 +15,9 @@ import psutil
 import torch
 
 from .. import protocol as P
+from ..config import Config
 from ..data import batches
+from ..data.cache import TokenData
 from ..hardware import fit
 from ..model.gpt import GPT, shape_from_config
 

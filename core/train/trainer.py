@@ -21,7 +21,9 @@ import torch
 
 from .. import protocol as P
 from ..config import Config, ConfigError
-from ..data import batches, cache
+from ..data import batches
+from ..data.cache import TokenData
+from ..data.prepare import prepare
 from ..hardware import fit
 from ..hardware.device import autocast_dtype, memory_stats, peak_flops, resolve_device, resolve_precision
 from ..model import sampling
@@ -116,15 +118,15 @@ class Trainer:
                                self.precision, self.step, cfg.training.max_steps, cfg.tokens_per_step,
                                g.world, g.local_devices(self.device)))
 
-    def prepare_data(self) -> cache.TokenData:
+    def prepare_data(self) -> TokenData:
         """The token cache, tokenised once: the first process of each machine builds it while the
         others wait, then they all map the same files."""
         progress = lambda *a: self.emit(P.Progress(*a))  # noqa: E731
         own = self.own_tokenizer()
-        data = cache.prepare(self.cfg, self.log, progress, own) if self.group.local_rank == 0 else None
+        data = prepare(self.cfg, self.log, progress, own) if self.group.local_rank == 0 else None
         self.group.barrier()
         if data is None:
-            data = cache.prepare(self.cfg, self.log, progress, own)
+            data = prepare(self.cfg, self.log, progress, own)
         tok_dst = self.run_dir / TOKENIZER
         if self.group.is_main and not tok_dst.exists():
             shutil.copytree(data.tokenizer_dir, tok_dst)

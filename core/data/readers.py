@@ -1,0 +1,178 @@
+"""Documents read from a piece, streamed: nothing holds more than one batch of records.
+
+Each document has an id that is stable across machines, worker counts and runs (the split and the
+`max_bytes` selection hash it): a whole text file's id is its path in the source; a text cut at
+line boundaries is `path@offset`; a JSON line is `path@offset` of its first byte (in the
+decompressed stream for a compressed file); a Parquet or Arrow row is `path#row`. A record that
+cannot be read is a ConfigError naming the file, the line or row group, and what was expected.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import lzma
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+from ..config import ConfigError
+from .sources import Piece, SourceFile
+
+CHUNK_BYTES = 64 * 1024  # a long text is cut into documents of about this size
+WHOLE_TEXT_BYTES = 2 * CHUNK_BYTES  # a text file up to this size is one document
+BATCH_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    text: str
+
+
+# Whether a document is wanted, from its id alone: a reader skips reading what is not.
+Wanted = Callable[[str], bool]
+
+
+def open_binary(raw: BinaryIO | Path, compression: str) -> BinaryIO:
+    if compression == "gzip":
+        return gzip.open(raw, "rb")
+    if compression == "xz":
+        return lzma.open(raw, "rb")
+    if compression == "zstd":
+        import zstandard
+
+        fh = open(raw, "rb") if isinstance(raw, Path) else raw
+        # Buffered for readline; the reader closes the file it opened.
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(fh, closefd=isinstance(raw, Path)))
+    return open(raw, "rb") if isinstance(raw, Path) else raw
+
+
+def read_piece(piece: Piece, text_field: str, wanted: Wanted) -> Iterator[Document]:
+    for f in piece.files:
+        if f.kind == "parquet":
+            yield from _parquet(f, piece.row_group, text_field, wanted)
+        elif f.kind == "arrow":
+            yield from _arrow(f, text_field, wanted)
+        elif f.kind == "jsonl":
+            yield from _jsonl(f, piece.start, piece.end, text_field, wanted)
+        elif piece.chunked or f.compression or f.size > WHOLE_TEXT_BYTES:
+            yield from _chunks(f, piece.start, piece.end, wanted)
+        elif wanted(f.rel):
+            yield Document(f.rel, f.path.read_bytes().decode("utf-8", errors="replace"))
+
+
+def _lines(f: SourceFile, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+    """(offset, line) for each line whose first byte lies in [start, end); end -1: to the end."""
+    with open_binary(f.path, f.compression) as fh:
+        offset = 0
+        if start > 0:
+            fh.seek(start - 1)
+            offset = start - 1 + len(fh.readline())  # the line under way belongs to the range before
+        for line in fh:
+            if end >= 0 and offset >= end:
+                return
+            yield offset, line
+            offset += len(line)
+
+
+def _chunks(f: SourceFile, start: int, end: int, wanted: Wanted) -> Iterator[Document]:
+    """Consecutive lines grouped into documents of about CHUNK_BYTES."""
+    parts: list[bytes] = []
+    size, first = 0, start
+    for offset, line in _lines(f, start, end):
+        if not parts:
+            first = offset
+        parts.append(line)
+        size += len(line)
+        if size >= CHUNK_BYTES:
+            doc_id = f"{f.rel}@{first}"
+            if wanted(doc_id):
+                yield Document(doc_id, b"".join(parts).decode("utf-8", errors="replace"))
+            parts, size = [], 0
+    if parts and wanted(doc_id := f"{f.rel}@{first}"):
+        yield Document(doc_id, b"".join(parts).decode("utf-8", errors="replace"))
+
+
+def _jsonl(f: SourceFile, start: int, end: int, field: str, wanted: Wanted) -> Iterator[Document]:
+    for offset, line in _lines(f, start, end):
+        doc_id = f"{f.rel}@{offset}"
+        if not line.strip() or not wanted(doc_id):
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{f.path}:{_line_number(f, offset)}: not valid JSON ({e.msg})") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{f.path}:{_line_number(f, offset)}: not UTF-8 text") from None
+        text = record.get(field) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise ConfigError(f"{f.path}:{_line_number(f, offset)}: expected an object with a string field "
+                              f"{field!r} (data.text_field)")
+        yield Document(doc_id, text)
+
+
+def _line_number(f: SourceFile, offset: int) -> int:
+    """The 1-based line at `offset`: counted only when an error needs it."""
+    n = 1
+    with open_binary(f.path, f.compression) as fh:
+        while offset > 0:
+            block = fh.read(min(offset, 1 << 20))
+            if not block:
+                break
+            n += block.count(b"\n")
+            offset -= len(block)
+    return n
+
+
+def _column_texts(f: SourceFile, batch, field: str, where: str) -> list:
+    import pyarrow as pa
+
+    if field not in batch.schema.names:
+        raise ConfigError(f"{f.path}: no column {field!r} (data.text_field); it has {', '.join(batch.schema.names)}")
+    column = batch.column(batch.schema.get_field_index(field))
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        raise ConfigError(f"{f.path}: {where}: column {field!r} (data.text_field) holds {column.type}, "
+                          "expected strings")
+    return column.to_pylist()
+
+
+def _parquet(f: SourceFile, row_group: int, field: str, wanted: Wanted) -> Iterator[Document]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(f.path)
+        row = sum(pf.metadata.row_group(i).num_rows for i in range(row_group))
+        for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[row_group], columns=[field]):
+            for text in _column_texts(f, batch, field, f"row group {row_group}"):
+                doc_id = f"{f.rel}#{row}"
+                row += 1
+                if text and wanted(doc_id):
+                    yield Document(doc_id, text)
+    except (pa.ArrowException, OSError) as e:
+        raise ConfigError(f"{f.path}: row group {row_group}: unreadable Parquet ({e})") from None
+
+
+def _arrow(f: SourceFile, field: str, wanted: Wanted) -> Iterator[Document]:
+    """An Arrow IPC file as save_to_disk writes it (the stream format), or the file format."""
+    import pyarrow as pa
+
+    try:
+        with pa.memory_map(str(f.path)) as source:
+            try:
+                reader = pa.ipc.open_stream(source)
+            except pa.ArrowInvalid:
+                source.seek(0)
+                file_reader = pa.ipc.open_file(source)
+                reader = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
+            row = 0
+            for batch in reader:
+                for text in _column_texts(f, batch, field, f"rows from {row}"):
+                    doc_id = f"{f.rel}#{row}"
+                    row += 1
+                    if text and wanted(doc_id):
+                        yield Document(doc_id, text)
+    except (pa.ArrowException, OSError) as e:
+        raise ConfigError(f"{f.path}: unreadable Arrow file ({e})") from None

@@ -1,0 +1,257 @@
+"""Data at scale on small files: every format read the same, a build that is the same whatever
+the worker count, resumes after SIGKILL byte for byte, reads the previous cache format, and
+keeps its memory flat as the corpus grows."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import lzma
+import os
+import random
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lmcockpit.core.config import ConfigError, DataConfig
+from lmcockpit.core.data import cache, readers, sources
+from lmcockpit.core.data.prepare import prepare
+
+from .conftest import tiny_config
+
+WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing "
+         "matches near rivers of molten copper and ünïcode glyphs").split()
+
+
+def records(n: int, seed: int = 0, words: int = 60) -> list[str]:
+    rng = random.Random(seed)
+    return [f"record {i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(words // 2, words)))
+            for i in range(n)]
+
+
+def write_jsonl(path: Path, texts: list[str], field: str = "text") -> Path:
+    path.write_text("".join(json.dumps({field: t, "id": i}) + "\n" for i, t in enumerate(texts)))
+    return path
+
+
+def documents(source: str | Path, **data) -> list[readers.Document]:
+    cfg = DataConfig(source=str(source), **data)
+    src = sources.list_source(cfg)
+    return [d for p in sources.plan_pieces(src, cfg, 1.0) for d in readers.read_piece(p, cfg.text_field,
+                                                                                     lambda _: True)]
+
+
+def texts_of(source, **data) -> list[str]:
+    return [d.text for d in documents(source, **data)]
+
+
+# ------------------------------------------------------------------------------------- formats
+def test_every_format_yields_the_documents_of_its_jsonl_twin(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    texts = records(300)
+    twin = write_jsonl(tmp_path / "twin.jsonl", texts)
+    raw = twin.read_bytes()
+    (tmp_path / "twin.jsonl.gz").write_bytes(gzip.compress(raw))
+    (tmp_path / "twin.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
+    (tmp_path / "twin.jsonl.xz").write_bytes(lzma.compress(raw))
+    (tmp_path / "twin.json").write_bytes(raw)
+    table = pa.table({"id": list(range(len(texts))), "text": texts})
+    pq.write_table(table, tmp_path / "twin.parquet", row_group_size=150)
+    assert pq.ParquetFile(tmp_path / "twin.parquet").metadata.num_row_groups == 2
+    saved = tmp_path / "saved"  # what datasets.Dataset.save_to_disk writes: Arrow IPC streams + state
+    saved.mkdir()
+    with pa.OSFile(str(saved / "data-00000-of-00001.arrow"), "wb") as sink, \
+            pa.ipc.new_stream(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=70):
+            writer.write_batch(batch)
+    (saved / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+    (saved / "dataset_info.json").write_text(json.dumps({"features": {"text": {"dtype": "string"}}}))
+
+    expected = texts_of(twin)
+    assert expected == texts
+    for name in ("twin.jsonl.gz", "twin.jsonl.zst", "twin.jsonl.xz", "twin.json", "twin.parquet", "saved"):
+        assert texts_of(tmp_path / name) == expected, name
+    # A folder of all of them, recursively: each file's documents in path order.
+    assert texts_of(tmp_path) == expected * 7
+
+
+def test_a_large_text_file_is_cut_into_pieces_and_documents_at_line_ends(tmp_path):
+    lines = [f"line {i}: " + " ".join(records(1, seed=i, words=12)) + "\n" for i in range(6000)]
+    big = tmp_path / "big.txt"
+    big.write_text("".join(lines))
+    cfg = DataConfig(source=str(big), shard_bytes=200_000)
+    src = sources.list_source(cfg)
+    pieces = sources.plan_pieces(src, cfg, 1.0)
+    assert len(pieces) == -(-big.stat().st_size // 200_000) > 1
+    docs = [d for p in pieces for d in readers.read_piece(p, cfg.text_field, lambda _: True)]
+    assert "".join(d.text for d in docs) == big.read_text()  # every line once, none cut
+    assert all(d.text.endswith("\n") for d in docs)
+    assert len({d.id for d in docs}) == len(docs)
+    # The same file in a JSONL twin cut into byte ranges: every record once.
+    jl = write_jsonl(tmp_path / "big.jsonl", [line.rstrip("\n") for line in lines])
+    assert texts_of(jl, shard_bytes=100_000) == [line.rstrip("\n") for line in lines]
+
+
+@pytest.mark.parametrize("content, field, message", [
+    ('{"text": "fine"}\n{"text": "ok"}\nnot json\n', "text", r"bad.jsonl:3: not valid JSON"),
+    ('{"text": "fine"}\n{"body": "no text field"}\n', "text", r"bad.jsonl:2: expected an object with a string "
+                                                              r"field 'text'"),
+])
+def test_an_unreadable_record_names_the_file_and_line(tmp_path, content, field, message):
+    (tmp_path / "bad.jsonl").write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        documents(tmp_path / "bad.jsonl", text_field=field)
+
+
+def test_a_parquet_file_without_the_text_column_names_its_columns(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"content": ["a", "b"]}), tmp_path / "x.parquet")
+    with pytest.raises(ConfigError, match=r"x.parquet: no column 'text' \(data.text_field\); it has content"):
+        documents(tmp_path / "x.parquet")
+
+
+def test_an_hf_source_offline_exits_2_with_the_download_command(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    proc = subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug", "--set",
+                           'data.source="hf:HuggingFaceFW/fineweb-edu/sample/10BT"', "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "HF_HUB_OFFLINE is set" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+    assert ("hf download HuggingFaceFW/fineweb-edu --repo-type dataset --include 'sample/10BT/*' --local-dir DIR"
+            in proc.stderr)
+    assert "data.source='\"DIR/sample/10BT\"'" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------------------- builds
+def corpus(tmp_path: Path, n: int = 1500) -> Path:
+    return write_jsonl(tmp_path / "corpus.jsonl", records(n))
+
+
+def scale_config(tmp_path: Path, source: Path, cache_dir: Path, *extra: str):
+    return tiny_config(f"data.source=\"{source}\"", f"data.cache_dir=\"{cache_dir}\"", "data.max_bytes=0",
+                       "data.val_fraction=0.05", "tokenizer.vocab_size=300", "tokenizer.train_bytes=100_000",
+                       "data.shard_bytes=60_000", *extra)
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_the_split_and_selection_are_the_same_whatever_the_worker_count(tmp_path):
+    source = corpus(tmp_path)
+    one = prepare(scale_config(tmp_path, source, tmp_path / "c1", "data.workers=1", "data.max_bytes=120_000"),
+                  lambda line: None, lambda *a: None)
+    two = prepare(scale_config(tmp_path, source, tmp_path / "c2", "data.workers=2", "data.max_bytes=120_000"),
+                  lambda line: None, lambda *a: None)
+    meta = cache.read_meta(one.dir)
+    assert len(meta["shards"]) > 1 and one.dir.name == two.dir.name
+    assert folder_bytes(one.dir) == folder_bytes(two.dir)
+    # max_bytes is a streamed selection of about that much text
+    assert 0.7 * 120_000 < meta["bytes"] < 1.3 * 120_000
+
+
+def test_a_killed_build_resumes_and_the_cache_is_byte_identical(tmp_path):
+    source = corpus(tmp_path)
+    killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
+    overrides = [f"data.source=\"{source}\"", f"data.cache_dir=\"{killed_dir}\"", "data.max_bytes=0",
+                 "data.val_fraction=0.05", "tokenizer.vocab_size=300", "tokenizer.train_bytes=100_000",
+                 "data.shard_bytes=60_000", "data.workers=1"]
+    # A real process that SIGKILLs itself in the middle of its 4th piece (after the 6th write).
+    driver = textwrap.dedent(f"""
+        import os, signal
+        from lmcockpit.core.data.prepare import prepare
+        from tests.conftest import tiny_config
+        writes = 0
+        def progress(stage, done, total, unit):
+            global writes
+            if stage == "tokenizing" and done:
+                writes += 1
+                if writes == 6:
+                    os.kill(os.getpid(), signal.SIGKILL)
+        prepare(tiny_config(*{overrides!r}), print, progress)
+        """)
+    proc = subprocess.run([sys.executable, "-c", driver], cwd=Path(__file__).parents[1], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr
+    [build] = [p for p in killed_dir.glob(".build-*") if p.is_dir()]  # beside it: its .lock
+    done = list((build / "pieces").glob("*.json"))
+    assert 0 < len(done) < json.loads((build / "plan.json").read_text())["pieces"]
+    assert list(build.rglob("*.tmp")), "the kill was meant to land inside a piece"
+
+    logs: list[str] = []
+    resumed = prepare(tiny_config(*overrides), logs.append, lambda *a: None)
+    assert any(f"{len(done)} of" in line and "already done" in line for line in logs), logs
+    whole = prepare(scale_config(tmp_path, source, whole_dir, "data.workers=2"), lambda line: None, lambda *a: None)
+    assert resumed.dir.name == whole.dir.name
+    assert folder_bytes(resumed.dir) == folder_bytes(whole.dir)
+    assert not [p for p in killed_dir.glob(".build-*") if p.is_dir()]
+
+
+def test_a_cache_of_the_previous_format_is_still_read(tmp_path):
+    """Format 1 (lmcockpit before shards): one train.bin and val.bin, found under its old key."""
+    source = corpus(tmp_path, 200)
+    cfg = scale_config(tmp_path, source, tmp_path / "c")
+    fresh = prepare(cfg, lambda line: None, lambda *a: None)
+    old = tmp_path / "c" / cache.legacy_key(cfg, sources.list_source(cfg.data))
+    old.mkdir()
+    shutil.copytree(fresh.tokenizer_dir, old / "tokenizer")
+    train = np.arange(5000, dtype=np.uint16) % 300
+    val = np.arange(500, dtype=np.uint16) % 300
+    train.tofile(old / "train.bin")
+    val.tofile(old / "val.bin")
+    (old / "meta.json").write_text(json.dumps({"format": 1, "train_tokens": 5000, "val_tokens": 500, "dtype": "uint16",
+                                               "vocab_size": 300, "eos_id": fresh.eos_id, "source": str(source),
+                                               "bytes": 1}))
+    shutil.rmtree(fresh.dir)
+    logs: list[str] = []
+    data = prepare(cfg, logs.append, lambda *a: None)
+    assert data.reused and data.dir == old and any("reusing token cache" in line for line in logs)
+    assert np.array_equal(np.asarray(data.train), train) and np.array_equal(np.asarray(data.val), val)
+
+
+def test_a_token_stream_reads_windows_across_shards():
+    parts = [np.arange(0, 5, dtype=np.uint16), np.arange(5, 5, dtype=np.uint16), np.arange(5, 12, dtype=np.uint16)]
+    stream = cache.TokenStream(parts)
+    assert len(stream) == 12
+    for start in range(12):
+        for stop in range(start, 13):
+            assert stream[start:stop].tolist() == list(range(start, stop))
+
+
+def test_preparing_ten_times_the_text_takes_about_the_same_memory(tmp_path):
+    """Peak RSS of a real prepare (one process: the reader, the tokenizer and the writer) on a
+    corpus and on one ten times larger: the corpus is never held. The peak is the kernel's VmHWM,
+    which starts afresh at exec (getrusage's maxrss would carry this test process's over)."""
+    driver = textwrap.dedent("""
+        import re, sys
+        from lmcockpit.core.data.prepare import prepare
+        from tests.conftest import tiny_config
+        prepare(tiny_config(*sys.argv[1:]), lambda line: None, lambda *a: None)
+        print(int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024)
+        """)
+    peaks = {}
+    for n in (5_000, 50_000):
+        source = write_jsonl(tmp_path / f"c{n}.jsonl", records(n, words=120))
+        proc = subprocess.run([sys.executable, "-c", driver, f"data.source=\"{source}\"",
+                               f"data.cache_dir=\"{tmp_path / 'cache'}\"", "data.max_bytes=0", "data.workers=1",
+                               "data.shard_bytes=2_000_000",
+                               "tokenizer.vocab_size=300", "tokenizer.train_bytes=200_000"],
+                              cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        peaks[source.stat().st_size] = int(proc.stdout.split()[-1])
+    (small, small_peak), (large, large_peak) = sorted(peaks.items())
+    assert large > 9 * small > 25_000_000
+    # Flat within 20% (the issue's bound from 1 GB to 5 GB). Holding the corpus, as preparation did
+    # before it streamed, adds twice the added text and more: 1.4× here.
+    assert large_peak < 1.2 * small_peak, peaks
