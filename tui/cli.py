@@ -16,6 +16,7 @@ from lmcockpit.core.config import ConfigError, load_config
 from lmcockpit.core.process.rendezvous import Rendezvous
 from lmcockpit.core.run.folder import CONFIG, LOCK, METRICS, TRAIN_LOG, create_run_dir
 from lmcockpit.core.run.resume import plan_resume
+from lmcockpit.tui.commands import COMMANDS
 from lmcockpit.tui.runplan import RunPlan
 from lmcockpit.tui.usage import Parser, UsageError, error
 
@@ -125,21 +126,10 @@ def cmd_cockpit(args: argparse.Namespace) -> int:
     return app.return_code or 0
 
 
-# Subcommands live in modules of their own, each with `main(argv) -> int` and the same exit codes.
-SUBCOMMANDS = {"chat": "lmcockpit.tui.chat", "export": "lmcockpit.tui.export",
-               "presets": "lmcockpit.tui.presets", "doctor": "lmcockpit.tui.doctor"}
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in SUBCOMMANDS:
-        import importlib
-
-        try:
-            module = importlib.import_module(SUBCOMMANDS[argv[0]])
-        except ModuleNotFoundError:
-            return error(f"`lmcockpit {argv[0]}` is not built yet")
-        return module.main(argv[1:])
+    if argv and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]].main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
         if args.run and args.preset:
