@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK (argcomplete's global completion looks for this line)
 """The `lmcockpit` command.
 
 Exit codes everywhere: 0 done, 1 the run failed, 2 usage or input error (one clear message, no
@@ -19,6 +20,7 @@ from lmcockpit.core.config import ConfigError, load_config, shipped_presets
 from lmcockpit.core.process.rendezvous import Rendezvous
 from lmcockpit.core.run.folder import CONFIG, LOCK, METRICS, TRAIN_LOG, create_run_dir
 from lmcockpit.core.run.resume import plan_resume
+from lmcockpit.tui import completers
 from lmcockpit.tui.commands import COMMANDS, GROUPS, nearest, similarity
 from lmcockpit.tui.runplan import RunPlan
 from lmcockpit.tui.usage import Parser, UsageError, error
@@ -53,15 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
                epilog=EXAMPLES)
     t = p.add_argument_group("training flags (the cockpit and --run)")
     t.add_argument("preset", metavar="PRESET", nargs="?",
-                   help="open the cockpit and start this preset at once (path or shipped name)")
+                   help="open the cockpit and start this preset at once (path or shipped name)"
+                   ).completer = completers.commands_and_presets
     t.add_argument("--run", metavar="PRESET", nargs="?", const="",
-                   help="train headless: a preset TOML path or a shipped preset name (none with --resume)")
+                   help="train headless: a preset TOML path or a shipped preset name (none with --resume)"
+                   ).completer = completers.presets
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, VALUE in TOML syntax (repeatable): --set training.max_steps=200")
-    t.add_argument("--out", metavar="DIR", help="run folder (default: runs/<preset>-<timestamp>)")
+                   help="override a config key, VALUE in TOML syntax (repeatable): --set training.max_steps=200"
+                   ).completer = completers.config_keys
+    t.add_argument("--out", metavar="DIR", help="run folder (default: runs/<preset>-<timestamp>)"
+                   ).completer = completers.directories
     t.add_argument("--resume", metavar="PATH",
                    help="continue a run folder in place (from its latest checkpoint), or a checkpoint folder "
-                        "into a new run folder")
+                        "into a new run folder").completer = completers.run_folders
     t.add_argument("--gpu", metavar="N", type=int, help="train on GPU N (same as --set hardware.device=\"cuda:N\")")
     d = p.add_argument_group("several processes (torchrun)")
     d.add_argument("--nproc", metavar="N", type=int,
@@ -176,6 +182,10 @@ def refuse_mistyped_command(word: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (see completion.py): answers and exits
+        from lmcockpit.tui.completion import complete
+
+        complete(build_parser)
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in COMMANDS:
         return COMMANDS[argv[0]].main(argv[1:])

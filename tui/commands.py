@@ -1,8 +1,9 @@
 """Every `lmcockpit` command, in one list.
 
-`lmcockpit --help`, `lmcockpit help COMMAND` and the dispatch in `cli.py` read `COMMANDS`, so a
-command cannot exist without being listed everywhere a user looks. Adding one is one `Command(...)` line here plus its module, which has
-`build_parser() -> argparse.ArgumentParser` (its own `--help`) and
+`lmcockpit --help`, `lmcockpit help COMMAND`, shell completion, the dispatch in `cli.py` and the
+tests (README table included) all read `COMMANDS`, so a command cannot exist without being listed
+everywhere a user looks. Adding one is one `Command(...)` line here plus its module, which has
+`build_parser() -> argparse.ArgumentParser` (its own `--help`, and what completion completes) and
 `main(argv) -> int` (exit codes 0 done, 1 failed, 2 usage or input error, 130 interrupted).
 
 Modules are named, not imported: a command's imports cost nothing until it runs, and this
@@ -23,7 +24,7 @@ class Command:
     name: str  # what follows `lmcockpit`
     module: str  # where its build_parser() and main(argv) live
     group: str  # one of GROUPS: the heading `--help` lists it under
-    summary: str  # its line in `--help`; fits 60 columns
+    summary: str  # its line in `--help` and in zsh's and fish's completion menus; fits 60 columns
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -45,6 +46,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("presets", "lmcockpit.tui.presets", "machine", "the shipped presets: size, memory, whether each fits"),
     Command("doctor", "lmcockpit.tui.doctor", "machine", "check torch, CUDA, GPUs and the compiler here"),
     Command("help", "lmcockpit.tui.help", "help", "this overview, or a command's own: lmcockpit help chat"),
+    Command("completion", "lmcockpit.tui.completion", "help", "print the tab completion script for bash, zsh, fish"),
 )}
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 import argparse
 
 from lmcockpit.tui.commands import COMMANDS, nearest
+from lmcockpit.tui.completers import command_names
 from lmcockpit.tui.usage import Parser, UsageError, error
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="lmcockpit help", description="Show the overview of lmcockpit, or one command's help "
                "(the same as `lmcockpit COMMAND --help`).")
-    p.add_argument("command", metavar="COMMAND", nargs="?", help="the command to explain")
+    p.add_argument("command", metavar="COMMAND", nargs="?", help="the command to explain").completer = command_names
     return p
 
 
