@@ -4,7 +4,8 @@
 tests (README table included) all read `COMMANDS`, so a command cannot exist without being listed
 everywhere a user looks. Adding one is one `Command(...)` line here plus its module, which has
 `build_parser() -> argparse.ArgumentParser` (its own `--help`, and what completion completes) and
-`main(argv) -> int` (exit codes 0 done, 1 failed, 2 usage or input error, 130 interrupted).
+`main(argv) -> int` (exit codes 0 done, 1 failed, 2 usage or input error, 130 interrupted), and
+its row in the README's Commands table (tests/test_commands.py fails until it has one).
 
 Modules are named, not imported: a command's imports cost nothing until it runs, and this
 module stays below every command module (none of them is imported back from here).
