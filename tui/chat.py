@@ -20,6 +20,7 @@ from lmcockpit.core.config import ConfigError
 from lmcockpit.core.infer.chat_engine import ChatEngine
 from lmcockpit.core.protocol import SAMPLE_SETTINGS, parse_setting
 from lmcockpit.core.run.checkpoints import find_checkpoint
+from lmcockpit.tui.completers import run_folders
 from lmcockpit.tui.usage import Parser, UsageError, error
 
 HELP = """\
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="lmcockpit chat", description="Sample from a trained model: an interactive prompt, "
                 "or with --prompt one generation printed for scripts (prompt and continuation, one block "
                 "per sample).")
-    p.add_argument("path", metavar="RUN_OR_CHECKPOINT", help="a run folder (its latest checkpoint) or a checkpoint folder")
+    p.add_argument("path", metavar="RUN_OR_CHECKPOINT", help="a run folder (its latest checkpoint) or a checkpoint folder"
+                   ).completer = run_folders
     p.add_argument("--prompt", help="generate once from this text, print it and exit")
     p.add_argument("--max-new-tokens", metavar="N", help="tokens to generate at most (default 64)")
     p.add_argument("--temperature", metavar="T", help="sampling temperature, 0 means greedy (default 0.8)")

@@ -1,38 +1,74 @@
+# PYTHON_ARGCOMPLETE_OK (argcomplete's global completion looks for this line)
 """The `lmcockpit` command.
 
 Exit codes everywhere: 0 done, 1 the run failed, 2 usage or input error (one clear message, no
-traceback), 130 interrupted. This module never imports torch: the engine process does.
+traceback), 130 interrupted. This module never imports torch: the engine process does. Its named
+commands (chat, export, ...) are listed in commands.py and live in modules of their own; this
+module is the bare command (the cockpit and `--run`) and the dispatch to them.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from pathlib import Path
 
 from lmcockpit import __version__
-from lmcockpit.core.config import ConfigError, load_config
+from lmcockpit.core.config import ConfigError, load_config, shipped_presets
 from lmcockpit.core.process.rendezvous import Rendezvous
 from lmcockpit.core.run.folder import CONFIG, LOCK, METRICS, TRAIN_LOG, create_run_dir
 from lmcockpit.core.run.resume import plan_resume
+from lmcockpit.tui import completers
+from lmcockpit.tui.commands import COMMANDS, GROUPS, nearest, similarity
 from lmcockpit.tui.runplan import RunPlan
 from lmcockpit.tui.usage import Parser, UsageError, error
 
+# The bare command's two forms, listed in `--help` under "train" before that group's commands.
+TRAIN_FORMS = {"[PRESET]": "the cockpit; with PRESET, that run starts at once",
+               "--run PRESET": "train headless: a live line, or plain lines when piped"}
+
+EXAMPLES = """\
+examples:
+  lmcockpit --run cpu                            # train headless (CPU is fine)
+  lmcockpit 4090 --set training.max_steps=2000   # the cockpit, starting a run
+  lmcockpit chat runs/cpu-20261123-084716        # sample from what it learned"""
+
+
+def overview() -> str:
+    """The commands by group, each with its one line: the first thing `--help` shows."""
+    rows = {group: [] for group in GROUPS}
+    rows["train"] += TRAIN_FORMS.items()
+    for command in COMMANDS.values():
+        rows[command.group].append((command.name, command.summary))
+    return "\n".join(f"{group}:\n" + "\n".join(f"  {name:<14}  {summary}" for name, summary in items)
+                     for group, items in rows.items() if items)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="lmcockpit", description="Pretrain language models from scratch, from a terminal cockpit.",
-                epilog="Shipped presets: run `lmcockpit --run cpu` to train the embedded default.")
-    p.add_argument("preset", nargs="?", help="open the cockpit and start this preset at once (path or shipped name)")
-    p.add_argument("--run", metavar="PRESET", nargs="?", const="",
-                   help="train headless: a preset TOML path or a shipped preset name (none with --resume)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, VALUE in TOML syntax (repeatable): --set training.max_steps=200")
-    p.add_argument("--out", metavar="DIR", help="run folder (default: runs/<preset>-<timestamp>)")
-    p.add_argument("--resume", metavar="PATH",
+    # Groups in the order --help prints them: the default "options" group would come first.
+    p = Parser(prog="lmcockpit", add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+               usage="%(prog)s [PRESET] [training flags]\n       %(prog)s --run [PRESET] [training flags]\n"
+                     "       %(prog)s COMMAND [ARGS]   (lmcockpit help COMMAND: its own help)",
+               description="Pretrain language models from scratch, from a terminal cockpit.\n\n" + overview(),
+               epilog=EXAMPLES)
+    t = p.add_argument_group("training flags (the cockpit and --run)")
+    t.add_argument("preset", metavar="PRESET", nargs="?",
+                   help="open the cockpit and start this preset at once (path or shipped name)"
+                   ).completer = completers.commands_and_presets
+    t.add_argument("--run", metavar="PRESET", nargs="?", const="",
+                   help="train headless: a preset TOML path or a shipped preset name (none with --resume)"
+                   ).completer = completers.presets
+    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, VALUE in TOML syntax (repeatable): --set training.max_steps=200"
+                   ).completer = completers.config_keys
+    t.add_argument("--out", metavar="DIR", help="run folder (default: runs/<preset>-<timestamp>)"
+                   ).completer = completers.directories
+    t.add_argument("--resume", metavar="PATH",
                    help="continue a run folder in place (from its latest checkpoint), or a checkpoint folder "
-                        "into a new run folder")
-    p.add_argument("--gpu", metavar="N", type=int, help="train on GPU N (same as --set hardware.device=\"cuda:N\")")
+                        "into a new run folder").completer = completers.run_folders
+    t.add_argument("--gpu", metavar="N", type=int, help="train on GPU N (same as --set hardware.device=\"cuda:N\")")
     d = p.add_argument_group("several processes (torchrun)")
     d.add_argument("--nproc", metavar="N", type=int,
                    help="train with N processes on this machine, one per GPU, through torchrun (same as --set "
@@ -44,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the machines meet (torchrun's rendezvous; node 0's address)")
     d.add_argument("--rdzv-id", metavar="ID", default="lmcockpit", help="the run's id, the same on every machine")
     d.add_argument("--rdzv-backend", metavar="NAME", default="c10d", help="torchrun's rendezvous backend (c10d, static, etcd)")
-    p.add_argument("--version", action="version", version=f"lmcockpit {__version__}")
+    o = p.add_argument_group("other")
+    o.add_argument("-h", "--help", action="help", help="show this help and exit")
+    o.add_argument("--version", action="version", version=f"lmcockpit {__version__}")
     return p
 
 
@@ -125,23 +163,38 @@ def cmd_cockpit(args: argparse.Namespace) -> int:
     return app.return_code or 0
 
 
-# Subcommands live in modules of their own, each with `main(argv) -> int` and the same exit codes.
-SUBCOMMANDS = {"chat": "lmcockpit.tui.chat", "export": "lmcockpit.tui.export",
-               "presets": "lmcockpit.tui.presets", "doctor": "lmcockpit.tui.doctor"}
+def refuse_mistyped_command(word: str) -> None:
+    """`lmcockpit chta` is `chat` mistyped, not a preset file that is not there. A word is taken
+    for a preset when it names a shipped preset or anything on disk, or reads as a path (a
+    separator, a `.toml` suffix, a leading `.` or `~`); a bare word otherwise is a mistyped
+    command when some command is closer to it than any shipped preset is (a near preset gets
+    the preset's own "did you mean")."""
+    if word.startswith("-") or "/" in word or os.sep in word or word.endswith(".toml") or word.startswith((".", "~")):
+        return
+    shipped = shipped_presets()
+    if word in shipped or Path(word).exists():
+        return
+    if word in COMMANDS:
+        raise UsageError(f"{word} is a command: it goes first, as in `lmcockpit {word} --help`")
+    command, preset = nearest(word), nearest(word, shipped)
+    if command and not (preset and similarity(word, preset) >= similarity(word, command)):
+        raise UsageError(f"lmcockpit {word}: no such command; did you mean {command}?")
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in SUBCOMMANDS:
-        import importlib
+    if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (see completion.py): answers and exits
+        from lmcockpit.tui.completion import complete
 
-        try:
-            module = importlib.import_module(SUBCOMMANDS[argv[0]])
-        except ModuleNotFoundError:
-            return error(f"`lmcockpit {argv[0]}` is not built yet")
-        return module.main(argv[1:])
+        complete(build_parser)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]].main(argv[1:])
     try:
+        if argv:  # before parsing: `lmcockpit chta RUN` would otherwise fail on RUN
+            refuse_mistyped_command(argv[0])
         args = build_parser().parse_args(argv)
+        if args.preset:
+            refuse_mistyped_command(args.preset)
         if args.run and args.preset:
             raise UsageError(f"give the preset once: either `lmcockpit {args.preset}` or `--run {args.run}`")
         if args.run is not None:

@@ -161,9 +161,13 @@ def disk_checks() -> list[Check]:
     return out
 
 
+def build_parser() -> Parser:
+    return Parser(prog="lmcockpit doctor", description=__doc__.split("\n\n")[0])
+
+
 def main(argv: list[str]) -> int:
     try:
-        Parser(prog="lmcockpit doctor", description=__doc__.split("\n\n")[0]).parse_args(argv)
+        build_parser().parse_args(argv)
     except UsageError as e:
         return error(str(e))
     console = Console(highlight=False, soft_wrap=True)

@@ -11,6 +11,7 @@ import sys
 import traceback
 
 from lmcockpit.core.config import ConfigError
+from lmcockpit.tui.completers import directories, run_folders
 from lmcockpit.tui.usage import Parser, UsageError, error
 
 
@@ -18,8 +19,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="lmcockpit export", description="Write a checkpoint as a Hugging Face Qwen3ForCausalLM folder "
                 "(config.json, model.safetensors, tokenizer files, generation_config.json) that transformers "
                 "loads with AutoModelForCausalLM.from_pretrained, offline.")
-    p.add_argument("path", metavar="RUN_OR_CHECKPOINT", help="a run folder (its latest checkpoint) or a checkpoint folder")
-    p.add_argument("out", metavar="OUT_DIR", help="the folder to create (must not exist, or be empty)")
+    p.add_argument("path", metavar="RUN_OR_CHECKPOINT", help="a run folder (its latest checkpoint) or a checkpoint folder"
+                   ).completer = run_folders
+    p.add_argument("out", metavar="OUT_DIR", help="the folder to create (must not exist, or be empty)"
+                   ).completer = directories
     return p
 
 

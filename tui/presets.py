@@ -22,12 +22,16 @@ from lmcockpit.tui.usage import Parser, UsageError, error
 STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> Parser:
     parser = Parser(prog="lmcockpit presets", description=__doc__.split("\n\n")[0])
     parser.add_argument("--memory", metavar="GB", type=float,
                         help="judge every preset against a GPU with this much memory (GiB) instead of this machine's")
+    return parser
+
+
+def main(argv: list[str]) -> int:
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
     except UsageError as e:
         return error(str(e))
     # NaN compares false with everything and infinity has no byte count: both are refused here.

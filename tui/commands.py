@@ -1,0 +1,66 @@
+"""Every `lmcockpit` command, in one list.
+
+`lmcockpit --help`, `lmcockpit help COMMAND`, shell completion, the dispatch in `cli.py` and the
+tests (README table included) all read `COMMANDS`, so a command cannot exist without being listed
+everywhere a user looks. Adding one is one `Command(...)` line here plus its module, which has
+`build_parser() -> argparse.ArgumentParser` (its own `--help`, and what completion completes) and
+`main(argv) -> int` (exit codes 0 done, 1 failed, 2 usage or input error, 130 interrupted), and
+its row in the README's Commands table (tests/test_commands.py fails until it has one).
+
+Modules are named, not imported: a command's imports cost nothing until it runs, and this
+module stays below every command module (none of them is imported back from here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str  # what follows `lmcockpit`
+    module: str  # where its build_parser() and main(argv) live
+    group: str  # one of GROUPS: the heading `--help` lists it under
+    summary: str  # its line in `--help` and in zsh's and fish's completion menus; fits 60 columns
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(self.module)
+
+    def parser(self) -> argparse.ArgumentParser:
+        return self.load().build_parser()
+
+    def main(self, argv: list[str]) -> int:
+        return self.load().main(argv)
+
+
+# The headings of `lmcockpit --help`, in order. "train" also holds the training forms of the bare
+# command (the cockpit, `--run`), which are cli.py's own parser rather than commands.
+GROUPS = ("train", "models", "machine", "help")
+
+COMMANDS: dict[str, Command] = {c.name: c for c in (
+    Command("chat", "lmcockpit.tui.chat", "models", "sample from a trained model, at a prompt or once"),
+    Command("export", "lmcockpit.tui.export", "models", "write a checkpoint as a Hugging Face model folder"),
+    Command("presets", "lmcockpit.tui.presets", "machine", "the shipped presets: size, memory, whether each fits"),
+    Command("doctor", "lmcockpit.tui.doctor", "machine", "check torch, CUDA, GPUs and the compiler here"),
+    Command("help", "lmcockpit.tui.help", "help", "this overview, or a command's own: lmcockpit help chat"),
+    Command("completion", "lmcockpit.tui.completion", "help", "print the tab completion script for bash, zsh, fish"),
+)}
+
+
+def similarity(word: str, name: str) -> float:
+    return difflib.SequenceMatcher(None, word, name).ratio()
+
+
+# Two letters swapped in a four-letter name (chta) score 0.75; a longer word that only shares a
+# stem with a command (nosuchpreset and presets: 0.63) is not taken for it.
+CLOSE = 0.7
+
+
+def nearest(word: str, names=None, cutoff: float = CLOSE) -> str | None:
+    """The command (or one of `names`) that `word` most likely misspells, if any is close."""
+    found = difflib.get_close_matches(word, list(COMMANDS if names is None else names), n=1, cutoff=cutoff)
+    return found[0] if found else None
