@@ -35,7 +35,7 @@ def test_stdlib_split_is_by_file_and_deterministic():
 
     cfg = tiny_config().data
     source = sources.list_source(cfg)
-    text_bytes = sum(sources.text_bytes(f, cfg.text_field) for f in source.files)
+    text_bytes = sum(readers.text_bytes(f, cfg.text_field) for f in source.files)
     sel = split.Selection(split.keep_share(cfg.max_bytes, text_bytes), cfg.val_fraction)
     docs = [d for p in sources.plan_pieces(source, cfg, sel.keep) for d in readers.read_piece(p, cfg.text_field, sel.kept)]
     val = {d.id for d in docs if sel.is_val(d.id)}

@@ -39,9 +39,10 @@ class Command:
 
 # The headings of `lmcockpit --help`, in order. "train" also holds the training forms of the bare
 # command (the cockpit, `--run`), which are cli.py's own parser rather than commands.
-GROUPS = ("train", "models", "machine", "help")
+GROUPS = ("train", "data", "models", "machine", "help")
 
 COMMANDS: dict[str, Command] = {c.name: c for c in (
+    Command("data", "lmcockpit.tui.data", "data", "token caches: prepare ahead of training, info, rm"),
     Command("chat", "lmcockpit.tui.chat", "models", "sample from a trained model, at a prompt or once"),
     Command("export", "lmcockpit.tui.export", "models", "write a checkpoint as a Hugging Face model folder"),
     Command("presets", "lmcockpit.tui.presets", "machine", "the shipped presets: size, memory, whether each fits"),

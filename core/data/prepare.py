@@ -32,7 +32,7 @@ import numpy as np
 from ..config import Config, ConfigError
 from . import readers, sources, split, tokenizer
 from .cache import TokenData, cache_key, legacy_key, open_cache, read_meta, token_dtype
-from .store import cache_root
+from .store import BUILD_PREFIX, cache_root, lock_path
 
 ProgressFn = Callable[[str, int, int, str], None]
 BATCH_BYTES = 1 << 20  # text encoded at once: what a worker holds
@@ -64,7 +64,7 @@ def prepare(cfg: Config, log: Callable[[str], None], progress: ProgressFn,
     with _building(root, key, log):
         if read_meta(final) is None:  # not finished by another process while this one waited
             _clean_abandoned(root)
-            work = root / f".build-{key}"
+            work = root / f"{BUILD_PREFIX}{key}"
             Build(cfg, source, work, log, progress, tokenizer_file).run()
             os.rename(work, final)
             log(f"data: token cache written to {final}")
@@ -74,7 +74,7 @@ def prepare(cfg: Config, log: Callable[[str], None], progress: ProgressFn,
 @contextmanager
 def _building(root: Path, key: str, log):
     """Held while this process builds `key`: a second process waits here, then reuses."""
-    with open(root / f".build-{key}.lock", "w") as fh:
+    with open(lock_path(root, key), "w") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -198,10 +198,11 @@ class Build:
 
     def run(self) -> None:
         d = self.cfg.data
-        text_bytes = sum(sources.text_bytes(f, d.text_field) for f in self.source.files)
+        text_bytes = sum(readers.text_bytes(f, d.text_field) for f in self.source.files)
         keep = split.keep_share(d.max_bytes, text_bytes)
         pieces = sources.plan_pieces(self.source, d, keep)
-        plan = {"pieces": len(pieces), "text_bytes": text_bytes, "keep": keep}
+        plan = {"pieces": len(pieces), "text_bytes": text_bytes, "keep": keep, "source": d.source,
+                "vocab_size": self.cfg.tokenizer.vocab_size}
         self._start(plan)
         tok_json, eos = self._tokenizer(pieces, keep, text_bytes * keep)
         dtype = np.dtype(token_dtype(self.cfg.tokenizer.vocab_size)).name
@@ -296,6 +297,7 @@ class Build:
         self.progress("training tokenizer", 0, budget, "bytes")
         texts = (doc.text for p in order for doc in readers.read_piece(p, d.text_field, wanted))
         tok = tokenizer.train_bpe(texts, t)
+        self.progress("training tokenizer", budget, budget, "bytes")
         self.log(f"data: trained a byte-level BPE of {tok.get_vocab_size()} tokens on {budget / 1e6:.1f} MB in "
                  f"{time.time() - self.t0:.1f}s")
         return tok, None
@@ -312,12 +314,14 @@ class Build:
                     finished += n
                     self.progress("tokenizing", finished, total, "bytes")
                 done[job.piece.index] = build_piece(job, tick)
-            return
-        with mp.get_context("spawn").Pool(workers, initializer=_worker_init) as pool:
-            for summary in pool.imap_unordered(build_piece, jobs):
-                done[summary["piece"]] = summary
-                finished += summary["bytes"]
-                self.progress("tokenizing", finished, total, "bytes")
+        else:
+            with mp.get_context("spawn").Pool(workers, initializer=_worker_init) as pool:
+                for summary in pool.imap_unordered(build_piece, jobs):
+                    done[summary["piece"]] = summary
+                    finished += summary["bytes"]
+                    self.progress("tokenizing", finished, total, "bytes")
+        # The total was an estimate (a JSON line's syntax, a compressed file's ratio): done is done.
+        self.progress("tokenizing", finished, finished, "bytes")
 
     def _finish(self, summaries: list[dict], dtype: str, eos: int | None) -> None:
         tokens = {side: sum(s["tokens"][side] for s in summaries) for side in ("train", "val")}

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
 from ..config import ConfigError
-from .sources import Piece, SourceFile
+from .sources import Piece, SourceFile, parquet_row_group_bytes
 
 CHUNK_BYTES = 64 * 1024  # a long text is cut into documents of about this size
 WHOLE_TEXT_BYTES = 2 * CHUNK_BYTES  # a text file up to this size is one document
 BATCH_ROWS = 4096
+ESTIMATE_OUTPUT = 8 << 20  # decompressed bytes read to estimate a compressed file's text size
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,36 @@ def open_binary(raw: BinaryIO | Path, compression: str) -> BinaryIO:
         # Buffered for readline; the reader closes the file it opened.
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(fh, closefd=isinstance(raw, Path)))
     return open(raw, "rb") if isinstance(raw, Path) else raw
+
+
+def text_bytes(f: SourceFile, text_field: str) -> int:
+    """About how many bytes of text `f` holds: its size; a compressed file's size times the
+    ratio of its first ESTIMATE_OUTPUT bytes of text; a Parquet file's text column, uncompressed."""
+    if f.kind == "parquet":
+        return sum(parquet_row_group_bytes(f, text_field))
+    if not f.compression:
+        return f.size
+    with open(f.path, "rb") as raw:
+        counted = _Counting(raw)
+        with open_binary(counted, f.compression) as stream:
+            out = len(stream.read(ESTIMATE_OUTPUT)) if f.size else 0
+            consumed = counted.consumed
+    return f.size if consumed == 0 else int(f.size * out / consumed) if consumed < f.size else out
+
+
+class _Counting(io.RawIOBase):
+    """A binary file that counts what a decompressor has read from it."""
+
+    def __init__(self, raw):
+        self.raw, self.consumed = raw, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = self.raw.readinto(b)
+        self.consumed += n or 0
+        return n
 
 
 def read_piece(piece: Piece, text_field: str, wanted: Wanted) -> Iterator[Document]:

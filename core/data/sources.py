@@ -16,7 +16,6 @@ No torch, no numpy: readers.py does the reading.
 
 from __future__ import annotations
 
-import io
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,6 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".xz": "xz"}
 SKIPPED_SUFFIXES = {".pyc", ".so", ".png", ".jpg", ".jpeg", ".gif", ".zip", ".bin", ".exe", ".pdf", ".lock",
                     ".tar", ".whl", ".npy", ".pt", ".safetensors", ".incomplete"}
 SAVE_TO_DISK_FILES = {"state.json", "dataset_info.json"}  # a save_to_disk folder's metadata, not data
-ESTIMATE_SAMPLE = 1 << 20  # compressed bytes read to estimate a compressed file's text size
 
 
 @dataclass(frozen=True)
@@ -134,38 +132,6 @@ def list_source(cfg: DataConfig) -> Source:
 
 
 # ---------------------------------------------------------------------------------- estimates
-def text_bytes(f: SourceFile, text_field: str) -> int:
-    """About how many bytes of text `f` holds: its size, a compressed file's size times the
-    ratio of its first megabyte, a Parquet file's uncompressed size of its text column."""
-    if f.kind == "parquet":
-        return sum(rg for rg in parquet_row_group_bytes(f, text_field))
-    if not f.compression:
-        return f.size
-    from .readers import open_binary
-
-    with open(f.path, "rb") as raw:
-        counted = _Counting(raw)
-        with open_binary(counted, f.compression) as stream:
-            out = len(stream.read(8 * ESTIMATE_SAMPLE)) if f.size else 0
-            consumed = counted.consumed
-    return f.size if consumed == 0 else int(f.size * out / consumed) if consumed < f.size else out
-
-
-class _Counting(io.RawIOBase):
-    """A binary file that counts what a decompressor has read from it."""
-
-    def __init__(self, raw):
-        self.raw, self.consumed = raw, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        n = self.raw.readinto(b)
-        self.consumed += n or 0
-        return n
-
-
 def parquet_row_group_bytes(f: SourceFile, text_field: str) -> list[int]:
     import pyarrow.parquet as pq
 
