@@ -73,8 +73,13 @@ def cli(*args: str, timeout: float = 7200) -> subprocess.CompletedProcess:
                           timeout=timeout, env=env)
 
 
+# The device machine reaches no network: the GPU presets train on the standard library here, not
+# on the FineWeb-Edu sample they fetch from the Hub.
+OFFLINE_DATA = 'data.source="python-stdlib"'
+
+
 def sets(*overrides: str) -> list[str]:
-    return [a for o in overrides for a in ("--set", o)]
+    return [a for o in (OFFLINE_DATA, *overrides) for a in ("--set", o)]
 
 
 def tail(text: str, n: int = 15) -> str:
@@ -145,7 +150,8 @@ def part_memory(out: Path, presets: list[str]) -> tuple[bool, list[str]]:
 
 def measure(name: str, out: Path) -> dict:
     """One preset under its card's memory cap (run in a process of its own by part_memory)."""
-    cfg, _ = load_config(name, ["training.max_steps=20", "eval.every=0", "sample.every=0", "sample.prompts=[]",
+    cfg, _ = load_config(name, [OFFLINE_DATA, "training.max_steps=20", "eval.every=0", "sample.every=0",
+                                "sample.prompts=[]",
                                 "checkpoint.every=0", "hardware.device=\"cuda:0\""])
     total = torch.cuda.get_device_properties(0).total_memory
     cap = total if name == "h100" else int(cfg.hardware.vram_gb * GiB) - fit.CUDA_CONTEXT_BYTES

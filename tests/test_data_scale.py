@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from lmcockpit.core.config import ConfigError, DataConfig
-from lmcockpit.core.data import cache, readers, sources
+from lmcockpit.core.data import cache, readers, sources, store
 from lmcockpit.core.data.prepare import prepare
 
 from .conftest import tiny_config
@@ -133,6 +133,20 @@ def test_an_hf_source_offline_exits_2_with_the_download_command(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_an_hf_source_fetches_only_the_files_its_budget_needs():
+    from lmcockpit.core.data.hub import FILE_BYTES_PER_TOKEN, choose_files, parse
+
+    assert parse("hf:HuggingFaceFW/fineweb-edu/sample/10BT") == ("HuggingFaceFW/fineweb-edu", "sample/10BT")
+    with pytest.raises(ConfigError, match="expected hf:OWNER/NAME"):
+        parse("hf:fineweb")
+    listing = [(f"sample/10BT/{i:03d}_00000.parquet", 2_150_000_000) for i in range(13, -1, -1)]
+    listing += [("sample/10BT/README.md", 5_000), ("sample/10BT/.gitattributes", 100)]
+    need = int(98_304 * 1_000 * FILE_BYTES_PER_TOKEN)  # the 3090 preset's 98M tokens
+    assert choose_files(listing, need) == ["sample/10BT/000_00000.parquet"]
+    assert choose_files(listing, 3 * 2_150_000_000 + 1) == [f"sample/10BT/{i:03d}_00000.parquet" for i in range(4)]
+    assert len(choose_files(listing, 0)) == 14  # no budget: all the data files, no README
+
+
 # --------------------------------------------------------------------------------------- builds
 def corpus(tmp_path: Path, n: int = 1500) -> Path:
     return write_jsonl(tmp_path / "corpus.jsonl", records(n))
@@ -154,7 +168,7 @@ def test_the_split_and_selection_are_the_same_whatever_the_worker_count(tmp_path
                   lambda line: None, lambda *a: None)
     two = prepare(scale_config(tmp_path, source, tmp_path / "c2", "data.workers=2", "data.max_bytes=120_000"),
                   lambda line: None, lambda *a: None)
-    meta = cache.read_meta(one.dir)
+    meta = store.read_meta(one.dir)
     assert len(meta["shards"]) > 1 and one.dir.name == two.dir.name
     assert folder_bytes(one.dir) == folder_bytes(two.dir)
     # max_bytes is a streamed selection of about that much text
@@ -203,7 +217,7 @@ def test_a_cache_of_the_previous_format_is_still_read(tmp_path):
     source = corpus(tmp_path, 200)
     cfg = scale_config(tmp_path, source, tmp_path / "c")
     fresh = prepare(cfg, lambda line: None, lambda *a: None)
-    old = tmp_path / "c" / cache.legacy_key(cfg, sources.list_source(cfg.data))
+    old = tmp_path / "c" / store.legacy_key(cfg, sources.list_source(cfg.data))
     old.mkdir()
     shutil.copytree(fresh.tokenizer_dir, old / "tokenizer")
     train = np.arange(5000, dtype=np.uint16) % 300

@@ -15,8 +15,10 @@ from rich.console import Console
 from rich.table import Table
 
 from lmcockpit.core.config import load_config, shipped_presets
+from lmcockpit.core.data import budget as data_budget
 from lmcockpit.core.hardware import fit
 from lmcockpit.core.hardware.telemetry import Telemetry
+from lmcockpit.tui.runview import DASH
 from lmcockpit.tui.usage import Parser, UsageError, error
 
 STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
@@ -55,13 +57,27 @@ def main(argv: list[str]) -> int:
     for column in ("preset", "GPU class", "params", "tokens/step", "est. peak", "verdict"):
         numeric = column not in ("preset", "GPU class", "verdict")
         table.add_column(column, no_wrap=True, justify="right" if numeric else "left")
-    for *cells, verdict in preset_rows(card):
+    rows = preset_rows(card)
+    for *cells, verdict in rows:
         table.add_row(*cells, f"[{STYLE[verdict]}]{verdict}[/]" if verdict in STYLE else verdict)
     console = Console(highlight=False, soft_wrap=True)
     console.print(table)
+    console.print(epochs_line([row[0] for row in rows]))
     console.print(f"Estimates are fit.py's arithmetic with a {fit.HEADROOM:.0%} headroom for \"fits\"; "
                   "`--set training.auto_micro_batch=true` finds the largest micro-batch a card takes.")
     return 0
+
+
+def epochs_line(names: list[str]) -> str:
+    """How often each preset's steps go over its source's tokens, marked past MANY_EPOCHS."""
+    parts = []
+    for name in names:
+        budget = data_budget.estimate(load_config(name)[0])
+        text = DASH if budget.epochs is None else f"{budget.epochs:.2g}"
+        parts.append(f"{name} [yellow]{text}[/]" if budget.warning() else f"{name} {text}")
+    return (f"Epochs of its source each preset's steps make (from the text's size until its token cache exists; "
+            f"{DASH}: a Hub source not fetched yet; past {data_budget.MANY_EPOCHS}, in yellow, a model learns its "
+            f"corpus by heart): " + ", ".join(parts) + ".")
 
 
 def preset_rows(card: int | None) -> list[tuple[str, str, str, str, str, str]]:

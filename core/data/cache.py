@@ -1,9 +1,5 @@
-"""The token cache: its key, its folder, and reading it back as one token stream per split.
-
-The key covers the source (every file's size and mtime), the split, selection and shard
-settings, the tokenizer settings (or a run's own tokenizer file), the token dtype and this
-format's version: change any and a new cache is built; change none and a second run (or every
-rank of a multi-GPU run) reuses it. prepare.py builds it.
+"""A token cache read back: one token stream per split, by memory map. store.py says where a
+cache is and what its key covers; prepare.py builds it.
 
 A cache folder (format 2): `meta.json` (written last: its presence marks the cache complete),
 `tokenizer/` (a transformers fast tokenizer), and per shard `shards/NNNNN.train.bin` and
@@ -14,8 +10,6 @@ still found under its old key and read.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +17,8 @@ import numpy as np
 
 from ..config import Config, ConfigError
 from . import tokenizer
-from .sources import Source
-from .store import cache_root  # noqa: F401 - the cache's folder, for the engine's callers
+from .store import FORMAT_VERSION, LEGACY_FORMAT, dtype_name, read_meta
 
-FORMAT_VERSION = 2
-LEGACY_FORMAT = 1
-LEGACY_SKIPPED = {".pyc", ".so", ".png", ".jpg", ".gif", ".zip", ".gz", ".bin", ".exe", ".pdf"}
 
 
 class TokenStream:
@@ -78,55 +68,7 @@ class TokenData:
 
 
 def token_dtype(vocab_size: int):
-    return np.uint16 if vocab_size <= 1 << 16 else np.uint32
-
-
-def _tokenizer_material(cfg: Config, tokenizer_file: Path | None) -> dict:
-    t = cfg.tokenizer
-    if tokenizer_file is not None:
-        return {"tokenizer": ["file", hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()]}
-    material: dict = {"tokenizer": [t.kind, t.vocab_size, t.train_bytes]}
-    if t.kind != "bpe":  # a pretrained tokenizer's files decide the tokens as much as its path does
-        folder = Path(t.kind).expanduser()
-        material["tokenizer_files"] = [(f.name, f.stat().st_size, f.stat().st_mtime_ns)
-                                       for f in (folder / "tokenizer.json", folder / "tokenizer_config.json")
-                                       if f.is_file()]
-    return material
-
-
-def _digest(material: dict) -> str:
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def cache_key(cfg: Config, source: Source, tokenizer_file: Path | None = None) -> str:
-    """What decides the tokens, hashed: the source's files, the split and selection, the shards,
-    and the tokenizer (its settings, or with `tokenizer_file` that very file's contents)."""
-    d = cfg.data
-    return _digest({
-        "format": FORMAT_VERSION, "source": source.desc,
-        "files": [(f.rel, f.size, f.mtime_ns) for f in source.files],
-        "text_field": d.text_field, "val_fraction": d.val_fraction, "max_bytes": d.max_bytes,
-        "shard_bytes": d.shard_bytes, "dtype": np.dtype(token_dtype(cfg.tokenizer.vocab_size)).name,
-        **_tokenizer_material(cfg, tokenizer_file)})
-
-
-def legacy_key(cfg: Config, source: Source, tokenizer_file: Path | None = None) -> str:
-    """The key a format-1 cache of the same source was stored under (files listed as format 1 did)."""
-    d = cfg.data
-    return _digest({
-        "format": LEGACY_FORMAT, "source": source.desc,
-        "files": [(f.rel, f.size, f.mtime_ns) for f in source.files
-                  if Path(f.rel).suffix.lower() not in LEGACY_SKIPPED],
-        "text_field": d.text_field, "val_fraction": d.val_fraction, "max_bytes": d.max_bytes,
-        "dtype": np.dtype(token_dtype(cfg.tokenizer.vocab_size)).name,
-        **_tokenizer_material(cfg, tokenizer_file)})
-
-
-def read_meta(folder: Path) -> dict | None:
-    try:
-        return json.loads((folder / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
+    return np.dtype(dtype_name(vocab_size))
 
 
 def open_cache(folder: Path, cfg: Config, reused: bool) -> TokenData:

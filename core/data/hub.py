@@ -1,7 +1,11 @@
 """`hf:OWNER/NAME[/PATH]`: a dataset on the Hugging Face Hub, fetched with `huggingface_hub` into
 its own cache (downloads resume; HF_TOKEN and HF_HUB_OFFLINE are honoured), then read as a local
-folder. Only its data files under PATH are fetched. Offline, or the Hub out of reach, with nothing
-fetched yet: a ConfigError that gives the command to download it elsewhere and the `--set` that
+folder.
+
+Only what the run needs is fetched: the data files under PATH, in name order, until they hold
+enough for the run's token budget with a margin (a 10B-token sample is 27 GB; a 100M-token run
+needs one of its 2 GB files). Offline, or the Hub out of reach, the files fetched before serve;
+with none: a ConfigError that gives the command to download them elsewhere and the `--set` that
 trains on the result.
 """
 
@@ -11,7 +15,10 @@ from pathlib import Path
 
 from ..config import ConfigError
 
-DATA_PATTERNS = ("*.parquet", "*.jsonl", "*.jsonl.gz", "*.jsonl.zst", "*.json", "*.arrow", "*.txt")
+DATA_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".arrow", ".txt")
+# Compressed bytes a token takes at most in a Parquet text shard (FineWeb-Edu: about 2.7 per GPT-2
+# token), with the margin a budget gets: what is fetched covers the run, rarely much more.
+FILE_BYTES_PER_TOKEN = 4.0
 
 
 def parse(spec: str) -> tuple[str, str]:
@@ -28,21 +35,49 @@ def download_command(repo: str, path: str) -> str:
     return f"hf download {repo} --repo-type dataset{include} --local-dir DIR"
 
 
-def local_folder(spec: str) -> Path:
-    from huggingface_hub import constants, snapshot_download
+def choose_files(listing: list[tuple[str, int]], need_bytes: int) -> list[str]:
+    """The data files to fetch, in name order, until they hold `need_bytes`; at least one, and
+    all of them when `need_bytes` is 0 (no budget given)."""
+    files = sorted((name, size) for name, size in listing if name.endswith(DATA_SUFFIXES))
+    chosen, held = [], 0
+    for name, size in files:
+        if need_bytes and held >= need_bytes:
+            break
+        chosen.append(name)
+        held += size
+    return chosen
+
+
+def local_folder(spec: str, budget_tokens: int = 0) -> Path:
+    """The folder holding the source's files: fetched (those the budget needs) or fetched before."""
+    from huggingface_hub import HfApi, constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
     repo, path = parse(spec)
     prefix = f"{path}/" if path else ""
     offline = constants.HF_HUB_OFFLINE
-    try:
-        folder = snapshot_download(repo, repo_type="dataset", local_files_only=offline,
-                                   allow_patterns=[prefix + p for p in DATA_PATTERNS] + [prefix + "**/" + p
-                                                                                         for p in DATA_PATTERNS])
-    except (LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError, OSError) as e:
-        why = "HF_HUB_OFFLINE is set" if offline else f"the Hub could not be reached ({type(e).__name__})"
-        raise ConfigError(
-            f"data.source = {spec!r}: not downloaded yet, and {why}. Download it on a machine with a network:\n"
-            f"  {download_command(repo, path)}\n"
-            f"then train on it with --set data.source='\"{'DIR/' + path if path else 'DIR'}\"'") from None
-    return Path(folder) / path
+    reason = "HF_HUB_OFFLINE is set"
+    if not offline:
+        try:
+            listing = [(f.path, f.size) for f in HfApi().list_repo_tree(repo, path or None, recursive=True,
+                                                                        repo_type="dataset")
+                       if hasattr(f, "size")]
+            chosen = choose_files(listing, int(budget_tokens * FILE_BYTES_PER_TOKEN))
+            if not chosen:
+                raise ConfigError(f"data.source = {spec!r}: no data files ({', '.join(DATA_SUFFIXES)}) under "
+                                  f"{prefix or 'the dataset'}")
+            return Path(snapshot_download(repo, repo_type="dataset", allow_patterns=chosen)) / path
+        except (HfHubHTTPError, OSError) as e:
+            reason = f"the Hub could not be reached ({type(e).__name__})"
+    try:  # what an earlier run fetched
+        folder = Path(snapshot_download(repo, repo_type="dataset", local_files_only=True,
+                                        allow_patterns=[prefix + "*" + s for s in DATA_SUFFIXES]
+                                        + [prefix + "**/*" + s for s in DATA_SUFFIXES])) / path
+        if folder.is_dir() and any(p.name.endswith(DATA_SUFFIXES) for p in folder.rglob("*")):
+            return folder
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError, OSError):
+        pass
+    raise ConfigError(
+        f"data.source = {spec!r}: not downloaded yet, and {reason}. Download it on a machine with a network:\n"
+        f"  {download_command(repo, path)}\n"
+        f"then train on it with --set data.source='\"{'DIR/' + path if path else 'DIR'}\"'")

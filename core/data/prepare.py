@@ -31,8 +31,9 @@ import numpy as np
 
 from ..config import Config, ConfigError
 from . import readers, sources, split, tokenizer
-from .cache import TokenData, cache_key, legacy_key, open_cache, read_meta, token_dtype
-from .store import BUILD_PREFIX, cache_root, lock_path
+from .cache import TokenData, open_cache, token_dtype
+from .store import BUILD_PREFIX, cache_key, cache_root, legacy_key, lock_path, read_meta
+
 
 ProgressFn = Callable[[str, int, int, str], None]
 BATCH_BYTES = 1 << 20  # text encoded at once: what a worker holds
@@ -44,7 +45,7 @@ def prepare(cfg: Config, log: Callable[[str], None], progress: ProgressFn,
     `tokenizer_file`: its weights know those ids and no others. A cache for its data serves if it
     was made with that very tokenizer; if not (the source changed since the run started, so a new
     BPE would differ, or the cache was deleted), the data is tokenised with the run's own."""
-    source = sources.list_source(cfg.data)
+    source = sources.list_source(cfg.data, cfg.training.max_steps * cfg.tokens_per_step)
     root = cache_root(cfg)
     for key in (cache_key(cfg, source), legacy_key(cfg, source)):
         if read_meta(root / key) is not None and (

@@ -99,8 +99,9 @@ def _walk(root: Path) -> list[Path]:
     return out
 
 
-def list_source(cfg: DataConfig) -> Source:
-    """The source's files with sizes and mtimes; a ConfigError naming the source otherwise."""
+def list_source(cfg: DataConfig, budget_tokens: int = 0) -> Source:
+    """The source's files with sizes and mtimes; a ConfigError naming the source otherwise. A Hub
+    source fetches the files a run of `budget_tokens` needs (0: all of them)."""
     if cfg.source == STDLIB:
         root = stdlib_root()
         paths = [p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file()]
@@ -109,7 +110,7 @@ def list_source(cfg: DataConfig) -> Source:
         if cfg.source.startswith("hf:"):
             from .hub import local_folder
 
-            root = local_folder(cfg.source)
+            root = local_folder(cfg.source, budget_tokens)
         else:
             root = Path(cfg.source).expanduser().resolve()
         if not root.exists():

@@ -1,10 +1,17 @@
 """Token caches on disk, without numpy or tokenizers: where they live (`$XDG_CACHE_HOME/lmcockpit`
-or `data.cache_dir`), which there are (complete, or a build a kill left to resume), and removing
-one. The front-end reads it (`lmcockpit data info/rm`, the doctor's free-disk line)."""
+or `data.cache_dir`), the key a config's cache has there, which caches there are (complete, or a
+build a kill left to resume), and removing one. The front-end reads it (`lmcockpit data info/rm`,
+the token budget on the launch screen and in `presets`, the doctor's free-disk line).
+
+The key covers the source (every file's size and mtime), the split, selection and shard
+settings, the tokenizer settings (or a run's own tokenizer file), the token dtype and the
+format's version: change any and a new cache is built; change none and a second run (or every
+rank of a multi-GPU run) reuses it."""
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -13,7 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Config, ConfigError
+from .sources import Source
 
+FORMAT_VERSION = 2
+LEGACY_FORMAT = 1
+LEGACY_SKIPPED = {".pyc", ".so", ".png", ".jpg", ".gif", ".zip", ".gz", ".bin", ".exe", ".pdf"}
 BUILD_PREFIX = ".build-"  # a build under way, or one a kill left behind: the next prepare resumes it
 
 
@@ -22,6 +33,57 @@ def cache_root(cfg: Config) -> Path:
         return Path(cfg.data.cache_dir).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "lmcockpit"
+
+
+def dtype_name(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= 1 << 16 else "uint32"
+
+
+def _tokenizer_material(cfg: Config, tokenizer_file: Path | None) -> dict:
+    t = cfg.tokenizer
+    if tokenizer_file is not None:
+        return {"tokenizer": ["file", hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()]}
+    material: dict = {"tokenizer": [t.kind, t.vocab_size, t.train_bytes]}
+    if t.kind != "bpe":  # a pretrained tokenizer's files decide the tokens as much as its path does
+        folder = Path(t.kind).expanduser()
+        material["tokenizer_files"] = [(f.name, f.stat().st_size, f.stat().st_mtime_ns)
+                                       for f in (folder / "tokenizer.json", folder / "tokenizer_config.json")
+                                       if f.is_file()]
+    return material
+
+
+def _digest(material: dict) -> str:
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def cache_key(cfg: Config, source: Source, tokenizer_file: Path | None = None) -> str:
+    """What decides the tokens, hashed: the source's files, the split and selection, the shards,
+    and the tokenizer (its settings, or with `tokenizer_file` that very file's contents)."""
+    d = cfg.data
+    return _digest({
+        "format": FORMAT_VERSION, "source": source.desc,
+        "files": [(f.rel, f.size, f.mtime_ns) for f in source.files],
+        "text_field": d.text_field, "val_fraction": d.val_fraction, "max_bytes": d.max_bytes,
+        "shard_bytes": d.shard_bytes, "dtype": dtype_name(cfg.tokenizer.vocab_size),
+        **_tokenizer_material(cfg, tokenizer_file)})
+
+
+def legacy_key(cfg: Config, source: Source, tokenizer_file: Path | None = None) -> str:
+    """The key a format-1 cache of the same source was stored under (files listed as format 1 did)."""
+    d = cfg.data
+    return _digest({
+        "format": LEGACY_FORMAT, "source": source.desc,
+        "files": [(f.rel, f.size, f.mtime_ns) for f in source.files
+                  if Path(f.rel).suffix.lower() not in LEGACY_SKIPPED],
+        "text_field": d.text_field, "val_fraction": d.val_fraction, "max_bytes": d.max_bytes,
+        "dtype": dtype_name(cfg.tokenizer.vocab_size),
+        **_tokenizer_material(cfg, tokenizer_file)})
+
+
+def read_meta(folder: Path) -> dict | None:
+    """A complete cache's meta.json (written last), or None."""
+    meta = _json(folder / "meta.json")
+    return meta or None
 
 
 def lock_path(root: Path, key: str) -> Path:
@@ -70,7 +132,7 @@ def list_caches(root: Path) -> list[CacheInfo]:
             out.append(CacheInfo(folder.name[len(BUILD_PREFIX):], folder, False, plan.get("source", "?"),
                                  plan.get("vocab_size"), None, None, _size(folder), folder.stat().st_mtime,
                                  len(list((folder / "pieces").glob("*.json"))), plan.get("pieces", 0)))
-        elif (meta := _json(folder / "meta.json")):
+        elif (meta := read_meta(folder)):
             out.append(CacheInfo(folder.name, folder, True, str(meta.get("source", "?")), meta.get("vocab_size"),
                                  meta.get("train_tokens"), meta.get("val_tokens"), _size(folder),
                                  (folder / "meta.json").stat().st_mtime))

@@ -21,7 +21,7 @@ import torch
 
 from .. import protocol as P
 from ..config import Config, ConfigError
-from ..data import batches
+from ..data import batches, budget as data_budget
 from ..data.cache import TokenData
 from ..data.prepare import prepare
 from ..hardware import fit
@@ -81,6 +81,11 @@ class Trainer:
             # embedding gradient with atomic adds): same seed, same losses, exact resume.
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.data = self.prepare_data()
+        if self.group.is_main:
+            budget = data_budget.of_run(cfg, len(self.data.train))
+            self.log(budget.line())
+            if budget.warning():
+                self.log(budget.warning())
         from tokenizers import Tokenizer
         self.tokenizer = Tokenizer.from_file(str(self.data.tokenizer_dir / "tokenizer.json"))
 

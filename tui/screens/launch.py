@@ -15,6 +15,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, write_config
+from lmcockpit.core.data import budget as data_budget
 from lmcockpit.core.hardware.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count
 from lmcockpit.core.run.folder import CONFIG, recent_runs, run_summary
 from lmcockpit.tui.presets import STYLE as VERDICT_STYLE, preset_rows
@@ -157,7 +158,10 @@ class LaunchScreen(Screen):
     def show_settings(self) -> None:
         table = self.query_one("#settings", DataTable)
         table.clear()
-        for key, value in flatten(self.current_config()):
+        cfg = self.current_config()
+        budget = data_budget.estimate(cfg)
+        table.border_subtitle = f"[yellow]{budget.short()}[/]" if budget.warning() else budget.short()
+        for key, value in flatten(cfg):
             style = "bold yellow" if key in self.overrides else ""
             table.add_row(Text(key, style=style), Text(value, style=style), key=key)
         table.border_title = (f"settings · {self.preset_name}" + (" (edited)" if self.overrides else "")

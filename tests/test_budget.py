@@ -1,0 +1,46 @@
+"""The token budget: what a run's steps make of its source, said before and when it trains."""
+
+from __future__ import annotations
+
+import re
+
+from lmcockpit.core import protocol as P
+from lmcockpit.core.data import budget
+from lmcockpit.core.data.prepare import prepare
+
+from .conftest import cli, drive_engine, tiny_config
+
+
+def test_the_estimate_before_a_cache_and_the_exact_count_after(tmp_path):
+    cfg = tiny_config(f"data.cache_dir=\"{tmp_path}\"", "data.max_bytes=300_000", "training.max_steps=100")
+    before = budget.estimate(cfg)
+    assert not before.exact and before.run_tokens == 100 * cfg.tokens_per_step
+    data = prepare(cfg, lambda line: None, lambda *a: None)
+    after = budget.estimate(cfg)
+    assert after.exact and after.source_tokens == len(data.train)
+    assert 0.5 < before.source_tokens / after.source_tokens < 2  # bytes per token guessed, not known
+    assert after.epochs == 100 * cfg.tokens_per_step / len(data.train)
+    assert "token budget: 51.2k tokens" in after.line() and f"{after.epochs:.2g} epochs" in after.line()
+
+
+def test_many_epochs_warn_and_say_what_to_do():
+    few = budget.Budget(run_tokens=4_000_000, source_tokens=1_000_000, exact=True, n_params=10**6)
+    many = budget.Budget(run_tokens=4_100_000, source_tokens=1_000_000, exact=True, n_params=10**6)
+    assert few.warning() is None
+    assert "4 epochs over the same 1M tokens" in many.warning() and "data.max_bytes" in many.warning()
+    assert budget.Budget(100, None, False, 10).warning() is None  # a Hub source not fetched: unknown
+
+
+def test_a_run_says_its_budget_and_warns_when_it_repeats_its_source(tmp_path):
+    cfg = tiny_config("data.max_bytes=40_000", "training.max_steps=500")
+    _, events = drive_engine(cfg, tmp_path / "run", queued=(P.Abort(save=False),))
+    lines = [e.text for e in events if isinstance(e, P.LogLine)]
+    [line] = [line for line in lines if line.startswith("token budget: ")]
+    assert "256k tokens" in line and " epochs" in line
+    assert any(line.startswith("warning: ") and "epochs over the same" in line for line in lines), lines
+
+
+def test_presets_say_the_epochs_of_each(tmp_path):
+    out = cli("presets").stdout
+    assert "Epochs of its source each preset's steps make" in out
+    assert re.search(r"\bcpu 0\.[12]\d?\b", out) and "3090 –" in out  # the stdlib; FineWeb-Edu, not fetched yet
