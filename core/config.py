@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import hashlib
 import json
 import os
@@ -42,6 +43,14 @@ class ModelConfig:
 
 
 @dataclass
+class SourcePart:
+    """One part of a mixture: `[[data.sources]]` tables, each with its own source and weight."""
+    source: str = ""
+    text_field: str = "text"
+    weight: float = 1.0  # share of the training tokens (normalised over the parts)
+
+
+@dataclass
 class DataConfig:
     # "python-stdlib"; a text, JSONL (.jsonl/.json, also .gz/.zst/.xz), Parquet or Arrow file; a folder
     # of them (save_to_disk folders too); or "hf:OWNER/NAME[/PATH]", a Hub dataset's Parquet files.
@@ -52,6 +61,9 @@ class DataConfig:
     cache_dir: str = ""  # "": $XDG_CACHE_HOME/lmcockpit
     workers: int = 0  # tokenizer processes preparing the cache; 0: one per core
     shard_bytes: int = 16_000_000  # text per shard of the cache: the unit of parallel work and of resume
+    # A mixture instead of one source: [[data.sources]] tables, each drawn by its weight (in place of
+    # data.source and data.text_field, which then stay unset).
+    sources: list[SourcePart] = field(default_factory=list)
 
 
 @dataclass
@@ -296,6 +308,15 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, fr
     return cls(**kwargs)
 
 
+def _build_table(key: str, cls: type, values: dict[str, Any], source: str):
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for name in values:
+        if name not in known:
+            raise ConfigError(f"{source}: unknown key {key}.{name}{_closest(name, known, prefix=key + '.')}")
+    return cls(**{name: _check_type(f"{key}.{name}", v, hints[name], source) for name, v in values.items()})
+
+
 def _check_type(key: str, value: Any, hint: Any, source: str) -> Any:
     origin = typing.get_origin(hint)
     if origin is Literal:
@@ -304,6 +325,11 @@ def _check_type(key: str, value: Any, hint: Any, source: str) -> Any:
             allowed = " | ".join(repr(c) for c in choices)
             raise ConfigError(f"{source}: {key} = {value!r} is not one of {allowed}")
         return value
+    if origin is list and dataclasses.is_dataclass(typing.get_args(hint)[0]):
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise ConfigError(f"{source}: {key} must be a list of tables ([[{key}]] entries), got {value!r}")
+        return [_build_table(f"{key}[{i}]", item, v, source) for i, v in enumerate(value)]
     if origin is list:
         (item,) = typing.get_args(hint)
         if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
@@ -371,6 +397,13 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
     need(cfg.tokenizer.vocab_size >= 260 or cfg.tokenizer.kind != "bpe",
          f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} must be at least 260 (256 bytes + specials)")
     need(0 < cfg.data.val_fraction < 1, f"data.val_fraction = {cfg.data.val_fraction} must be between 0 and 1")
+    d, default = cfg.data, DataConfig()
+    need(not d.sources or (d.source, d.text_field) == (default.source, default.text_field),
+         "data.source and data.text_field name one source; with [[data.sources]] each part names its own")
+    for i, part in enumerate(d.sources):
+        need(bool(part.source), f"data.sources[{i}].source is missing: each part names its source")
+        need(math.isfinite(part.weight) and part.weight > 0,
+             f"data.sources[{i}].weight = {part.weight} must be a positive number")
     for key, value in [("optimizer.lr", o.lr), ("optimizer.muon_lr", o.muon_lr)]:
         need(value > 0, f"{key} = {value} must be positive")
     for key, value in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2),

@@ -3,7 +3,8 @@
 Global micro-batch index: g = step·(world·accum) + rank·accum + micro. Because a batch depends on
 nothing else, resume needs no loader state and is exact, and 2 ranks × accumulation 1 see
 exactly the data of 1 rank × accumulation 2. Each row is a random window of the token stream
-(with replacement, as nanoGPT samples): no epoch bookkeeping, and documents mix freely.
+(with replacement, as nanoGPT samples): no epoch bookkeeping, and documents mix freely. A
+mixture's row first draws its part by weight, then its window in that part.
 """
 
 from __future__ import annotations
@@ -21,9 +22,34 @@ def window_starts(seed: int, g: int, n_tokens: int, batch_size: int, seq_len: in
     return rng.integers(0, n_tokens - seq_len - 1, size=batch_size, endpoint=True)
 
 
-def get_batch(tokens: np.ndarray, seed: int, g: int, batch_size: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+class Mixture:
+    """A mixture's training parts (token streams) and the share of rows each gets."""
+
+    def __init__(self, parts: list, weights: list[float]):
+        self.parts = parts
+        self.p = np.asarray(weights, dtype=np.float64) / sum(weights)
+
+    def __len__(self) -> int:
+        return sum(len(part) for part in self.parts)
+
+
+def get_batch(tokens, seed: int, g: int, batch_size: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, targets), each (batch_size, seq_len) int64, targets shifted by one token."""
+    if isinstance(tokens, Mixture):
+        return mixture_batch(tokens, seed, g, batch_size, seq_len)
     return rows_at(tokens, window_starts(seed, g, len(tokens), batch_size, seq_len), seq_len)
+
+
+def mixture_batch(mix: Mixture, seed: int, g: int, batch_size: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng([seed, g])
+    which = rng.choice(len(mix.parts), size=batch_size, p=mix.p)
+    rows = []
+    for part in which:
+        tokens = mix.parts[part]
+        start = rng.integers(0, len(tokens) - seq_len - 1, endpoint=True)
+        rows.append(np.asarray(tokens[start:start + seq_len + 1], dtype=np.int64))
+    rows = np.stack(rows)
+    return rows[:, :-1], rows[:, 1:]
 
 
 def eval_windows(n_tokens: int, n_batches: int, batch_size: int, seq_len: int) -> np.ndarray:

@@ -9,6 +9,7 @@ No numpy: the front-end reads it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -80,10 +81,36 @@ def of_run(cfg: Config, train_tokens: int) -> Budget:
     return Budget(cfg.training.max_steps * cfg.tokens_per_step, train_tokens, True, param_counts(cfg).total)
 
 
+def header(cfg: Config, train) -> list[str]:
+    """The run header's lines about its data: the budget, then for a mixture each part's share, its
+    tokens and the epochs its weight makes of them; a warning for what repeats past MANY_EPOCHS."""
+    whole = of_run(cfg, len(train))
+    parts = getattr(train, "parts", None)  # a batches.Mixture's train streams, one per [[data.sources]]
+    if parts is None:
+        return [whole.line(), *filter(None, [whole.warning()])]
+    lines, total = [whole.line().split("; the source holds")[0]], sum(p.weight for p in cfg.data.sources)
+    for spec, stream in zip(cfg.data.sources, parts):
+        part = Budget(int(whole.run_tokens * spec.weight / total), len(stream), True, whole.n_params)
+        lines.append(f"  {spec.source}: {spec.weight / total:.0%} of the tokens, {_count(part.run_tokens)} of its "
+                     f"{_count(len(stream))} train tokens, {part.epochs:.2g} epochs")
+        if part.warning():
+            lines.append(f"  {spec.source}: {part.warning()}")
+    return lines
+
+
 def estimate(cfg: Config) -> Budget:
     """Before training: the cache's train tokens if it exists, else an estimate from the text's
     size. A Hub source not fetched yet is left unknown (nothing goes to the network here)."""
     run, n = cfg.training.max_steps * cfg.tokens_per_step, param_counts(cfg).total
+    if cfg.data.sources:  # a mixture: its most repeated part speaks for it
+        total = sum(p.weight for p in cfg.data.sources)
+        parts = [(estimate(dataclasses.replace(cfg, data=dataclasses.replace(
+            cfg.data, source=p.source, text_field=p.text_field, sources=[]))), p.weight / total)
+            for p in cfg.data.sources]
+        if any(b.source_tokens is None for b, _ in parts):
+            return Budget(run, None, False, n)
+        worst = max(share / b.source_tokens for b, share in parts)
+        return Budget(run, int(1 / worst), all(b.exact for b, _ in parts), n)
     if cfg.data.source.startswith("hf:"):
         return Budget(run, None, False, n)
     try:

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import multiprocessing as mp
@@ -25,13 +26,14 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
 from ..config import Config, ConfigError
 from . import readers, sources, split, tokenizer
-from .cache import TokenData, open_cache, token_dtype
+from .batches import Mixture
+from .cache import TokenData, TokenStream, open_cache, token_dtype
 from .store import BUILD_PREFIX, cache_key, cache_root, legacy_key, lock_path, read_meta
 
 
@@ -39,12 +41,25 @@ ProgressFn = Callable[[str, int, int, str], None]
 BATCH_BYTES = 1 << 20  # text encoded at once: what a worker holds
 
 
+# What a given tokenizer is, said when a cache is tokenised with it ({file}: its tokenizer.json).
+RUN_OWN = ("the run's own tokenizer ({file}): no token cache for this data was made with it (the source changed "
+           "since the run started, or the cache was deleted)")
+MIXTURE_OWN = "the mixture's tokenizer ({file}), which all its sources share"
+
+
 def prepare(cfg: Config, log: Callable[[str], None], progress: ProgressFn,
             tokenizer_file: Path | None = None) -> TokenData:
-    """The token cache for `cfg`'s data, built if need be. A resumed run passes its own
-    `tokenizer_file`: its weights know those ids and no others. A cache for its data serves if it
-    was made with that very tokenizer; if not (the source changed since the run started, so a new
-    BPE would differ, or the cache was deleted), the data is tokenised with the run's own."""
+    """The token cache for `cfg`'s data, built if need be; a mixture's one per part. A resumed run
+    passes its own `tokenizer_file`: its weights know those ids and no others. A cache for its
+    data serves if it was made with that very tokenizer; if not (the source changed since the run
+    started, so a new BPE would differ, or the cache was deleted), the data is tokenised with it."""
+    if cfg.data.sources:
+        return prepare_mixture(cfg, log, progress, tokenizer_file)
+    return prepare_source(cfg, log, progress, tokenizer_file, RUN_OWN)
+
+
+def prepare_source(cfg: Config, log, progress: ProgressFn, tokenizer_file: Path | None,
+                   tokenizer_label: str) -> TokenData:
     source = sources.list_source(cfg.data, cfg.training.max_steps * cfg.tokens_per_step)
     root = cache_root(cfg)
     for key in (cache_key(cfg, source), legacy_key(cfg, source)):
@@ -52,24 +67,71 @@ def prepare(cfg: Config, log: Callable[[str], None], progress: ProgressFn,
                 tokenizer_file is None or _same_bytes(root / key / "tokenizer" / "tokenizer.json", tokenizer_file)):
             log(f"data: reusing token cache {root / key}")
             return open_cache(root / key, cfg, reused=True)
-    own = tokenizer_file is not None
-    key = cache_key(cfg, source, tokenizer_file) if own else cache_key(cfg, source)
+    given = tokenizer_file is not None
+    key = cache_key(cfg, source, tokenizer_file) if given else cache_key(cfg, source)
     final = root / key
-    if own and read_meta(final) is not None:  # the run's own tokenizer made this cache before
+    if given and read_meta(final) is not None:  # that tokenizer made this cache before
         log(f"data: reusing token cache {final}")
         return open_cache(final, cfg, reused=True)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"data.cache_dir: cannot write the token cache under {root} ({e.strerror})") from None
+    _make_root(root)
     with _building(root, key, log):
         if read_meta(final) is None:  # not finished by another process while this one waited
             _clean_abandoned(root)
             work = root / f"{BUILD_PREFIX}{key}"
-            Build(cfg, source, work, log, progress, tokenizer_file).run()
+            Build(cfg, source, work, log, progress, tokenizer_file, tokenizer_label).run()
             os.rename(work, final)
             log(f"data: token cache written to {final}")
     return open_cache(final, cfg, reused=False)
+
+
+def prepare_mixture(cfg: Config, log, progress: ProgressFn, tokenizer_file: Path | None) -> TokenData:
+    """[[data.sources]]: one tokenizer for all the parts (trained on a sample of each by weight,
+    or pretrained, or the run's own), then each part's cache made with it; training draws each
+    row from a part by its weight, validation spans every part's held-out documents."""
+    parts = [dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=part.source,
+                                                                 text_field=part.text_field, sources=[]))
+             for part in cfg.data.sources]
+    label = RUN_OWN
+    if tokenizer_file is None and cfg.tokenizer.kind == "bpe":
+        tokenizer_file, label = mixture_tokenizer(cfg, parts, log, progress), MIXTURE_OWN
+    datas = [prepare_source(part, log, progress, tokenizer_file, label) for part in parts]
+    return TokenData(datas[0].dir, Mixture([d.train for d in datas], [part.weight for part in cfg.data.sources]),
+                     TokenStream([d.val for d in datas]), datas[0].vocab_size, datas[0].token_bytes,
+                     datas[0].eos_id, all(d.reused for d in datas))
+
+
+def mixture_tokenizer(cfg: Config, parts: list[Config], log, progress: ProgressFn) -> Path:
+    """The BPE a mixture's parts share, trained once on each part's sample in its weight's share
+    of tokenizer.train_bytes, and kept beside the caches (tokenizer-KEY/) under a key of its own."""
+    listed = [sources.list_source(part.data, cfg.training.max_steps * cfg.tokens_per_step) for part in parts]
+    root = cache_root(cfg)
+    key = "tokenizer-" + cache_key(cfg, sources.Source(
+        "mixture:" + ";".join(f"{s.desc}*{part.weight}" for s, part in zip(listed, cfg.data.sources)),
+        [f for s in listed for f in s.files], False))
+    folder = root / key
+    if not (folder / "tokenizer.json").is_file():
+        _make_root(root)
+        with _building(root, key, log):
+            if not (folder / "tokenizer.json").is_file():
+                t0, total = time.time(), sum(part.weight for part in cfg.data.sources)
+                planned = [plan(part.data, s) for part, s in zip(parts, listed)]
+                budgets = [max(1, int(cfg.tokenizer.train_bytes * part.weight / total)) for part in cfg.data.sources]
+                budget = sum(min(b, int(p.kept_bytes)) for b, p in zip(budgets, planned))
+                progress("training tokenizer", 0, budget, "bytes")
+                texts = (text for part, p, b in zip(parts, planned, budgets)
+                         for text in tokenizer_sample(part.data, p, min(b, int(p.kept_bytes))))
+                save_tokenizer(tokenizer.train_bpe(texts, cfg.tokenizer), None, folder, cfg, log)
+                progress("training tokenizer", budget, budget, "bytes")
+                log(f"data: trained the mixture's byte-level BPE of {cfg.tokenizer.vocab_size} tokens on "
+                    f"{budget / 1e6:.1f} MB from {len(parts)} sources in {time.time() - t0:.1f}s")
+    return folder / "tokenizer.json"
+
+
+def _make_root(root: Path) -> None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"data.cache_dir: cannot write the token cache under {root} ({e.strerror})") from None
 
 
 @contextmanager
@@ -189,23 +251,74 @@ def _worker_init() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
+# --------------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class Plan:
+    """A source planned: its text's size (estimated), the share max_bytes keeps, its pieces."""
+    text_bytes: int
+    keep: float
+    pieces: list[sources.Piece]
+
+    @property
+    def kept_bytes(self) -> float:
+        return self.text_bytes * self.keep
+
+
+def plan(d, source: sources.Source) -> Plan:
+    text = sum(readers.text_bytes(f, d.text_field) for f in source.files)
+    keep = split.keep_share(d.max_bytes, text)
+    return Plan(text, keep, sources.plan_pieces(source, d, keep))
+
+
+def tokenizer_sample(d, planned: Plan, budget: int) -> Iterator[str]:
+    """About `budget` bytes of training documents for the BPE, drawn by id from pieces taken in a
+    scattered but fixed order, so that it spans the corpus rather than its first files."""
+    share = split.sample_share(budget, planned.kept_bytes * (1 - d.val_fraction))
+    sel = split.Selection(planned.keep, d.val_fraction)
+
+    def wanted(doc_id: str) -> bool:
+        return sel.kept(doc_id) and not sel.is_val(doc_id) and split.in_tokenizer_sample(doc_id, share)
+
+    used = 0
+    for piece in sorted(planned.pieces, key=lambda p: split.fraction("piece", str(p.index))):
+        for doc in readers.read_piece(piece, d.text_field, wanted):
+            if used >= budget:
+                return
+            yield doc.text
+            used += len(doc.text)
+
+
+def save_tokenizer(tok, origin: Path | None, folder: Path, cfg: Config, log) -> None:
+    """`tok` saved as a transformers folder, written aside and renamed into `folder` when whole."""
+    if tok.get_vocab_size() > cfg.tokenizer.vocab_size:
+        raise ConfigError(f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} is smaller than the "
+                          f"tokenizer's {tok.get_vocab_size()} tokens")
+    eos_name = tokenizer.eos_token(tok, origin)
+    if eos_name is None:
+        log(f"data: warning: tokenizer {cfg.tokenizer.kind} has no end-of-text token (its tokenizer_config.json "
+            f"names none, nor has it any of {', '.join(tokenizer.EOS_NAMES)}): documents are joined without "
+            "one, and sampling stops only at its length")
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer.save_hf_tokenizer(tok, tmp, eos_name)
+    os.rename(tmp, folder)
+
+
 # ---------------------------------------------------------------------------------- the build
 class Build:
     def __init__(self, cfg: Config, source: sources.Source, work: Path, log, progress: ProgressFn,
-                 tokenizer_file: Path | None):
+                 tokenizer_file: Path | None, tokenizer_label: str):
         self.cfg, self.source, self.work, self.log, self.progress = cfg, source, work, log, progress
-        self.tokenizer_file = tokenizer_file
+        self.tokenizer_file, self.tokenizer_label = tokenizer_file, tokenizer_label
         self.t0 = time.time()
 
     def run(self) -> None:
         d = self.cfg.data
-        text_bytes = sum(readers.text_bytes(f, d.text_field) for f in self.source.files)
-        keep = split.keep_share(d.max_bytes, text_bytes)
-        pieces = sources.plan_pieces(self.source, d, keep)
-        plan = {"pieces": len(pieces), "text_bytes": text_bytes, "keep": keep, "source": d.source,
-                "vocab_size": self.cfg.tokenizer.vocab_size}
-        self._start(plan)
-        tok_json, eos = self._tokenizer(pieces, keep, text_bytes * keep)
+        planned = plan(d, self.source)
+        pieces, keep, text_bytes = planned.pieces, planned.keep, planned.text_bytes
+        self._start({"pieces": len(pieces), "text_bytes": text_bytes, "keep": keep, "source": d.source,
+                     "vocab_size": self.cfg.tokenizer.vocab_size})
+        tok_json, eos = self._tokenizer(planned)
         dtype = np.dtype(token_dtype(self.cfg.tokenizer.vocab_size)).name
         selection = split.Selection(keep, d.val_fraction)
 
@@ -253,51 +366,28 @@ class Build:
         except (OSError, ValueError):
             return None
 
-    def _tokenizer(self, pieces: list[sources.Piece], keep: float, kept_bytes: float) -> tuple[Path, int | None]:
+    def _tokenizer(self, planned: Plan) -> tuple[Path, int | None]:
         """The build's tokenizer folder, made once (a resumed build keeps it): trained on a sample,
-        a pretrained one, or the run's own."""
+        a pretrained one, or the one given (a resumed run's own, a mixture's shared one)."""
         folder = self.work / "tokenizer"
         if not (folder / "tokenizer.json").is_file():
-            tok, origin = self._make_tokenizer(pieces, keep, kept_bytes)
-            if tok.get_vocab_size() > self.cfg.tokenizer.vocab_size:
-                raise ConfigError(f"tokenizer.vocab_size = {self.cfg.tokenizer.vocab_size} is smaller than the "
-                                  f"tokenizer's {tok.get_vocab_size()} tokens")
-            eos_name = tokenizer.eos_token(tok, origin)
-            if eos_name is None:
-                self.log(f"data: warning: tokenizer {self.cfg.tokenizer.kind} has no end-of-text token (its "
-                         f"tokenizer_config.json names none, nor has it any of {', '.join(tokenizer.EOS_NAMES)}): "
-                         "documents are joined without one, and sampling stops only at its length")
-            tmp = self.work / "tokenizer.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tokenizer.save_hf_tokenizer(tok, tmp, eos_name)
-            os.rename(tmp, folder)
+            tok, origin = self._make_tokenizer(planned)
+            save_tokenizer(tok, origin, folder, self.cfg, self.log)
         tok = tokenizer.load_tokenizer("bpe", folder)
         return folder / "tokenizer.json", tokenizer.eos_id(tok, folder)
 
-    def _make_tokenizer(self, pieces: list[sources.Piece], keep: float, kept_bytes: float):
+    def _make_tokenizer(self, planned: Plan):
         t = self.cfg.tokenizer
         if self.tokenizer_file is not None:
             from tokenizers import Tokenizer
 
-            self.log(f"data: tokenising with the run's own tokenizer ({self.tokenizer_file}): no token cache for "
-                     "this data was made with it (the source changed since the run started, or the cache was "
-                     "deleted)")
+            self.log("data: tokenising with " + self.tokenizer_label.format(file=self.tokenizer_file))
             return Tokenizer.from_file(str(self.tokenizer_file)), self.tokenizer_file.parent
         if t.kind != "bpe":
             return tokenizer.load_tokenizer(t.kind, None), Path(t.kind).expanduser()
-        d = self.cfg.data
-        share = split.sample_share(t.train_bytes, kept_bytes * (1 - d.val_fraction))
-        sel = split.Selection(keep, d.val_fraction)
-
-        def wanted(doc_id: str) -> bool:
-            return sel.kept(doc_id) and not sel.is_val(doc_id) and split.in_tokenizer_sample(doc_id, share)
-
-        # Pieces in a scattered but fixed order, so the sample spans the corpus, not its first files.
-        order = sorted(pieces, key=lambda p: split.fraction("piece", str(p.index)))
-        budget = min(t.train_bytes or int(kept_bytes), int(kept_bytes)) or 1
+        budget = min(t.train_bytes or int(planned.kept_bytes), int(planned.kept_bytes)) or 1
         self.progress("training tokenizer", 0, budget, "bytes")
-        texts = (doc.text for p in order for doc in readers.read_piece(p, d.text_field, wanted))
-        tok = tokenizer.train_bpe(texts, t)
+        tok = tokenizer.train_bpe(tokenizer_sample(self.cfg.data, planned, budget), t)
         self.progress("training tokenizer", budget, budget, "bytes")
         self.log(f"data: trained a byte-level BPE of {tok.get_vocab_size()} tokens on {budget / 1e6:.1f} MB in "
                  f"{time.time() - self.t0:.1f}s")

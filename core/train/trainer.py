@@ -82,10 +82,8 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.data = self.prepare_data()
         if self.group.is_main:
-            budget = data_budget.of_run(cfg, len(self.data.train))
-            self.log(budget.line())
-            if budget.warning():
-                self.log(budget.warning())
+            for line in data_budget.header(cfg, self.data.train):
+                self.log(line)
         from tokenizers import Tokenizer
         self.tokenizer = Tokenizer.from_file(str(self.data.tokenizer_dir / "tokenizer.json"))
 
