@@ -65,4 +65,6 @@ def test_ended_dashboard_snapshot(snap_compare):
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_launch_screen_snapshot(snap_compare, size, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no runs here: the recent-runs table is empty and stable
+    # no token caches either: the token budget is the estimate, not a count another test left
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert snap_compare(CockpitApp(runs_root=tmp_path / "runs", telemetry=False), terminal_size=size)
