@@ -26,13 +26,13 @@ def test_prepare_info_and_rm_of_a_token_cache(tmp_path):
     driver = textwrap.dedent(f"""
         import os, signal, sys
         from lmcockpit.tui import data
-        from lmcockpit.core.data import prepare
-        build_piece = prepare.build_piece
+        from lmcockpit.core.data import build
+        build_piece = build.build_piece
         def dying(job, on_bytes=lambda n: None):
             if job.piece.index == 2:
                 os.kill(os.getpid(), signal.SIGKILL)
             return build_piece(job, on_bytes)
-        prepare.build_piece = dying
+        build.build_piece = dying
         sys.exit(data.main(["prepare", "debug", *{flags(corpus, cache)!r}]))
         """)
     killed = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=300)

@@ -1,45 +1,30 @@
-"""Preparing the token cache: streamed, in parallel, resumable.
+"""The token cache a run needs: found, or built (build.py) under a lock; a mixture's per part.
 
-    sources → pieces → (a tokenizer trained on a sample, or a given one) → one worker per core,
-    each reading its piece's documents and writing that piece's train and val shards → meta.json
+    sources → a cache per source (key: store.py) → the run's token streams (cache.py)
 
-* Memory does not grow with the corpus: a worker holds one batch of documents (about a
-  megabyte of text) at a time; the main process holds the plan and a count per piece.
-* Every piece's shards are written under temporary names and renamed when whole, then its summary
-  (`pieces/NNNNN.json`); the build folder (`.build-KEY`) stays where it is when the build is
-  killed, and the next prepare keeps every finished piece and does only the rest. What a piece
-  writes is a function of the piece alone, so the finished cache is byte-identical to one built
-  without a kill, and the same whatever the number of workers.
 * One process builds a given key at a time (an flock beside the folder); others wait, then reuse.
+* A resumed run passes its own tokenizer, a mixture its shared one: a cache made with that very
+  tokenizer serves, else one is made with it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fcntl
-import json
-import multiprocessing as mp
 import os
 import shutil
 import socket
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
-
-import numpy as np
+from typing import Callable
 
 from ..config import Config, ConfigError
-from . import readers, sources, split, tokenizer
+from . import sources, tokenizer
 from .batches import Mixture
-from .cache import TokenData, TokenStream, open_cache, token_dtype
+from .build import Build, ProgressFn, plan, save_tokenizer, tokenizer_sample
+from .cache import TokenData, TokenStream, open_cache
 from .store import BUILD_PREFIX, cache_key, cache_root, legacy_key, lock_path, read_meta
-
-
-ProgressFn = Callable[[str, int, int, str], None]
-BATCH_BYTES = 1 << 20  # text encoded at once: what a worker holds
-
 
 # What a given tokenizer is, said when a cache is tokenised with it ({file}: its tokenizer.json).
 RUN_OWN = ("the run's own tokenizer ({file}): no token cache for this data was made with it (the source changed "
@@ -163,269 +148,3 @@ def _same_bytes(a: Path, b: Path) -> bool:
     return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.rename(tmp, path)
-
-
-# ---------------------------------------------------------------------------------- one piece
-@dataclass(frozen=True)
-class PieceJob:
-    piece: sources.Piece
-    text_field: str
-    selection: split.Selection
-    tokenizer_json: str
-    eos: int | None
-    dtype: str
-    folder: str  # the build folder
-
-
-_LOADED: dict[str, object] = {}
-
-
-def _tokenizer_of(path: str):
-    """One load per process: each load of a tokenizer keeps some native memory after it is freed,
-    so loading it again for every piece grows a long build by megabytes a piece."""
-    if path not in _LOADED:
-        from tokenizers import Tokenizer
-
-        _LOADED.clear()
-        _LOADED[path] = Tokenizer.from_file(path)
-    return _LOADED[path]
-
-
-def build_piece(job: PieceJob, on_bytes: Callable[[int], None] = lambda n: None) -> dict:
-    """Tokenise one piece into its train and val shards; returns (and writes) its summary."""
-    tok = _tokenizer_of(job.tokenizer_json)
-    name = f"{job.piece.index:05d}"
-    shards, summaries = Path(job.folder) / "shards", Path(job.folder) / "pieces"
-    summary: dict = {"piece": job.piece.index, "documents": {"train": 0, "val": 0}, "bytes": 0,
-                     "tokens": {"train": 0, "val": 0}, "closest_to_val": None}
-    files = {side: open(shards / f"{name}.{side}.bin.tmp", "wb") for side in ("train", "val")}
-    batches: dict[str, list[str]] = {"train": [], "val": []}
-    held = {"train": 0, "val": 0}
-
-    def flush(side: str) -> None:
-        if batches[side]:
-            ids = tokenizer.encode_batch(tok, batches[side], job.eos).astype(job.dtype)
-            files[side].write(ids.tobytes())
-            summary["tokens"][side] += len(ids)
-            on_bytes(held[side])
-            batches[side], held[side] = [], 0
-
-    try:
-        sel = job.selection
-        for doc in readers.read_piece(job.piece, job.text_field, sel.kept):
-            if not doc.text:
-                continue
-            side = "val" if sel.is_val(doc.id) else "train"
-            if side == "train":  # the train document nearest to validation: taken when none got there
-                near = split.fraction("val", doc.id)
-                if summary["closest_to_val"] is None or near < summary["closest_to_val"][0]:
-                    summary["closest_to_val"] = [near, doc.id]
-            summary["documents"][side] += 1
-            summary["bytes"] += len(doc.text)
-            batches[side].append(doc.text)
-            held[side] += len(doc.text)
-            if held[side] >= BATCH_BYTES:
-                flush(side)
-        for side in files:
-            flush(side)
-            files[side].flush()
-            os.fsync(files[side].fileno())
-    finally:
-        for fh in files.values():
-            fh.close()
-    for side in files:
-        os.rename(shards / f"{name}.{side}.bin.tmp", shards / f"{name}.{side}.bin")
-    _write_atomic(summaries / f"{name}.json", json.dumps(summary, sort_keys=True).encode())
-    return summary
-
-
-def _worker_init() -> None:
-    # One process per core already: each encode_batch on one thread, not one per core again.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-
-
-# --------------------------------------------------------------------------------- the plan
-@dataclass(frozen=True)
-class Plan:
-    """A source planned: its text's size (estimated), the share max_bytes keeps, its pieces."""
-    text_bytes: int
-    keep: float
-    pieces: list[sources.Piece]
-
-    @property
-    def kept_bytes(self) -> float:
-        return self.text_bytes * self.keep
-
-
-def plan(d, source: sources.Source) -> Plan:
-    text = sum(readers.text_bytes(f, d.text_field) for f in source.files)
-    keep = split.keep_share(d.max_bytes, text)
-    return Plan(text, keep, sources.plan_pieces(source, d, keep))
-
-
-def tokenizer_sample(d, planned: Plan, budget: int) -> Iterator[str]:
-    """About `budget` bytes of training documents for the BPE, drawn by id from pieces taken in a
-    scattered but fixed order, so that it spans the corpus rather than its first files."""
-    share = split.sample_share(budget, planned.kept_bytes * (1 - d.val_fraction))
-    sel = split.Selection(planned.keep, d.val_fraction)
-
-    def wanted(doc_id: str) -> bool:
-        return sel.kept(doc_id) and not sel.is_val(doc_id) and split.in_tokenizer_sample(doc_id, share)
-
-    used = 0
-    for piece in sorted(planned.pieces, key=lambda p: split.fraction("piece", str(p.index))):
-        for doc in readers.read_piece(piece, d.text_field, wanted):
-            if used >= budget:
-                return
-            yield doc.text
-            used += len(doc.text)
-
-
-def save_tokenizer(tok, origin: Path | None, folder: Path, cfg: Config, log) -> None:
-    """`tok` saved as a transformers folder, written aside and renamed into `folder` when whole."""
-    if tok.get_vocab_size() > cfg.tokenizer.vocab_size:
-        raise ConfigError(f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} is smaller than the "
-                          f"tokenizer's {tok.get_vocab_size()} tokens")
-    eos_name = tokenizer.eos_token(tok, origin)
-    if eos_name is None:
-        log(f"data: warning: tokenizer {cfg.tokenizer.kind} has no end-of-text token (its tokenizer_config.json "
-            f"names none, nor has it any of {', '.join(tokenizer.EOS_NAMES)}): documents are joined without "
-            "one, and sampling stops only at its length")
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tokenizer.save_hf_tokenizer(tok, tmp, eos_name)
-    os.rename(tmp, folder)
-
-
-# ---------------------------------------------------------------------------------- the build
-class Build:
-    def __init__(self, cfg: Config, source: sources.Source, work: Path, log, progress: ProgressFn,
-                 tokenizer_file: Path | None, tokenizer_label: str):
-        self.cfg, self.source, self.work, self.log, self.progress = cfg, source, work, log, progress
-        self.tokenizer_file, self.tokenizer_label = tokenizer_file, tokenizer_label
-        self.t0 = time.time()
-
-    def run(self) -> None:
-        d = self.cfg.data
-        planned = plan(d, self.source)
-        pieces, keep, text_bytes = planned.pieces, planned.keep, planned.text_bytes
-        self._start({"pieces": len(pieces), "text_bytes": text_bytes, "keep": keep, "source": d.source,
-                     "vocab_size": self.cfg.tokenizer.vocab_size})
-        tok_json, eos = self._tokenizer(planned)
-        dtype = np.dtype(token_dtype(self.cfg.tokenizer.vocab_size)).name
-        selection = split.Selection(keep, d.val_fraction)
-
-        def job(piece: sources.Piece, sel: split.Selection = selection) -> PieceJob:
-            return PieceJob(piece, d.text_field, sel, str(tok_json), eos, dtype, str(self.work))
-
-        done = {p.index: s for p in pieces if (s := self._summary(p.index)) is not None}
-        if done:
-            self.log(f"data: resuming an interrupted preparation: {len(done)} of {len(pieces)} pieces already done")
-        self._run_pieces([job(p) for p in pieces if p.index not in done], done, text_bytes * keep)
-        summaries = [done[p.index] for p in pieces]
-        docs = {side: sum(s["documents"][side] for s in summaries) for side in ("train", "val")}
-        if docs["train"] + docs["val"] < 2:
-            raise ConfigError(f"data.source = {d.source!r}: found {docs['train'] + docs['val']} document(s); need "
-                              "at least two (one to train on, one to validate on)")
-        if docs["val"] == 0:  # a small corpus: the train document nearest to validation goes there
-            near = min((s["closest_to_val"], s["piece"]) for s in summaries if s["closest_to_val"])
-            forced = split.Selection(keep, d.val_fraction, forced_val=near[0][1])
-            summaries[near[1]] = build_piece(job(pieces[near[1]], forced))
-        elif docs["train"] == 0:
-            raise ConfigError(f"data.val_fraction = {d.val_fraction}: all {docs['val']} documents fell into "
-                              "validation; lower it or give more text")
-        self._finish(summaries, dtype, eos)
-
-    def _start(self, plan: dict) -> None:
-        """A fresh build folder, or the one a killed build left, if it was planned the same way."""
-        plan_file = self.work / "plan.json"
-        if self.work.is_dir():
-            try:
-                same = json.loads(plan_file.read_text()) == plan
-            except (OSError, ValueError):
-                same = False
-            if not same:
-                shutil.rmtree(self.work)
-        for sub in ("shards", "pieces"):
-            (self.work / sub).mkdir(parents=True, exist_ok=True)
-        for tmp in self.work.rglob("*.tmp"):  # a killed writer's; only the lock holder writes here
-            tmp.unlink()
-        if not plan_file.is_file():
-            _write_atomic(plan_file, json.dumps(plan, sort_keys=True).encode())
-
-    def _summary(self, index: int) -> dict | None:
-        try:
-            return json.loads((self.work / "pieces" / f"{index:05d}.json").read_text())
-        except (OSError, ValueError):
-            return None
-
-    def _tokenizer(self, planned: Plan) -> tuple[Path, int | None]:
-        """The build's tokenizer folder, made once (a resumed build keeps it): trained on a sample,
-        a pretrained one, or the one given (a resumed run's own, a mixture's shared one)."""
-        folder = self.work / "tokenizer"
-        if not (folder / "tokenizer.json").is_file():
-            tok, origin = self._make_tokenizer(planned)
-            save_tokenizer(tok, origin, folder, self.cfg, self.log)
-        tok = tokenizer.load_tokenizer("bpe", folder)
-        return folder / "tokenizer.json", tokenizer.eos_id(tok, folder)
-
-    def _make_tokenizer(self, planned: Plan):
-        t = self.cfg.tokenizer
-        if self.tokenizer_file is not None:
-            from tokenizers import Tokenizer
-
-            self.log("data: tokenising with " + self.tokenizer_label.format(file=self.tokenizer_file))
-            return Tokenizer.from_file(str(self.tokenizer_file)), self.tokenizer_file.parent
-        if t.kind != "bpe":
-            return tokenizer.load_tokenizer(t.kind, None), Path(t.kind).expanduser()
-        budget = min(t.train_bytes or int(planned.kept_bytes), int(planned.kept_bytes)) or 1
-        self.progress("training tokenizer", 0, budget, "bytes")
-        tok = tokenizer.train_bpe(tokenizer_sample(self.cfg.data, planned, budget), t)
-        self.progress("training tokenizer", budget, budget, "bytes")
-        self.log(f"data: trained a byte-level BPE of {tok.get_vocab_size()} tokens on {budget / 1e6:.1f} MB in "
-                 f"{time.time() - self.t0:.1f}s")
-        return tok, None
-
-    def _run_pieces(self, jobs: list[PieceJob], done: dict[int, dict], total_bytes: float) -> None:
-        total = max(1, int(total_bytes))
-        finished = sum(s["bytes"] for s in done.values())
-        self.progress("tokenizing", finished, total, "bytes")
-        workers = min(self.cfg.data.workers or len(os.sched_getaffinity(0)), len(jobs))
-        if workers <= 1:
-            for job in jobs:
-                def tick(n: int) -> None:
-                    nonlocal finished
-                    finished += n
-                    self.progress("tokenizing", finished, total, "bytes")
-                done[job.piece.index] = build_piece(job, tick)
-        else:
-            with mp.get_context("spawn").Pool(workers, initializer=_worker_init) as pool:
-                for summary in pool.imap_unordered(build_piece, jobs):
-                    done[summary["piece"]] = summary
-                    finished += summary["bytes"]
-                    self.progress("tokenizing", finished, total, "bytes")
-        # The total was an estimate (a JSON line's syntax, a compressed file's ratio): done is done.
-        self.progress("tokenizing", finished, finished, "bytes")
-
-    def _finish(self, summaries: list[dict], dtype: str, eos: int | None) -> None:
-        tokens = {side: sum(s["tokens"][side] for s in summaries) for side in ("train", "val")}
-        docs = {side: sum(s["documents"][side] for s in summaries) for side in ("train", "val")}
-        n_bytes = sum(s["bytes"] for s in summaries)
-        meta = {"format": 2, "dtype": dtype, "vocab_size": self.cfg.tokenizer.vocab_size, "eos_id": eos,
-                "source": self.cfg.data.source, "bytes": n_bytes, "documents": docs,
-                "train_tokens": tokens["train"], "val_tokens": tokens["val"],
-                "shards": [{"name": f"{s['piece']:05d}", "train_tokens": s["tokens"]["train"],
-                            "val_tokens": s["tokens"]["val"]} for s in summaries]}
-        self.log(f"data: {docs['train']} train / {docs['val']} val documents, {n_bytes / 1e6:.1f} MB of text")
-        self.log(f"data: {tokens['train']:,} train and {tokens['val']:,} val tokens "
-                 f"({n_bytes / max(1, tokens['train'] + tokens['val']):.2f} bytes/token) in "
-                 f"{len(summaries)} shards, {time.time() - self.t0:.1f}s")
-        # meta.json last: its presence is what marks a cache as complete.
-        _write_atomic(self.work / "meta.json", json.dumps(meta, indent=1).encode())
