@@ -116,9 +116,23 @@ def build_piece(job: PieceJob, on_bytes: Callable[[int], None] = lambda n: None)
     return summary
 
 
-def _worker_init() -> None:
+_TOKENISED = None  # in a pool worker: the bytes all workers have tokenised, for the parent's progress
+
+
+def _worker_init(tokenised) -> None:
+    global _TOKENISED
     # One process per core already: each encode_batch on one thread, not one per core again.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _TOKENISED = tokenised
+
+
+def _count(n: int) -> None:
+    with _TOKENISED.get_lock():
+        _TOKENISED.value += n
+
+
+def _pool_piece(job: PieceJob) -> dict:
+    return build_piece(job, _count)
 
 
 # --------------------------------------------------------------------------------- the plan
@@ -276,11 +290,18 @@ class Build:
                     self.progress("tokenizing", finished, total, "bytes")
                 done[job.piece.index] = build_piece(job, tick)
         else:
-            with mp.get_context("spawn").Pool(workers, initializer=_worker_init) as pool:
-                for summary in pool.imap_unordered(build_piece, jobs):
-                    done[summary["piece"]] = summary
-                    finished += summary["bytes"]
-                    self.progress("tokenizing", finished, total, "bytes")
+            ctx = mp.get_context("spawn")
+            tokenised = ctx.Value("q", 0)
+            with ctx.Pool(workers, initializer=_worker_init, initargs=(tokenised,)) as pool:
+                results, waiting = pool.imap_unordered(_pool_piece, jobs), len(jobs)
+                while waiting:
+                    try:  # a piece takes seconds: the bar moves with every batch a worker encodes
+                        summary = results.next(timeout=0.5)
+                        done[summary["piece"]], waiting = summary, waiting - 1
+                    except mp.TimeoutError:
+                        pass
+                    self.progress("tokenizing", finished + tokenised.value, total, "bytes")
+            finished += tokenised.value
         # The total was an estimate (a JSON line's syntax, a compressed file's ratio): done is done.
         self.progress("tokenizing", finished, finished, "bytes")
 
