@@ -54,7 +54,16 @@ def test_one_shot_greedy_prints_exactly_the_prompt_and_its_greedy_continuation(r
     assert proc.stdout == "def " + greedy("def ", 40) + "\n"
 
 
-def test_one_shot_sampling_flags_and_seeds(run):
+def test_one_shot_sampling_flags_and_seeds(run, greedy):
+    # Each flag alone makes a draw at a high temperature greedy, where the defaults (temperature
+    # 0.8, top-k 50, top-p 1) would sample: so each must reach the sampler.
+    expected = "import " + greedy("import ", 16) + "\n"
+    for alone in (["--temperature", "0"], ["--temperature", "2", "--top-k", "1"],
+                  ["--temperature", "2", "--top-k", "0", "--top-p", "1e-6"]):
+        proc = chat(str(run), "--prompt", "import ", "--max-new-tokens", "16", "--seed", "3", *alone)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == expected, alone
+
     flags = ["--prompt", "import ", "--num-samples", "3", "--temperature", "1.2", "--top-k", "40", "--top-p", "0.95",
              "--max-new-tokens", "16", "--device", "cpu"]
     a = chat(str(run), *flags, "--seed", "5")
