@@ -5,6 +5,7 @@ import os
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
@@ -177,7 +178,63 @@ def test_nan_skip_counts_and_then_stops(tmp_path):
     engine, events = drive_engine(cfg, tmp_path / "run")
     assert engine.final_state == P.FAILED
     skips = [e for e in events if isinstance(e, P.LogLine) and "update skipped" in e.text]
-    assert [s.text.split("(")[-1] for s in skips][-1].startswith("3/3")
+    assert [s.text.split("(")[-1] for s in skips] == ["1/3)", "2/3)", "3/3)"]
+    assert "non-finite" in engine.failure.message
+    # the weights it keeps are the last good step's, untouched by the skipped updates
+    kept = weights(latest_checkpoint(tmp_path / "run"))
+    assert all(np.isfinite(w).all() for w in kept.values())
+
+
+def test_a_skipped_bad_step_keeps_the_weights_and_the_run_goes_on_healthy(tmp_path):
+    """One bad batch, at step 3: its loss and so its gradients are NaN (a real bad batch cannot be
+    made on demand on a CPU, so the trainer's own loop runs here with that one loss poisoned).
+    "skip" must drop that update: step 4 starts from the weights of step 2, and the run trains on,
+    finite, to its end."""
+    import math
+
+    import torch
+
+    from lmcockpit.core.run.folder import create_run_dir
+    from lmcockpit.core.train.trainer import Trainer
+
+    bad, seen, logs = 3, {}, []
+    weights_now = lambda trainer: {k: v.clone() for k, v in trainer.model.state_dict().items()}  # noqa: E731
+
+    class OneBadBatch(Trainer):
+        def compiled_model(self):
+            model = super().compiled_model()
+
+            def step(x, y):
+                if self.step + 1 == bad + 1 and "before step 4" not in seen:
+                    seen["before step 4"] = weights_now(self)
+                loss = model(x, y)
+                return loss * float("nan") if self.step + 1 == bad else loss
+            return step
+
+    def emit(ev):
+        if isinstance(ev, P.StepMetrics):
+            seen.setdefault("steps", []).append((ev.step, ev.loss))
+            if ev.step == bad - 1:
+                seen["after step 2"] = weights_now(trainer)
+
+    cfg = tiny_config("eval.every=0", "training.on_nan=\"skip\"", "training.max_nan_skips=3")
+    trainer = OneBadBatch(cfg, create_run_dir(cfg, "test", str(tmp_path / "run")), emit, logs.append,
+                          lambda block: None)
+    try:
+        assert trainer.run() == P.FINISHED
+    finally:
+        trainer.close()
+        torch.use_deterministic_algorithms(False)  # the trainer set it for this whole process
+    steps = dict(seen["steps"])
+    assert sorted(steps) == [s for s in range(1, 13) if s != bad]  # step 3 was taken, not reported
+    assert all(math.isfinite(loss) for loss in steps.values())
+    assert steps[12] < steps[1]  # still learning after the bad batch
+    before, after = seen["after step 2"], seen["before step 4"]
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert [line for line in logs if "update skipped" in line][0].endswith("update skipped (1/3)")
+    assert (tmp_path / "run" / "nan_debug" / f"step_{bad:06d}" / "report.txt").is_file()
+    final = weights(latest_checkpoint(tmp_path / "run"))
+    assert all(np.isfinite(w).all() for w in final.values())
 
 
 def copy_checkpoint(src: Path, dst: Path, step: int) -> Path:
