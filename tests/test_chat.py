@@ -19,7 +19,7 @@ from lmcockpit.core.model.sampling import generate
 from lmcockpit.core.run.checkpoints import find_checkpoint
 from lmcockpit.tui.chat import HELP
 
-from .conftest import cli
+from .conftest import NO_GPU, cli
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +42,12 @@ def greedy(run):
 
 
 def chat(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`lmcockpit chat` on the CPU, whatever the machine: its text is compared with what this
+    process computes there (on a GPU, "auto" would sample in bf16)."""
     if stdin is None:
-        return cli("chat", *args)
+        return cli("chat", *args, env=NO_GPU)
     return subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "chat", *args], input=stdin,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **NO_GPU})
 
 
 def test_one_shot_greedy_prints_exactly_the_prompt_and_its_greedy_continuation(run, greedy):
