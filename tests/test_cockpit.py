@@ -352,11 +352,24 @@ async def test_chat_pane_samples_the_live_model_while_it_trains(tmp_path):
         await wait_for(pilot, lambda: dash.view.step > step, what="training to go on after sampling")
 
 
-async def test_launch_screen_opens_a_past_run_in_chat(trained_run):
+async def test_launch_screen_opens_a_past_run_in_chat(trained_run, monkeypatch):
+    """`o` opens the run in chat; `/greedy` and `/set temperature` change what the chat engine
+    samples: each answer is the text this process computes from the same checkpoint with the
+    settings the pane should have sent (the run's [sample] ones: 16 new tokens, temperature
+    0.8, top-k 50; the seed counting up from 0 with each request)."""
+    from lmcockpit.core.infer.load import load
+    from lmcockpit.core.run.checkpoints import find_checkpoint
     from lmcockpit.tui.screens.chat import ChatScreen
     from lmcockpit.tui.widgets.chat import ChatPane
 
     run, _ = trained_run
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the chat engine samples on the CPU, as this process does
+    loaded = load(find_checkpoint(str(run)), "cpu")
+
+    def expected(**settings) -> str:
+        [text] = loaded.answer(P.Sample("x", "import", max_new_tokens=16, **settings), lambda e: None, print)
+        return text
+
     app = CockpitApp(runs_root=run.parent, telemetry=False)
     async with app.run_test(size=(100, 30)) as pilot:
         launch = app.screen
@@ -366,10 +379,23 @@ async def test_launch_screen_opens_a_past_run_in_chat(trained_run):
         assert isinstance(chat, ChatScreen)
         await wait_for(pilot, lambda: chat.engine.loaded is not None, what="the checkpoint to load")
         assert chat.engine.loaded.start_step == 12
-        await pilot.press(*"/greedy import", "enter")
         pane = chat.query_one(ChatPane)
-        await wait_for(pilot, lambda: pane.history and all(e.done for e in pane.history.values()), what="a sample")
-        assert list(pane.history.values())[0].rows[0]  # some text came back
+
+        async def answer(*keys: str) -> str:
+            asked = len(pane.history)
+            await pilot.press(*keys, "enter")
+            await wait_for(pilot, lambda: len(pane.history) > asked and all(e.done for e in pane.history.values()),
+                           what="a sample")
+            return list(pane.history.values())[-1].rows[0]
+
+        greedy = expected(greedy=True)
+        sampled = expected(temperature=2.0, top_k=0, seed=2)
+        assert sampled != greedy and sampled != expected(top_k=0, seed=2)  # so the answers below can tell
+        assert await answer(*"/greedy import") == greedy
+        await pilot.press(*"/set temperature 0", "enter")  # 0: greedy
+        assert await answer(*"import") == greedy
+        await pilot.press(*"/set temperature 2", "enter", *"/set top_k 0", "enter")
+        assert await answer(*"import") == sampled
         await pilot.press("escape")
         assert app.screen is launch
         # the screen's closer thread reaps the process; a second join here could race it
