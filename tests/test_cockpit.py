@@ -14,10 +14,11 @@ import pytest
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import load_config
-from lmcockpit.core.run.folder import create_run_dir, latest_checkpoint
+from lmcockpit.core.run.folder import create_run_dir, latest_checkpoint, read_metrics
 from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.runplan import RunPlan
 from lmcockpit.tui.screens.dashboard import DashboardScreen
+from lmcockpit.tui.screens.dialogs import AbortDialog
 from lmcockpit.tui.screens.launch import LaunchScreen
 
 from .conftest import SHRINK_CPU, TINY, cli
@@ -101,16 +102,23 @@ async def test_pause_checkpoint_resume(tmp_path):
         await wait_for(pilot, lambda: dash.view.step >= paused_at + 2, what="steps after resume")
         assert dash.view.state == P.RUNNING
         await pilot.press("a")
+        assert isinstance(app.screen, AbortDialog)
         await pilot.press("escape")  # Esc cancels: it runs on
+        assert app.screen is dash
         step = dash.view.step
         await wait_for(pilot, lambda: dash.view.step >= step + 2, what="steps after cancelled abort")
         await pilot.press("a")
-        await pilot.press("enter")  # Enter: checkpoint, then stop
+        assert isinstance(app.screen, AbortDialog)
+        await pilot.press("d")  # d: stop without saving
+        assert app.screen is dash
         await wait_for(pilot, lambda: dash.view.state == P.ABORTED, what="the run to end as aborted")
         dash.engine.join(timeout=30)
         assert not dash.engine.process.is_alive() and dash.engine.process.exitcode == 0
-        last = latest_checkpoint(tmp_path / "run")
-        assert last is not None and last.name == f"step_{dash.view.step:06d}"
+        assert dash.view.step >= paused_at + 4
+        # the checkpoint asked for with c is still the only one: the stop wrote none
+        checkpoints = tmp_path / "run" / "checkpoints"
+        assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", f"step_{paused_at:06d}"]
+        assert [r["step"] for r in read_metrics(tmp_path / "run", "checkpoint")] == [paused_at]
 
 
 def test_paused_holds_through_a_checkpoint_or_evaluation_taken_while_paused():
@@ -256,8 +264,12 @@ async def test_after_a_run_ends_b_goes_back_to_the_launch_screen_which_lists_it(
         assert "Pause" in keys and "Abort" in keys and "Back" not in keys
         await pilot.press("b")  # nothing while it runs
         assert app.screen is dash
-        await pilot.press("a", "enter")
+        await pilot.press("a")
+        assert isinstance(app.screen, AbortDialog)
+        await pilot.press("enter")  # Enter: checkpoint, then stop
         await wait_for(pilot, lambda: dash.view.state == P.ABORTED, what="the run to end as aborted")
+        last = latest_checkpoint(dash.engine.run_dir)
+        assert last is not None and last.name == f"step_{dash.view.step:06d}"
         await pilot.pause()
         keys = footer_keys(app)
         assert "b Back to launch" in keys and "q Quit" in keys, keys
