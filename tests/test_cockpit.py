@@ -427,15 +427,22 @@ async def test_launching_several_machines_from_the_cockpit_says_what_is_missing(
 
 
 async def test_a_cuda_graph_mode_launches_from_the_cockpit_in_one_process(tmp_path):
-    """Only torchrun's runs refuse the CUDA-graph compile modes: one process launches as any run."""
+    """Only torchrun's runs refuse the CUDA-graph compile modes: one process launches as any run,
+    and trains, compiled, to its end in the engine process alone (no torchrun, no ranks)."""
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
     async with app.run_test() as pilot:
         app.launch(shrunk_cpu("training.compile=true", "training.compile_mode=\"reduce-overhead\""), "cpu")
         await pilot.pause()
         assert not [n.message for n in app._notifications if n.severity == "error"]
         assert len(app.engines) == 1 and (tmp_path / "runs").exists()
-        app.engines[0].kill()
-        app.engines[0].join(timeout=30)
+        dash = dashboard(app)
+        await wait_for(pilot, lambda: dash.view.state in P.TERMINAL_STATES, timeout=180, what="the run to end")
+        assert dash.view.state == P.FINISHED and dash.view.step == 12, dash.engine.failure
+        dash.engine.join(timeout=30)
+        assert dash.engine.process.exitcode == 0
+    log = (dash.engine.run_dir / "train.log").read_text()
+    assert re.search(r"^model: .*, compile on, [\d,]+ tokens/step$", log, re.M), log  # one process says no "N processes"
+    assert not re.search(r"^(rank\d+|launcher): ", log, re.M)
 
 
 # ------------------------------------------------------------------ the dashboard fed events
