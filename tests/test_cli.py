@@ -82,6 +82,27 @@ def test_user_mistakes_exit_2_with_one_message(args, message, tmp_path):
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+def test_version_prints_the_installed_version():
+    import lmcockpit
+
+    proc = cli("--version")
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout == f"lmcockpit {lmcockpit.__version__}\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["debug", "--run", "cpu"], "give the preset once: either `lmcockpit debug` or `--run cpu`"),
+    (["--run"], "--run needs a preset (a TOML path or a shipped name such as `cpu`)"),
+    (["--run", "debug", "--gpu", "-1"], "--gpu -1: expected a GPU index, 0 or more"),
+    (["debug", "--gpu", "-1"], "--gpu -1: expected a GPU index, 0 or more"),
+])
+def test_usage_mistakes_are_one_error_line_before_anything_starts(tmp_path, args, message):
+    proc = cli(*args, "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == f"error: {message}\n" and proc.stdout == ""
+    assert not (tmp_path / "out").exists()
+
+
 def test_non_empty_out_is_refused_and_left_alone(tmp_path):
     out = tmp_path / "taken"
     out.mkdir()
