@@ -50,6 +50,29 @@ def test_compiled_cpu_runs_are_reproducible_too(tmp_path):
     assert len(a) == 8 and a == b
 
 
+def test_bf16_trains_end_to_end_on_the_cpu(tmp_path):
+    """precision bf16 on a CPU: the steps run under bf16 autocast (their losses close to fp32's,
+    not equal), the weights stay fp32, and the run finishes with a checkpoint and an evaluation."""
+    import math
+
+    from safetensors.numpy import load_file
+
+    short = ("training.max_steps=4", "eval.every=0")
+    fp32 = losses(drive_engine(tiny_config(*short), tmp_path / "fp32")[1])
+    engine, events = drive_engine(tiny_config(*short, "training.precision=\"bf16\""), tmp_path / "bf16")
+    assert engine.final_state == P.FINISHED and engine.process.exitcode == 0, engine.failure
+    started = next(e for e in events if isinstance(e, P.RunStarted))
+    assert started.device == "cpu" and started.precision == "bf16"
+    assert any(isinstance(e, P.LogLine) and "device cpu, precision bf16" in e.text for e in events)
+    bf16 = losses(events)
+    assert len(bf16) == len(fp32) == 4 and all(math.isfinite(x) for x in bf16)
+    assert bf16 != fp32 and all(abs(a - b) < 0.05 * b for a, b in zip(bf16, fp32))
+    [ev] = [e for e in events if isinstance(e, P.EvalMetrics)]
+    assert math.isfinite(ev.val_loss) and ev.val_loss < bf16[0]
+    weights = load_file(str(tmp_path / "bf16" / "checkpoints" / "step_000004" / "model.safetensors"))
+    assert {str(w.dtype) for w in weights.values()} == {"float32"}
+
+
 def test_resolved_config_reproduces_the_run(tmp_path):
     cfg = tiny_config("training.max_steps=5", "optimizer.muon_lr=0.05", "training.grad_accum_steps=2")
     first = losses(drive_engine(cfg, tmp_path / "first")[1])
