@@ -12,7 +12,7 @@ from safetensors.numpy import load_file
 from lmcockpit.core import protocol as P
 from lmcockpit.core.run.folder import latest_checkpoint, read_metrics
 
-from .conftest import cli, drive_engine, start_cli_run, tiny_config
+from .conftest import as_flags, cli, drive_engine, start_cli_run, tiny_config
 
 LONG = ["training.max_steps=40", "checkpoint.every=20", "checkpoint.keep=5", "eval.every=0"]
 
@@ -355,6 +355,41 @@ def test_a_run_resumed_after_its_data_changed_keeps_its_tokenizer(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"tokenising with the run's own tokenizer ({run / 'tokenizer' / 'tokenizer.json'})" in proc.stdout
     assert sorted(step_losses(run)) == list(range(1, 7))
+
+
+def test_resume_takes_a_new_cadence_for_each_of_eval_checkpoint_log_and_sample(reference, tmp_path):
+    """The run was saved with no evaluation or samples, a checkpoint every 20 steps and a log
+    line every 4; each cadence given on resume is the one the continued run keeps."""
+    from lmcockpit.core.config import load_config
+
+    out = tmp_path / "continued"
+    cadence = ["training.max_steps=30", "eval.every=3", "eval.batches=1", "checkpoint.every=4", "checkpoint.keep=10",
+               "training.log_every=5", "sample.every=5", "sample.prompts=[\"def \"]", "sample.max_new_tokens=4"]
+    proc = cli("--run", "--resume", str(reference / "checkpoints" / "step_000020"), *as_flags(cadence),
+               "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [r["step"] for r in read_metrics(out, "eval")] == [21, 24, 27, 30]
+    assert [r["step"] for r in read_metrics(out, "checkpoint")] == [24, 28, 30]
+    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_000024", "step_000028",
+                                                                            "step_000030"]
+    assert [r["step"] for r in read_metrics(out, "sample")] == [25, 30]
+    printed = [int(line.split()[1].split("/")[0]) for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert printed == [25, 30]  # every 5 (and the last), where the saved config printed every 4
+    cfg, _ = load_config(str(out / "config.toml"))
+    assert (cfg.eval.every, cfg.checkpoint.every, cfg.training.log_every, cfg.sample.every) == (3, 4, 5, 5)
+
+
+def test_resume_takes_on_nan_skip_past_a_spike(reference, tmp_path):
+    """Saved with on_nan = "stop": resumed with "skip" (and rates that blow up), the continued run
+    skips its non-finite steps up to max_nan_skips before it stops, as a run started so would."""
+    spike = ["training.max_steps=50", "optimizer.lr=1e38", "optimizer.muon_lr=1e38", "training.grad_clip=0.0",
+             "training.on_nan=\"skip\"", "training.max_nan_skips=2"]
+    proc = cli("--run", "--resume", str(reference / "checkpoints" / "step_000040"), *as_flags(spike),
+               "--out", str(tmp_path / "spiked"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    skipped = [line.split("update skipped ")[1] for line in proc.stdout.splitlines() if "update skipped" in line]
+    assert skipped == ["(1/2)", "(2/2)"], proc.stdout
+    assert "non-finite values" in proc.stderr and "Traceback" not in proc.stdout + proc.stderr
 
 
 # ---------------------------------------------------------------------------- bad --resume input
