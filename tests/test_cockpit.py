@@ -415,6 +415,38 @@ async def test_launch_screen_opens_a_past_run_in_chat(trained_run, monkeypatch):
         assert chat.engine.process.exitcode == 0
 
 
+async def test_r_on_the_launch_screen_resumes_a_stopped_run_in_place(trained_run, tmp_path):
+    """r continues the selected run from its latest checkpoint, in its own folder, on a dashboard;
+    a run already at its step budget is refused with the reason, and nothing starts."""
+    import shutil
+
+    run, _ = trained_run
+    runs = tmp_path / "runs"
+    finished, stopped = runs / "finished", runs / "stopped"
+    shutil.copytree(run, finished)
+    shutil.copytree(run, stopped)
+    shutil.rmtree(stopped / "checkpoints" / "step_000012")  # as if it had stopped before its last checkpoint
+    app = CockpitApp(runs_root=runs, telemetry=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        launch = app.screen
+        table = launch.query_one("#runs")
+        table.focus()
+        table.move_cursor(row=table.get_row_index(str(finished)))
+        await pilot.press("r")
+        assert app.screen is launch and not app.engines
+        assert any("training.max_steps is 12" in n.message for n in app._notifications)
+        table.move_cursor(row=table.get_row_index(str(stopped)))
+        await pilot.press("r")
+        dash = dashboard(app)
+        await wait_for(pilot, lambda: dash.view.state in P.TERMINAL_STATES, timeout=180, what="the run to end")
+        assert dash.view.state == P.FINISHED, dash.engine.failure
+        assert dash.view.start_step == 6 and dash.view.steps == list(range(7, 13))
+        dash.engine.join(timeout=30)
+        assert dash.engine.process.exitcode == 0 and dash.engine.run_dir == stopped
+    assert [r["step"] for r in read_metrics(stopped, "step")] == list(range(1, 13))
+    assert latest_checkpoint(stopped).name == "step_000012"
+
+
 async def test_launching_several_machines_from_the_cockpit_says_what_is_missing(tmp_path):
     """The launch screen has no rendezvous endpoint to give: the run is refused with a notice,
     before any run folder or engine exists."""
