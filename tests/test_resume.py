@@ -363,18 +363,17 @@ def test_resume_takes_a_new_cadence_for_each_of_eval_checkpoint_log_and_sample(r
     from lmcockpit.core.config import load_config
 
     out = tmp_path / "continued"
-    cadence = ["training.max_steps=30", "eval.every=3", "eval.batches=1", "checkpoint.every=4", "checkpoint.keep=10",
+    cadence = ["training.max_steps=26", "eval.every=3", "eval.batches=1", "checkpoint.every=4", "checkpoint.keep=10",
                "training.log_every=5", "sample.every=5", "sample.prompts=[\"def \"]", "sample.max_new_tokens=4"]
     proc = cli("--run", "--resume", str(reference / "checkpoints" / "step_000020"), *as_flags(cadence),
                "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert [r["step"] for r in read_metrics(out, "eval")] == [21, 24, 27, 30]
-    assert [r["step"] for r in read_metrics(out, "checkpoint")] == [24, 28, 30]
-    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_000024", "step_000028",
-                                                                            "step_000030"]
-    assert [r["step"] for r in read_metrics(out, "sample")] == [25, 30]
+    assert [r["step"] for r in read_metrics(out, "eval")] == [21, 24, 26]  # and the last step's
+    assert [r["step"] for r in read_metrics(out, "checkpoint")] == [24, 26]
+    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_000024", "step_000026"]
+    assert [r["step"] for r in read_metrics(out, "sample")] == [25, 26]
     printed = [int(line.split()[1].split("/")[0]) for line in proc.stdout.splitlines() if line.startswith("step ")]
-    assert printed == [25, 30]  # every 5 (and the last), where the saved config printed every 4
+    assert printed == [25, 26]  # every 5 (and the last), where the saved config printed 24 and 26
     cfg, _ = load_config(str(out / "config.toml"))
     assert (cfg.eval.every, cfg.checkpoint.every, cfg.training.log_every, cfg.sample.every) == (3, 4, 5, 5)
 
