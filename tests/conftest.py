@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,8 +43,6 @@ def drive_engine(cfg: Config, run_dir: Path, on_event=None, timeout: float = 300
     `on_event(engine, event)` may send commands as events arrive; `queued` commands wait for the
     engine before it starts, so it takes them before its first step; `on_start(engine)` runs the
     moment it has started. `resume`: a resume.ResumePlan, whose run folder and checkpoint are used."""
-    import time
-
     from lmcockpit.core.process.runner import EngineProcess
 
     if resume is not None:
@@ -74,10 +76,17 @@ def losses(events) -> list[float]:
     return [e.loss for e in events if isinstance(e, P.StepMetrics)]
 
 
-def cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The real `lmcockpit` command, piped (so plain lines), as a user runs it."""
+def cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess:
+    """The real `lmcockpit` command, piped (so plain lines), as a user runs it; `env` adds to the
+    environment (`NO_GPU` hides every GPU from it and the engine it starts)."""
     return subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env={**os.environ, **env} if env else None)
+
+
+# CUDA numbers only the GPUs CUDA_VISIBLE_DEVICES lists: empty, torch sees none. Tests that mean "a
+# machine without a GPU" run their processes with it, so they hold on a machine with GPUs too.
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 
 
 # The cpu preset shrunk to the debug preset's sizes; everything else (compile on) stays as shipped.
@@ -112,3 +121,99 @@ def trained_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     proc = cli("--run", "cpu", *as_flags([*SHRINK_CPU, *TINY, "sample.prompts=[\"def \"]", "checkpoint.every=6"]),
                "--out", str(out))
     return out, proc
+
+
+# ------------------------------------------------------------------------ a real terminal
+class Terminal:
+    """The real `lmcockpit` command on a pseudo-terminal of `size` (columns, rows), as a user types
+    at it (Ctrl-C, Ctrl-D included); `env` adds to its environment."""
+
+    def __init__(self, *args: str, size: tuple[int, int] = (80, 24), env: dict[str, str] | None = None):
+        import fcntl
+        import pty
+        import struct
+        import termios
+
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: the real command, with the terminal as its controlling tty
+            try:
+                fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
+                os.execve(sys.executable, [sys.executable, "-m", "lmcockpit.tui.cli", *args],
+                          {**os.environ, **(env or {})})
+            finally:
+                os._exit(127)
+        self.seen = ""
+
+    def expect(self, text: str, timeout: float = 120) -> str:
+        """Read until `text` has appeared after what earlier calls consumed; returns what came."""
+        deadline = time.monotonic() + timeout
+        while text not in self.seen:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {text!r} in {timeout}s: {self.seen[-400:]!r}"
+            if select.select([self.fd], [], [], left)[0]:
+                try:
+                    self.seen += os.read(self.fd, 4096).decode(errors="replace")
+                except OSError:  # the command has ended (EIO on Linux)
+                    assert text in self.seen, f"ended before {text!r}: {self.seen[-400:]!r}"
+        head, _, self.seen = self.seen.partition(text)
+        return head + text
+
+    def read(self, at_least: int, timeout: float = 60) -> str:
+        """Read until at least that many more characters came; returns them."""
+        deadline, start = time.monotonic() + timeout, len(self.seen)
+        while len(self.seen) - start < at_least:
+            left = deadline - time.monotonic()
+            assert left > 0, f"only {self.seen[start:]!r} in {timeout}s"
+            if select.select([self.fd], [], [], left)[0]:
+                self.seen += os.read(self.fd, 4096).decode(errors="replace")
+        got, self.seen = self.seen[start:], ""
+        return got
+
+    def type(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def wait_blocked_reading(self, timeout: float = 30) -> None:
+        """Wait until the command's main thread sleeps in select(), where readline waits for keys.
+        A Ctrl-C that lands in the moment between readline printing the prompt and its select()
+        is not acted on until Enter (CPython's readline checks for signals only when select() is
+        interrupted); a person cannot type that fast, a test can."""
+        deadline = time.monotonic() + timeout
+        while not Path(f"/proc/{self.pid}/wchan").read_text().startswith("poll_schedule_timeout"):
+            assert time.monotonic() < deadline, "the command never waited for input"
+            time.sleep(0.01)  # polling the state waited for, not standing in for it
+
+    def end(self, timeout: float = 30) -> tuple[int, str]:
+        """(exit code, everything it printed after the last expect) once it has exited."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"still running after {timeout}s: {self.seen[-400:]!r}"
+            if select.select([self.fd], [], [], left)[0]:
+                try:
+                    data = os.read(self.fd, 4096)
+                except OSError:
+                    data = b""
+                if not data:
+                    break
+                self.seen += data.decode(errors="replace")
+        _, status = os.waitpid(self.pid, 0)
+        os.close(self.fd)
+        return os.waitstatus_to_exitcode(status), self.seen
+
+    def close(self) -> None:
+        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+            if os.waitpid(self.pid, os.WNOHANG) == (0, 0):
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+
+
+@pytest.fixture
+def terminal():
+    opened = []
+
+    def open_(*args: str, **kwargs) -> Terminal:
+        opened.append(Terminal(*args, **kwargs))
+        return opened[-1]
+    yield open_
+    for t in opened:
+        t.close()

@@ -1,10 +1,14 @@
-"""`lmcockpit --run` as a user runs it: a real process, piped, with real files."""
+"""`lmcockpit --run` as a user runs it: a real process, piped or on a terminal, with real files."""
 
+import re
 
 import pytest
 
+from lmcockpit.core.run.folder import latest_checkpoint, read_metrics
 
 from .conftest import TINY, as_flags, cli
+
+XTERM = {"TERM": "xterm-256color"}
 
 
 def test_piped_run_prints_plain_lines_and_where_the_run_is(trained_run):
@@ -82,6 +86,27 @@ def test_user_mistakes_exit_2_with_one_message(args, message, tmp_path):
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+def test_version_prints_the_installed_version():
+    import lmcockpit
+
+    proc = cli("--version")
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout == f"lmcockpit {lmcockpit.__version__}\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["debug", "--run", "cpu"], "give the preset once: either `lmcockpit debug` or `--run cpu`"),
+    (["--run"], "--run needs a preset (a TOML path or a shipped name such as `cpu`)"),
+    (["--run", "debug", "--gpu", "-1"], "--gpu -1: expected a GPU index, 0 or more"),
+    (["debug", "--gpu", "-1"], "--gpu -1: expected a GPU index, 0 or more"),
+])
+def test_usage_mistakes_are_one_error_line_before_anything_starts(tmp_path, args, message):
+    proc = cli(*args, "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == f"error: {message}\n" and proc.stdout == ""
+    assert not (tmp_path / "out").exists()
+
+
 def test_non_empty_out_is_refused_and_left_alone(tmp_path):
     out = tmp_path / "taken"
     out.mkdir()
@@ -102,6 +127,32 @@ def test_the_cockpit_form_refuses_bad_input_before_it_opens(args, message):
     assert "Traceback" not in proc.stderr and "\x1b[?1049h" not in proc.stdout + proc.stderr  # no alt screen
 
 
+def test_lmcockpit_preset_and_resume_open_the_cockpit_on_a_terminal(tmp_path, terminal):
+    """`lmcockpit PRESET` opens the cockpit on the run, started at once; once it has finished
+    (the footer offers b), q quits and the terminal gets the run's folder. `lmcockpit --resume
+    RUN --set ...` continues it in the cockpit the same way."""
+    out = tmp_path / "run"
+    term = terminal("debug", *as_flags([*TINY, "training.max_steps=3", "eval.every=0"]), "--out", str(out),
+                    size=(100, 30), env=XTERM)
+    shown = term.expect("Back to launch", timeout=180)
+    assert "\x1b[?1049h" in shown and "run finished at step 3" in shown  # the alternate screen, the notice
+    term.type("q")
+    code, rest = term.end(timeout=60)
+    assert code == 0, rest
+    assert rest.endswith(f"run folder: {out} (finished at step 3)\r\n"), rest[-300:]
+    assert "\x1b[?1049l" in rest.rpartition("run folder: ")[0]  # said on the terminal, once the cockpit left it
+    assert [r["step"] for r in read_metrics(out, "step")] == [1, 2, 3]
+
+    term = terminal("--resume", str(out), "--set", "training.max_steps=5", size=(100, 30), env=XTERM)
+    shown = term.expect("Back to launch", timeout=180)
+    assert "run finished at step 5" in shown
+    term.type("q")
+    code, rest = term.end(timeout=60)
+    assert code == 0 and rest.endswith(f"run folder: {out} (finished at step 5)\r\n"), rest[-300:]
+    assert [r["step"] for r in read_metrics(out, "step")] == [1, 2, 3, 4, 5]
+    assert latest_checkpoint(out).name == "step_000005"
+
+
 # ------------------------------------------------------------------ the live progress line
 def progressed_view(steps: int = 45, max_steps: int = 400, mfu: float | None = None):
     from lmcockpit.core import protocol as P
@@ -113,6 +164,28 @@ def progressed_view(steps: int = 45, max_steps: int = 400, mfu: float | None = N
     for step in range(1, steps + 1):
         view.apply(P.StepMetrics(step, 5.2847, 1e-3, 1.0, 4096 / 0.8, mfu, 0.8, step * 4096))
     return view
+
+
+def test_a_run_on_a_terminal_is_one_live_progress_line(tmp_path, terminal):
+    """`lmcockpit --run` on a real terminal (a pty): the progress is one line redrawn in place
+    (carriage return, erase line), not a line per log interval; log lines still print above it,
+    and once the run ends the line is cleared for the summary."""
+    out = tmp_path / "run"
+    term = terminal("--run", "debug", *as_flags([*TINY, "eval.every=0"]), "--out", str(out),
+                    size=(120, 30), env=XTERM)
+    code, shown = term.end(timeout=180)
+    assert code == 0, shown[-2000:]
+    live = re.compile(r"\r\x1b\[2K(step (\d+)/12 \[[ ▏▎▍▌▋▊▉█]{10}\] +\d+%( [A-Z]+)? \| loss \d+\.\d{4} \| "
+                      r"ETA [\d:–]+ \| [\d.k–]+ tok/s[^\r\n]*)")
+    drawn = live.findall(shown)
+    assert drawn, shown[-2000:]
+    assert drawn[-1][0].startswith("step 12/12 [██████████] 100% FINISHED | loss "), drawn[-1]
+    assert " | lr " not in shown and "step 4/12 | loss" not in shown  # no plain step lines
+    assert re.search(r"\r\x1b\[2Kmodel: [^\r\n]*parameters[^\r\n]*\r\n", shown)  # a log line, on a line of its own
+    # the live line is cleared (cursor up, erase) and the summary follows
+    tail = shown.rpartition("FINISHED | loss")[2]
+    assert "\x1b[2K" in tail.partition("finished 12 steps")[0]
+    assert f"run folder: {out}\r\n" in tail and latest_checkpoint(out).name == "step_000012"
 
 
 def test_the_progress_line_of_a_cpu_run_shows_what_matters_within_80_columns():

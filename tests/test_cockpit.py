@@ -14,10 +14,11 @@ import pytest
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import load_config
-from lmcockpit.core.run.folder import create_run_dir, latest_checkpoint
+from lmcockpit.core.run.folder import create_run_dir, latest_checkpoint, read_metrics
 from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.runplan import RunPlan
 from lmcockpit.tui.screens.dashboard import DashboardScreen
+from lmcockpit.tui.screens.dialogs import AbortDialog
 from lmcockpit.tui.screens.launch import LaunchScreen
 
 from .conftest import SHRINK_CPU, TINY, cli
@@ -101,16 +102,23 @@ async def test_pause_checkpoint_resume(tmp_path):
         await wait_for(pilot, lambda: dash.view.step >= paused_at + 2, what="steps after resume")
         assert dash.view.state == P.RUNNING
         await pilot.press("a")
+        assert isinstance(app.screen, AbortDialog)
         await pilot.press("escape")  # Esc cancels: it runs on
+        assert app.screen is dash
         step = dash.view.step
         await wait_for(pilot, lambda: dash.view.step >= step + 2, what="steps after cancelled abort")
         await pilot.press("a")
-        await pilot.press("enter")  # Enter: checkpoint, then stop
+        assert isinstance(app.screen, AbortDialog)
+        await pilot.press("d")  # d: stop without saving
+        assert app.screen is dash
         await wait_for(pilot, lambda: dash.view.state == P.ABORTED, what="the run to end as aborted")
         dash.engine.join(timeout=30)
         assert not dash.engine.process.is_alive() and dash.engine.process.exitcode == 0
-        last = latest_checkpoint(tmp_path / "run")
-        assert last is not None and last.name == f"step_{dash.view.step:06d}"
+        assert dash.view.step >= paused_at + 4
+        # the checkpoint asked for with c is still the only one: the stop wrote none
+        checkpoints = tmp_path / "run" / "checkpoints"
+        assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", f"step_{paused_at:06d}"]
+        assert [r["step"] for r in read_metrics(tmp_path / "run", "checkpoint")] == [paused_at]
 
 
 def test_paused_holds_through_a_checkpoint_or_evaluation_taken_while_paused():
@@ -256,8 +264,12 @@ async def test_after_a_run_ends_b_goes_back_to_the_launch_screen_which_lists_it(
         assert "Pause" in keys and "Abort" in keys and "Back" not in keys
         await pilot.press("b")  # nothing while it runs
         assert app.screen is dash
-        await pilot.press("a", "enter")
+        await pilot.press("a")
+        assert isinstance(app.screen, AbortDialog)
+        await pilot.press("enter")  # Enter: checkpoint, then stop
         await wait_for(pilot, lambda: dash.view.state == P.ABORTED, what="the run to end as aborted")
+        last = latest_checkpoint(dash.engine.run_dir)
+        assert last is not None and last.name == f"step_{dash.view.step:06d}"
         await pilot.pause()
         keys = footer_keys(app)
         assert "b Back to launch" in keys and "q Quit" in keys, keys
@@ -352,11 +364,24 @@ async def test_chat_pane_samples_the_live_model_while_it_trains(tmp_path):
         await wait_for(pilot, lambda: dash.view.step > step, what="training to go on after sampling")
 
 
-async def test_launch_screen_opens_a_past_run_in_chat(trained_run):
+async def test_launch_screen_opens_a_past_run_in_chat(trained_run, monkeypatch):
+    """`o` opens the run in chat; `/greedy` and `/set temperature` change what the chat engine
+    samples: each answer is the text this process computes from the same checkpoint with the
+    settings the pane should have sent (the run's [sample] ones: 16 new tokens, temperature
+    0.8, top-k 50; the seed counting up from 0 with each request)."""
+    from lmcockpit.core.infer.load import load
+    from lmcockpit.core.run.checkpoints import find_checkpoint
     from lmcockpit.tui.screens.chat import ChatScreen
     from lmcockpit.tui.widgets.chat import ChatPane
 
     run, _ = trained_run
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the chat engine samples on the CPU, as this process does
+    loaded = load(find_checkpoint(str(run)), "cpu")
+
+    def expected(**settings) -> str:
+        [text] = loaded.answer(P.Sample("x", "import", max_new_tokens=16, **settings), lambda e: None, print)
+        return text
+
     app = CockpitApp(runs_root=run.parent, telemetry=False)
     async with app.run_test(size=(100, 30)) as pilot:
         launch = app.screen
@@ -366,15 +391,60 @@ async def test_launch_screen_opens_a_past_run_in_chat(trained_run):
         assert isinstance(chat, ChatScreen)
         await wait_for(pilot, lambda: chat.engine.loaded is not None, what="the checkpoint to load")
         assert chat.engine.loaded.start_step == 12
-        await pilot.press(*"/greedy import", "enter")
         pane = chat.query_one(ChatPane)
-        await wait_for(pilot, lambda: pane.history and all(e.done for e in pane.history.values()), what="a sample")
-        assert list(pane.history.values())[0].rows[0]  # some text came back
+
+        async def answer(*keys: str) -> str:
+            asked = len(pane.history)
+            await pilot.press(*keys, "enter")
+            await wait_for(pilot, lambda: len(pane.history) > asked and all(e.done for e in pane.history.values()),
+                           what="a sample")
+            return list(pane.history.values())[-1].rows[0]
+
+        greedy = expected(greedy=True)
+        sampled = expected(temperature=2.0, top_k=0, seed=2)
+        assert sampled != greedy and sampled != expected(top_k=0, seed=2)  # so the answers below can tell
+        assert await answer(*"/greedy import") == greedy
+        await pilot.press(*"/set temperature 0", "enter")  # 0: greedy
+        assert await answer(*"import") == greedy
+        await pilot.press(*"/set temperature 2", "enter", *"/set top_k 0", "enter")
+        assert await answer(*"import") == sampled
         await pilot.press("escape")
         assert app.screen is launch
         # the screen's closer thread reaps the process; a second join here could race it
         await wait_for(pilot, lambda: chat.engine.process.exitcode is not None, what="the chat engine to exit")
         assert chat.engine.process.exitcode == 0
+
+
+async def test_r_on_the_launch_screen_resumes_a_stopped_run_in_place(trained_run, tmp_path):
+    """r continues the selected run from its latest checkpoint, in its own folder, on a dashboard;
+    a run already at its step budget is refused with the reason, and nothing starts."""
+    import shutil
+
+    run, _ = trained_run
+    runs = tmp_path / "runs"
+    finished, stopped = runs / "finished", runs / "stopped"
+    shutil.copytree(run, finished)
+    shutil.copytree(run, stopped)
+    shutil.rmtree(stopped / "checkpoints" / "step_000012")  # as if it had stopped before its last checkpoint
+    app = CockpitApp(runs_root=runs, telemetry=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        launch = app.screen
+        table = launch.query_one("#runs")
+        table.focus()
+        table.move_cursor(row=table.get_row_index(str(finished)))
+        await pilot.press("r")
+        assert app.screen is launch and not app.engines
+        assert any("training.max_steps is 12" in n.message for n in app._notifications)
+        table.move_cursor(row=table.get_row_index(str(stopped)))
+        await pilot.press("r")
+        dash = dashboard(app)
+        await wait_for(pilot, lambda: dash.view.state in P.TERMINAL_STATES, timeout=180, what="the run to end")
+        assert dash.view.state == P.FINISHED, dash.engine.failure
+        assert dash.view.start_step == 6 and dash.view.steps == list(range(7, 13))
+        dash.engine.join(timeout=30)
+        assert dash.engine.process.exitcode == 0 and dash.engine.run_dir == stopped
+    assert [r["step"] for r in read_metrics(stopped, "step")] == list(range(1, 13))
+    assert latest_checkpoint(stopped).name == "step_000012"
 
 
 async def test_launching_several_machines_from_the_cockpit_says_what_is_missing(tmp_path):
@@ -389,15 +459,22 @@ async def test_launching_several_machines_from_the_cockpit_says_what_is_missing(
 
 
 async def test_a_cuda_graph_mode_launches_from_the_cockpit_in_one_process(tmp_path):
-    """Only torchrun's runs refuse the CUDA-graph compile modes: one process launches as any run."""
+    """Only torchrun's runs refuse the CUDA-graph compile modes: one process launches as any run,
+    and trains, compiled, to its end in the engine process alone (no torchrun, no ranks)."""
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
     async with app.run_test() as pilot:
         app.launch(shrunk_cpu("training.compile=true", "training.compile_mode=\"reduce-overhead\""), "cpu")
         await pilot.pause()
         assert not [n.message for n in app._notifications if n.severity == "error"]
         assert len(app.engines) == 1 and (tmp_path / "runs").exists()
-        app.engines[0].kill()
-        app.engines[0].join(timeout=30)
+        dash = dashboard(app)
+        await wait_for(pilot, lambda: dash.view.state in P.TERMINAL_STATES, timeout=180, what="the run to end")
+        assert dash.view.state == P.FINISHED and dash.view.step == 12, dash.engine.failure
+        dash.engine.join(timeout=30)
+        assert dash.engine.process.exitcode == 0
+    log = (dash.engine.run_dir / "train.log").read_text()
+    assert re.search(r"^model: .*, compile on, [\d,]+ tokens/step$", log, re.M), log  # one process says no "N processes"
+    assert not re.search(r"^(rank\d+|launcher): ", log, re.M)
 
 
 # ------------------------------------------------------------------ the dashboard fed events

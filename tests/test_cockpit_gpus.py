@@ -5,6 +5,7 @@ subclass hands the real screens made-up NVML readings."""
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 from rich.console import Console
@@ -191,29 +192,48 @@ def launch_app(tmp_path, gpus: int) -> CockpitApp:
     return app
 
 
-async def test_p_cycles_processes_through_the_gpus_into_the_launched_config(tmp_path, monkeypatch):
+async def test_p_cycles_processes_through_the_gpus_into_the_launched_run(tmp_path, monkeypatch):
+    """p picks the process count; Enter launches it for real: two processes through torchrun (on
+    the CPU with gloo here, the GPUs being made up), which train the run together to its end."""
+    from lmcockpit.core.run.folder import TRAIN_LOG
+
+    from .conftest import SHRINK_CPU, TINY
+    from .test_cockpit import wait_for
+
     monkeypatch.chdir(tmp_path)
-    launched = []
     app = launch_app(tmp_path, gpus=3)
-    app.launch = lambda cfg, name: launched.append(cfg)  # what Enter would start, engine left out
     async with app.run_test(size=(120, 40)) as pilot:
         launch = app.screen
         assert isinstance(launch, LaunchScreen)
         assert "3 GPUs" in str(launch.query_one("#hardware").render())
         assert "p" in launch.active_bindings  # shown in the footer
+        # the cpu preset shrunk, as if typed in with e
+        shrunk = dict(s.split("=", 1) for s in [*SHRINK_CPU, *TINY, "training.compile=false", "eval.every=0",
+                                                 "training.max_steps=3"])
+        launch.overrides = dict(shrunk)
+        launch.show_settings()
         counts = []
         for _ in range(3):
             await pilot.press("p")
             counts.append(launch.current_config().distributed.nproc)
         assert counts == [2, 3, 1]
         await pilot.press("p")
-        assert launch.overrides == {"distributed.nproc": "2"}  # recorded as an edit records it
+        assert launch.overrides == {**shrunk, "distributed.nproc": "2"}  # recorded as an edit records it
         settings = launch.query_one("#settings")
         assert str(settings.get_row("distributed.nproc")[1]) == "2"
         assert "(edited)" in settings.border_title
         launch.query_one("#presets").focus()
         await pilot.press("enter")
-        assert launched and launched[-1].distributed.nproc == 2
+        dash = app.screen
+        assert isinstance(dash, DashboardScreen)
+        await wait_for(pilot, lambda: dash.view.state in P.TERMINAL_STATES, timeout=240, what="the run to end")
+        assert dash.view.state == P.FINISHED and dash.view.step == 3, dash.engine.failure
+        assert "2 procs" in text(dash.query_one("#state", Panel).content)
+        dash.engine.join(timeout=60)
+        assert dash.engine.process.exitcode == 0
+    log = (dash.engine.run_dir / TRAIN_LOG).read_text()
+    for rank in (0, 1):
+        assert re.search(rf"^rank{rank}: model: .* 2 processes \(ddp\)$", log, re.M), log
 
 
 async def test_p_counts_only_the_gpus_cuda_may_use(tmp_path, monkeypatch):

@@ -14,12 +14,30 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_shipped_presets_load_and_are_named():
+    """A shipped preset is its file, named for it: every value the TOML sets is the config's, and
+    every key it leaves out is the default."""
+    import tomllib
+
+    from lmcockpit.core.hardware import fit
+
     shipped = shipped_presets()
     assert {"cpu", "debug"} <= set(shipped)
+    defaults = Config().to_dict()
     for name in shipped:
         cfg, path = load_config(name)
-        assert path == shipped[name]
-        assert isinstance(cfg, Config)
+        assert path == shipped[name] and Path(path).stem == name
+        written = tomllib.loads(Path(path).read_text())
+        got = cfg.to_dict()
+        assert got.keys() == defaults.keys()
+        for section in defaults:
+            assert set(written.get(section, {})) <= set(got[section]), (name, section)
+            for key, default in defaults[section].items():
+                assert got[section][key] == written.get(section, {}).get(key, default), (name, section, key)
+    # the README's figures for the embedded default
+    cpu, _ = load_config("cpu")
+    assert fit.param_counts(cpu).total == 5_245_696 and cpu.tokens_per_step == 4096
+    assert (cpu.model.n_layer, cpu.model.d_model, cpu.model.n_head, cpu.model.n_kv_head) == (4, 256, 4, 2)
+    assert (cpu.training.max_steps, cpu.training.compile, cpu.hardware.device) == (400, True, "auto")
 
 
 def test_preset_by_relative_path_works_from_any_folder(tmp_path, monkeypatch):

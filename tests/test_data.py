@@ -2,6 +2,7 @@ import json
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.data import prepare as data_prepare
@@ -101,6 +102,33 @@ def test_malformed_jsonl_names_the_line(tmp_path):
     jl.write_text('{"text": "fine"}\n{"content": "no text field"}\n')
     with pytest.raises(ConfigError, match=r"bad.jsonl:2: expected an object with a string field 'text'"):
         prepare(tiny_config(f"data.source=\"{jl}\"", "data.max_bytes=0"))
+    jl.write_text('{"text": "fine"}\n\n{text: "no quotes"}\n')  # a blank line is skipped, still counted
+    with pytest.raises(ConfigError, match=rf"^{jl}:3: not valid JSON \(Expecting property name enclosed in double"):
+        prepare(tiny_config(f"data.source=\"{jl}\"", "data.max_bytes=0"))
+
+
+def test_a_single_text_file_is_cut_into_documents_at_line_ends(tmp_path):
+    """One big file would be one document, all train or all validation: it is cut at line ends
+    into documents of about CHUNK_BYTES, which split as a folder's files do."""
+    text = "".join(f"line {i}: {'the quick brown fox jumps over the lazy dog ' * (i % 5 + 1)}\n" for i in range(4000))
+    assert len(text) > 6 * sources.CHUNK_BYTES
+    book = tmp_path / "book.txt"
+    book.write_text(text)
+    cfg = tiny_config(f"data.source=\"{book}\"", "data.max_bytes=0", "data.val_fraction=0.2",
+                      "tokenizer.vocab_size=300")
+    _, files = sources.list_source_files(cfg.data)
+    docs = list(sources.iter_documents(cfg.data, files))
+    assert [d.id for d in docs] == [f"book.txt@{i}" for i in range(len(docs))] and len(docs) >= 6
+    assert "".join(d.text for d in docs) == text  # nothing lost, nothing repeated, in order
+    assert all(d.text.endswith("\n") for d in docs)
+    assert all(sources.CHUNK_BYTES <= len(d.text) < sources.CHUNK_BYTES + 400 for d in docs[:-1])
+    train, val = sources.split_documents(cfg.data, docs)
+    assert train and val and len(train) + len(val) == len(docs)
+    data, _ = prepare(cfg)
+    assert len(data.train) > len(data.val) > 65
+    tok = Tokenizer.from_file(str(data.tokenizer_dir / "tokenizer.json"))
+    trained_on = tok.decode(np.asarray(data.train).tolist())
+    assert all(d.text[:200] in trained_on for d in train) and not any(d.text[:200] in trained_on for d in val)
 
 
 def sentencepiece_style_folder(folder):

@@ -1,12 +1,17 @@
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.hardware import gpu_env
-from lmcockpit.core.hardware.device import choose_precision, peak_tflops, resolve_device
+from lmcockpit.core.hardware.device import choose_precision, peak_tflops
 
-from .conftest import TINY, as_flags, cli, drive_engine, tiny_config
+from .conftest import NO_GPU, TINY, as_flags, cli, drive_engine, tiny_config
 
 
 @pytest.mark.parametrize("readings, chosen", [
@@ -24,20 +29,39 @@ def test_nvml_and_torch_uuids_compare_equal():
 
 
 def test_without_cuda_auto_is_the_cpu_and_a_named_gpu_is_a_config_error():
-    assert not torch.cuda.is_available()  # this suite runs on CPU machines
-    assert resolve_device("auto") == torch.device("cpu") == resolve_device("cpu")
-    with pytest.raises(ConfigError, match="'cuda:1', but this machine has no usable CUDA GPU"):
-        resolve_device("cuda:1")
+    """In a process whose GPUs are hidden (CUDA_VISIBLE_DEVICES=""): a machine without a GPU, on
+    any machine. This process may have met CUDA already, and torch counts the GPUs only once."""
+    code = textwrap.dedent("""
+        import torch
+        from lmcockpit.core.config import ConfigError
+        from lmcockpit.core.hardware.device import resolve_device
+
+        print("cuda available:", torch.cuda.is_available())
+        print("auto:", resolve_device("auto"), "cpu:", resolve_device("cpu"))
+        try:
+            resolve_device("cuda:1")
+        except ConfigError as e:
+            print("cuda:1:", e)
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **NO_GPU})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["cuda available: False", "auto: cpu cpu: cpu"], lines
+    assert lines[2].startswith("cuda:1: hardware.device = 'cuda:1', but this machine has no usable CUDA GPU"), lines
 
 
 def test_gpu_flag_reaches_the_engine(tmp_path):
-    proc = cli("--run", "debug", *as_flags(TINY), "--gpu", "0", "--out", str(tmp_path / "run"))
+    """`--gpu 0` on a machine without a GPU (hidden, on a machine with one): the engine is asked
+    for cuda:0 and refuses it as the input error it is."""
+    proc = cli("--run", "debug", *as_flags(TINY), "--gpu", "0", "--out", str(tmp_path / "run"), env=NO_GPU)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "hardware.device = 'cuda:0', but this machine has no usable CUDA GPU" in proc.stderr
     assert "run failed" not in proc.stdout + proc.stderr  # said once, as the error it is
     # the refused run leaves no folder behind to block the same --out (or list a failed run)
     assert not (tmp_path / "run").exists()
-    again = cli("--run", "debug", *as_flags(TINY), "--set", "training.max_steps=2", "--out", str(tmp_path / "run"))
+    again = cli("--run", "debug", *as_flags(TINY), "--set", "training.max_steps=2", "--out", str(tmp_path / "run"),
+                env=NO_GPU)
     assert again.returncode == 0, again.stdout + again.stderr
 
 

@@ -1,6 +1,6 @@
 import os
 
-from .conftest import cli
+from .conftest import NO_GPU, cli
 
 
 def lines(proc) -> dict[str, str]:
@@ -14,11 +14,27 @@ def lines(proc) -> dict[str, str]:
 
 
 def test_doctor_on_a_machine_without_a_gpu_says_so_and_exits_0():
-    proc = cli("doctor")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    """With CUDA_VISIBLE_DEVICES="" torch sees no GPU on any machine; NVML, which that variable
+    does not govern, still sees a GPU machine's cards, and the doctor says they are hidden."""
+    import torch
+
+    from lmcockpit.core.hardware import gpu_env
+
+    proc = cli("doctor", env=NO_GPU)
     found = lines(proc)
-    assert found["torch"].startswith("ok ") and "CPU-only build" in found["torch"]
-    assert found["GPU"].startswith("info none found: runs train on the CPU")
+    build = (f"CUDA {torch.version.cuda} build" if torch.version.cuda
+             else f"ROCm {torch.version.hip} build" if torch.version.hip else "CPU-only build")
+    assert found["torch"].startswith("ok ") and build in found["torch"], found["torch"]
+    assert found["CUDA_VISIBLE_DEVICES"].startswith("info '': torch numbers only these GPUs")
+    cards = gpu_env.read_nvml().gpus
+    if cards and not torch.version.cuda:  # GPUs this torch could never use: a diagnosis, hidden or not
+        assert proc.returncode == 1 and found["GPU"].startswith("FAIL the driver sees"), proc.stdout
+        return
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if cards:  # a GPU machine, its GPUs hidden from torch
+        assert found["GPU"].startswith(f"warn CUDA_VISIBLE_DEVICES='' hides all {len(cards)} GPU(s) from torch")
+    else:
+        assert found["GPU"].startswith("info none found: runs train on the CPU")
     assert found["torch.compile"].startswith("ok smoke test compiled and ran on cpu in")
     assert "expandable_segments:True" in found["allocator"]
     assert found["disk (runs)"].startswith(("ok ", "warn ")) and "GiB free at" in found["disk (cache)"]

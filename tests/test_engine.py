@@ -3,6 +3,8 @@
 import os
 import signal
 
+import pytest
+
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import load_config
 from lmcockpit.core.run.folder import read_metrics
@@ -48,6 +50,29 @@ def test_compiled_cpu_runs_are_reproducible_too(tmp_path):
     assert len(a) == 8 and a == b
 
 
+def test_bf16_trains_end_to_end_on_the_cpu(tmp_path):
+    """precision bf16 on a CPU: the steps run under bf16 autocast (their losses close to fp32's,
+    not equal), the weights stay fp32, and the run finishes with a checkpoint and an evaluation."""
+    import math
+
+    from safetensors.numpy import load_file
+
+    short = ("training.max_steps=4", "eval.every=0")
+    fp32 = losses(drive_engine(tiny_config(*short), tmp_path / "fp32")[1])
+    engine, events = drive_engine(tiny_config(*short, "training.precision=\"bf16\""), tmp_path / "bf16")
+    assert engine.final_state == P.FINISHED and engine.process.exitcode == 0, engine.failure
+    started = next(e for e in events if isinstance(e, P.RunStarted))
+    assert started.device == "cpu" and started.precision == "bf16"
+    assert any(isinstance(e, P.LogLine) and "device cpu, precision bf16" in e.text for e in events)
+    bf16 = losses(events)
+    assert len(bf16) == len(fp32) == 4 and all(math.isfinite(x) for x in bf16)
+    assert bf16 != fp32 and all(abs(a - b) < 0.05 * b for a, b in zip(bf16, fp32))
+    [ev] = [e for e in events if isinstance(e, P.EvalMetrics)]
+    assert math.isfinite(ev.val_loss) and ev.val_loss < bf16[0]
+    weights = load_file(str(tmp_path / "bf16" / "checkpoints" / "step_000004" / "model.safetensors"))
+    assert {str(w.dtype) for w in weights.values()} == {"float32"}
+
+
 def test_resolved_config_reproduces_the_run(tmp_path):
     cfg = tiny_config("training.max_steps=5", "optimizer.muon_lr=0.05", "training.grad_accum_steps=2")
     first = losses(drive_engine(cfg, tmp_path / "first")[1])
@@ -80,11 +105,41 @@ def test_metrics_jsonl_schema(trained_run):
     assert [r["step"] for r in read_metrics(run, "step")] == list(range(1, 13))
     ev = read_metrics(run, "eval")[-1]
     assert set(ev) == {"kind", "time", "step", "val_loss", "val_bpb"} and ev["step"] == 12
-    assert 0 < ev["val_bpb"] < ev["val_loss"] * 2
+    val_loss, val_bpb = held_out_loss_and_bits_per_byte(run / "checkpoints" / "step_000012")
+    assert ev["val_loss"] == pytest.approx(val_loss, rel=1e-4)
+    assert ev["val_bpb"] == pytest.approx(val_bpb, rel=1e-4)
     ck = read_metrics(run, "checkpoint")
     assert [c["step"] for c in ck] == [6, 12] and all(os.path.isdir(c["path"]) for c in ck)
     sample = read_metrics(run, "sample")[-1]
     assert set(sample) == {"kind", "time", "step", "prompt", "text"} and sample["prompt"] == "def "
+
+
+def held_out_loss_and_bits_per_byte(ckpt) -> tuple[float, float]:
+    """The evaluation worked by hand from a checkpoint: the mean loss in nats per token over the
+    eval windows, and the same targets' information in bits (nats / ln 2) per UTF-8 byte of
+    text they stand for (end-of-text, which stands for no byte, is left out of the bits)."""
+    import math
+
+    import numpy as np
+    import torch
+
+    from lmcockpit.core.data import batches, cache
+    from lmcockpit.core.infer.load import load
+
+    loaded = load(ckpt, "cpu")
+    cfg, t = loaded.cfg, loaded.cfg.training
+    data = cache.prepare(cfg, lambda line: None, lambda *a: None)
+    nats, n_tokens, bits, n_bytes = 0.0, 0, 0.0, 0
+    for starts in batches.eval_windows(len(data.val), cfg.eval.batches, t.micro_batch_size, t.seq_len):
+        x, y = batches.rows_at(data.val, starts, t.seq_len)
+        with torch.no_grad():
+            token_nats = loaded.model.token_losses(torch.from_numpy(x), torch.from_numpy(y)).double().numpy()
+        token_bytes = data.token_bytes[y]
+        nats += token_nats.sum()
+        n_tokens += token_nats.size
+        bits += (token_nats[token_bytes > 0] / math.log(2)).sum()
+        n_bytes += int(np.sum(token_bytes))
+    return nats / n_tokens, bits / n_bytes
 
 
 def test_pause_holds_the_step_counter_and_resume_releases_it(tmp_path):

@@ -34,10 +34,21 @@ def test_bigger_cards_get_bigger_models():
     assert params["a100-40gb"] < params["a100-80gb"] < params["h100"]
 
 
-def test_presets_command_lists_every_preset_without_a_gpu():
+def test_presets_command_lists_every_preset_against_this_machines_gpu_or_its_class():
+    """Without a GPU each preset is judged against the class it was sized for; with one (NVML's,
+    which CUDA_VISIBLE_DEVICES does not hide), against the largest card here. The test reads the
+    machine as the command does, so it holds on both."""
+    from lmcockpit.core.hardware.telemetry import Telemetry
+
+    cards = Telemetry().read().gpus
     proc = cli("presets")
     assert proc.returncode == 0, proc.stderr
-    assert "no GPU found" in proc.stdout and "judged against the GPU class it was sized for" in proc.stdout
+    card = max(cards, key=lambda g: g.mem_total) if cards else None
+    title = " ".join(proc.stdout.split())  # as read, whatever the table's width wrapped
+    if card is None:
+        assert "no GPU found" in title and "judged against the GPU class it was sized for" in title
+    else:
+        assert f"verdicts for GPU {card.index}: {card.name}, {card.mem_total / fit.GiB:.1f} GiB" in title
     rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line.split() and line.split()[0] in
             shipped_presets()}
     assert set(rows) == set(shipped_presets())
@@ -46,8 +57,13 @@ def test_presets_command_lists_every_preset_without_a_gpu():
         assert f"{fit.param_counts(cfg).total / 1e6:.1f}M" in rows[name]
         assert f"{cfg.tokens_per_step:,}" in rows[name]
         assert f"{fit.estimate(cfg, 'cuda').total / fit.GiB:.1f} GiB" in rows[name]
-        assert rows[name].rstrip().endswith("fits")
-    assert rows["cpu"].rstrip().endswith("–")  # no GPU and no class to judge against
+        if card is None:
+            assert rows[name].rstrip().endswith("fits")  # each fits the class it was sized for
+    for name in shipped_presets():
+        verdict = fit.judge(load_config(name)[0], card.mem_total if card else None)[1]
+        assert rows[name].rstrip().endswith(verdict), (name, verdict, rows[name])
+    if card is None:
+        assert rows["cpu"].rstrip().endswith("–")  # no GPU and no class to judge against
 
 
 def test_presets_command_judges_against_a_given_card():

@@ -5,13 +5,14 @@ import os
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.run.folder import latest_checkpoint, read_metrics
 
-from .conftest import cli, drive_engine, start_cli_run, tiny_config
+from .conftest import as_flags, cli, drive_engine, start_cli_run, tiny_config
 
 LONG = ["training.max_steps=40", "checkpoint.every=20", "checkpoint.keep=5", "eval.every=0"]
 
@@ -177,7 +178,63 @@ def test_nan_skip_counts_and_then_stops(tmp_path):
     engine, events = drive_engine(cfg, tmp_path / "run")
     assert engine.final_state == P.FAILED
     skips = [e for e in events if isinstance(e, P.LogLine) and "update skipped" in e.text]
-    assert [s.text.split("(")[-1] for s in skips][-1].startswith("3/3")
+    assert [s.text.split("(")[-1] for s in skips] == ["1/3)", "2/3)", "3/3)"]
+    assert "non-finite" in engine.failure.message
+    # the weights it keeps are the last good step's, untouched by the skipped updates
+    kept = weights(latest_checkpoint(tmp_path / "run"))
+    assert all(np.isfinite(w).all() for w in kept.values())
+
+
+def test_a_skipped_bad_step_keeps_the_weights_and_the_run_goes_on_healthy(tmp_path):
+    """One bad batch, at step 3: its loss and so its gradients are NaN (a real bad batch cannot be
+    made on demand on a CPU, so the trainer's own loop runs here with that one loss poisoned).
+    "skip" must drop that update: step 4 starts from the weights of step 2, and the run trains on,
+    finite, to its end."""
+    import math
+
+    import torch
+
+    from lmcockpit.core.run.folder import create_run_dir
+    from lmcockpit.core.train.trainer import Trainer
+
+    bad, seen, logs = 3, {}, []
+    weights_now = lambda trainer: {k: v.clone() for k, v in trainer.model.state_dict().items()}  # noqa: E731
+
+    class OneBadBatch(Trainer):
+        def compiled_model(self):
+            model = super().compiled_model()
+
+            def step(x, y):
+                if self.step + 1 == bad + 1 and "before step 4" not in seen:
+                    seen["before step 4"] = weights_now(self)
+                loss = model(x, y)
+                return loss * float("nan") if self.step + 1 == bad else loss
+            return step
+
+    def emit(ev):
+        if isinstance(ev, P.StepMetrics):
+            seen.setdefault("steps", []).append((ev.step, ev.loss))
+            if ev.step == bad - 1:
+                seen["after step 2"] = weights_now(trainer)
+
+    cfg = tiny_config("eval.every=0", "training.on_nan=\"skip\"", "training.max_nan_skips=3")
+    trainer = OneBadBatch(cfg, create_run_dir(cfg, "test", str(tmp_path / "run")), emit, logs.append,
+                          lambda block: None)
+    try:
+        assert trainer.run() == P.FINISHED
+    finally:
+        trainer.close()
+        torch.use_deterministic_algorithms(False)  # the trainer set it for this whole process
+    steps = dict(seen["steps"])
+    assert sorted(steps) == [s for s in range(1, 13) if s != bad]  # step 3 was taken, not reported
+    assert all(math.isfinite(loss) for loss in steps.values())
+    assert steps[12] < steps[1]  # still learning after the bad batch
+    before, after = seen["after step 2"], seen["before step 4"]
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert [line for line in logs if "update skipped" in line][0].endswith("update skipped (1/3)")
+    assert (tmp_path / "run" / "nan_debug" / f"step_{bad:06d}" / "report.txt").is_file()
+    final = weights(latest_checkpoint(tmp_path / "run"))
+    assert all(np.isfinite(w).all() for w in final.values())
 
 
 def copy_checkpoint(src: Path, dst: Path, step: int) -> Path:
@@ -298,6 +355,40 @@ def test_a_run_resumed_after_its_data_changed_keeps_its_tokenizer(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"tokenising with the run's own tokenizer ({run / 'tokenizer' / 'tokenizer.json'})" in proc.stdout
     assert sorted(step_losses(run)) == list(range(1, 7))
+
+
+def test_resume_takes_a_new_cadence_for_each_of_eval_checkpoint_log_and_sample(reference, tmp_path):
+    """The run was saved with no evaluation or samples, a checkpoint every 20 steps and a log
+    line every 4; each cadence given on resume is the one the continued run keeps."""
+    from lmcockpit.core.config import load_config
+
+    out = tmp_path / "continued"
+    cadence = ["training.max_steps=26", "eval.every=3", "eval.batches=1", "checkpoint.every=4", "checkpoint.keep=10",
+               "training.log_every=5", "sample.every=5", "sample.prompts=[\"def \"]", "sample.max_new_tokens=4"]
+    proc = cli("--run", "--resume", str(reference / "checkpoints" / "step_000020"), *as_flags(cadence),
+               "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [r["step"] for r in read_metrics(out, "eval")] == [21, 24, 26]  # and the last step's
+    assert [r["step"] for r in read_metrics(out, "checkpoint")] == [24, 26]
+    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_000024", "step_000026"]
+    assert [r["step"] for r in read_metrics(out, "sample")] == [25, 26]
+    printed = [int(line.split()[1].split("/")[0]) for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert printed == [25, 26]  # every 5 (and the last), where the saved config printed 24 and 26
+    cfg, _ = load_config(str(out / "config.toml"))
+    assert (cfg.eval.every, cfg.checkpoint.every, cfg.training.log_every, cfg.sample.every) == (3, 4, 5, 5)
+
+
+def test_resume_takes_on_nan_skip_past_a_spike(reference, tmp_path):
+    """Saved with on_nan = "stop": resumed with "skip" (and rates that blow up), the continued run
+    skips its non-finite steps up to max_nan_skips before it stops, as a run started so would."""
+    spike = ["training.max_steps=50", "optimizer.lr=1e38", "optimizer.muon_lr=1e38", "training.grad_clip=0.0",
+             "training.on_nan=\"skip\"", "training.max_nan_skips=2"]
+    proc = cli("--run", "--resume", str(reference / "checkpoints" / "step_000040"), *as_flags(spike),
+               "--out", str(tmp_path / "spiked"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    skipped = [line.split("update skipped ")[1] for line in proc.stdout.splitlines() if "update skipped" in line]
+    assert skipped == ["(1/2)", "(2/2)"], proc.stdout
+    assert "non-finite values" in proc.stderr and "Traceback" not in proc.stdout + proc.stderr
 
 
 # ---------------------------------------------------------------------------- bad --resume input

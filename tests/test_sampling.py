@@ -160,7 +160,23 @@ def test_a_request_with_nonsense_settings_is_refused_and_still_done(loaded):
     assert events == [P.SampleText("bad", 3, "x", "", done=True)]
 
 
-def test_periodic_samples_take_top_p_from_the_config():
+def test_periodic_samples_take_top_p_from_the_config(tmp_path):
+    """A nucleus of one token (top_p 1e-6) is greedy whatever the temperature: the run's last
+    periodic sample, drawn from the weights its last checkpoint holds, is their greedy text,
+    where the same draw without top_p is not."""
+    cfg = tiny_config("training.max_steps=2", "eval.every=0", "sample.prompts=[\"def \"]", "sample.top_p=1e-6",
+                      "sample.temperature=2.0", "sample.top_k=0", "sample.max_new_tokens=16")
+    engine, _ = drive_engine(cfg, tmp_path / "run")
+    assert engine.final_state == P.FINISHED, engine.failure
+    [periodic] = read_metrics(tmp_path / "run", "sample")
+    assert periodic["step"] == 2 and periodic["prompt"] == "def "
+    loaded = load(find_checkpoint(str(tmp_path / "run")), "cpu")
+    assert loaded.step == 2
+    [greedy], _ = ask(loaded, "def ", greedy=True, max_new_tokens=16)
+    [drawn], _ = ask(loaded, "def ", temperature=2.0, top_k=0, seed=cfg.training.seed, max_new_tokens=16)
+    assert drawn != greedy  # so the top_p is what made the periodic sample greedy
+    assert periodic["text"] == greedy
+
     assert tiny_config("sample.top_p=0.9").sample.top_p == 0.9
     for bad in ("sample.top_p=0", "sample.top_p=1.5"):
         with pytest.raises(ConfigError, match=r"sample.top_p .* must be in \(0, 1\]"):
