@@ -110,20 +110,27 @@ def test_malformed_jsonl_names_the_line(tmp_path):
 def test_a_single_text_file_is_cut_into_documents_at_line_ends(tmp_path):
     """One big file would be one document, all train or all validation: it is cut at line ends
     into documents of about CHUNK_BYTES, which split as a folder's files do."""
+    from lmcockpit.core.data import readers, sources, split
+
     text = "".join(f"line {i}: {'the quick brown fox jumps over the lazy dog ' * (i % 5 + 1)}\n" for i in range(4000))
-    assert len(text) > 6 * sources.CHUNK_BYTES
+    assert len(text) > 6 * readers.CHUNK_BYTES
     book = tmp_path / "book.txt"
     book.write_text(text)
     cfg = tiny_config(f"data.source=\"{book}\"", "data.max_bytes=0", "data.val_fraction=0.2",
                       "tokenizer.vocab_size=300")
-    _, files = sources.list_source_files(cfg.data)
-    docs = list(sources.iter_documents(cfg.data, files))
-    assert [d.id for d in docs] == [f"book.txt@{i}" for i in range(len(docs))] and len(docs) >= 6
+    source = sources.list_source(cfg.data)
+    docs = [d for p in sources.plan_pieces(source, cfg.data, 1.0) for d in readers.read_piece(p, "text", lambda _: True)]
+    offsets = [0]
+    for d in docs[:-1]:
+        offsets.append(offsets[-1] + len(d.text.encode()))
+    assert [d.id for d in docs] == [f"book.txt@{o}" for o in offsets] and len(docs) >= 6  # ids: byte offsets
     assert "".join(d.text for d in docs) == text  # nothing lost, nothing repeated, in order
     assert all(d.text.endswith("\n") for d in docs)
-    assert all(sources.CHUNK_BYTES <= len(d.text) < sources.CHUNK_BYTES + 400 for d in docs[:-1])
-    train, val = sources.split_documents(cfg.data, docs)
-    assert train and val and len(train) + len(val) == len(docs)
+    assert all(readers.CHUNK_BYTES <= len(d.text) < readers.CHUNK_BYTES + 400 for d in docs[:-1])
+    sel = split.Selection(1.0, cfg.data.val_fraction)
+    train = [d for d in docs if not sel.is_val(d.id)]
+    val = [d for d in docs if sel.is_val(d.id)]
+    assert train and val
     data, _ = prepare(cfg)
     assert len(data.train) > len(data.val) > 65
     tok = Tokenizer.from_file(str(data.tokenizer_dir / "tokenizer.json"))
