@@ -169,19 +169,26 @@ def _column_texts(f: SourceFile, batch, field: str, where: str) -> list:
     return column.to_pylist()
 
 
+def _rows(f: SourceFile, batches, field: str, row: int, wanted: Wanted, where) -> Iterator[Document]:
+    """The documents of a table's record batches, numbered on from `row`; `where(row)` names the
+    place in an error."""
+    for batch in batches:
+        for text in _column_texts(f, batch, field, where(row)):
+            doc_id = f"{f.rel}#{row}"
+            row += 1
+            if text and wanted(doc_id):
+                yield Document(doc_id, text)
+
+
 def _parquet(f: SourceFile, row_group: int, field: str, wanted: Wanted) -> Iterator[Document]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         pf = pq.ParquetFile(f.path)
-        row = sum(pf.metadata.row_group(i).num_rows for i in range(row_group))
-        for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[row_group], columns=[field]):
-            for text in _column_texts(f, batch, field, f"row group {row_group}"):
-                doc_id = f"{f.rel}#{row}"
-                row += 1
-                if text and wanted(doc_id):
-                    yield Document(doc_id, text)
+        first = sum(pf.metadata.row_group(i).num_rows for i in range(row_group))
+        batches = pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[row_group], columns=[field])
+        yield from _rows(f, batches, field, first, wanted, lambda row: f"row group {row_group}")
     except (pa.ArrowException, OSError) as e:
         raise ConfigError(f"{f.path}: row group {row_group}: unreadable Parquet ({e})") from None
 
@@ -198,12 +205,6 @@ def _arrow(f: SourceFile, field: str, wanted: Wanted) -> Iterator[Document]:
                 source.seek(0)
                 file_reader = pa.ipc.open_file(source)
                 reader = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
-            row = 0
-            for batch in reader:
-                for text in _column_texts(f, batch, field, f"rows from {row}"):
-                    doc_id = f"{f.rel}#{row}"
-                    row += 1
-                    if text and wanted(doc_id):
-                        yield Document(doc_id, text)
+            yield from _rows(f, reader, field, 0, wanted, lambda row: f"rows from {row}")
     except (pa.ArrowException, OSError) as e:
         raise ConfigError(f"{f.path}: unreadable Arrow file ({e})") from None
