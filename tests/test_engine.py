@@ -123,12 +123,13 @@ def held_out_loss_and_bits_per_byte(ckpt) -> tuple[float, float]:
     import numpy as np
     import torch
 
-    from lmcockpit.core.data import batches, cache
+    from lmcockpit.core.data import batches
+    from lmcockpit.core.data.prepare import prepare
     from lmcockpit.core.infer.load import load
 
     loaded = load(ckpt, "cpu")
     cfg, t = loaded.cfg, loaded.cfg.training
-    data = cache.prepare(cfg, lambda line: None, lambda *a: None)
+    data = prepare(cfg, lambda line: None, lambda *a: None)
     nats, n_tokens, bits, n_bytes = 0.0, 0, 0.0, 0
     for starts in batches.eval_windows(len(data.val), cfg.eval.batches, t.micro_batch_size, t.seq_len):
         x, y = batches.rows_at(data.val, starts, t.seq_len)
