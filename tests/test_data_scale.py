@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -201,7 +202,7 @@ def test_a_killed_build_resumes_and_the_cache_is_byte_identical(tmp_path):
     [build] = [p for p in killed_dir.glob(".build-*") if p.is_dir()]  # beside it: its .lock
     done = list((build / "pieces").glob("*.json"))
     assert 0 < len(done) < json.loads((build / "plan.json").read_text())["pieces"]
-    assert list(build.rglob("*.tmp")), "the kill was meant to land inside a piece"
+    assert list(build.rglob("*.tmp-*")), "the kill was meant to land inside a piece"
 
     logs: list[str] = []
     resumed = prepare(tiny_config(*overrides), logs.append, lambda *a: None)
@@ -210,6 +211,49 @@ def test_a_killed_build_resumes_and_the_cache_is_byte_identical(tmp_path):
     assert resumed.dir.name == whole.dir.name
     assert folder_bytes(resumed.dir) == folder_bytes(whole.dir)
     assert not [p for p in killed_dir.glob(".build-*") if p.is_dir()]
+
+
+def test_a_killed_build_s_workers_die_with_it_and_the_next_build_is_whole(tmp_path):
+    """SIGKILL of the main process alone (the OOM killer's way): its workers must not go on
+    writing pieces beside the next build's (they did, and the next build failed on a rename)."""
+    import psutil
+
+    source = corpus(tmp_path, 12_000)  # 7 MB: pieces of several batches, so a kill lands inside them
+    killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
+    overrides = [f"data.source=\"{source}\"", f"data.cache_dir=\"{killed_dir}\"", "data.max_bytes=0",
+                 "data.val_fraction=0.05", "tokenizer.vocab_size=300", "tokenizer.train_bytes=100_000",
+                 "data.shard_bytes=2_500_000", "data.workers=2"]
+    pids, finished = tmp_path / "workers.txt", tmp_path / "finished.txt"
+    driver = textwrap.dedent(f"""
+        import os, signal, psutil
+        from pathlib import Path
+        from lmcockpit.core.data.prepare import prepare
+        from tests.conftest import tiny_config
+        def progress(stage, done, total, unit):
+            if stage == "tokenizing" and done:
+                workers = [p.pid for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
+                open({str(pids)!r}, "w").write(" ".join(map(str, workers)))
+                [build] = [p for p in Path({str(killed_dir)!r}).glob(".build-*") if p.is_dir()]
+                open({str(finished)!r}, "w").write(" ".join(sorted(p.name for p in (build / "pieces").glob("*.json"))))
+                os.kill(os.getpid(), signal.SIGKILL)
+        prepare(tiny_config(*{overrides!r}), print, progress)
+        """)
+    proc = subprocess.run([sys.executable, "-c", driver], cwd=Path(__file__).parents[1], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr
+    workers = [int(pid) for pid in pids.read_text().split()]
+    assert len(workers) == 2
+    deadline = time.monotonic() + 30
+    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in workers):
+        assert time.monotonic() < deadline, "the killed build's workers are still running"
+        time.sleep(0.05)
+    # they died with it: no piece was finished after the kill, by a worker left behind
+    [build] = [p for p in killed_dir.glob(".build-*") if p.is_dir()]
+    assert sorted(p.name for p in (build / "pieces").glob("*.json")) == finished.read_text().split()
+    resumed = prepare(tiny_config(*overrides), lambda line: None, lambda *a: None)
+    whole = prepare(tiny_config(*overrides, f"data.cache_dir=\"{whole_dir}\"", "data.workers=1"),
+                    lambda line: None, lambda *a: None)
+    assert resumed.dir.name == whole.dir.name and folder_bytes(resumed.dir) == folder_bytes(whole.dir)
 
 
 def test_a_cache_of_the_previous_format_is_still_read(tmp_path):

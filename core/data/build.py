@@ -14,10 +14,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,7 @@ BATCH_BYTES = 1 << 20  # text encoded at once: what a worker holds
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as fh:
         fh.write(data)
         fh.flush()
@@ -75,7 +77,10 @@ def build_piece(job: PieceJob, on_bytes: Callable[[int], None] = lambda n: None)
     shards, summaries = Path(job.folder) / "shards", Path(job.folder) / "pieces"
     summary: dict = {"piece": job.piece.index, "documents": {"train": 0, "val": 0}, "bytes": 0,
                      "tokens": {"train": 0, "val": 0}, "closest_to_val": None}
-    files = {side: open(shards / f"{name}.{side}.bin.tmp", "wb") for side in ("train", "val")}
+    # Named by process: a worker orphaned by a killed build may still finish this piece while the
+    # next build does it again; each writes its own file and renames the same bytes into place.
+    tmp = {side: shards / f"{name}.{side}.bin.tmp-{os.getpid()}" for side in ("train", "val")}
+    files = {side: open(tmp[side], "wb") for side in ("train", "val")}
     batches: dict[str, list[str]] = {"train": [], "val": []}
     held = {"train": 0, "val": 0}
 
@@ -111,7 +116,7 @@ def build_piece(job: PieceJob, on_bytes: Callable[[int], None] = lambda n: None)
         for fh in files.values():
             fh.close()
     for side in files:
-        os.rename(shards / f"{name}.{side}.bin.tmp", shards / f"{name}.{side}.bin")
+        os.rename(tmp[side], shards / f"{name}.{side}.bin")
     _write_atomic(summaries / f"{name}.json", json.dumps(summary, sort_keys=True).encode())
     return summary
 
@@ -124,6 +129,18 @@ def _worker_init(tokenised) -> None:
     # One process per core already: each encode_batch on one thread, not one per core again.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _TOKENISED = tokenised
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """A worker ends when the build that started it is killed (Linux's PR_SET_PDEATHSIG), rather
+    than finish its piece beside the next build's workers."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the per-process names above still keep it safe
+        pass
+    if os.getppid() == 1:  # the parent died before the call
+        os._exit(1)
 
 
 def _count(n: int) -> None:
@@ -239,8 +256,8 @@ class Build:
                 shutil.rmtree(self.work)
         for sub in ("shards", "pieces"):
             (self.work / sub).mkdir(parents=True, exist_ok=True)
-        for tmp in self.work.rglob("*.tmp"):  # a killed writer's; only the lock holder writes here
-            tmp.unlink()
+        for tmp in self.work.rglob("*.tmp-*"):  # a killed writer's
+            tmp.unlink(missing_ok=True)
         if not plan_file.is_file():
             _write_atomic(plan_file, json.dumps(plan, sort_keys=True).encode())
 
