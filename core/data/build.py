@@ -102,10 +102,11 @@ def build_piece(job: PieceJob, on_bytes: Callable[[int], None] = lambda n: None)
                 near = split.fraction("val", doc.id)
                 if summary["closest_to_val"] is None or near < summary["closest_to_val"][0]:
                     summary["closest_to_val"] = [near, doc.id]
+            size = len(doc.text.encode())  # bytes, as the log and bits per byte mean them, not characters
             summary["documents"][side] += 1
-            summary["bytes"] += len(doc.text)
+            summary["bytes"] += size
             batches[side].append(doc.text)
-            held[side] += len(doc.text)
+            held[side] += size
             if held[side] >= BATCH_BYTES:
                 flush(side)
         for side in files:
