@@ -73,6 +73,13 @@ def test_a_mixture_run_says_each_part_s_budget(tmp_path):
     assert 2.5 < epochs[0] / epochs[1] < 3.5
 
 
+def test_a_missing_part_is_named_by_its_index(tmp_path):
+    apples = corpus(tmp_path / "apples.jsonl", "apple", 50)
+    cfg = tiny_config(f'data.sources=[{{source="{apples}"}}, {{source="{tmp_path / "gone"}"}}]')
+    with pytest.raises(ConfigError, match=r"^data.sources\[1\].source = '.*gone': no such file or folder"):
+        prepare(cfg, lambda line: None, lambda *a: None)
+
+
 @pytest.mark.parametrize("override, message", [
     ('data.sources=[{source="a", weight=0}]', r"data.sources\[0\].weight = 0.0 must be a positive number"),
     ('data.sources=[{sorce="a"}]', r"unknown key data.sources\[0\].sorce \(did you mean data.sources\[0\].source\?\)"),

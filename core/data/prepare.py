@@ -43,9 +43,9 @@ def prepare(cfg: Config, log: Callable[[str], None], progress: ProgressFn,
     return prepare_source(cfg, log, progress, tokenizer_file, RUN_OWN)
 
 
-def prepare_source(cfg: Config, log, progress: ProgressFn, tokenizer_file: Path | None,
-                   tokenizer_label: str) -> TokenData:
-    source = sources.list_source(cfg.data, cfg.training.max_steps * cfg.tokens_per_step)
+def prepare_source(cfg: Config, log, progress: ProgressFn, tokenizer_file: Path | None, tokenizer_label: str,
+                   source: sources.Source | None = None) -> TokenData:
+    source = source or sources.list_source(cfg.data, cfg.training.max_steps * cfg.tokens_per_step)
     root = cache_root(cfg)
     for key in (cache_key(cfg, source), legacy_key(cfg, source)):
         if read_meta(root / key) is not None and (
@@ -76,19 +76,26 @@ def prepare_mixture(cfg: Config, log, progress: ProgressFn, tokenizer_file: Path
     parts = [dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=part.source,
                                                                  text_field=part.text_field, sources=[]))
              for part in cfg.data.sources]
+    listed = []
+    for i, part in enumerate(parts):  # a part's error names it as the user wrote it
+        try:
+            listed.append(sources.list_source(part.data, cfg.training.max_steps * cfg.tokens_per_step))
+        except ConfigError as e:
+            raise ConfigError(str(e).replace("data.source = ", f"data.sources[{i}].source = ", 1)) from None
     label = RUN_OWN
     if tokenizer_file is None and cfg.tokenizer.kind == "bpe":
-        tokenizer_file, label = mixture_tokenizer(cfg, parts, log, progress), MIXTURE_OWN
-    datas = [prepare_source(part, log, progress, tokenizer_file, label) for part in parts]
+        tokenizer_file, label = mixture_tokenizer(cfg, parts, listed, log, progress), MIXTURE_OWN
+    datas = [prepare_source(part, log, progress, tokenizer_file, label, source)
+             for part, source in zip(parts, listed)]
     return TokenData(datas[0].dir, Mixture([d.train for d in datas], [part.weight for part in cfg.data.sources]),
                      TokenStream([d.val for d in datas]), datas[0].vocab_size, datas[0].token_bytes,
                      datas[0].eos_id, all(d.reused for d in datas))
 
 
-def mixture_tokenizer(cfg: Config, parts: list[Config], log, progress: ProgressFn) -> Path:
+def mixture_tokenizer(cfg: Config, parts: list[Config], listed: list[sources.Source], log,
+                      progress: ProgressFn) -> Path:
     """The BPE a mixture's parts share, trained once on each part's sample in its weight's share
     of tokenizer.train_bytes, and kept beside the caches (tokenizer-KEY/) under a key of its own."""
-    listed = [sources.list_source(part.data, cfg.training.max_steps * cfg.tokens_per_step) for part in parts]
     root = cache_root(cfg)
     key = "tokenizer-" + cache_key(cfg, sources.Source(
         "mixture:" + ";".join(f"{s.desc}*{part.weight}" for s, part in zip(listed, cfg.data.sources)),
