@@ -12,6 +12,7 @@ Listing and removing import no numpy or tokenizers; `prepare` does, once it runs
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -49,7 +50,8 @@ def main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.action == "prepare":
-            return prepare(*load_config(args.preset, args.overrides))
+            again = shlex.join([args.preset, *(a for o in args.overrides for a in ("--set", o))])
+            return prepare(load_config(args.preset, args.overrides)[0], again)
         root = store.cache_root(Config()) if args.cache_dir is None else Path(args.cache_dir).expanduser()
         return info(root) if args.action == "info" else rm(root, args.key)
     except (UsageError, ConfigError) as e:
@@ -94,20 +96,23 @@ class Progress:
             self.bar.stop()
 
 
-def prepare(cfg: Config, path: str) -> int:
+def prepare(cfg: Config, again: str) -> int:
+    """`again`: the arguments that run it once more, said when it is interrupted."""
     from lmcockpit.core.data.prepare import prepare as build
 
     console = Console(highlight=False, soft_wrap=True)
     progress = Progress(console)
     t0 = time.monotonic()
+    data = None
     try:
         data = build(cfg, console.print, progress)
     except KeyboardInterrupt:
-        progress.stop()
-        console.print(f"interrupted: what is finished is kept; `lmcockpit data prepare {path}` resumes")
-        return 130
+        pass
     finally:
-        progress.stop()
+        progress.stop()  # before any message: the bar is cleared, not left under it
+    if data is None:
+        console.print(f"interrupted: what is finished is kept; `lmcockpit data prepare {again}` resumes")
+        return 130
     console.print(f"token cache {data.dir.name}: {fmt_count(len(data.train))} train and {fmt_count(len(data.val))} "
                   f"val tokens, ready in {fmt_duration(time.monotonic() - t0)} ({data.dir})")
     return 0
