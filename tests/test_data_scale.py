@@ -121,6 +121,21 @@ def test_a_parquet_file_without_the_text_column_names_its_columns(tmp_path):
         documents(tmp_path / "x.parquet")
 
 
+def test_a_lone_surrogate_in_a_json_line_is_replaced_not_fatal(tmp_path):
+    texts = records(300)
+    source = tmp_path / "s.jsonl"
+    # "\\ud800" is valid JSON that decodes to a lone surrogate: no UTF-8, and tokenizers refuses it.
+    source.write_text("".join(json.dumps({"text": t}).replace('"}', ' \\ud800 tail"}') + "\n" for t in texts))
+    cfg = tiny_config(f"data.source=\"{source}\"", f"data.cache_dir=\"{tmp_path / 'cache'}\"", "data.max_bytes=0",
+                      "tokenizer.vocab_size=300", "tokenizer.train_bytes=50_000")
+    data = prepare(cfg, lambda line: None, lambda *a: None)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(data.dir / "tokenizer" / "tokenizer.json"))
+    text = tok.decode(np.asarray(data.val[0:len(data.val)]).tolist())
+    assert "\ufffd tail" in text and "\ud800" not in text
+
+
 def test_an_hf_source_offline_exits_2_with_the_download_command(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     proc = subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug", "--set",

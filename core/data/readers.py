@@ -141,6 +141,8 @@ def _jsonl(f: SourceFile, start: int, end: int, field: str, wanted: Wanted) -> I
         if not isinstance(text, str):
             raise ConfigError(f"{f.path}:{_line_number(f, offset)}: expected an object with a string field "
                               f"{field!r} (data.text_field)")
+        if b"\\ud" in line or b"\\uD" in line:  # an escaped surrogate: a lone one has no UTF-8, no tokens
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         yield Document(doc_id, text)
 
 
