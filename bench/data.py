@@ -403,10 +403,12 @@ def same_files(a: Path, b: Path) -> tuple[int, int, list[str]]:
 # -------------------------------------------------------------------------------- raw speed
 def raw_speed(folder: Path, tokenizer_json: Path, eos: int | None) -> dict:
     """The same tokenizer over the same documents, in this one process on every core, timing only
-    the encode calls: `encode_batch_fast` alone, and core's `encode_batch` (ids into one array)."""
+    the encode calls: `encode_batch_fast` alone, and core's Encoder by tokenizers (ids into one array)."""
     from tokenizers import Tokenizer
 
-    from lmcockpit.core.data.tokenizer import encode_batch
+    from lmcockpit.core.data.encoder import Encoder
+
+    reference = Encoder(str(tokenizer_json), eos, fast=False)
 
     os.environ.pop("TOKENIZERS_PARALLELISM", None)
     tok = Tokenizer.from_file(str(tokenizer_json))
@@ -418,7 +420,7 @@ def raw_speed(folder: Path, tokenizer_json: Path, eos: int | None) -> dict:
         res["tokens"] += sum(len(e) for e in encs)
         del encs
         t0 = time.perf_counter()
-        ids = encode_batch(tok, batch, eos)
+        ids = reference.encode(batch)
         res["core"] += time.perf_counter() - t0
         res["core_tokens"] += len(ids)
         res["docs"] += len(batch)

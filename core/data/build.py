@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..config import Config, ConfigError
-from . import readers, sources, split, tokenizer
+from . import encoder, readers, sources, split, tokenizer
 from .cache import token_dtype
 
 ProgressFn = Callable[[str, int, int, str], None]
@@ -56,41 +56,54 @@ class PieceJob:
     folder: str  # the build folder
 
 
-_LOADED: dict[str, object] = {}
+_ENCODERS: dict[str, encoder.Encoder] = {}
+CHECK_SHARE = 1 / 32  # of a piece's documents, also encoded by tokenizers to check tiktoken's ids
 
 
-def _tokenizer_of(path: str):
+def _encoder_of(path: str, eos: int | None) -> encoder.Encoder:
     """One load per process: each load of a tokenizer keeps some native memory after it is freed,
     so loading it again for every piece grows a long build by megabytes a piece."""
-    if path not in _LOADED:
-        from tokenizers import Tokenizer
-
-        _LOADED.clear()
-        _LOADED[path] = Tokenizer.from_file(path)
-    return _LOADED[path]
+    if path not in _ENCODERS:
+        _ENCODERS.clear()
+        _ENCODERS[path] = encoder.Encoder(path, eos)
+    return _ENCODERS[path]
 
 
 def build_piece(job: PieceJob, on_bytes: Callable[[int], None] = lambda n: None) -> dict:
-    """Tokenise one piece into its train and val shards; returns (and writes) its summary."""
-    tok = _tokenizer_of(job.tokenizer_json)
+    """Tokenise one piece into its train and val shards; returns (and writes) its summary. Where
+    tiktoken and tokenizers disagree on one of its checked documents, the whole piece is encoded
+    again by tokenizers: what a piece holds stays a function of the piece alone."""
+    enc = _encoder_of(job.tokenizer_json, job.eos)
+    try:
+        summary = _encode_piece(job, enc, on_bytes)
+    except encoder.Disagreement as e:
+        summary = _encode_piece(job, encoder.Encoder(job.tokenizer_json, job.eos, fast=False), lambda n: None)
+        summary["disagreed"] = e.doc_id
+    _write_atomic(Path(job.folder) / "pieces" / f"{job.piece.index:05d}.json",
+                  json.dumps(summary, sort_keys=True).encode())
+    return summary
+
+
+def _encode_piece(job: PieceJob, enc: encoder.Encoder, on_bytes: Callable[[int], None]) -> dict:
     name = f"{job.piece.index:05d}"
-    shards, summaries = Path(job.folder) / "shards", Path(job.folder) / "pieces"
+    shards = Path(job.folder) / "shards"
     summary: dict = {"piece": job.piece.index, "documents": {"train": 0, "val": 0}, "bytes": 0,
-                     "tokens": {"train": 0, "val": 0}, "closest_to_val": None}
+                     "tokens": {"train": 0, "val": 0}, "closest_to_val": None, "encoder": enc.name, "checked": 0}
     # Named by process: a worker orphaned by a killed build may still finish this piece while the
     # next build does it again; each writes its own file and renames the same bytes into place.
     tmp = {side: shards / f"{name}.{side}.bin.tmp-{os.getpid()}" for side in ("train", "val")}
     files = {side: open(tmp[side], "wb") for side in ("train", "val")}
     batches: dict[str, list[str]] = {"train": [], "val": []}
+    checked: dict[str, dict[int, str]] = {"train": {}, "val": {}}
     held = {"train": 0, "val": 0}
 
     def flush(side: str) -> None:
         if batches[side]:
-            ids = tokenizer.encode_batch(tok, batches[side], job.eos).astype(job.dtype)
+            ids = enc.encode(batches[side], checked[side]).astype(job.dtype)
             files[side].write(ids.tobytes())
             summary["tokens"][side] += len(ids)
             on_bytes(held[side])
-            batches[side], held[side] = [], 0
+            batches[side], checked[side], held[side] = [], {}, 0
 
     try:
         sel = job.selection
@@ -103,6 +116,10 @@ def build_piece(job: PieceJob, on_bytes: Callable[[int], None] = lambda n: None)
                 if summary["closest_to_val"] is None or near < summary["closest_to_val"][0]:
                     summary["closest_to_val"] = [near, doc.id]
             size = len(doc.text.encode())  # bytes, as the log and bits per byte mean them, not characters
+            if enc.tiktoken is not None and (not summary["documents"][side] or
+                                             split.fraction("check", doc.id) < CHECK_SHARE):
+                checked[side][len(batches[side])] = doc.id
+                summary["checked"] += 1
             summary["documents"][side] += 1
             summary["bytes"] += size
             batches[side].append(doc.text)
@@ -118,7 +135,6 @@ def build_piece(job: PieceJob, on_bytes: Callable[[int], None] = lambda n: None)
             fh.close()
     for side in files:
         os.rename(tmp[side], shards / f"{name}.{side}.bin")
-    _write_atomic(summaries / f"{name}.json", json.dumps(summary, sort_keys=True).encode())
     return summary
 
 
@@ -323,6 +339,18 @@ class Build:
         # The total was an estimate (a JSON line's syntax, a compressed file's ratio): done is done.
         self.progress("tokenizing", finished, finished, "bytes")
 
+    def _encoded(self, summaries: list[dict]) -> str:
+        fast = [s for s in summaries if s.get("encoder") == "tiktoken"]
+        redone = [s for s in summaries if s.get("disagreed")]
+        if redone:
+            return (f"data: warning: tiktoken's ids differed from tokenizers' on {redone[0]['disagreed']} (and in "
+                    f"{len(redone) - 1} more pieces): those {len(redone)} pieces were encoded by tokenizers alone")
+        if fast:
+            return (f"data: encoded by tiktoken; {sum(s['checked'] for s in fast):,} documents checked against "
+                    "tokenizers gave the same ids")
+        why = encoder.tiktoken_shape(json.loads((self.work / "tokenizer" / "tokenizer.json").read_text()))
+        return f"data: encoded by tokenizers ({why or 'tiktoken not used'})"
+
     def _finish(self, summaries: list[dict], dtype: str, eos: int | None) -> None:
         tokens = {side: sum(s["tokens"][side] for s in summaries) for side in ("train", "val")}
         docs = {side: sum(s["documents"][side] for s in summaries) for side in ("train", "val")}
@@ -336,5 +364,6 @@ class Build:
         self.log(f"data: {tokens['train']:,} train and {tokens['val']:,} val tokens "
                  f"({n_bytes / max(1, tokens['train'] + tokens['val']):.2f} bytes/token) in "
                  f"{len(summaries)} shards, {time.time() - self.t0:.1f}s")
+        self.log(self._encoded(summaries))
         # meta.json last: its presence is what marks a cache as complete.
         _write_atomic(self.work / "meta.json", json.dumps(meta, indent=1).encode())

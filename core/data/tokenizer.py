@@ -121,13 +121,3 @@ def token_byte_lengths(tok, vocab_size: int) -> np.ndarray:
 def _is_byte_level(tok) -> bool:
     spec = json.loads(tok.to_str())
     return "ByteLevel" in json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
-
-
-def encode_batch(tok, texts: list[str], eos: int | None) -> np.ndarray:
-    """The documents' tokens, one after another, each followed by EOS."""
-    ids: list[int] = []
-    for enc in tok.encode_batch_fast(texts, add_special_tokens=False):  # no offsets: less memory, faster
-        ids.extend(enc.ids)
-        if eos is not None:
-            ids.append(eos)
-    return np.asarray(ids, dtype=np.int64)
