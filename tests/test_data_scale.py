@@ -328,3 +328,37 @@ def test_preparing_ten_times_the_text_takes_about_the_same_memory(tmp_path):
     # Flat within 20% (the issue's bound from 1 GB to 5 GB). Holding the corpus, as preparation did
     # before it streamed, adds twice the added text and more: 1.4× here.
     assert large_peak < 1.2 * small_peak, peaks
+
+
+
+def test_a_parquet_row_group_is_read_a_batch_at_a_time(tmp_path):
+    """Row groups of 10 and 40 MB (FineWeb's hold hundreds of MB), each read by a fresh process: the
+    peak grows by a page and a record batch, not with the row group (pyarrow's default reading and
+    allocator: about 3x the row group)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    driver = textwrap.dedent("""
+        import re, sys
+        import pyarrow.parquet
+        from lmcockpit.core.config import DataConfig
+        from lmcockpit.core.data import readers, sources
+        status = lambda key: int(re.search(key + r":\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+        base = status("VmRSS")
+        cfg = DataConfig(source=sys.argv[1])
+        pieces = sources.plan_pieces(sources.list_source(cfg), cfg, 1.0)
+        n = sum(1 for p in pieces for _ in readers.read_piece(p, "text", lambda doc_id: True))
+        print(n, status("VmHWM") - base)
+        """)
+    rng = random.Random(0)
+    grown = {}
+    for n in (1_250, 5_000):  # documents of 8 kB
+        path = tmp_path / f"{n}.parquet"
+        texts = [" ".join(rng.choice(WORDS) for _ in range(1_200)) for _ in range(n)]
+        pq.write_table(pa.table({"text": texts}), path, row_group_size=n, compression="zstd")
+        proc = subprocess.run([sys.executable, "-c", driver, str(path)], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        read, grown[n] = map(int, proc.stdout.split())
+        assert read == n
+    assert grown[5_000] - grown[1_250] < 15_000_000, grown  # 30 MB more text in the row group
+

@@ -23,6 +23,7 @@ from .sources import Piece, SourceFile, parquet_row_group_bytes
 CHUNK_BYTES = 64 * 1024  # a long text is cut into documents of about this size
 WHOLE_TEXT_BYTES = 2 * CHUNK_BYTES  # a text file up to this size is one document
 BATCH_ROWS = 4096
+BATCH_TEXT_BYTES = 1 << 20  # text a Parquet record batch holds, about
 ESTIMATE_OUTPUT = 8 << 20  # decompressed bytes read to estimate a compressed file's text size
 
 
@@ -182,14 +183,29 @@ def _rows(f: SourceFile, batches, field: str, row: int, wanted: Wanted, where) -
                 yield Document(doc_id, text)
 
 
-def _parquet(f: SourceFile, row_group: int, field: str, wanted: Wanted) -> Iterator[Document]:
+def _arrow_memory():
+    """pyarrow, its allocations made with malloc: its default pool (jemalloc or mimalloc) keeps what
+    a row group took long after it is freed, 2-3× a worker's memory (bench/RESULTS.md)."""
     import pyarrow as pa
+
+    if pa.default_memory_pool().backend_name != "system":
+        pa.set_memory_pool(pa.system_memory_pool())
+    return pa
+
+
+def _parquet(f: SourceFile, row_group: int, field: str, wanted: Wanted) -> Iterator[Document]:
+    pa = _arrow_memory()
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(f.path)
+        # Read a page at a time, in record batches of about BATCH_TEXT_BYTES of text: a row group
+        # (FineWeb's hold hundreds of MB) is never held whole.
+        pf = pq.ParquetFile(f.path, buffer_size=1 << 20, pre_buffer=False)
         first = sum(pf.metadata.row_group(i).num_rows for i in range(row_group))
-        batches = pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[row_group], columns=[field])
+        rows = pf.metadata.row_group(row_group).num_rows
+        text = parquet_row_group_bytes(f, field)[row_group]
+        batch_rows = max(16, min(BATCH_ROWS, rows * BATCH_TEXT_BYTES // max(1, text)))
+        batches = pf.iter_batches(batch_size=batch_rows, row_groups=[row_group], columns=[field], use_threads=False)
         yield from _rows(f, batches, field, first, wanted, lambda row: f"row group {row_group}")
     except (pa.ArrowException, OSError) as e:
         raise ConfigError(f"{f.path}: row group {row_group}: unreadable Parquet ({e})") from None
@@ -197,7 +213,7 @@ def _parquet(f: SourceFile, row_group: int, field: str, wanted: Wanted) -> Itera
 
 def _arrow(f: SourceFile, field: str, wanted: Wanted) -> Iterator[Document]:
     """An Arrow IPC file as save_to_disk writes it (the stream format), or the file format."""
-    import pyarrow as pa
+    pa = _arrow_memory()
 
     try:
         with pa.memory_map(str(f.path)) as source:
