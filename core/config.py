@@ -59,7 +59,7 @@ class DataConfig:
     val_fraction: float = 0.02  # share of documents (files) held out for validation
     max_bytes: int = 0  # 0: all of it; else a deterministic selection of about this many bytes
     cache_dir: str = ""  # "": $XDG_CACHE_HOME/lmcockpit
-    workers: int = 0  # tokenizer processes preparing the cache; 0: one per core
+    workers: int = 0  # tokenizer processes preparing the cache; 0: one per core, up to about 1.5 GB in all
     shard_bytes: int = 16_000_000  # text per shard of the cache: the unit of parallel work and of resume
     # A mixture instead of one source: [[data.sources]] tables, each drawn by its weight (in place of
     # data.source and data.text_field, which then stay unset).

@@ -362,3 +362,45 @@ def test_a_parquet_row_group_is_read_a_batch_at_a_time(tmp_path):
         assert read == n
     assert grown[5_000] - grown[1_250] < 15_000_000, grown  # 30 MB more text in the row group
 
+
+
+def test_the_bpe_trainer_s_memory_is_not_kept_by_the_build(tmp_path):
+    """The BPE trains in a child process of its own: the build's main process, which goes on to run
+    the workers or tokenise itself, peaks the same whether the trainer's sample is 0.1 or 3 MB
+    (in-process: +100 MB here, as the trainer's word counts grow with the sample)."""
+    driver = textwrap.dedent("""
+        import re, sys
+        from lmcockpit.core.data.prepare import prepare
+        from tests.conftest import tiny_config
+        prepare(tiny_config(*sys.argv[1:]), lambda line: None, lambda *a: None)
+        print(int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024)
+        """)
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyzéü") for _ in range(rng.randint(3, 12)))
+             for _ in range(200_000)]  # many distinct words, as real text has: the trainer counts each
+    source = write_jsonl(tmp_path / "c.jsonl", [" ".join(rng.choice(words) for _ in range(300)) for _ in range(1_500)])
+    peaks = {}
+    for train_bytes in (100_000, 3_000_000):
+        proc = subprocess.run([sys.executable, "-c", driver, f"data.source=\"{source}\"",
+                               f"data.cache_dir=\"{tmp_path / str(train_bytes)}\"", "data.max_bytes=0", "data.workers=1",
+                               "tokenizer.vocab_size=1024", f"tokenizer.train_bytes={train_bytes}"],
+                              cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        peaks[train_bytes] = int(proc.stdout.split()[-1])
+    assert peaks[3_000_000] < peaks[100_000] + 20_000_000, peaks
+
+@pytest.mark.parametrize("cores, kind, workers", [(2, "jsonl", 2), (16, "jsonl", 15), (64, "jsonl", 15),
+                                                   (16, "parquet", 8), (64, "arrow", 8), (1, "parquet", 1)])
+def test_the_default_worker_count_keeps_preparation_under_its_memory_bound(monkeypatch, cores, kind, workers):
+    """One tokenizer process per core, as many as the bound allows: what a 64-core box gets is decided
+    here, on 2 cores, from the per-worker peaks measured in bench/data.py."""
+    from lmcockpit.core.data import build
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    source = sources.Source("x", [sources.SourceFile(Path("a"), "a", 1, 0, kind)], False)
+    log: list[str] = []
+    assert build.default_workers(source, log.append) == workers
+    assert workers * (build.COLUMNAR_WORKER_BYTES if kind != "jsonl" else build.WORKER_BYTES) \
+        + build.MAIN_BYTES <= build.TREE_BYTES
+    assert bool(log) == (workers < cores)
+    assert not log or f"{workers} tokenizer processes for {cores} cores" in log[0] and "data.workers" in log[0]

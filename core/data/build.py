@@ -169,6 +169,26 @@ def _pool_piece(job: PieceJob) -> dict:
     return build_piece(job, _count)
 
 
+# Peak RSS of one worker, measured (bench/RESULTS.md): its imports, a tokenizer, a batch of text,
+# and for Parquet and Arrow pyarrow with a page's data. The default worker count keeps their sum
+# and the main process under TREE_BYTES, the bound memory stays under whatever the corpus.
+WORKER_BYTES = 90_000_000
+COLUMNAR_WORKER_BYTES = 160_000_000
+TREE_BYTES = 1_500_000_000
+MAIN_BYTES = 100_000_000
+
+
+def default_workers(source: sources.Source, log: Callable[[str], None] = lambda line: None) -> int:
+    """One per core, or fewer where that many would pass TREE_BYTES together (said in the log)."""
+    cores = len(os.sched_getaffinity(0))
+    each = COLUMNAR_WORKER_BYTES if any(f.kind in ("parquet", "arrow") for f in source.files) else WORKER_BYTES
+    fit = max(1, (TREE_BYTES - MAIN_BYTES) // each)
+    if cores > fit:
+        log(f"data: {fit} tokenizer processes for {cores} cores, so that preparation stays under "
+            f"{TREE_BYTES / 1e9:.1f} GB (about {each / 1e6:.0f} MB each); data.workers sets how many")
+    return min(cores, fit)
+
+
 # --------------------------------------------------------------------------------- the plan
 @dataclass(frozen=True)
 class Plan:
@@ -204,6 +224,22 @@ def tokenizer_sample(d, planned: Plan, budget: int) -> Iterator[str]:
                 return
             yield doc.text
             used += len(doc.text)
+
+
+def train_bpe_folder(cfg: Config, samples: list[tuple[object, Plan, int]], folder: Path) -> None:
+    """A BPE trained on the samples (data config, plan, bytes) one after another, saved as `folder`."""
+    texts = (text for d, planned, budget in samples for text in tokenizer_sample(d, planned, budget))
+    save_tokenizer(tokenizer.train_bpe(texts, cfg.tokenizer), None, folder, cfg, print)
+
+
+def in_child(fn, *args):
+    """`fn(*args)` in a spawned process of its own, its errors raised here. For the BPE's training:
+    the trainer's memory (hundreds of MB for a large sample) goes back to the system when the
+    child ends, rather than stay in this process beside the workers that tokenise after it."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_die_with_parent) as pool:
+        return pool.submit(fn, *args).result()
 
 
 def save_tokenizer(tok, origin: Path | None, folder: Path, cfg: Config, log) -> None:
@@ -288,34 +324,34 @@ class Build:
         """The build's tokenizer folder, made once (a resumed build keeps it): trained on a sample,
         a pretrained one, or the one given (a resumed run's own, a mixture's shared one)."""
         folder = self.work / "tokenizer"
-        if not (folder / "tokenizer.json").is_file():
-            tok, origin = self._make_tokenizer(planned)
-            save_tokenizer(tok, origin, folder, self.cfg, self.log)
-        tok = tokenizer.load_tokenizer("bpe", folder)
-        return folder / "tokenizer.json", tokenizer.eos_id(tok, folder)
-
-    def _make_tokenizer(self, planned: Plan):
         t = self.cfg.tokenizer
-        if self.tokenizer_file is not None:
+        if (folder / "tokenizer.json").is_file():
+            pass
+        elif self.tokenizer_file is not None:
             from tokenizers import Tokenizer
 
             self.log("data: tokenising with " + self.tokenizer_label.format(file=self.tokenizer_file))
-            return Tokenizer.from_file(str(self.tokenizer_file)), self.tokenizer_file.parent
-        if t.kind != "bpe":
-            return tokenizer.load_tokenizer(t.kind, None), Path(t.kind).expanduser()
-        budget = min(t.train_bytes or int(planned.kept_bytes), int(planned.kept_bytes)) or 1
-        self.progress("training tokenizer", 0, budget, "bytes")
-        tok = tokenizer.train_bpe(tokenizer_sample(self.cfg.data, planned, budget), t)
-        self.progress("training tokenizer", budget, budget, "bytes")
-        self.log(f"data: trained a byte-level BPE of {tok.get_vocab_size()} tokens on {budget / 1e6:.1f} MB in "
-                 f"{time.time() - self.t0:.1f}s")
-        return tok, None
+            save_tokenizer(Tokenizer.from_file(str(self.tokenizer_file)), self.tokenizer_file.parent, folder,
+                           self.cfg, self.log)
+        elif t.kind != "bpe":
+            save_tokenizer(tokenizer.load_tokenizer(t.kind, None), Path(t.kind).expanduser(), folder, self.cfg,
+                           self.log)
+        else:
+            budget = min(t.train_bytes or int(planned.kept_bytes), int(planned.kept_bytes)) or 1
+            self.progress("training tokenizer", 0, budget, "bytes")
+            in_child(train_bpe_folder, self.cfg, [(self.cfg.data, planned, budget)], folder)
+            self.progress("training tokenizer", budget, budget, "bytes")
+            self.log(f"data: trained a byte-level BPE of {tokenizer.load_tokenizer('bpe', folder).get_vocab_size()} "
+                     f"tokens on {budget / 1e6:.1f} MB in {time.time() - self.t0:.1f}s")
+        tok = tokenizer.load_tokenizer("bpe", folder)
+        return folder / "tokenizer.json", tokenizer.eos_id(tok, folder)
 
     def _run_pieces(self, jobs: list[PieceJob], done: dict[int, dict], total_bytes: float) -> None:
         total = max(1, int(total_bytes))
         finished = sum(s["bytes"] for s in done.values())
         self.progress("tokenizing", finished, total, "bytes")
-        workers = min(self.cfg.data.workers or len(os.sched_getaffinity(0)), len(jobs))
+        workers = self.cfg.data.workers or default_workers(self.source, self.log)
+        workers = min(workers, len(jobs))
         if workers <= 1:
             for job in jobs:
                 def tick(n: int) -> None:

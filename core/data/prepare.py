@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import Config, ConfigError
-from . import sources, tokenizer
+from . import sources
 from .batches import Mixture
-from .build import Build, ProgressFn, plan, save_tokenizer, tokenizer_sample
+from .build import Build, ProgressFn, in_child, plan, train_bpe_folder
 from .cache import TokenData, TokenStream, open_cache
 from .store import BUILD_PREFIX, cache_key, cache_root, legacy_key, lock_path, read_meta
 
@@ -108,11 +108,10 @@ def mixture_tokenizer(cfg: Config, parts: list[Config], listed: list[sources.Sou
                 t0, total = time.time(), sum(part.weight for part in cfg.data.sources)
                 planned = [plan(part.data, s) for part, s in zip(parts, listed)]
                 budgets = [max(1, int(cfg.tokenizer.train_bytes * part.weight / total)) for part in cfg.data.sources]
-                budget = sum(min(b, int(p.kept_bytes)) for b, p in zip(budgets, planned))
+                samples = [(part.data, p, min(b, int(p.kept_bytes))) for part, p, b in zip(parts, planned, budgets)]
+                budget = sum(b for _, _, b in samples)
                 progress("training tokenizer", 0, budget, "bytes")
-                texts = (text for part, p, b in zip(parts, planned, budgets)
-                         for text in tokenizer_sample(part.data, p, min(b, int(p.kept_bytes))))
-                save_tokenizer(tokenizer.train_bpe(texts, cfg.tokenizer), None, folder, cfg, log)
+                in_child(train_bpe_folder, cfg, samples, folder)
                 progress("training tokenizer", budget, budget, "bytes")
                 log(f"data: trained the mixture's byte-level BPE of {cfg.tokenizer.vocab_size} tokens on "
                     f"{budget / 1e6:.1f} MB from {len(parts)} sources in {time.time() - t0:.1f}s")
