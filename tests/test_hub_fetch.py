@@ -1,0 +1,105 @@
+"""`data.source = "hf:..."` against a Hub on 127.0.0.1 (fake_hub.py): the real `huggingface_hub`
+lists and downloads over real HTTP, pointed there by HF_ENDPOINT, which it reads when imported; so
+the code under test runs in a process of its own, started with that environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lmcockpit.core.config import load_config
+from lmcockpit.core.data.hub import FILE_BYTES_PER_TOKEN
+
+from .fake_hub import FakeHub
+
+REPO, PATH = "owner/name", "sample/10BT"
+SHARDS = [f"{PATH}/{i:03d}_00000.parquet" for i in range(4)]
+SMALL = ["tokenizer.vocab_size=300", "tokenizer.train_bytes=20_000", "data.workers=1", "data.max_bytes=0",
+         "data.val_fraction=0.1", "data.shard_bytes=50_000"]
+
+
+def hub_env(home: Path, endpoint: str, **extra: str) -> dict[str, str]:
+    """The environment a user's command has: this Hub, a Hub cache of its own, no token."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    return {**env, "HF_ENDPOINT": endpoint, "HF_HOME": str(home), **extra}
+
+
+def prepare(env: dict[str, str], cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    flags = [a for s in [f'data.source="hf:{REPO}/{PATH}"', f'data.cache_dir="{cache_dir}"', *SMALL, *overrides]
+             for a in ("--set", s)]
+    return subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "data", "prepare", "debug", *flags],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def texts(shard: int) -> list[str]:
+    rng = random.Random(shard)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(300)]
+    return [f"shard {shard} document {i}: " + " ".join(rng.choice(words) for _ in range(rng.randint(20, 40)))
+            for i in range(120)]
+
+
+def make_repo(root: Path) -> Path:
+    """A dataset laid out as FineWeb-Edu is: Parquet shards under sample/10BT, READMEs beside them,
+    and another sample the source does not name."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for i, name in enumerate(SHARDS):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"text": texts(i), "id": list(range(120))}), root / name)
+    (root / "sample/100BT").mkdir(parents=True)
+    pq.write_table(pa.table({"text": texts(99)}), root / "sample/100BT/000_00000.parquet")
+    (root / "README.md").write_text("---\nlicense: odc-by\n---\n# a fake FineWeb\n")
+    (root / PATH / "README.md").write_text("the 10BT sample\n")
+    return root
+
+
+def steps_for_two_shards(repo: Path) -> int:
+    """training.max_steps whose token budget, in file bytes, lies past the first shard and within
+    the second: exactly two of the four are needed."""
+    tokens_per_step = load_config("debug", [])[0].tokens_per_step
+    first, second = ((repo / n).stat().st_size for n in SHARDS[:2])
+    steps = round((first + second / 2) / (tokens_per_step * FILE_BYTES_PER_TOKEN))
+    assert first < steps * tokens_per_step * FILE_BYTES_PER_TOKEN <= first + second, (first, second)
+    return steps
+
+
+def meta_of(cache_dir: Path) -> tuple[Path, dict]:
+    (meta,) = cache_dir.glob("*/meta.json")
+    return meta.parent, json.loads(meta.read_text())
+
+
+@pytest.fixture(scope="module")
+def fetched(tmp_path_factory):
+    """One fake Hub for the module, and a first `data prepare` that fetched from it."""
+    tmp = tmp_path_factory.mktemp("hub")
+    repo = make_repo(tmp / "repo")
+    steps = steps_for_two_shards(repo)
+    with FakeHub({REPO: repo}) as hub:
+        env = hub_env(tmp / "hf", hub.url)
+        proc = prepare(env, tmp / "tokens", f"training.max_steps={steps}")
+        yield hub, env, tmp, steps, proc
+
+
+def test_prepare_fetches_only_the_shards_its_budget_needs(fetched):
+    hub, env, tmp, steps, proc = fetched
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(hub.got(REPO)) == SHARDS[:2]  # not the later shards, the READMEs nor the other sample
+    resolved = [r for r in hub.requests if r.file]
+    assert resolved and all(hub.commit(REPO) in r.path for r in resolved)  # one commit, the one listed
+    assert not any("authorization" in r.headers for r in hub.requests)  # no token was given
+    # The cache holds the documents of those two shards, every one, and nothing else.
+    _, meta = meta_of(tmp / "tokens")
+    docs = texts(0) + texts(1)
+    assert meta["documents"]["train"] + meta["documents"]["val"] == len(docs)
+    assert meta["bytes"] == sum(len(t.encode()) for t in docs)
+    # In the Hub's own cache, as huggingface_hub keeps it.
+    snapshot = tmp / "hf/hub/datasets--owner--name/snapshots" / hub.commit(REPO) / PATH
+    assert sorted(p.name for p in snapshot.iterdir()) == [Path(n).name for n in SHARDS[:2]]
+
