@@ -103,3 +103,21 @@ def test_prepare_fetches_only_the_shards_its_budget_needs(fetched):
     snapshot = tmp / "hf/hub/datasets--owner--name/snapshots" / hub.commit(REPO) / PATH
     assert sorted(p.name for p in snapshot.iterdir()) == [Path(n).name for n in SHARDS[:2]]
 
+
+def test_offline_the_files_fetched_before_serve(fetched):
+    hub, env, tmp, steps, first = fetched
+    assert first.returncode == 0, first.stderr
+    cache, _ = meta_of(tmp / "tokens")
+    blobs = sorted((tmp / "hf/hub/datasets--owner--name/blobs").iterdir())
+    seen = len(hub.requests)
+    proc = prepare({**env, "HF_HUB_OFFLINE": "1"}, tmp / "tokens", f"training.max_steps={steps}")
+    assert proc.returncode == 0, proc.stderr
+    assert len(hub.requests) == seen  # nothing asked of the Hub
+    # The same files, same sizes and times, so the same token cache: the Hub cache served them.
+    assert f"data: reusing token cache {cache}" in proc.stdout
+    assert sorted((tmp / "hf/hub/datasets--owner--name/blobs").iterdir()) == blobs
+    # A cache made afresh offline reads those files themselves: the same documents.
+    again = prepare({**env, "HF_HUB_OFFLINE": "1"}, tmp / "tokens-offline", f"training.max_steps={steps}")
+    assert again.returncode == 0, again.stderr
+    assert meta_of(tmp / "tokens-offline")[1]["documents"] == meta_of(tmp / "tokens")[1]["documents"]
+    assert len(hub.requests) == seen

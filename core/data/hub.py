@@ -70,9 +70,18 @@ def local_folder(spec: str, budget_tokens: int = 0) -> Path:
         except (HfHubHTTPError, OSError) as e:
             reason = f"the Hub could not be reached ({type(e).__name__})"
     try:  # what an earlier run fetched
-        folder = Path(snapshot_download(repo, repo_type="dataset", local_files_only=True,
-                                        allow_patterns=[prefix + "*" + s for s in DATA_SUFFIXES]
-                                        + [prefix + "**/*" + s for s in DATA_SUFFIXES])) / path
+        try:
+            snapshot = snapshot_download(repo, repo_type="dataset", local_files_only=True,
+                                         allow_patterns=[prefix + "*" + s for s in DATA_SUFFIXES]
+                                         + [prefix + "**/*" + s for s in DATA_SUFFIXES])
+        except LocalEntryNotFoundError as e:
+            # Newer huggingface_hub refuses a snapshot that lacks files its cached listing has
+            # (IncompleteSnapshotError): the very state that fetching only what a budget needs
+            # leaves. The error names the folder, which holds the files fetched.
+            snapshot = getattr(e, "snapshot_path", None)
+            if snapshot is None:
+                raise
+        folder = Path(snapshot) / path
         if folder.is_dir() and any(p.name.endswith(DATA_SUFFIXES) for p in folder.rglob("*")):
             return folder
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError, OSError):
