@@ -1,7 +1,7 @@
 """A Hugging Face Hub on 127.0.0.1 for tests: dataset repos served from local folders, answering
 the few endpoints `huggingface_hub` uses to list and download them, and recording every request.
 
-    GET  /api/datasets/OWNER/NAME/revision/REV           the commit a revision is at (repo_info)
+    GET  /api/datasets/OWNER/NAME[/revision/REV]         the commit main or REV is at (repo_info)
     GET  /api/datasets/OWNER/NAME/tree/REV[/PATH]        files with sizes (list_repo_tree)
     HEAD /datasets/OWNER/NAME/resolve/REV/PATH           ETag, X-Repo-Commit, Content-Length
     GET  /datasets/OWNER/NAME/resolve/REV/PATH           the bytes, a Range of them with 206
@@ -97,12 +97,12 @@ class FakeHub:
         req = Request(h.command, unquote(url.path), {k.lower(): v for k, v in h.headers.items()})
         with self.lock:
             self.requests.append(req)
-        api = re.fullmatch(r"/api/datasets/([^/]+/[^/]+)/(revision|tree)/([^/]+)(?:/(.*))?", req.path)
+        api = re.fullmatch(r"/api/datasets/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+)(?:/(.*))?)?", req.path)
         if api and body and api[1] in self.repos:
             repo = self.repos[api[1]]
-            if api[3] not in ("main", repo["commit"]):
+            if api[3] not in (None, "main", repo["commit"]):
                 return self._json(h, 404, {"error": "Revision not found"}, {"X-Error-Code": "RevisionNotFound"})
-            if api[2] == "revision":
+            if api[2] in (None, "revision"):
                 return self._json(h, 200, {"id": api[1], "sha": repo["commit"], "private": False,
                                            "siblings": [{"rfilename": n} for n in repo["files"]]})
             recursive = parse_qs(url.query).get("recursive", ["false"])[0].lower() == "true"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,15 @@ def meta_of(cache_dir: Path) -> tuple[Path, dict]:
     return meta.parent, json.loads(meta.read_text())
 
 
+@pytest.fixture
+def closed_port():
+    """An endpoint on loopback that refuses connections: a port held (so no one else takes it)
+    but not listening."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
 @pytest.fixture(scope="module")
 def fetched(tmp_path_factory):
     """One fake Hub for the module, and a first `data prepare` that fetched from it."""
@@ -121,3 +131,24 @@ def test_offline_the_files_fetched_before_serve(fetched):
     assert again.returncode == 0, again.stderr
     assert meta_of(tmp / "tokens-offline")[1]["documents"] == meta_of(tmp / "tokens")[1]["documents"]
     assert len(hub.requests) == seen
+
+
+def test_out_of_reach_the_files_fetched_before_serve(fetched, closed_port):
+    hub, env, tmp, steps, first = fetched
+    assert first.returncode == 0, first.stderr
+    cache, _ = meta_of(tmp / "tokens")
+    proc = prepare({**env, "HF_ENDPOINT": closed_port}, tmp / "tokens", f"training.max_steps={steps}")
+    assert proc.returncode == 0, proc.stderr
+    assert f"data: reusing token cache {cache}" in proc.stdout
+    assert "Retrying" not in proc.stderr  # a refused connection is not waited on (1+2+4+8+8 s of backoff)
+
+
+def test_out_of_reach_with_nothing_fetched_exits_2_with_the_download_command(tmp_path, closed_port):
+    proc = prepare(hub_env(tmp_path / "hf", closed_port), tmp_path / "tokens")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "not downloaded yet, and the Hub could not be reached (ConnectError)" in proc.stderr
+    assert f"hf download {REPO} --repo-type dataset --include '{PATH}/*' --local-dir DIR" in proc.stderr
+    assert f"data.source='\"DIR/{PATH}\"'" in proc.stderr
+    assert "Retrying" not in proc.stderr
+    assert not (tmp_path / "tokens").exists()
