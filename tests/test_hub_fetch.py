@@ -38,6 +38,14 @@ def prepare(env: dict[str, str], cache_dir: Path, *overrides: str) -> subprocess
                           capture_output=True, text=True, env=env, timeout=120)
 
 
+def fetch(env: dict[str, str], spec: str, budget_tokens: int = 0) -> subprocess.CompletedProcess:
+    """hub.local_folder alone, in a process of its own: the fetch without the build after it."""
+    code = ("import sys; from lmcockpit.core.data.hub import local_folder; "
+            "print(local_folder(sys.argv[1], int(sys.argv[2])))")
+    return subprocess.run([sys.executable, "-c", code, spec, str(budget_tokens)], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
 def texts(shard: int) -> list[str]:
     rng = random.Random(shard)
     words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(300)]
@@ -152,3 +160,14 @@ def test_out_of_reach_with_nothing_fetched_exits_2_with_the_download_command(tmp
     assert f"data.source='\"DIR/{PATH}\"'" in proc.stderr
     assert "Retrying" not in proc.stderr
     assert not (tmp_path / "tokens").exists()
+
+
+def test_hf_token_reaches_the_hub_as_a_bearer_header(tmp_path):
+    with FakeHub({REPO: make_repo(tmp_path / "repo")}) as hub:
+        proc = fetch(hub_env(tmp_path / "hf", hub.url, HF_TOKEN="hf_test_token"), f"hf:{REPO}/{PATH}")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(hub.got(REPO)) == SHARDS  # no budget: every data file
+    asked = [r for r in hub.requests if r.path.startswith(("/api/datasets/", "/datasets/"))]
+    assert {(r.method, r.headers.get("authorization")) for r in asked} == {("GET", "Bearer hf_test_token"),
+                                                                           ("HEAD", "Bearer hf_test_token")}
+
