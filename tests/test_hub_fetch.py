@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -171,3 +172,22 @@ def test_hf_token_reaches_the_hub_as_a_bearer_header(tmp_path):
     assert {(r.method, r.headers.get("authorization")) for r in asked} == {("GET", "Bearer hf_test_token"),
                                                                            ("HEAD", "Bearer hf_test_token")}
 
+
+def test_a_download_cut_midway_resumes_where_it_stopped(tmp_path):
+    from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE
+
+    # huggingface_hub writes what it receives in chunks of DOWNLOAD_CHUNK_SIZE and resumes after
+    # the last one written; what came after it is asked for again. So the file is longer than a
+    # chunk and the connection is cut past the first.
+    payload = random.Random(0).randbytes(DOWNLOAD_CHUNK_SIZE // 2 + 100_000).hex().encode()
+    (tmp_path / "big/data").mkdir(parents=True)
+    (tmp_path / "big/data/000.txt").write_bytes(payload)
+    cut = DOWNLOAD_CHUNK_SIZE + 50_000
+    with FakeHub({"owner/big": tmp_path / "big"}, drop_once={"owner/big:data/000.txt": cut}) as hub:
+        proc = fetch(hub_env(tmp_path / "hf", hub.url), "hf:owner/big/data")
+    assert proc.returncode == 0, proc.stderr
+    assert (Path(proc.stdout.strip()) / "000.txt").read_bytes() == payload
+    gets = [r for r in hub.requests if r.method == "GET" and r.file == "owner/big:data/000.txt"]
+    assert len(gets) == 2 and "range" not in gets[0].headers
+    resumed = re.fullmatch(r"bytes=(\d+)-", gets[1].headers.get("range", ""))
+    assert resumed and 0 < int(resumed[1]) <= cut, gets[1].headers  # not from the start, nor past the cut

@@ -1,6 +1,7 @@
 """`hf:OWNER/NAME[/PATH]`: a dataset on the Hugging Face Hub, fetched with `huggingface_hub` into
-its own cache (downloads resume; HF_TOKEN and HF_HUB_OFFLINE are honoured), then read as a local
-folder.
+its own cache (HF_TOKEN and HF_HUB_OFFLINE are honoured), then read as a local folder. A connection
+dropped mid-file is resumed from its last whole 10 MB; an interrupted run keeps the files it
+finished, and the next fetches the one it was in the middle of again from its start.
 
 Only what the run needs is fetched: the data files under PATH, in name order, until they hold
 enough for the run's token budget with a margin (a 10B-token sample is 27 GB; a 100M-token run
