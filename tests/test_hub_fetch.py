@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -140,6 +141,24 @@ def test_offline_the_files_fetched_before_serve(fetched):
     assert again.returncode == 0, again.stderr
     assert meta_of(tmp / "tokens-offline")[1]["documents"] == meta_of(tmp / "tokens")[1]["documents"]
     assert len(hub.requests) == seen
+
+
+def test_online_again_only_what_the_budget_lacks_is_fetched(fetched, tmp_path):
+    hub, env, tmp, steps, first = fetched
+    assert first.returncode == 0, first.stderr
+    home = tmp_path / "hf"  # a copy: the module's Hub cache stays as the first fetch left it
+    shutil.copytree(tmp / "hf", home, symlinks=True)
+    env = {**env, "HF_HOME": str(home)}
+    tokens_per_step = load_config("debug", [])[0].tokens_per_step
+    before = len(hub.got(REPO))
+    same = fetch(env, f"hf:{REPO}/{PATH}", steps * tokens_per_step)
+    assert same.returncode == 0, same.stderr
+    assert hub.got(REPO)[before:] == []  # the same budget: nothing downloaded again
+    sizes = [(tmp / "repo" / n).stat().st_size for n in SHARDS]
+    more = fetch(env, f"hf:{REPO}/{PATH}", int((sum(sizes[:2]) + sizes[2] // 2) / FILE_BYTES_PER_TOKEN))
+    assert more.returncode == 0, more.stderr
+    assert hub.got(REPO)[before:] == [SHARDS[2]]  # a larger one: the third shard, and only it
+    assert sorted(p.name for p in Path(more.stdout.strip()).iterdir()) == [Path(n).name for n in SHARDS[:3]]
 
 
 def test_out_of_reach_the_files_fetched_before_serve(fetched, closed_port):
