@@ -1,6 +1,7 @@
 """`hf:OWNER/NAME[/PATH]`: a dataset on the Hugging Face Hub, fetched with `huggingface_hub` into
-its own cache (downloads resume; HF_TOKEN and HF_HUB_OFFLINE are honoured), then read as a local
-folder.
+its own cache (HF_TOKEN and HF_HUB_OFFLINE are honoured), then read as a local folder. A connection
+dropped mid-file is resumed from its last whole 10 MB; an interrupted run keeps the files it
+finished, and the next fetches the one it was in the middle of again from its start.
 
 Only what the run needs is fetched: the data files under PATH, in name order, until they hold
 enough for the run's token budget with a margin (a 10B-token sample is 27 GB; a 100M-token run
@@ -11,6 +12,7 @@ trains on the result.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from ..config import ConfigError
@@ -48,6 +50,21 @@ def choose_files(listing: list[tuple[str, int]], need_bytes: int) -> list[str]:
     return chosen
 
 
+def unreachable_errors() -> tuple[type[Exception], ...]:
+    """What the Hub out of reach raises: an HTTP error answer, and the client's own errors for no
+    answer at all. Those of requests (huggingface_hub before 1.0) are OSErrors; those of httpx and
+    httpx2 (1.x, 2.x) are not."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    errors: list[type[Exception]] = [HfHubHTTPError, OSError]
+    for client in ("httpx2", "httpx"):
+        try:
+            errors.append(importlib.import_module(client).TransportError)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
 def local_folder(spec: str, budget_tokens: int = 0) -> Path:
     """The folder holding the source's files: fetched (those the budget needs) or fetched before."""
     from huggingface_hub import HfApi, constants, snapshot_download
@@ -59,20 +76,33 @@ def local_folder(spec: str, budget_tokens: int = 0) -> Path:
     reason = "HF_HUB_OFFLINE is set"
     if not offline:
         try:
-            listing = [(f.path, f.size) for f in HfApi().list_repo_tree(repo, path or None, recursive=True,
-                                                                        repo_type="dataset")
+            api = HfApi()
+            # One request that is not retried first: the listing retries a refused connection with
+            # backoff, 23 s before it gives up, and a machine without a network has its files cached.
+            commit = api.repo_info(repo, repo_type="dataset").sha
+            listing = [(f.path, f.size) for f in api.list_repo_tree(repo, path or None, recursive=True,
+                                                                    revision=commit, repo_type="dataset")
                        if hasattr(f, "size")]
             chosen = choose_files(listing, int(budget_tokens * FILE_BYTES_PER_TOKEN))
             if not chosen:
                 raise ConfigError(f"data.source = {spec!r}: no data files ({', '.join(DATA_SUFFIXES)}) under "
                                   f"{prefix or 'the dataset'}")
             return Path(snapshot_download(repo, repo_type="dataset", allow_patterns=chosen)) / path
-        except (HfHubHTTPError, OSError) as e:
+        except unreachable_errors() as e:
             reason = f"the Hub could not be reached ({type(e).__name__})"
     try:  # what an earlier run fetched
-        folder = Path(snapshot_download(repo, repo_type="dataset", local_files_only=True,
-                                        allow_patterns=[prefix + "*" + s for s in DATA_SUFFIXES]
-                                        + [prefix + "**/*" + s for s in DATA_SUFFIXES])) / path
+        try:
+            snapshot = snapshot_download(repo, repo_type="dataset", local_files_only=True,
+                                         allow_patterns=[prefix + "*" + s for s in DATA_SUFFIXES]
+                                         + [prefix + "**/*" + s for s in DATA_SUFFIXES])
+        except LocalEntryNotFoundError as e:
+            # Newer huggingface_hub refuses a snapshot that lacks files its cached listing has
+            # (IncompleteSnapshotError): the very state that fetching only what a budget needs
+            # leaves. The error names the folder, which holds the files fetched.
+            snapshot = getattr(e, "snapshot_path", None)
+            if snapshot is None:
+                raise
+        folder = Path(snapshot) / path
         if folder.is_dir() and any(p.name.endswith(DATA_SUFFIXES) for p in folder.rglob("*")):
             return folder
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError, OSError):
