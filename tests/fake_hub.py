@@ -98,6 +98,8 @@ class FakeHub:
         with self.lock:
             self.requests.append(req)
         api = re.fullmatch(r"/api/datasets/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+)(?:/(.*))?)?", req.path)
+        if api and api[1] not in self.repos:  # as the Hub answers for a missing, private or gated repo
+            return self._json(h, 404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
         if api and body and api[1] in self.repos:
             repo = self.repos[api[1]]
             if api[3] not in (None, "main", repo["commit"]):

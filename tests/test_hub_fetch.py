@@ -210,3 +210,16 @@ def test_a_download_cut_midway_resumes_where_it_stopped(tmp_path):
     assert len(gets) == 2 and "range" not in gets[0].headers
     resumed = re.fullmatch(r"bytes=(\d+)-", gets[1].headers.get("range", ""))
     assert resumed and 0 < int(resumed[1]) <= cut, gets[1].headers  # not from the start, nor past the cut
+
+
+@pytest.mark.parametrize("token", ["", "hf_secret"])
+def test_a_dataset_the_hub_does_not_have_is_named_with_what_to_do(tmp_path, token):
+    with FakeHub({REPO: make_repo(tmp_path / "repo")}) as hub:
+        env = hub_env(tmp_path / "hf", hub.url, **({"HF_TOKEN": token} if token else {}))
+        proc = subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "data", "prepare", "debug", "--set",
+                               'data.source="hf:owner/nmae/sample/10BT"', "--set", f'data.cache_dir="{tmp_path}"'],
+                              capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "the Hub has no dataset owner/nmae that this machine may read (a typo in the name?" in proc.stderr
+    assert ("this machine's token cannot read it" if token else "set HF_TOKEN to a token that can") in proc.stderr
+    assert "not downloaded yet" not in proc.stderr

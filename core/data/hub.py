@@ -65,10 +65,17 @@ def unreachable_errors() -> tuple[type[Exception], ...]:
     return tuple(errors)
 
 
+def _has_token() -> bool:
+    from huggingface_hub import get_token
+
+    return get_token() is not None
+
+
 def local_folder(spec: str, budget_tokens: int = 0) -> Path:
     """The folder holding the source's files: fetched (those the budget needs) or fetched before."""
     from huggingface_hub import HfApi, constants, snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+    from huggingface_hub.errors import (HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled,
+                                        RepositoryNotFoundError)
 
     repo, path = parse(spec)
     prefix = f"{path}/" if path else ""
@@ -88,6 +95,10 @@ def local_folder(spec: str, budget_tokens: int = 0) -> Path:
                 raise ConfigError(f"data.source = {spec!r}: no data files ({', '.join(DATA_SUFFIXES)}) under "
                                   f"{prefix or 'the dataset'}")
             return Path(snapshot_download(repo, repo_type="dataset", allow_patterns=chosen)) / path
+        except RepositoryNotFoundError:  # the Hub answers so for a private or gated one too
+            token = "this machine's token cannot read it" if _has_token() else "set HF_TOKEN to a token that can"
+            raise ConfigError(f"data.source = {spec!r}: the Hub has no dataset {repo} that this machine may read "
+                              f"(a typo in the name? private or gated: {token})") from None
         except unreachable_errors() as e:
             reason = f"the Hub could not be reached ({type(e).__name__})"
     try:  # what an earlier run fetched
