@@ -404,3 +404,43 @@ def test_the_default_worker_count_keeps_preparation_under_its_memory_bound(monke
         + build.MAIN_BYTES <= build.TREE_BYTES
     assert bool(log) == (workers < cores)
     assert not log or f"{workers} tokenizer processes for {cores} cores" in log[0] and "data.workers" in log[0]
+
+
+def test_a_cache_of_more_shards_than_open_files_allowed_is_read(tmp_path):
+    """Thousands of shards (a 45 GB corpus) against the usual limit of 1,024 open files, here 300
+    shards against 200: a shard is mapped while it is read, not all at once."""
+    source = corpus(tmp_path, n=1200)
+    overrides = [f"data.source=\"{source}\"", f"data.cache_dir=\"{tmp_path / 'cache'}\"", "data.max_bytes=0",
+                 "data.val_fraction=0.05", "tokenizer.vocab_size=300", "tokenizer.train_bytes=100_000",
+                 "data.workers=1", "data.shard_bytes=800"]
+    data = prepare(tiny_config(*overrides), lambda line: None, lambda *a: None)
+    shards = len(list((data.dir / "shards").glob("*.train.bin")))
+    assert shards > 250
+    driver = textwrap.dedent("""
+        import resource, sys
+        import numpy as np
+        from lmcockpit.core.data.prepare import prepare
+        from tests.conftest import tiny_config
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        data = prepare(tiny_config(*sys.argv[1:]), lambda line: None, lambda *a: None)
+        stream = data.train
+        # Every shard, across their seams; a window is summed and dropped, as a batch copies it.
+        print(len(stream), sum(int(stream[i:i + 40].astype(np.int64).sum()) for i in range(0, len(stream) - 40, 37)))
+        """)
+    proc = subprocess.run([sys.executable, "-c", driver, *overrides],
+                          cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    whole = np.asarray(data.train).astype(np.int64)
+    expected = sum(int(whole[i:i + 40].sum()) for i in range(0, len(whole) - 40, 37))
+    assert proc.stdout.split() == [str(len(whole)), str(expected)]
+
+
+def test_a_damaged_shard_is_named_with_the_command_that_mends_it(tmp_path):
+    source = corpus(tmp_path, n=300)
+    cfg = scale_config(tmp_path, source, tmp_path / "cache", "data.workers=1")
+    data = prepare(cfg, lambda line: None, lambda *a: None)
+    shard = sorted((data.dir / "shards").glob("*.train.bin"))[-1]
+    shard.write_bytes(shard.read_bytes()[:-6])  # a disk that filled up, a copy cut short
+    with pytest.raises(ConfigError, match=rf"{shard.name}: .* bytes, expected .*damaged: `lmcockpit data rm "
+                                          rf"{data.dir.name}`"):
+        prepare(cfg, lambda line: None, lambda *a: None)

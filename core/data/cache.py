@@ -10,6 +10,7 @@ still found under its old key and read.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,27 @@ from ..config import Config, ConfigError
 from . import tokenizer
 from .store import FORMAT_VERSION, LEGACY_FORMAT, dtype_name, read_meta
 
+OPEN_SHARDS = 128  # shard files mapped at once in a process (each map holds a file descriptor)
+
+
+@functools.lru_cache(maxsize=OPEN_SHARDS)
+def _mapped(path: str, dtype: str) -> np.memmap:
+    return np.memmap(path, dtype=np.dtype(dtype), mode="r")
+
+
+class Shard:
+    """One shard file, mapped when read. A mapping keeps a descriptor open, and a 45 GB corpus has
+    thousands of shards: mapping them all at once passes the usual limit of 1,024 open files. The
+    OPEN_SHARDS most recently read stay mapped; a slice of one keeps its mapping alive."""
+
+    def __init__(self, path: Path, length: int, dtype: np.dtype):
+        self.path, self.length, self.dtype = str(path), length, np.dtype(dtype)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        return _mapped(self.path, self.dtype.str)[index]
 
 
 class TokenStream:
@@ -80,9 +102,15 @@ def open_cache(folder: Path, cfg: Config, reused: bool) -> TokenData:
     if meta["format"] == LEGACY_FORMAT:
         train, val = (np.memmap(folder / f"{split}.bin", dtype=dtype, mode="r") for split in ("train", "val"))
     else:
-        train, val = (TokenStream([np.memmap(folder / "shards" / f"{s['name']}.{split}.bin", dtype=dtype, mode="r")
+        train, val = (TokenStream([Shard(folder / "shards" / f"{s['name']}.{split}.bin", s[f"{split}_tokens"], dtype)
                                    for s in meta["shards"] if s[f"{split}_tokens"]])
                       for split in ("train", "val"))
+        for shard in (*train.arrays, *val.arrays):
+            size = Path(shard.path).stat().st_size if Path(shard.path).is_file() else -1
+            if size != len(shard) * dtype.itemsize:
+                raise ConfigError(f"{shard.path}: {'missing' if size < 0 else f'{size} bytes'}, expected "
+                                  f"{len(shard) * dtype.itemsize} ({len(shard)} tokens); the cache is damaged: "
+                                  f"`lmcockpit data rm {folder.name}` and prepare it again")
     tok = tokenizer.load_tokenizer("bpe", folder / "tokenizer")
     need = cfg.training.seq_len + 1
     for split, arr in (("train", train), ("val", val)):
