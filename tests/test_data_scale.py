@@ -228,6 +228,64 @@ def test_a_killed_build_resumes_and_the_cache_is_byte_identical(tmp_path):
     assert not [p for p in killed_dir.glob(".build-*") if p.is_dir()]
 
 
+def start_bpe_training(tmp_path: Path):
+    """`data prepare` as a user runs it, on a sample that takes seconds to train; returns it and its
+    BPE's child process once that child is there."""
+    import psutil
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 12)))
+             for _ in range(300_000)]  # many distinct words: seconds of training
+    source = write_jsonl(tmp_path / "c.jsonl", [" ".join(rng.choice(words) for _ in range(400)) for _ in range(3_000)])
+    flags = [a for s in [f'data.source="{source}"', f'data.cache_dir="{tmp_path / "cache"}"', "data.max_bytes=0",
+                         "tokenizer.vocab_size=8192", "tokenizer.train_bytes=20_000_000"] for a in ("--set", s)]
+    proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "data", "prepare", "debug", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    for line in proc.stdout:  # piped: a line when the training starts
+        if line.startswith("training tokenizer: 0%"):
+            break
+    deadline = time.monotonic() + 60
+    while not (trainer := [p for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]):
+        assert time.monotonic() < deadline, "the BPE trains in a child process"
+    return proc, trainer[0]
+
+
+def test_ctrl_c_while_the_bpe_trains_stops_it_at_once(tmp_path):
+    """Ctrl-C reaches the whole process group: `data prepare` answers 130 and kills the BPE's child
+    then and there, rather than wait for it to finish training and write the tokenizer."""
+    import signal
+
+    import psutil
+
+    proc, trainer = start_bpe_training(tmp_path)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)  # while the child starts up or trains: the same answer
+        interrupted = time.monotonic()
+        out = proc.stdout.read()
+        assert proc.wait(timeout=60) == 130
+        # Training this sample takes 5 to 13 s here: an answer in seconds means it was not waited for.
+        assert time.monotonic() - interrupted < 3
+    finally:
+        proc.kill()
+    assert "interrupted: what is finished is kept" in out and "Traceback" not in out, out
+    assert not list((tmp_path / "cache").glob(".build-*/tokenizer")), "the trainer went on to the end"
+    assert not psutil.wait_procs([trainer], timeout=10)[1], "the trainer outlived the build"
+
+
+def test_a_bpe_trainer_killed_from_outside_is_an_error_not_a_hang(tmp_path):
+    """The OOM killer's SIGKILL on the BPE's child: `data prepare` says so and exits 2 (a Pool
+    would have waited for its answer for ever)."""
+    proc, trainer = start_bpe_training(tmp_path)
+    try:
+        trainer.kill()
+        out = proc.stdout.read()
+        assert proc.wait(timeout=60) == 2
+    finally:
+        proc.kill()
+    assert "the tokenizer's training process died (exit code -9: killed, out of memory?)" in out, out
+    assert "Traceback" not in out
+
+
 def test_a_killed_build_s_workers_die_with_it_and_the_next_build_is_whole(tmp_path):
     """SIGKILL of the main process alone (the OOM killer's way): its workers must not go on
     writing pieces beside the next build's (they did, and the next build failed on a rename)."""

@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -146,7 +147,28 @@ def _worker_init(tokenised) -> None:
     # One process per core already: each encode_batch on one thread, not one per core again.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _TOKENISED = tokenised
+    _quiet_child()
+
+
+def _quiet_child() -> None:
+    """A child of the build: Ctrl-C reaches the whole process group, and the build answers it (it
+    ends its pool, which kills the child); the child's own KeyboardInterrupt would only print a
+    traceback over the terminal. SIGINT came blocked (_deaf_children): one sent while the child
+    was starting is dropped here with the rest."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with_parent()
+
+
+@contextmanager
+def _deaf_children():
+    """Children started inside are born with SIGINT blocked (a signal mask survives fork and exec),
+    until _quiet_child ignores it; this process gets a Ctrl-C sent meanwhile when the block ends."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _die_with_parent() -> None:
@@ -235,11 +257,37 @@ def train_bpe_folder(cfg: Config, samples: list[tuple[object, Plan, int]], folde
 def in_child(fn, *args):
     """`fn(*args)` in a spawned process of its own, its errors raised here. For the BPE's training:
     the trainer's memory (hundreds of MB for a large sample) goes back to the system when the
-    child ends, rather than stay in this process beside the workers that tokenise after it."""
-    from concurrent.futures import ProcessPoolExecutor
+    child ends, rather than stay in this process beside the workers that tokenise after it. On
+    Ctrl-C, or any error here, the child is killed at once rather than left to finish training;
+    a child killed from outside (the OOM killer) is an error, not a wait for an answer that
+    never comes (as a Pool's would be)."""
+    ctx = mp.get_context("spawn")
+    answer, send = ctx.Pipe(duplex=False)
+    with _deaf_children():
+        child = ctx.Process(target=_answer, args=(send, fn, args), daemon=True)
+        child.start()
+    send.close()
+    try:
+        ok, value = answer.recv()
+    except EOFError:
+        child.join()
+        raise ConfigError(f"data: the tokenizer's training process died (exit code {child.exitcode}"
+                          f"{': killed, out of memory?' if child.exitcode == -signal.SIGKILL else ''}); "
+                          "a smaller tokenizer.train_bytes needs less memory") from None
+    finally:
+        child.kill()
+        child.join()
+    if not ok:
+        raise value
+    return value
 
-    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_die_with_parent) as pool:
-        return pool.submit(fn, *args).result()
+
+def _answer(send, fn, args) -> None:
+    _quiet_child()
+    try:
+        send.send((True, fn(*args)))
+    except Exception as e:  # raised in the parent as it was raised here
+        send.send((False, e))
 
 
 def save_tokenizer(tok, origin: Path | None, folder: Path, cfg: Config, log) -> None:
@@ -362,7 +410,9 @@ class Build:
         else:
             ctx = mp.get_context("spawn")
             tokenised = ctx.Value("q", 0)
-            with ctx.Pool(workers, initializer=_worker_init, initargs=(tokenised,)) as pool:
+            with _deaf_children():
+                pool = ctx.Pool(workers, initializer=_worker_init, initargs=(tokenised,))
+            with pool:
                 results, waiting = pool.imap_unordered(_pool_piece, jobs), len(jobs)
                 while waiting:
                     try:  # a piece takes seconds: the bar moves with every batch a worker encodes
