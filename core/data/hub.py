@@ -51,7 +51,7 @@ def choose_files(listing: list[tuple[str, int]], need_bytes: int) -> list[str]:
 def local_folder(spec: str, budget_tokens: int = 0) -> Path:
     """The folder holding the source's files: fetched (those the budget needs) or fetched before."""
     from huggingface_hub import HfApi, constants, snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+    from huggingface_hub.errors import HfHubHTTPError
 
     repo, path = parse(spec)
     prefix = f"{path}/" if path else ""
@@ -69,15 +69,26 @@ def local_folder(spec: str, budget_tokens: int = 0) -> Path:
             return Path(snapshot_download(repo, repo_type="dataset", allow_patterns=chosen)) / path
         except (HfHubHTTPError, OSError) as e:
             reason = f"the Hub could not be reached ({type(e).__name__})"
-    try:  # what an earlier run fetched
-        folder = Path(snapshot_download(repo, repo_type="dataset", local_files_only=True,
-                                        allow_patterns=[prefix + "*" + s for s in DATA_SUFFIXES]
-                                        + [prefix + "**/*" + s for s in DATA_SUFFIXES])) / path
-        if folder.is_dir() and any(p.name.endswith(DATA_SUFFIXES) for p in folder.rglob("*")):
-            return folder
-    except (LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError, OSError):
-        pass
+    if (folder := fetched_folder(spec)) is not None:
+        return folder
     raise ConfigError(
         f"data.source = {spec!r}: not downloaded yet, and {reason}. Download it on a machine with a network:\n"
         f"  {download_command(repo, path)}\n"
         f"then train on it with --set data.source='\"{'DIR/' + path if path else 'DIR'}\"'")
+
+
+def fetched_folder(spec: str) -> Path | None:
+    """The folder of what an earlier run fetched of the source, from the Hub's cache alone (no
+    network: the token budget asks on every preset the launch screen passes); None if nothing."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    repo, path = parse(spec)
+    prefix = f"{path}/" if path else ""
+    try:
+        folder = Path(snapshot_download(repo, repo_type="dataset", local_files_only=True,
+                                        allow_patterns=[prefix + "*" + s for s in DATA_SUFFIXES]
+                                        + [prefix + "**/*" + s for s in DATA_SUFFIXES])) / path
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError, OSError):
+        return None
+    return folder if folder.is_dir() and any(p.name.endswith(DATA_SUFFIXES) for p in folder.rglob("*")) else None
