@@ -45,25 +45,25 @@ class Budget:
 
     def head(self) -> str:
         """What the run's steps take, said alone where its parts follow (a mixture's)."""
-        return (f"token budget: {_count(self.run_tokens)} tokens ({self.tokens_per_param:.2g} per parameter; "
+        return (f"token budget: {_count(self.run_tokens)} tokens ({_figures(self.tokens_per_param)} per parameter; "
                 f"compute-optimal is about {COMPUTE_OPTIMAL})")
 
     def line(self) -> str:
         about = "" if self.exact else "about "
         held = ("its source is not fetched yet" if self.source_tokens is None else
                 f"the source holds {about}{_count(self.source_tokens)} train tokens, "
-                f"{about}{self.epochs:.2g} epochs")
+                f"{about}{_figures(self.epochs)} epochs")
         return f"{self.head()}; {held}"
 
     def short(self) -> str:
         """One line for a narrow place (the launch screen's settings border)."""
         # An estimate is worth one figure: the launch screen shows the same on nearby Pythons.
         epochs = "source not fetched yet" if self.epochs is None else f"{self.epoch_figure()} epochs of its source"
-        return f"{_count(self.run_tokens)} tokens · {epochs} · {self.tokens_per_param:.2g}/param"
+        return f"{_count(self.run_tokens)} tokens · {epochs} · {_figures(self.tokens_per_param)}/param"
 
     def epoch_figure(self) -> str:
         """The epochs in a few characters: two figures when counted, one (≈) when estimated."""
-        return f"{self.epochs:.2g}" if self.exact else f"≈{self.epochs:.1g}"
+        return _figures(self.epochs) if self.exact else "≈" + _figures(self.epochs, 1)
 
     def warning(self) -> str | None:
         if self.epochs is None or self.epochs <= MANY_EPOCHS:
@@ -89,7 +89,12 @@ class Part:
         taken = f"{self.share:.0%} of the tokens, {_count(b.run_tokens)}"
         if b.epochs is None:
             return f"{taken}: {self.problem or 'its train tokens are unknown'}"
-        return f"{taken} of its {about}{_count(b.source_tokens)} train tokens, {about}{b.epochs:.2g} epochs"
+        return f"{taken} of its {about}{_count(b.source_tokens)} train tokens, {about}{_figures(b.epochs)} epochs"
+
+
+def _figures(x: float, n: int = 2) -> str:
+    """`x` to `n` significant figures, as people write them: 120 epochs, not 1.2e+02."""
+    return f"{float(f'{x:.{n}g}'):g}"
 
 
 def _count(n: float) -> str:
