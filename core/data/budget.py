@@ -55,14 +55,22 @@ class Budget:
                 f"{about}{_figures(self.epochs)} epochs")
         return f"{self.head()}; {held}"
 
-    def short(self) -> str:
-        """One line for a narrow place (the launch screen's settings border)."""
+    def short(self, each: list[Part] | None = None) -> str:
+        """One line for a narrow place (the launch screen's settings border); with a mixture's
+        parts (`each`), the epochs of every part in their order."""
         # An estimate is worth one figure: the launch screen shows the same on nearby Pythons.
-        epochs = "source not fetched yet" if self.epochs is None else f"{self.epoch_figure()} epochs of its source"
+        if each is not None and len(each) > 1:
+            epochs = "epochs by part: " + ", ".join(p.budget.epoch_figure() for p in each)
+        elif self.epochs is None:
+            epochs = "source not fetched yet"
+        else:
+            epochs = f"{self.epoch_figure()} epochs of its source"
         return f"{_count(self.run_tokens)} tokens · {epochs} · {_figures(self.tokens_per_param)}/param"
 
     def epoch_figure(self) -> str:
         """The epochs in a few characters: two figures when counted, one (≈) when estimated."""
+        if self.epochs is None:
+            return "–"  # not known: a Hub source not fetched yet, a source that cannot be read
         return _figures(self.epochs) if self.exact else "≈" + _figures(self.epochs, 1)
 
     def warning(self) -> str | None:
@@ -90,6 +98,14 @@ class Part:
         if b.epochs is None:
             return f"{taken}: {self.problem or 'its train tokens are unknown'}"
         return f"{taken} of its {about}{_count(b.source_tokens)} train tokens, {about}{_figures(b.epochs)} epochs"
+
+    def short(self) -> str:
+        """In a table's cell, what matters first: "25%: 0.43 epochs of 90.2k tokens" (≈ where estimated)."""
+        b = self.budget
+        if b.epochs is None:
+            return f"{self.share:.0%}: {self.problem or 'train tokens unknown'}"
+        about = "" if b.exact else "≈"
+        return f"{self.share:.0%}: {b.epoch_figure()} epochs of {about}{_count(b.source_tokens)} tokens"
 
 
 def _figures(x: float, n: int = 2) -> str:
