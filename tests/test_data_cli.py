@@ -173,11 +173,14 @@ def test_info_of_a_preset_reads_a_hub_source_from_the_hub_s_cache_and_never_the_
             print("NETWORK ATTEMPTED", args, flush=True)
             raise OSError("the test allows no network")
         socket.socket.connect = socket.getaddrinfo = socket.create_connection = refuse
-        sys.exit(data.main(["info", {str(preset)!r}]))
+        code = data.main(["info", {str(preset)!r}])
+        print("HEAVY", sorted({{"numpy", "tokenizers", "torch"}} & set(sys.modules)))
+        sys.exit(code)
         """)
     proc = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub")})
     assert proc.returncode == 0 and "NETWORK ATTEMPTED" not in proc.stdout, proc.stdout + proc.stderr
+    assert "HEAVY []" in proc.stdout  # the front-end's budget: no numpy, tokenizers or torch
     fetched, never = part_blocks(proc.stdout).values()
     tokens = int((snapshot / "sample" / "part-0.jsonl").stat().st_size * 0.95 / budget.BYTES_PER_TOKEN)
     assert f"of its about {budget._count(tokens)} train tokens" in fetched[0]
