@@ -187,6 +187,16 @@ class Config:
         t = self.training
         return t.micro_batch_size * t.grad_accum_steps * t.seq_len * self.world
 
+    def data_parts(self) -> list[Config]:
+        """The data's parts, each as a config of its own: a single source is one part; a mixture's
+        part keeps every setting of the whole but names its own source and text field, so its
+        cache is listed, planned and keyed as a single source's would be."""
+        if not self.data.sources:
+            return [self]
+        return [dataclasses.replace(self, data=dataclasses.replace(self.data, source=part.source,
+                                                                   text_field=part.text_field, sources=[]))
+                for part in self.data.sources]
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -44,3 +44,13 @@ def test_presets_say_the_epochs_of_each(tmp_path):
     out = cli("presets").stdout
     assert "Epochs of its source each preset's steps make" in out
     assert re.search(r"\bcpu 0\.[12]\d?\b", out) and "3090 –" in out  # the stdlib; FineWeb-Edu, not fetched yet
+
+
+def test_many_epochs_are_written_as_people_write_them():
+    """.2g wrote 123 epochs as 1.2e+02, and an estimate of 70 (one figure) as 7e+01."""
+    counted = budget.Budget(run_tokens=123_000_000, source_tokens=1_000_000, exact=True, n_params=10**6)
+    estimated = budget.Budget(run_tokens=70_400_000, source_tokens=1_000_000, exact=False, n_params=10**5)
+    assert "1M train tokens, 120 epochs" in counted.line() and "(120 per parameter;" in counted.line()
+    assert " · 120 epochs of its source · 120/param" in counted.short()
+    assert " · ≈70 epochs of its source · 700/param" in estimated.short()
+    assert "e+" not in counted.line() + estimated.line() + counted.short() + estimated.short()

@@ -246,6 +246,42 @@ async def test_the_launch_screen_shows_every_presets_fit_and_the_settings_values
         assert "Resume" in footer_keys(app) and "Quit" in footer_keys(app)
 
 
+async def test_the_launch_screen_shows_each_mixture_part_s_tokens_and_epochs(tmp_path, monkeypatch):
+    """A mixture typed in for data.sources at 80×24: a row per part under it (its share, train
+    tokens and epochs), every part's epochs on the settings' border; `e` on a part edits them all."""
+    from lmcockpit.core.data import budget
+
+    from .test_data_scale import records, write_jsonl
+
+    monkeypatch.chdir(tmp_path)
+    apples = write_jsonl(tmp_path / "apples.jsonl", records(600, seed=1))
+    zebras = write_jsonl(tmp_path / "zebras.jsonl", records(150, seed=2))  # a quarter of the text, 3x the weight
+    mixture = f'[{{source="{apples}", weight=1}}, {{source="{zebras}", weight=3}}]'
+    app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        launch = app.screen
+        settings = launch.query_one("#settings")
+        settings.focus()
+        settings.move_cursor(row=settings.get_row_index("data.sources"))
+        await pilot.press("e")
+        launch.query_one("#edit").value = mixture
+        await pilot.press("enter")
+        await pilot.pause()
+
+        parts = budget.parts(launch.current_config())
+        epochs = [p.budget.epoch_figure() for p in parts]
+        assert parts[1].budget.epochs > 10 * parts[0].budget.epochs  # 4x less text, 3x the draws
+        shown = shown_in(app, settings)
+        for part, name, share in zip(parts, ("apples.jsonl", "zebras.jsonl"), ("25%", "75%")):
+            row = rf"│  └ {name} +{share}: {re.escape(part.budget.epoch_figure())} epochs of "
+            assert any(re.search(row + rf"≈{re.escape(budget._count(part.budget.source_tokens))} tokens ", line)
+                       for line in shown), "\n".join(shown)
+        assert f" epochs by part: {epochs[0]}, {epochs[1]} · " in shown[-1], shown[-1]
+
+        await pilot.press("down", "e")  # on apples' row: the edit is data.sources, the whole list
+        assert launch.editing == "data.sources" and "zebras.jsonl" in launch.query_one("#edit").value
+
+
 async def test_after_a_run_ends_b_goes_back_to_the_launch_screen_which_lists_it(tmp_path):
     """The run's controls leave the footer when it ends, b takes their place and returns to the
     launch screen it was launched from, whose recent runs now hold it; q still quits."""

@@ -212,6 +212,12 @@ def test_each_command_completes_its_own_flags_and_choices(workdir):
     assert complete("lmcockpit --res", workdir) == ["--resume"]
 
 
+def test_data_prepare_and_info_complete_to_presets_and_config_keys(workdir):
+    for action in ("prepare", "info"):
+        assert set(complete(f"lmcockpit data {action} ", workdir)) == {*shipped_presets(), "mine.toml"}, action
+        assert complete(f"lmcockpit data {action} cpu --set training.max_s", workdir) == ["training.max_steps="]
+
+
 @pytest.mark.parametrize("line", ["lmcockpit ", *(f"lmcockpit {name} " for name in COMMANDS)])
 def test_completion_imports_no_torch_transformers_or_numpy(workdir, line):
     """Every Tab starts the process: it must stay the front-end's quick start."""

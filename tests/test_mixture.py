@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
-from lmcockpit.core.data import batches
+from lmcockpit.core.data import batches, budget, store
 from lmcockpit.core.data.prepare import prepare
 
 from .conftest import drive_engine, tiny_config
@@ -71,6 +71,31 @@ def test_a_mixture_run_says_each_part_s_budget(tmp_path):
     assert "apples.jsonl: warning: " in apples_warning and "zebras.jsonl: warning: " in zebras_warning
     epochs = [float(line.split(", ")[-1].split()[0]) for line in (apples, zebras)]
     assert 2.5 < epochs[0] / epochs[1] < 3.5
+
+
+def test_each_part_s_budget_is_estimated_then_counted_from_its_cache(tmp_path):
+    cfg = mixture(tmp_path, "training.max_steps=2000")
+    before = budget.parts(cfg)
+    assert [(p.source.rsplit("/", 1)[-1], p.share) for p in before] == [("apples.jsonl", 0.75), ("zebras.jsonl", 0.25)]
+    assert [p.budget.run_tokens for p in before] == [768_000, 256_000]  # the weights' shares of 2000 steps
+    assert not any(p.budget.exact or p.cache for p in before)
+    assert all("of its about " in p.line() and p.line().endswith(" epochs") for p in before)
+
+    data = prepare(cfg, lambda line: None, lambda *a: None)
+    after = budget.parts(cfg)
+    # exact: each part's own cache, made with the mixture's shared tokenizer, found as prepare finds it
+    assert [p.budget.source_tokens for p in after] == [len(s) for s in data.train.parts]
+    assert all(p.budget.exact for p in after)
+    for part in after:
+        assert store.read_meta(tmp_path / "cache" / part.cache)["source"].endswith(part.source.rsplit("/", 1)[-1])
+    assert all(0.5 < b.budget.source_tokens / a.budget.source_tokens < 2 for b, a in zip(before, after))
+    # the run header says the same, part for part; the launch screen's one line is the worst part's
+    lines = budget.header(cfg, data.train)
+    assert lines[1:] == [line for p in after for line in (f"  {p.source}: {p.line()}",
+                                                          *([f"  {p.source}: {p.budget.warning()}"]
+                                                            if p.budget.warning() else []))]
+    whole = budget.estimate(cfg)
+    assert whole.exact and whole.epochs == pytest.approx(max(p.budget.epochs for p in after), rel=1e-4)
 
 
 def test_a_missing_part_is_named_by_its_index(tmp_path):

@@ -42,7 +42,7 @@ class Command:
 GROUPS = ("train", "data", "models", "machine", "help")
 
 COMMANDS: dict[str, Command] = {c.name: c for c in (
-    Command("data", "lmcockpit.tui.data", "data", "token caches: prepare ahead of training, info, rm"),
+    Command("data", "lmcockpit.tui.data", "data", "token caches: prepare, info (a preset's data too), rm"),
     Command("chat", "lmcockpit.tui.chat", "models", "sample from a trained model, at a prompt or once"),
     Command("export", "lmcockpit.tui.export", "models", "write a checkpoint as a Hugging Face model folder"),
     Command("presets", "lmcockpit.tui.presets", "machine", "the shipped presets: size, memory, whether each fits"),

@@ -1,17 +1,22 @@
-"""`lmcockpit data`: token caches ahead of training.
+"""`lmcockpit data`: token caches ahead of training, and what a preset's run makes of its data.
 
 * `data prepare PRESET [--set K=V ...]` prepares the preset's token cache now, with a progress bar
   on a terminal (plain lines when piped) and a summary; Ctrl-C or a kill keeps what is finished,
   and the same command resumes. Training prepares on its own when no cache exists.
 * `data info` lists the caches: key, source, vocabulary, tokens, size, age, complete or partial.
+  `data info PRESET [--set K=V ...]` first says what a run of the preset makes of its data: the
+  token budget, then each source (a mixture's every part): its share of the tokens, its train
+  tokens (counted once its cache exists, else estimated), the epochs, and its cache.
 * `data rm KEY` removes one (a unique prefix of its key will do).
 
-Listing and removing import no numpy or tokenizers; `prepare` does, once it runs.
+Listing, the run's data and removing import no numpy or tokenizers, and never go to the network
+(a Hub source not fetched yet says so); `prepare` does, once it runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
@@ -21,28 +26,38 @@ from rich.console import Console
 
 from lmcockpit.core.config import Config, ConfigError, load_config
 from lmcockpit.core.data import store
+from lmcockpit.core.data.sources import NOT_FETCHED
 from lmcockpit.tui import completers
 from lmcockpit.tui.runview import fmt_count, fmt_duration
 from lmcockpit.tui.usage import Parser, UsageError, error
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="lmcockpit data", description=__doc__.split("\n\n")[0].strip("`. "))
+    p = Parser(prog="lmcockpit data", description=__doc__.split("\n\n")[0].replace("`", "").rstrip("."))
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=Parser)
     prep = sub.add_parser("prepare", help="prepare a preset's token cache now (resumes a killed one)",
                           description="Prepare a preset's token cache ahead of training.")
     prep.add_argument("preset", metavar="PRESET", help="a preset TOML path or a shipped preset name"
                       ).completer = completers.presets
-    prep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                      help="override a config key, VALUE in TOML syntax (repeatable): --set data.workers=8"
-                      ).completer = completers.config_keys
-    info = sub.add_parser("info", help="list the token caches", description="List the token caches.")
+    info = sub.add_parser(
+        "info", help="list the token caches; with a preset, first what its run makes of each source",
+        description="List the token caches. With a PRESET, first the data a run of it trains on: the token "
+                    "budget, then each source (each part of a mixture): its share of the tokens, its train tokens "
+                    "(counted once its cache exists, else estimated: 'about'), the epochs the run makes of them, "
+                    "and its cache. Nothing is fetched or prepared.")
+    info.add_argument("preset", metavar="PRESET", nargs="?", help="a preset TOML path or a shipped preset name"
+                      ).completer = completers.presets
+    for parser in (prep, info):
+        parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                            help="override a config key, VALUE in TOML syntax (repeatable): --set data.workers=8"
+                            ).completer = completers.config_keys
     rm = sub.add_parser("rm", help="remove a token cache", description="Remove a token cache.")
     rm.add_argument("key", metavar="KEY", help="the cache's key, as `lmcockpit data info` lists it (a unique "
                                               "prefix will do)")
     for parser in (info, rm):
         parser.add_argument("--cache-dir", metavar="DIR", help="where the caches are (default: "
-                            "$XDG_CACHE_HOME/lmcockpit, as training uses)").completer = completers.directories
+                            "$XDG_CACHE_HOME/lmcockpit, as training uses; with a PRESET, its data.cache_dir)"
+                            ).completer = completers.directories
     return p
 
 
@@ -50,8 +65,12 @@ def main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.action == "prepare":
-            again = shlex.join([args.preset, *(a for o in args.overrides for a in ("--set", o))])
-            return prepare(load_config(args.preset, args.overrides)[0], again)
+            return prepare(load_config(args.preset, args.overrides)[0], again(args.preset, args.overrides))
+        if args.action == "info" and args.preset is not None:
+            return run_info(args.preset, args.overrides, args.cache_dir)
+        if args.action == "info" and args.overrides:
+            raise UsageError("--set changes a preset's settings: name the PRESET first "
+                             "(lmcockpit data info cpu --set training.max_steps=5000)")
         root = store.cache_root(Config()) if args.cache_dir is None else Path(args.cache_dir).expanduser()
         return info(root) if args.action == "info" else rm(root, args.key)
     except (UsageError, ConfigError) as e:
@@ -116,6 +135,46 @@ def prepare(cfg: Config, again: str) -> int:
     console.print(f"token cache {data.dir.name}: {fmt_count(len(data.train))} train and {fmt_count(len(data.val))} "
                   f"val tokens, ready in {fmt_duration(time.monotonic() - t0)} ({data.dir})")
     return 0
+
+
+def again(preset: str, overrides: list[str]) -> str:
+    """The arguments naming this preset and its overrides, as a command line takes them."""
+    return shlex.join([preset, *(a for o in overrides for a in ("--set", o))])
+
+
+def run_info(preset: str, overrides: list[str], cache_dir: str | None) -> int:
+    """What a run of the preset makes of its data, part by part; then the caches where it looks."""
+    from lmcockpit.core.data import budget
+
+    if cache_dir is not None:  # as --set data.cache_dir would: the run's caches and the listing agree
+        overrides = [*overrides, "data.cache_dir=" + json.dumps(str(Path(cache_dir).expanduser()))]
+    cfg = load_config(preset, overrides)[0]
+    console = Console(highlight=False, soft_wrap=True, markup=False)
+    parts = budget.parts(cfg)
+    console.print(f"the data a run of {again(preset, overrides)} trains on:")
+    console.print(budget.whole(cfg, parts).head())
+    for i, part in enumerate(parts):
+        for line in part_lines(cfg, i, part):
+            console.print(line)
+    missing = [p for p in parts if p.cache is None]
+    if missing and all(p.problem in (None, NOT_FETCHED) for p in missing):  # else prepare stops at the problem said
+        does = "fetches and prepares" if any(p.problem for p in missing) else "prepares"
+        console.print(f"`lmcockpit data prepare {again(preset, overrides)}` {does} what is missing (so does training)")
+    console.print()
+    return info(store.cache_root(cfg))
+
+
+def part_lines(cfg: Config, i: int, part) -> list[str]:
+    """A part (a single source is one) by the key that names it, what the run makes of it, its cache."""
+    if cfg.data.sources:
+        named = f"data.sources[{i}]: {json.dumps(part.source)}, weight {cfg.data.sources[i].weight:g}"
+    else:
+        named = f"data.source = {json.dumps(part.source)}"
+    cache = "no token cache yet" if part.cache is None else f"token cache {part.cache} (complete)"
+    lines = [named, f"  {part.line()}", f"  {cache}"]
+    if warning := part.budget.warning():
+        lines.append(f"  {warning}")
+    return lines
 
 
 def info(root) -> int:

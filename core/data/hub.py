@@ -74,8 +74,7 @@ def _has_token() -> bool:
 def local_folder(spec: str, budget_tokens: int = 0) -> Path:
     """The folder holding the source's files: fetched (those the budget needs) or fetched before."""
     from huggingface_hub import HfApi, constants, snapshot_download
-    from huggingface_hub.errors import (HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled,
-                                        RepositoryNotFoundError)
+    from huggingface_hub.errors import RepositoryNotFoundError
 
     repo, path = parse(spec)
     prefix = f"{path}/" if path else ""
@@ -101,7 +100,23 @@ def local_folder(spec: str, budget_tokens: int = 0) -> Path:
                               f"(a typo in the name? private or gated: {token})") from None
         except unreachable_errors() as e:
             reason = f"the Hub could not be reached ({type(e).__name__})"
-    try:  # what an earlier run fetched
+    if (folder := fetched_folder(spec)) is not None:
+        return folder
+    raise ConfigError(
+        f"data.source = {spec!r}: not downloaded yet, and {reason}. Download it on a machine with a network:\n"
+        f"  {download_command(repo, path)}\n"
+        f"then train on it with --set data.source='\"{'DIR/' + path if path else 'DIR'}\"'")
+
+
+def fetched_folder(spec: str) -> Path | None:
+    """The folder of what an earlier run fetched of the source, from the Hub's cache alone (no
+    network: the token budget asks on every preset the launch screen passes); None if nothing."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    repo, path = parse(spec)
+    prefix = f"{path}/" if path else ""
+    try:
         try:
             snapshot = snapshot_download(repo, repo_type="dataset", local_files_only=True,
                                          allow_patterns=[prefix + "*" + s for s in DATA_SUFFIXES]
@@ -113,12 +128,7 @@ def local_folder(spec: str, budget_tokens: int = 0) -> Path:
             snapshot = getattr(e, "snapshot_path", None)
             if snapshot is None:
                 raise
-        folder = Path(snapshot) / path
-        if folder.is_dir() and any(p.name.endswith(DATA_SUFFIXES) for p in folder.rglob("*")):
-            return folder
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError, OSError):
-        pass
-    raise ConfigError(
-        f"data.source = {spec!r}: not downloaded yet, and {reason}. Download it on a machine with a network:\n"
-        f"  {download_command(repo, path)}\n"
-        f"then train on it with --set data.source='\"{'DIR/' + path if path else 'DIR'}\"'")
+        return None
+    folder = Path(snapshot) / path
+    return folder if folder.is_dir() and any(p.name.endswith(DATA_SUFFIXES) for p in folder.rglob("*")) else None

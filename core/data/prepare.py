@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import os
 import shutil
@@ -24,7 +23,7 @@ from . import sources
 from .batches import Mixture
 from .build import Build, ProgressFn, in_child, plan, train_bpe_folder
 from .cache import TokenData, TokenStream, open_cache
-from .store import BUILD_PREFIX, cache_key, cache_root, legacy_key, lock_path, read_meta
+from .store import BUILD_PREFIX, cache_key, cache_root, find_cache, lock_path, mixture_tokenizer_key, read_meta
 
 # What a given tokenizer is, said when a cache is tokenised with it ({file}: its tokenizer.json).
 RUN_OWN = ("the run's own tokenizer ({file}): no token cache for this data was made with it (the source changed "
@@ -47,17 +46,11 @@ def prepare_source(cfg: Config, log, progress: ProgressFn, tokenizer_file: Path 
                    source: sources.Source | None = None) -> TokenData:
     source = source or sources.list_source(cfg.data, cfg.training.max_steps * cfg.tokens_per_step)
     root = cache_root(cfg)
-    for key in (cache_key(cfg, source), legacy_key(cfg, source)):
-        if read_meta(root / key) is not None and (
-                tokenizer_file is None or _same_bytes(root / key / "tokenizer" / "tokenizer.json", tokenizer_file)):
-            log(f"data: reusing token cache {root / key}")
-            return open_cache(root / key, cfg, reused=True)
-    given = tokenizer_file is not None
-    key = cache_key(cfg, source, tokenizer_file) if given else cache_key(cfg, source)
+    if (found := find_cache(cfg, source, tokenizer_file)) is not None:
+        log(f"data: reusing token cache {found}")
+        return open_cache(found, cfg, reused=True)
+    key = cache_key(cfg, source, tokenizer_file)
     final = root / key
-    if given and read_meta(final) is not None:  # that tokenizer made this cache before
-        log(f"data: reusing token cache {final}")
-        return open_cache(final, cfg, reused=True)
     _make_root(root)
     with _building(root, key, log):
         if read_meta(final) is None:  # not finished by another process while this one waited
@@ -73,9 +66,7 @@ def prepare_mixture(cfg: Config, log, progress: ProgressFn, tokenizer_file: Path
     """[[data.sources]]: one tokenizer for all the parts (trained on a sample of each by weight,
     or pretrained, or the run's own), then each part's cache made with it; training draws each
     row from a part by its weight, validation spans every part's held-out documents."""
-    parts = [dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=part.source,
-                                                                 text_field=part.text_field, sources=[]))
-             for part in cfg.data.sources]
+    parts = cfg.data_parts()
     listed = []
     for i, part in enumerate(parts):  # a part's error names it as the user wrote it
         try:
@@ -97,9 +88,7 @@ def mixture_tokenizer(cfg: Config, parts: list[Config], listed: list[sources.Sou
     """The BPE a mixture's parts share, trained once on each part's sample in its weight's share
     of tokenizer.train_bytes, and kept beside the caches (tokenizer-KEY/) under a key of its own."""
     root = cache_root(cfg)
-    key = "tokenizer-" + cache_key(cfg, sources.Source(
-        "mixture:" + ";".join(f"{s.desc}*{part.weight}" for s, part in zip(listed, cfg.data.sources)),
-        [f for s in listed for f in s.files], False))
+    key = mixture_tokenizer_key(cfg, listed)
     folder = root / key
     if not (folder / "tokenizer.json").is_file():
         _make_root(root)
@@ -148,9 +137,3 @@ def _clean_abandoned(root: Path) -> None:
             continue  # another machine's (a shared cache folder), or an older name: not ours to judge
         if not psutil.pid_exists(int(parts[-2])):
             shutil.rmtree(p, ignore_errors=True)
-
-
-def _same_bytes(a: Path, b: Path) -> bool:
-    return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
-
-

@@ -23,6 +23,7 @@ from pathlib import Path
 from ..config import ConfigError, DataConfig
 
 STDLIB = "python-stdlib"
+NOT_FETCHED = "not fetched yet"  # a Hub source with nothing of it in the Hub's cache
 JSON_SUFFIXES = {".jsonl", ".json", ".ndjson"}
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".xz": "xz"}
 SKIPPED_SUFFIXES = {".pyc", ".so", ".png", ".jpg", ".jpeg", ".gif", ".zip", ".bin", ".exe", ".pdf", ".lock",
@@ -99,18 +100,21 @@ def _walk(root: Path) -> list[Path]:
     return out
 
 
-def list_source(cfg: DataConfig, budget_tokens: int = 0) -> Source:
+def list_source(cfg: DataConfig, budget_tokens: int = 0, fetch: bool = True) -> Source:
     """The source's files with sizes and mtimes; a ConfigError naming the source otherwise. A Hub
-    source fetches the files a run of `budget_tokens` needs (0: all of them)."""
+    source fetches the files a run of `budget_tokens` needs (0: all of them); with `fetch` False,
+    what was fetched before, or a ConfigError saying it is NOT_FETCHED, without the network."""
     if cfg.source == STDLIB:
         root = stdlib_root()
         paths = [p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file()]
         desc = f"{STDLIB}:{root}"
     else:
         if cfg.source.startswith("hf:"):
-            from .hub import local_folder
+            from .hub import fetched_folder, local_folder
 
-            root = local_folder(cfg.source, budget_tokens)
+            root = local_folder(cfg.source, budget_tokens) if fetch else fetched_folder(cfg.source)
+            if root is None:
+                raise ConfigError(f"data.source = {cfg.source!r}: {NOT_FETCHED}")
         else:
             root = Path(cfg.source).expanduser().resolve()
         if not root.exists():

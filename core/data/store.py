@@ -80,6 +80,32 @@ def legacy_key(cfg: Config, source: Source, tokenizer_file: Path | None = None) 
         **_tokenizer_material(cfg, tokenizer_file)})
 
 
+def mixture_tokenizer_key(cfg: Config, listed: list[Source]) -> str:
+    """The key of the BPE a mixture's parts share (a folder beside the caches): every part's
+    files and weight, and the tokenizer settings. `listed`: each part's source, in order."""
+    return "tokenizer-" + cache_key(cfg, Source(
+        "mixture:" + ";".join(f"{s.desc}*{part.weight}" for s, part in zip(listed, cfg.data.sources)),
+        [f for s in listed for f in s.files], False))
+
+
+def find_cache(cfg: Config, source: Source, tokenizer_file: Path | None = None) -> Path | None:
+    """The complete cache that serves `cfg`'s data from `source`, or None. With `tokenizer_file`
+    (a resumed run's own, a mixture's shared one) only a cache made with that very tokenizer
+    serves: its ids are the only ones the model knows."""
+    root = cache_root(cfg)
+    for key in (cache_key(cfg, source), legacy_key(cfg, source)):
+        if read_meta(root / key) is not None and (
+                tokenizer_file is None or _same_bytes(root / key / "tokenizer" / "tokenizer.json", tokenizer_file)):
+            return root / key
+    if tokenizer_file is not None and read_meta(root / (key := cache_key(cfg, source, tokenizer_file))) is not None:
+        return root / key  # that tokenizer made this cache before
+    return None
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
+
+
 def read_meta(folder: Path) -> dict | None:
     """A complete cache's meta.json (written last), or None."""
     meta = _json(folder / "meta.json")

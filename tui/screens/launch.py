@@ -27,12 +27,29 @@ def toml_value(value) -> str:
     table row and the edit box cannot show)."""
     if isinstance(value, list):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # a mixture's part: an inline table, as --set data.sources=[{...}] takes it
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
     return tomli_w.dumps({"v": value}).strip()[4:]
 
 
 def flatten(cfg: Config) -> list[tuple[str, str]]:
     return [(f"{section}.{key}", toml_value(value))
             for section, values in cfg.to_dict().items() for key, value in values.items()]
+
+
+PART_ROW = "#"  # a mixture part's row key: data.sources#0, ...; not a setting of its own
+PART_NAME = 28  # a part's name in the settings' key column: no wider than the longest key
+
+
+def part_name(source: str) -> str:
+    """A part as its settings row names it: a file or folder by its name, a Hub dataset by its
+    name and path (its owner left out); cut from the left (the end tells parts apart) to fit
+    beside the keys."""
+    if source.startswith("hf:"):
+        name = source[3:].split("/", 1)[-1]
+    else:
+        name = Path(source).name or source
+    return name if len(name) <= PART_NAME else "…" + name[-(PART_NAME - 1):]
 
 
 def gpu_summary(gpus: list[GPUReading], usable: int) -> str:
@@ -156,16 +173,39 @@ class LaunchScreen(Screen):
         return cfg
 
     def show_settings(self) -> None:
+        """The settings again, the cursor kept on its key (an edit of data.sources is followed by
+        its parts' rows, in view)."""
         table = self.query_one("#settings", DataTable)
+        selected = (table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+                    if table.row_count else None)
         table.clear()
         cfg = self.current_config()
-        budget = data_budget.estimate(cfg)
-        table.border_subtitle = f"[yellow]{budget.short()}[/]" if budget.warning() else budget.short()
+        parts = data_budget.parts(cfg)
+        short = data_budget.whole(cfg, parts).short(parts)
+        table.border_subtitle = f"[yellow]{short}[/]" if any(p.budget.warning() for p in parts) else short
         for key, value in flatten(cfg):
             style = "bold yellow" if key in self.overrides else ""
             table.add_row(Text(key, style=style), Text(value, style=style), key=key)
+            if key == "data.sources":
+                self.add_part_rows(table, parts if cfg.data.sources else [])
         table.border_title = (f"settings · {self.preset_name}" + (" (edited)" if self.overrides else "")
                               + " · e edits")
+        if selected is not None and selected in table.rows:
+            row = table.get_row_index(selected)
+            if selected == "data.sources" and cfg.data.sources:
+                # through the last part's row, so the scroll that follows the cursor shows them all
+                table.move_cursor(row=row + len(parts))
+                table.call_after_refresh(table.move_cursor, row=row)
+            else:
+                table.move_cursor(row=row)
+
+    def add_part_rows(self, table: DataTable, parts: list[data_budget.Part]) -> None:
+        """Under a mixture's data.sources, a row per part: its share, train tokens and epochs (in
+        yellow past MANY_EPOCHS). Keyed `data.sources#i`: `e` on one edits data.sources."""
+        for i, part in enumerate(parts):
+            style = "yellow" if part.budget.warning() else "dim"
+            table.add_row(Text(f" └ {part_name(part.source)}", style=style), Text(part.short(), style=style),
+                          key=f"data.sources{PART_ROW}{i}")
 
     def refresh_runs(self) -> None:
         """Read the runs folder again, keeping the cursor on the run it was on."""
@@ -210,7 +250,7 @@ class LaunchScreen(Screen):
         table = self.query_one("#settings", DataTable)
         if table.row_count == 0:
             return
-        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value.split(PART_ROW)[0]
         self.editing = key
         value = dict(flatten(self.current_config()))[key]
         edit = self.query_one("#edit", Input)
