@@ -155,6 +155,7 @@ def test_info_of_a_mixture_preset_says_each_part_s_share_tokens_and_epochs(tmp_p
         assert lines[1] == f"token cache {cache} (complete)"
     assert epochs[0] < budget.MANY_EPOCHS < epochs[1]  # the small, heavy part repeats past the warning; the other not
     assert len(blocks[keys[0]]) == 2 and blocks[keys[1]][2].startswith(f"warning: {epochs[1]:.0f} epochs over the same")
+    assert "(data.sources[1].source, or a lower data.sources[1].weight)" in blocks[keys[1]][2]
     assert "prepares what is missing" not in after.stdout
     # then the caches, as `data info` alone lists them (a second later, maybe: ages aside)
     listed = cli("data", "info", "--cache-dir", str(tmp_path / "cache")).stdout

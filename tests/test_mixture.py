@@ -69,6 +69,9 @@ def test_a_mixture_run_says_each_part_s_budget(tmp_path):
     assert "zebras.jsonl: 25% of the tokens, 256k of its" in zebras
     # 22k train tokens a part: both repeat past 4 epochs, the heavier one three times as often
     assert "apples.jsonl: warning: " in apples_warning and "zebras.jsonl: warning: " in zebras_warning
+    # each warning names what to change for its own part
+    assert "(data.sources[0].source, or a lower data.sources[0].weight)" in apples_warning
+    assert "(data.sources[1].source, or a lower data.sources[1].weight)" in zebras_warning
     epochs = [float(line.split(", ")[-1].split()[0]) for line in (apples, zebras)]
     assert 2.5 < epochs[0] / epochs[1] < 3.5
 
@@ -92,8 +95,8 @@ def test_each_part_s_budget_is_estimated_then_counted_from_its_cache(tmp_path):
     # the run header says the same, part for part; the launch screen's one line is the worst part's
     lines = budget.header(cfg, data.train)
     assert lines[1:] == [line for p in after for line in (f"  {p.source}: {p.line()}",
-                                                          *([f"  {p.source}: {p.budget.warning()}"]
-                                                            if p.budget.warning() else []))]
+                                                          *([f"  {p.source}: {p.warning()}"]
+                                                            if p.warning() else []))]
     whole = budget.estimate(cfg)
     assert whole.exact and whole.epochs == pytest.approx(max(p.budget.epochs for p in after), rel=1e-4)
 

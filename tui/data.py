@@ -172,7 +172,7 @@ def part_lines(cfg: Config, i: int, part) -> list[str]:
         named = f"data.source = {json.dumps(part.source)}"
     cache = "no token cache yet" if part.cache is None else f"token cache {part.cache} (complete)"
     lines = [named, f"  {part.line()}", f"  {cache}"]
-    if warning := part.budget.warning():
+    if warning := part.warning():
         lines.append(f"  {warning}")
     return lines
 

@@ -73,12 +73,12 @@ class Budget:
             return "–"  # not known: a Hub source not fetched yet, a source that cannot be read
         return _figures(self.epochs) if self.exact else "≈" + _figures(self.epochs, 1)
 
-    def warning(self) -> str | None:
+    def warning(self, more_text: str = "data.source, a larger data.max_bytes") -> str | None:
         if self.epochs is None or self.epochs <= MANY_EPOCHS:
             return None
         return (f"warning: {self.epochs:.0f} epochs over the same {_count(self.source_tokens)} tokens: past "
-                f"{MANY_EPOCHS} the model memorises its corpus. Give it more text (data.source, a larger "
-                "data.max_bytes) or fewer steps (training.max_steps)")
+                f"{MANY_EPOCHS} the model memorises its corpus. Give it more text ({more_text}) or fewer steps "
+                "(training.max_steps)")
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,12 @@ class Part:
     budget: Budget  # run_tokens: what the run draws from this part; source_tokens: its train tokens
     cache: str | None = None  # the key of the complete token cache it would train on, if there is one
     problem: str | None = None  # why its tokens are unknown (not fetched yet, no such file, ...)
+    key: str = "data.source"  # the config key that names it: data.source, or data.sources[i]
+
+    def warning(self) -> str | None:
+        if self.key == "data.source":
+            return self.budget.warning()
+        return self.budget.warning(f"{self.key}.source, or a lower {self.key}.weight")
 
     def line(self) -> str:
         """Its share and what that makes of its tokens: "75% of the tokens, 768k of its 22.1k train
@@ -142,7 +148,8 @@ def parts(cfg: Config, train_tokens: list[int] | None = None) -> list[Part]:
     total = sum(spec.weight for spec in specs)
     held = [_Held(t, True) for t in train_tokens] if train_tokens is not None else _held(cfg)
     return [Part(spec.source, spec.weight / total, Budget(int(run * spec.weight / total), h.tokens, h.exact, n),
-                 h.cache, h.problem) for spec, h in zip(specs, held)]
+                 h.cache, h.problem, f"data.sources[{i}]" if cfg.data.sources else "data.source")
+            for i, (spec, h) in enumerate(zip(specs, held))]
 
 
 def whole(cfg: Config, each: list[Part]) -> Budget:
@@ -166,8 +173,8 @@ def header(cfg: Config, train) -> list[str]:
     lines = [budget.head()]
     for part in each:
         lines.append(f"  {part.source}: {part.line()}")
-        if part.budget.warning():
-            lines.append(f"  {part.source}: {part.budget.warning()}")
+        if part.warning():
+            lines.append(f"  {part.source}: {part.warning()}")
     return lines
 
 
