@@ -136,13 +136,15 @@ def test_a_lone_surrogate_in_a_json_line_is_replaced_not_fatal(tmp_path):
     assert "\ufffd tail" in text and "\ud800" not in text
 
 
-def test_an_hf_source_offline_exits_2_with_the_download_command(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+@pytest.mark.parametrize("offline", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"])  # huggingface_hub reads both
+def test_an_hf_source_offline_exits_2_with_the_download_command(tmp_path, offline):
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update({offline: "1", "HF_HOME": str(tmp_path / "hf")})
     proc = subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug", "--set",
                            'data.source="hf:HuggingFaceFW/fineweb-edu/sample/10BT"', "--out", str(tmp_path / "run")],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 2, proc.stderr
-    assert "HF_HUB_OFFLINE is set" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+    assert f"{offline} is set" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
     assert ("hf download HuggingFaceFW/fineweb-edu --repo-type dataset --include 'sample/10BT/*' --local-dir DIR"
             in proc.stderr)
     assert "data.source='\"DIR/sample/10BT\"'" in proc.stderr

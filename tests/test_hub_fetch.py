@@ -29,7 +29,7 @@ SMALL = ["tokenizer.vocab_size=300", "tokenizer.train_bytes=20_000", "data.worke
 
 def hub_env(home: Path, endpoint: str, **extra: str) -> dict[str, str]:
     """The environment a user's command has: this Hub, a Hub cache of its own, no token."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k != "TRANSFORMERS_OFFLINE"}
     return {**env, "HF_ENDPOINT": endpoint, "HF_HOME": str(home), **extra}
 
 

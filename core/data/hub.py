@@ -13,6 +13,7 @@ trains on the result.
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 from ..config import ConfigError
@@ -79,7 +80,9 @@ def local_folder(spec: str, budget_tokens: int = 0) -> Path:
     repo, path = parse(spec)
     prefix = f"{path}/" if path else ""
     offline = constants.HF_HUB_OFFLINE
-    reason = "HF_HUB_OFFLINE is set"
+    # huggingface_hub reads transformers' older name for it too
+    reason = next((f"{name} is set" for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+                   if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")), "offline mode is set")
     if not offline:
         try:
             api = HfApi()
