@@ -1,13 +1,14 @@
 """Data: where text comes from and what training reads of it.
 
     sources (files listed, pieces planned) → readers (documents streamed) → split (by id hash)
-    → build (a cache folder: tokenizer, one worker per core, resumable shards) → prepare (found or
+    → build (a cache folder: tokenizer, worker processes, resumable shards) → prepare (found or
     built, under a lock; a mixture's per part) → cache (token streams) → batches (seed, g)
 
-Beside them: tokenizer (train a BPE, its end token, bytes per token), encoder (a corpus's ids by
-tiktoken where it gives the tokenizer's own, checked), store (where caches are, their keys, listing and
-removing), budget (what a run's steps make of its source), hub (hf: sources).
+Beside them: tokenizer (train a BPE, its end token, bytes per token), encoder (a corpus's ids
+by tiktoken where it gives the tokenizer's own, checked), children (the build's processes: how
+many, Ctrl-C, dying with it), store (where caches are, their keys, listing and removing), budget
+(what a run's steps make of its source), hub (hf: sources).
 
-Torch: never. numpy and tokenizers at import in `cache`, `tokenizer`, `encoder`, `batches`, `build`
-and `prepare`; `sources`, `readers`, `split`, `store`, `budget` and `hub` import neither, and the
-front-end reads them."""
+Torch: never. numpy and tokenizers at import in `cache`, `tokenizer`, `encoder`, `batches`,
+`build` and `prepare`; `sources`, `readers`, `split`, `children`, `store`, `budget` and `hub`
+import neither, and the front-end reads them."""

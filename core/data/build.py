@@ -1,7 +1,7 @@
 """Building one token cache folder: streamed, in parallel, resumable.
 
-    pieces → (a tokenizer trained on a sample, or a given one) → one worker per core, each
-    reading its piece's documents and writing that piece's train and val shards → meta.json
+    pieces → (a tokenizer trained on a sample, or a given one) → worker processes (children.py),
+    each reading its piece's documents and writing that piece's train and val shards → meta.json
 
 * Memory does not grow with the corpus: a worker holds one batch of documents (about a
   megabyte of text) at a time; the main process holds the plan and a count per piece.
@@ -14,14 +14,11 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import multiprocessing as mp
 import os
 import shutil
-import signal
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -29,7 +26,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..config import Config, ConfigError
-from . import encoder, readers, sources, split, tokenizer
+from . import children, encoder, readers, sources, split, tokenizer
 from .cache import token_dtype
 
 ProgressFn = Callable[[str, int, int, str], None]
@@ -147,39 +144,7 @@ def _worker_init(tokenised) -> None:
     # One process per core already: each encode_batch on one thread, not one per core again.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _TOKENISED = tokenised
-    _quiet_child()
-
-
-def _quiet_child() -> None:
-    """A child of the build: Ctrl-C reaches the whole process group, and the build answers it (it
-    ends its pool, which kills the child); the child's own KeyboardInterrupt would only print a
-    traceback over the terminal. SIGINT came blocked (_deaf_children): one sent while the child
-    was starting is dropped here with the rest."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    _die_with_parent()
-
-
-@contextmanager
-def _deaf_children():
-    """Children started inside are born with SIGINT blocked (a signal mask survives fork and exec),
-    until _quiet_child ignores it; this process gets a Ctrl-C sent meanwhile when the block ends."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
-def _die_with_parent() -> None:
-    """A worker ends when the build that started it is killed (Linux's PR_SET_PDEATHSIG), rather
-    than finish its piece beside the next build's workers."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the per-process names above still keep it safe
-        pass
-    if os.getppid() == 1:  # the parent died before the call
-        os._exit(1)
+    children.quiet_child()
 
 
 def _count(n: int) -> None:
@@ -189,26 +154,6 @@ def _count(n: int) -> None:
 
 def _pool_piece(job: PieceJob) -> dict:
     return build_piece(job, _count)
-
-
-# Peak RSS of one worker, measured (bench/RESULTS.md): its imports, a tokenizer, a batch of text,
-# and for Parquet and Arrow pyarrow with a page's data. The default worker count keeps their sum
-# and the main process under TREE_BYTES, the bound memory stays under whatever the corpus.
-WORKER_BYTES = 90_000_000
-COLUMNAR_WORKER_BYTES = 160_000_000
-TREE_BYTES = 1_500_000_000
-MAIN_BYTES = 100_000_000
-
-
-def default_workers(source: sources.Source, log: Callable[[str], None] = lambda line: None) -> int:
-    """One per core, or fewer where that many would pass TREE_BYTES together (said in the log)."""
-    cores = len(os.sched_getaffinity(0))
-    each = COLUMNAR_WORKER_BYTES if any(f.kind in ("parquet", "arrow") for f in source.files) else WORKER_BYTES
-    fit = max(1, (TREE_BYTES - MAIN_BYTES) // each)
-    if cores > fit:
-        log(f"data: {fit} tokenizer processes for {cores} cores, so that preparation stays under "
-            f"{TREE_BYTES / 1e9:.1f} GB (about {each / 1e6:.0f} MB each); data.workers sets how many")
-    return min(cores, fit)
 
 
 # --------------------------------------------------------------------------------- the plan
@@ -252,42 +197,6 @@ def train_bpe_folder(cfg: Config, samples: list[tuple[object, Plan, int]], folde
     """A BPE trained on the samples (data config, plan, bytes) one after another, saved as `folder`."""
     texts = (text for d, planned, budget in samples for text in tokenizer_sample(d, planned, budget))
     save_tokenizer(tokenizer.train_bpe(texts, cfg.tokenizer), None, folder, cfg, print)
-
-
-def in_child(fn, *args):
-    """`fn(*args)` in a spawned process of its own, its errors raised here. For the BPE's training:
-    the trainer's memory (hundreds of MB for a large sample) goes back to the system when the
-    child ends, rather than stay in this process beside the workers that tokenise after it. On
-    Ctrl-C, or any error here, the child is killed at once rather than left to finish training;
-    a child killed from outside (the OOM killer) is an error, not a wait for an answer that
-    never comes (as a Pool's would be)."""
-    ctx = mp.get_context("spawn")
-    answer, send = ctx.Pipe(duplex=False)
-    with _deaf_children():
-        child = ctx.Process(target=_answer, args=(send, fn, args), daemon=True)
-        child.start()
-    send.close()
-    try:
-        ok, value = answer.recv()
-    except EOFError:
-        child.join()
-        raise ConfigError(f"data: the tokenizer's training process died (exit code {child.exitcode}"
-                          f"{': killed, out of memory?' if child.exitcode == -signal.SIGKILL else ''}); "
-                          "a smaller tokenizer.train_bytes needs less memory") from None
-    finally:
-        child.kill()
-        child.join()
-    if not ok:
-        raise value
-    return value
-
-
-def _answer(send, fn, args) -> None:
-    _quiet_child()
-    try:
-        send.send((True, fn(*args)))
-    except Exception as e:  # raised in the parent as it was raised here
-        send.send((False, e))
 
 
 def save_tokenizer(tok, origin: Path | None, folder: Path, cfg: Config, log) -> None:
@@ -387,7 +296,7 @@ class Build:
         else:
             budget = min(t.train_bytes or int(planned.kept_bytes), int(planned.kept_bytes)) or 1
             self.progress("training tokenizer", 0, budget, "bytes")
-            in_child(train_bpe_folder, self.cfg, [(self.cfg.data, planned, budget)], folder)
+            children.in_child(train_bpe_folder, self.cfg, [(self.cfg.data, planned, budget)], folder)
             self.progress("training tokenizer", budget, budget, "bytes")
             self.log(f"data: trained a byte-level BPE of {tokenizer.load_tokenizer('bpe', folder).get_vocab_size()} "
                      f"tokens on {budget / 1e6:.1f} MB in {time.time() - self.t0:.1f}s")
@@ -398,7 +307,7 @@ class Build:
         total = max(1, int(total_bytes))
         finished = sum(s["bytes"] for s in done.values())
         self.progress("tokenizing", finished, total, "bytes")
-        workers = self.cfg.data.workers or default_workers(self.source, self.log)
+        workers = self.cfg.data.workers or children.default_workers(self.source, self.log)
         workers = min(workers, len(jobs))
         if workers <= 1:
             for job in jobs:
@@ -410,9 +319,7 @@ class Build:
         else:
             ctx = mp.get_context("spawn")
             tokenised = ctx.Value("q", 0)
-            with _deaf_children():
-                pool = ctx.Pool(workers, initializer=_worker_init, initargs=(tokenised,))
-            with pool:
+            with children.pool(workers, _worker_init, tokenised) as pool:
                 results, waiting = pool.imap_unordered(_pool_piece, jobs), len(jobs)
                 while waiting:
                     try:  # a piece takes seconds: the bar moves with every batch a worker encodes

@@ -21,7 +21,8 @@ from typing import Callable
 from ..config import Config, ConfigError
 from . import sources
 from .batches import Mixture
-from .build import Build, ProgressFn, in_child, plan, train_bpe_folder
+from .build import Build, ProgressFn, plan, train_bpe_folder
+from .children import in_child
 from .cache import TokenData, TokenStream, open_cache
 from .store import BUILD_PREFIX, cache_key, cache_root, find_cache, lock_path, mixture_tokenizer_key, read_meta
 

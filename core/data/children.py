@@ -1,0 +1,116 @@
+"""The processes a cache build starts: the tokenizing workers and the BPE's own process.
+
+* How many workers: one per core, as many as keep the build's whole process tree under
+  TREE_BYTES (the issue's bound, whatever the corpus), from the per-worker peaks measured.
+* Each is born with SIGINT blocked and ignores it: Ctrl-C reaches the whole process group, and the
+  build alone answers it, ending its children (a child's own KeyboardInterrupt would print a
+  traceback over the terminal).
+* Each dies with the build (PR_SET_PDEATHSIG): a SIGKILLed build leaves no orphan writing beside
+  the next one.
+* The BPE trains in a process of its own (in_child), so the trainer's memory goes back to the
+  system before the workers start.
+No numpy, no tokenizers: what the children run is imported in them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+from contextlib import contextmanager
+from typing import Callable
+
+from ..config import ConfigError
+from .sources import Source
+
+# Peak RSS of one worker, measured (bench/RESULTS.md): its imports, a tokenizer, a batch of text,
+# and for Parquet and Arrow pyarrow with a page's data. The default worker count keeps their sum
+# and the main process under TREE_BYTES, the bound on the whole preparation whatever the corpus.
+WORKER_BYTES = 90_000_000
+COLUMNAR_WORKER_BYTES = 160_000_000
+TREE_BYTES = 1_500_000_000
+MAIN_BYTES = 100_000_000
+
+
+def default_workers(source: Source, log: Callable[[str], None] = lambda line: None) -> int:
+    """One per core, or fewer where that many would pass TREE_BYTES together (said in the log)."""
+    cores = len(os.sched_getaffinity(0))
+    each = COLUMNAR_WORKER_BYTES if any(f.kind in ("parquet", "arrow") for f in source.files) else WORKER_BYTES
+    fit = max(1, (TREE_BYTES - MAIN_BYTES) // each)
+    if cores > fit:
+        log(f"data: {fit} tokenizer processes for {cores} cores, so that preparation stays under "
+            f"{TREE_BYTES / 1e9:.1f} GB (about {each / 1e6:.0f} MB each); data.workers sets how many")
+    return min(cores, fit)
+
+
+def pool(workers: int, initializer, *initargs):
+    """A spawn Pool of `workers`, born deaf to Ctrl-C; its initializer calls quiet_child()."""
+    with _deaf_children():
+        return mp.get_context("spawn").Pool(workers, initializer=initializer, initargs=initargs)
+
+
+def in_child(fn, *args):
+    """`fn(*args)` in a spawned process of its own, its errors raised here. For the BPE's training:
+    the trainer's memory (hundreds of MB for a large sample) goes back to the system when the
+    child ends, rather than stay in this process beside the workers that tokenise after it. On
+    Ctrl-C, or any error here, the child is killed at once rather than left to finish training;
+    a child killed from outside (the OOM killer) is an error, not a wait for an answer that
+    never comes (as a Pool's would be)."""
+    ctx = mp.get_context("spawn")
+    answer, send = ctx.Pipe(duplex=False)
+    with _deaf_children():
+        child = ctx.Process(target=_answer, args=(send, fn, args), daemon=True)
+        child.start()
+    send.close()
+    try:
+        ok, value = answer.recv()
+    except EOFError:
+        child.join()
+        raise ConfigError(f"data: the tokenizer's training process died (exit code {child.exitcode}"
+                          f"{': killed, out of memory?' if child.exitcode == -signal.SIGKILL else ''}); "
+                          "a smaller tokenizer.train_bytes needs less memory") from None
+    finally:
+        child.kill()
+        child.join()
+    if not ok:
+        raise value
+    return value
+
+
+def _answer(send, fn, args) -> None:
+    quiet_child()
+    try:
+        send.send((True, fn(*args)))
+    except Exception as e:  # raised in the parent as it was raised here
+        send.send((False, e))
+
+
+def quiet_child() -> None:
+    """The first thing a child of the build does: ignore Ctrl-C (the build answers it), unblock it
+    (it came blocked: one sent while the child was starting is dropped here), die with the build."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    _die_with_parent()
+
+
+@contextmanager
+def _deaf_children():
+    """Children started inside are born with SIGINT blocked (a signal mask survives fork and exec),
+    until quiet_child ignores it; this process gets a Ctrl-C sent meanwhile when the block ends."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _die_with_parent() -> None:
+    """A worker ends when the build that started it is killed (Linux's PR_SET_PDEATHSIG), rather
+    than finish its piece beside the next build's workers."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: build.py's per-process temporary names still keep it safe
+        pass
+    if os.getppid() == 1:  # the parent died before the call
+        os._exit(1)
