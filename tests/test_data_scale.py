@@ -306,8 +306,14 @@ def test_a_killed_build_s_workers_die_with_it_and_the_next_build_is_whole(tmp_pa
         from tests.conftest import tiny_config
         def progress(stage, done, total, unit):
             if stage == "tokenizing" and done:
-                workers = [p.pid for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
-                open({str(pids)!r}, "w").write(" ".join(map(str, workers)))
+                workers = [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
+                open({str(pids)!r}, "w").write(" ".join(str(w.pid) for w in workers))
+                # Stopped first: a worker can finish no piece from here on, and one left behind
+                # after the kill stays there, stopped, for the test to see (it did before PDEATHSIG).
+                for w in workers:
+                    w.suspend()
+                while any(w.status() != psutil.STATUS_STOPPED for w in workers):
+                    pass
                 [build] = [p for p in Path({str(killed_dir)!r}).glob(".build-*") if p.is_dir()]
                 open({str(finished)!r}, "w").write(" ".join(sorted(p.name for p in (build / "pieces").glob("*.json"))))
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -454,14 +460,14 @@ def test_the_bpe_trainer_s_memory_is_not_kept_by_the_build(tmp_path):
 def test_the_default_worker_count_keeps_preparation_under_its_memory_bound(monkeypatch, cores, kind, workers):
     """One tokenizer process per core, as many as the bound allows: what a 64-core box gets is decided
     here, on 2 cores, from the per-worker peaks measured in bench/data.py."""
-    from lmcockpit.core.data import build
+    from lmcockpit.core.data import children
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     source = sources.Source("x", [sources.SourceFile(Path("a"), "a", 1, 0, kind)], False)
     log: list[str] = []
-    assert build.default_workers(source, log.append) == workers
-    assert workers * (build.COLUMNAR_WORKER_BYTES if kind != "jsonl" else build.WORKER_BYTES) \
-        + build.MAIN_BYTES <= build.TREE_BYTES
+    assert children.default_workers(source, log.append) == workers
+    assert workers * (children.COLUMNAR_WORKER_BYTES if kind != "jsonl" else children.WORKER_BYTES) \
+        + children.MAIN_BYTES <= children.TREE_BYTES
     assert bool(log) == (workers < cores)
     assert not log or f"{workers} tokenizer processes for {cores} cores" in log[0] and "data.workers" in log[0]
 
