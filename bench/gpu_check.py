@@ -22,8 +22,12 @@ Parts, in the order they run (each appends its own section, so they can also run
 * modes: every `training.compile_mode` with gradient accumulation 2 and evaluation plus sampling
   every 50 steps on the `4070ti` preset: no error, and reserved memory after each eval/sample round
   not above the round before.
+* data: issue 19 on the lent machine's 16 cores, where this project's machines have 2:
+  `bench/data.py` (no GPU needed) prepares 500 MB and 1 GB corpora with the default worker count;
+  prepare's speed against tokenizers' `encode_batch_fast` on every core, and the whole process
+  tree's peak against the 1.5 GB bound. It records its own tables.
 
-    python bench/gpu_check.py [--part doctor h100 torchrun memory saved graphs modes] [--steps 300] [--out DIR]
+    python bench/gpu_check.py [--part doctor h100 torchrun memory saved graphs modes data] [--steps 300] [--out DIR]
 
 Exit 0 when every check passed, 1 otherwise (or without a CUDA GPU). On the lent GPU each part
 fits one 10-minute call; the data cache built by the first run is reused by the others.
@@ -55,7 +59,7 @@ from lmcockpit.core.hardware import fit  # noqa: E402
 from lmcockpit.core.config import load_config  # noqa: E402
 from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402
 
-PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes")
+PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes", "data")
 CPU_PARTS = ("saved", "graphs")
 MEMORY_PRESETS = ("h100", "3090", "4090", "4070ti")
 MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
@@ -286,6 +290,17 @@ def part_modes(out: Path, modes: list[str]) -> tuple[bool, list[str]]:
     return ok, lines
 
 
+def part_data() -> tuple[bool, list[str]]:
+    """Token-cache preparation where there are many cores: bench/data.py, which records its own
+    entry (throughput, ratios, peak memory by process); here, its exit code and its last lines."""
+    command = ["bench/data.py", "--size-mb", "500", "--large-mb", "1000", "--rounds", "1", "--skip", "resume",
+               "--raw-mb", "200"]
+    proc = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=3600,
+                          cwd=Path(__file__).parents[1])
+    return proc.returncode == 0, [f"`python {' '.join(command)}` exit code {proc.returncode} (its tables: the "
+                                  "entry it wrote above):", "", "```", tail(proc.stdout + proc.stderr), "```"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", nargs="+", choices=PARTS, default=list(PARTS))
@@ -321,7 +336,8 @@ def main() -> int:
                      "memory": lambda: part_memory(out, args.presets),
                      "saved": lambda: part_saved(args.presets),
                      "graphs": lambda: part_graphs(out, args.modes),
-                     "modes": lambda: part_modes(out, args.modes)}[part]()
+                     "modes": lambda: part_modes(out, args.modes),
+                     "data": part_data}[part]()
         record(f"gpu_check: {part} ({'pass' if ok else 'FAIL'})",
                [*lines, "", f"torch {torch.__version__}; allocator {ALLOCATOR.describe()}"])
         results[part] = ok
