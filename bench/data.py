@@ -13,14 +13,14 @@ Measured, each `prepare` in a subprocess of its own with a fresh cache folder (c
 tokenizer: vocab 8192, train_bytes default; `data.workers` 0, one worker per core up to the 1.5 GB
 bound of build.default_workers):
 * throughput: wall time, MB/s of text and tokens/s of each format, the BPE training and the
-  tokenising phase apart, against two raw speeds of the same tokenizer over the same documents,
-  read into memory in 8 MB batches first (the read is not timed), in this one process: the issue's
-  reference, tokenizers' `Tokenizer.encode_batch_fast` on every core (tokenizers' own threads), and
-  what one of prepare's workers does, core's `Encoder` (core/data/encoder.py: tiktoken where the BPE
+  tokenising phase apart, against two raw speeds of the same tokenizer over the same documents (or
+  the first `--raw-mb` of them), read into memory in 8 MB batches first (the read is not timed), in
+  this one process: the issue's reference, tokenizers' `Tokenizer.encode_batch_fast` on every core
+  (tokenizers' own threads), and what one of prepare's workers does, core's `Encoder` (core/data/encoder.py: tiktoken where the BPE
   allows it, ids into one array, an end-of-text after each document) on one thread, alone and with
   the check it makes of 1/32 of the documents by tokenizers on one thread. The ids of the raw
-  `Encoder` are compared with `encode_batch_fast`'s for every document; prepare's token counts with
-  the raw count; every cache of the same data byte for byte with the first;
+  `Encoder` are compared with `encode_batch_fast`'s for every document they read; prepare's token
+  counts with the raw count (when the raw rows read the whole corpus); every cache of the same data byte for byte with the first;
 * which encoder each prepare used: its log's "data: encoded by ..." line, and the `encoder`,
   `checked` and `disagreed` fields of the pieces' summaries (the cache's pieces/*.json);
 * workers: `data.workers=1` against the default;
@@ -43,7 +43,8 @@ load average and the command line, to bench/RESULTS.md. Memory is in MB of 10^6 
 product's bounds are.
 
     python bench/data.py [--size-mb 200] [--large-mb 1000] [--workdir /tmp/lmcockpit-bench-data] [--rounds 2]
-                         [--file-mb 16] [--formats jsonl,parquet] [--skip workers,resume,large] [--tiktoken]
+                         [--file-mb 16] [--formats jsonl,parquet] [--large-formats jsonl] [--raw-mb 0]
+                         [--skip workers,resume,large] [--tiktoken]
 """
 
 from __future__ import annotations
@@ -483,9 +484,9 @@ def same_files(a: Path, b: Path) -> tuple[int, int, list[str]]:
 
 
 # -------------------------------------------------------------------------------- raw speed
-def raw_speed(folder: Path, tokenizer_json: Path, eos: int | None) -> dict:
-    """The same tokenizer over the same documents, in this one process, timing only the encode
-    calls, batch by batch in turn: `encode_batch_fast` on every core (tokenizers' threads), core's
+def raw_speed(folder: Path, tokenizer_json: Path, eos: int | None, limit_bytes: int = 0) -> dict:
+    """The same tokenizer over the same documents (the first `limit_bytes` of text, 0: all), in this
+    one process, timing only the encode calls, batch by batch in turn: `encode_batch_fast` on every core (tokenizers' threads), core's
     Encoder on one thread as a worker runs it (tiktoken where the BPE allows it; its check of 1/32
     of the documents by tokenizers, one thread, timed apart). The Encoder's ids are compared with
     `encode_batch_fast`'s (an end-of-text after each document) for every document, untimed."""
@@ -530,6 +531,8 @@ def raw_speed(folder: Path, tokenizer_json: Path, eos: int | None) -> dict:
             res["docs"] += len(batch)
             res["chars"] += sum(len(t) for t in batch)
             res["bytes"] += sum(len(t.encode()) for t in batch)
+            if limit_bytes and res["bytes"] >= limit_bytes:
+                break
     finally:
         os.environ.pop("TOKENIZERS_PARALLELISM", None)
     return res
@@ -637,6 +640,8 @@ def main() -> None:
     ap.add_argument("--tiktoken", action="store_true",
                     help="also compare the product's Encoder (tiktoken) with tokenizers, on every core and on one")
     ap.add_argument("--tiktoken-mb", type=int, default=40, help="text the tiktoken comparison reads (default 40)")
+    ap.add_argument("--raw-mb", type=int, default=0,
+                    help="text the raw rows encode each round: the corpus's first documents (default 0: all of it)")
     ap.add_argument("--no-record", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = ap.parse_args()
     from lmcockpit.core.data import build
@@ -679,7 +684,7 @@ def main() -> None:
                 shutil.rmtree(r["dir"].parent)
             if key != "w1":
                 print(f"round {rnd + 1}: raw encode, {key}'s tokenizer ...", flush=True)
-                raw = raw_speed(folder, ref / "tokenizer" / "tokenizer.json", m["eos_id"])
+                raw = raw_speed(folder, ref / "tokenizer" / "tokenizer.json", m["eos_id"], args.raw_mb * MB)
                 print(f"  encode_batch_fast {raw['fast']:.1f} s, Encoder ({raw['encoder']}) {raw['core']:.1f} s "
                       f"+ check {raw['check']:.1f} s", flush=True)
                 raws.setdefault(key, []).append(raw)
@@ -725,8 +730,9 @@ def main() -> None:
         fmt = base_fmt if key == "w1" else key
         r = best(key)
         w = n_workers(r)
-        raw_fast, raw_worker = stats["bytes"] / raw_best(fmt, "fast"), stats["bytes"] / raw_best(fmt, "worker")
-        same_round = ", ".join(f"{raw['fast'] / x['tokenizing']:.2f}" for x, raw in zip(runs[key], raws[fmt]))
+        n_raw = raws[fmt][0]["bytes"]
+        raw_fast, raw_worker = n_raw / raw_best(fmt, "fast"), n_raw / raw_best(fmt, "worker")
+        same_round = ", ".join(f"{rate(x) / (raw['bytes'] / raw['fast']):.2f}" for x, raw in zip(runs[key], raws[fmt]))
         ratio_lines.append(f"| {label[fmt]}, {'workers 1' if key == 'w1' else f'workers 0 (= {w})'} | "
                            f"**{rate(r) / raw_fast:.2f}** | {rate(r) / (w * raw_worker):.2f} | "
                            f"{stats['bytes'] / r['wall'] / raw_fast:.2f} | {same_round} |")
@@ -734,12 +740,16 @@ def main() -> None:
         m, raw = runs[fmt][0]["meta"], raws[fmt][0]
         got = m["train_tokens"] + m["val_tokens"]
         want = raw["tokens"] + raw["docs"] * (m["eos_id"] is not None)
+        whole = raw["docs"] == stats["documents"]
         notes.append(f"{fmt}: {m['documents']['train']:,} + {m['documents']['val']:,} documents (corpus: "
-                     f"{stats['documents']:,}), {got:,} tokens (its tokenizer's `encode_batch_fast` over the same "
-                     f"documents, an EOS each: {want:,}: {'equal' if got == want else 'DIFFERENT'}); meta.json "
-                     f"`bytes` {m['bytes']:,} (the corpus: {stats['bytes']:,} UTF-8 bytes); {len(m['shards'])} shards.")
-        notes.append(f"{fmt}'s raw `Encoder` ({raw['encoder']}) against `encode_batch_fast`, every document of every "
-                     f"round ({raw['docs']:,} a round): " + ("the same ids." if not any(x["differ"] for x in raws[fmt])
+                     f"{stats['documents']:,}), {got:,} tokens " + (
+                         f"(its tokenizer's `encode_batch_fast` over the same documents, an EOS each: {want:,}: "
+                         f"{'equal' if got == want else 'DIFFERENT'})" if whole else
+                         f"(the raw rows encoded the first {raw['docs']:,} documents only: counts not compared)")
+                     + f"; meta.json `bytes` {m['bytes']:,} (the corpus: {stats['bytes']:,} UTF-8 bytes); "
+                     f"{len(m['shards'])} shards.")
+        notes.append(f"{fmt}'s raw `Encoder` ({raw['encoder']}) against `encode_batch_fast`, every document it "
+                     f"encoded in every round ({raw['docs']:,} a round, {raw['bytes'] / MB:.0f} MB): " + ("the same ids." if not any(x["differ"] for x in raws[fmt])
                      else f"**ids DIFFER** (first: document {next(x['first'] for x in raws[fmt] if x['differ'])})."))
     for key in runs:
         encs = {json.dumps(x["encoded"], sort_keys=True) for x in runs[key]}
@@ -862,8 +872,12 @@ def main() -> None:
              f"`data.shard_bytes` default (16 MB). Each prepare: a fresh subprocess, an empty cache folder; its wall "
              f"time includes the interpreter's start and imports. BPE: from the start of `prepare` to its first "
              f"tokenising progress (listing, size estimates, the BPE trained on its sample in a child); MB/s and "
-             f"tokens/s of the tokenising phase after it. Raw rows: the same documents read from Parquet into memory "
-             f"in 8 MB batches, only the encode calls timed, the three calls alternating batch by batch. "
+             f"tokens/s of the tokenising phase after it. Raw rows: "
+             + ("the same documents" if raws[base_fmt][0]["docs"] == stats["documents"] else
+                f"the corpus's first {raws[base_fmt][0]['docs']:,} documents ({raws[base_fmt][0]['bytes'] / MB:.0f} MB "
+                f"of its {stats['bytes'] / MB:.0f} MB, `--raw-mb`)")
+             + f" read from Parquet into memory in 8 MB batches, only the encode calls timed, the three calls "
+             f"alternating batch by batch; speeds are MB/s of what each read. "
              f"{args.rounds} rounds, rows in turn; the best round shown, every round's wall (prepare) or encode time "
              f"(raw) in the last columns, with the load average as each prepare ended.")
     lines = [setup, "", "| run | wall | BPE | tokenising | MB/s whole | MB/s tokenising | tokens/s | each round | "
