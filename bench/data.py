@@ -16,11 +16,12 @@ bound of build.default_workers):
   tokenising phase apart, against two raw speeds of the same tokenizer over the same documents (or
   the first `--raw-mb` of them), read into memory in 8 MB batches first (the read is not timed), in
   this one process: the issue's reference, tokenizers' `Tokenizer.encode_batch_fast` on every core
-  (tokenizers' own threads), and what one of prepare's workers does, core's `Encoder` (core/data/encoder.py: tiktoken where the BPE
-  allows it, ids into one array, an end-of-text after each document) on one thread, alone and with
-  the check it makes of 1/32 of the documents by tokenizers on one thread. The ids of the raw
-  `Encoder` are compared with `encode_batch_fast`'s for every document they read; prepare's token
-  counts with the raw count (when the raw rows read the whole corpus); every cache of the same data byte for byte with the first;
+  (tokenizers' own threads), and what one of prepare's workers does, core's `Encoder`
+  (core/data/encoder.py: tiktoken where the BPE allows it, ids into one array, an end-of-text after
+  each document) on one thread, alone and with the check it makes of 1/32 of the documents by
+  tokenizers on one thread. The ids of the raw `Encoder` are compared with `encode_batch_fast`'s for
+  every document they read; prepare's token counts with the raw count (when the raw rows read the
+  whole corpus); every cache of the same data byte for byte with the first;
 * which encoder each prepare used: its log's "data: encoded by ..." line, and the `encoder`,
   `checked` and `disagreed` fields of the pieces' summaries (the cache's pieces/*.json);
 * workers: `data.workers=1` against the default;
