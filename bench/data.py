@@ -292,6 +292,7 @@ class TreeRSS(threading.Thread):
         self.per_pid: dict[int, int] = {}  # each process's own peak, sampled
         self.hwm: dict[int, int] = {}  # each process's VmHWM, as last read
         self.info: dict[int, tuple[float, str]] = {}  # pid: (when first seen, command line)
+        self.samples: list[tuple[float, int]] = []  # (time, the tree's summed RSS)
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -324,6 +325,7 @@ class TreeRSS(threading.Thread):
                 self.per_pid[p.pid] = max(self.per_pid.get(p.pid, 0), m.rss)
                 self.hwm[p.pid] = max(self.hwm.get(p.pid, 0), hwm, m.rss)
             self.peak_pss = max(self.peak_pss, pss)
+            self.samples.append((time.time(), total))
             if total > self.peak:
                 self.peak, self.peak_procs = total, len(procs)
             self.stop.wait(self.every)
@@ -441,6 +443,7 @@ def run_prepare(source: Path, cache: Path, extra: list[str] = (), kill_at: float
     out["tokenizing"] = tok[-1]["t"] - tok[0]["t"] if tok else 0.0
     out["resumed"] = next((e["log"] for e in events if "resuming" in e.get("log", "")), "")
     out["procs"] = rss.roles(tok[0]["epoch"] if tok else None)
+    out["rss_tokenizing"] = max((x for at, x in rss.samples if tok and at >= tok[0]["epoch"]), default=0)
     out["encoded"] = encoded(out["dir"], events)
     return out
 
@@ -784,8 +787,9 @@ def main() -> None:
         big_folder, big_stats = corpus(workdir, args.large_mb, args.file_mb)
         marks["large corpus made"] = len(load.samples)
         mem_lines = ["| peak memory of prepare | text | pieces | wall | MB/s | RSS, tree (sum) | PSS, tree (sum) | "
-                     "main | BPE child | resource tracker | each worker | a worker's bound (build.py) |",
-                     "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+                     "RSS, tree, tokenising phase | main | BPE child | resource tracker | each worker | "
+                     "a worker's bound (build.py) |",
+                     "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
         ratios, bigs = [], {}
         for fmt in large_formats:
             print(f"prepare {fmt}, {args.large_mb} MB ...", flush=True)
@@ -809,17 +813,19 @@ def main() -> None:
                 mem_lines.append(
                     f"| {label[fmt]}{', `data.workers=1`' if key == 'w1' else ''}, {size} MB | {s['bytes'] / MB:.0f} MB | "
                     f"{len(r['meta']['shards'])} | {r['wall']:.1f} s | {mbs(s['bytes'], r['wall'])} | {mem(r['rss'])} | "
-                    f"{mem(r['pss'])} | {mem(pr['main'])} | {mem(pr['bpe'])} | {mem(pr['tracker'])} | "
+                    f"{mem(r['pss'])} | {mem(r['rss_tokenizing'])} | {mem(pr['main'])} | {mem(pr['bpe'])} | {mem(pr['tracker'])} | "
                     f"{', '.join(mem(x) for x in pr['workers']) or '–'}"
                     f"{'; other processes: ' + ', '.join(mem(x) for x in pr['other']) if pr['other'] else ''} | {verdict} |")
             if key in bigs:
-                ratios.append(f"{label[fmt]} {bigs[fmt]['rss'] / small['rss']:.2f} (PSS {bigs[fmt]['pss'] / small['pss']:.2f})")
+                ratios.append(f"{label[fmt]} {bigs[fmt]['rss'] / small['rss']:.2f} (PSS {bigs[fmt]['pss'] / small['pss']:.2f}, "
+                              f"tokenising phase {bigs[fmt]['rss_tokenizing'] / small['rss_tokenizing']:.2f})")
         for fmt, big in bigs.items():
             notes.append(f"Encoder, {fmt} at {args.large_mb} MB: " + encoder_note(big["encoded"]))
         mem_lines += ["", f"Peak RSS of the tree, {big_stats['bytes'] / stats['bytes']:.1f}× the text against 1×: "
                       + "; ".join(ratios) + f". The bound: build.TREE_BYTES {mem(build.TREE_BYTES)}. Tree: summed "
                       "over prepare's processes every 0.1 s (psutil, from a thread of the bench); RSS summed counts a "
-                      "shared page (libraries) once per process, PSS once in all. Each process: its own peak RSS "
+                      "shared page (libraries) once per process, PSS once in all; its tokenising phase: the samples from "
+                      "the first tokenising progress on (the BPE's child has ended). Each process: its own peak RSS "
                       "(VmHWM from /proc, read at every sample, so up to 0.1 s before it ended), by role: main, the "
                       "spawned child that trains the BPE (seen before the tokenising phase), multiprocessing's "
                       "resource tracker, each pool worker. The small size's row: its round with the highest tree peak."]
