@@ -782,19 +782,19 @@ def main() -> None:
     marks["resume"] = len(load.samples)
 
     # 5. peak memory at two sizes, each process apart
-    mem_lines, per_worker = [], []
+    mem_lines, per_worker, bigs = [], [], {}
     if "large" not in skip:
         big_folder, big_stats = corpus(workdir, args.large_mb, args.file_mb)
         marks["large corpus made"] = len(load.samples)
-        mem_lines = ["| peak memory of prepare | text | pieces | wall | MB/s | RSS, tree (sum) | PSS, tree (sum) | "
+        mem_lines = ["| peak memory of prepare | text | pieces | wall | BPE | MB/s | RSS, tree (sum) | PSS, tree (sum) | "
                      "RSS, tree, tokenising phase | main | BPE child | resource tracker | each worker | "
                      "a worker's bound (build.py) |",
-                     "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
-        ratios, bigs = [], {}
+                     "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+        ratios = []
         for fmt in large_formats:
             print(f"prepare {fmt}, {args.large_mb} MB ...", flush=True)
             big = run_prepare(big_folder / fmt, fresh(caches / f"{fmt}-large"))
-            print(f"  {big['wall']:.1f} s, peak RSS {mem(big['rss'])}, {big['encoded']['log']}, load {big['load']:.1f}",
+            print(f"  {big['wall']:.1f} s (BPE {big['bpe']:.1f} s), peak RSS {mem(big['rss'])}, {big['encoded']['log']}, load {big['load']:.1f}",
                   flush=True)
             bigs[fmt] = big
             shutil.rmtree(caches / f"{fmt}-large", ignore_errors=True)
@@ -812,7 +812,7 @@ def main() -> None:
                     per_worker.append((fmt, size, worst, const, name))
                 mem_lines.append(
                     f"| {label[fmt]}{', `data.workers=1`' if key == 'w1' else ''}, {size} MB | {s['bytes'] / MB:.0f} MB | "
-                    f"{len(r['meta']['shards'])} | {r['wall']:.1f} s | {mbs(s['bytes'], r['wall'])} | {mem(r['rss'])} | "
+                    f"{len(r['meta']['shards'])} | {r['wall']:.1f} s | {r['bpe']:.1f} s | {mbs(s['bytes'], r['wall'])} | {mem(r['rss'])} | "
                     f"{mem(r['pss'])} | {mem(r['rss_tokenizing'])} | {mem(pr['main'])} | {mem(pr['bpe'])} | {mem(pr['tracker'])} | "
                     f"{', '.join(mem(x) for x in pr['workers']) or '–'}"
                     f"{'; other processes: ' + ', '.join(mem(x) for x in pr['other']) if pr['other'] else ''} | {verdict} |")
@@ -898,6 +898,7 @@ def main() -> None:
         if block:
             lines += ["", *block]
     dump = {"args": {k: str(v) for k, v in vars(args).items()}, "corpus": stats, "raw": raws, "load": load.samples,
+            "large": {k: {x: y for x, y in r.items() if x not in ("events", "stderr", "dir")} for k, r in bigs.items()},
             "marks": marks, "runs": {k: [{x: y for x, y in r.items() if x not in ("events", "stderr", "dir")} for r in v]
                                      for k, v in runs.items()}}
     (workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(dump, indent=1, default=str))
