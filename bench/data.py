@@ -10,35 +10,49 @@ Parquet files of several row groups, each file or row group `--file-mb` of text.
 under `--workdir` and reused.
 
 Measured, each `prepare` in a subprocess of its own with a fresh cache folder (cpu preset's
-tokenizer: vocab 8192, train_bytes default):
+tokenizer: vocab 8192, train_bytes default; `data.workers` 0, one worker per core up to the 1.5 GB
+bound of build.default_workers):
 * throughput: wall time, MB/s of text and tokens/s of each format, the BPE training and the
-  tokenising phase apart, against the raw speed of the same tokenizer in the same run: one process,
-  `Tokenizer.encode_batch_fast` over the same documents, read into memory in batches first
-  (tokenizers' own threads on every core; the read is not timed), and core's `encode_batch` (ids
-  gathered into one array, an end-of-text after each document) the same way; token counts checked
-  against the raw count, and every cache of the same data compared byte for byte with the first;
-* workers: `data.workers=1` against the default (one per core);
+  tokenising phase apart, against two raw speeds of the same tokenizer over the same documents (or
+  the first `--raw-mb` of them), read into memory in 8 MB batches first (the read is not timed), in
+  this one process: the issue's reference, tokenizers' `Tokenizer.encode_batch_fast` on every core
+  (tokenizers' own threads), and what one of prepare's workers does, core's `Encoder`
+  (core/data/encoder.py: tiktoken where the BPE allows it, ids into one array, an end-of-text after
+  each document) on one thread, alone and with the check it makes of 1/32 of the documents by
+  tokenizers on one thread. The ids of the raw `Encoder` are compared with `encode_batch_fast`'s for
+  every document they read; prepare's token counts with the raw count (when the raw rows read the
+  whole corpus); every cache of the same data byte for byte with the first;
+* which encoder each prepare used: its log's "data: encoded by ..." line, and the `encoder`,
+  `checked` and `disagreed` fields of the pieces' summaries (the cache's pieces/*.json);
+* workers: `data.workers=1` against the default;
 * resume: prepare SIGKILLed once half its pieces are done, then prepare again, timed, against the
   uninterrupted time, and every file of the resumed cache compared byte for byte with the
   uninterrupted one; twice: killing its whole process group (a job's kill), then its main process
-  alone (`kill -9 PID`, the OOM killer), whose pool workers outlive it for a while;
-* memory: peak RSS (and PSS) of prepare's whole process tree (psutil, sampled every 0.1 s from a
-  thread here) at `--size-mb` and `--large-mb`;
-* tiktoken (`--tiktoken`, needs the package): the trained BPE loaded into tiktoken, as nanochat does
-  with its own BPE: same ids? how fast, on the same batches, on every core and on one (as
-  prepare's workers run)? Measured, not integrated.
+  alone (`kill -9 PID`, the OOM killer);
+* memory: peak RSS (and PSS) of prepare's whole process tree (psutil, summed over the tree every
+  0.1 s from a thread here) at `--size-mb` and `--large-mb`, and each process's own peak RSS (the
+  kernel's VmHWM, read at each sample): the main process, the BPE's spawned child, the resource
+  tracker, each worker, the workers against build.WORKER_BYTES (JSON lines) and
+  COLUMNAR_WORKER_BYTES (Parquet), the per-worker bounds behind the default worker count;
+* tiktoken (`--tiktoken`): the product's Encoder (its tiktoken Encoding, built by
+  encoder.tiktoken_encoding) against tokenizers on `--tiktoken-mb` of the same documents: same ids
+  for every document? how fast on every core (`encode_ordinary_batch`, tokenizers' threads) and on
+  one (as prepare's workers run)?
 The throughput rows run in turn for `--rounds` rounds and keep their best, so a busy neighbour on a
-shared machine slows them alike. Prints the tables and appends them, with the date, the machine and
-the command line, to bench/RESULTS.md.
+shared machine slows them alike. Prints the tables and appends them, with the date, the machine, the
+load average and the command line, to bench/RESULTS.md. Memory is in MB of 10^6 bytes, as the
+product's bounds are.
 
     python bench/data.py [--size-mb 200] [--large-mb 1000] [--workdir /tmp/lmcockpit-bench-data] [--rounds 2]
-                         [--file-mb 16] [--formats jsonl,parquet] [--skip workers,resume,large] [--tiktoken]
+                         [--file-mb 16] [--formats jsonl,parquet] [--large-formats jsonl] [--raw-mb 0]
+                         [--skip workers,resume,large] [--tiktoken]
 """
 
 from __future__ import annotations
 
 import argparse
 import filecmp
+import itertools
 import json
 import math
 import os
@@ -256,23 +270,29 @@ CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
 def emit(**kw):
-    print(json.dumps({"t": round(time.perf_counter() - t0, 3), **kw}), flush=True)
+    print(json.dumps({"t": round(time.perf_counter() - t0, 3), "epoch": time.time(), **kw}), flush=True)
 from lmcockpit.core.config import load_config
+from lmcockpit.core.data import build
 from lmcockpit.core.data.prepare import prepare
 cfg, _ = load_config(sys.argv[1], sys.argv[2:])
-emit(started=1)
+emit(started=1, code=build.__file__)
 data = prepare(cfg, lambda line: emit(log=line), lambda stage, done, total, unit: emit(stage=stage, done=done))
 emit(finished=str(data.dir), train=len(data.train), val=len(data.val))
 """
 
 
 class TreeRSS(threading.Thread):
-    """The peak, over time, of the summed RSS of a process and all its descendants."""
+    """The peak, over time, of the summed RSS of a process and all its descendants; and each
+    process's own peak RSS (VmHWM, the kernel's high-water mark, read at every sample), its command
+    line and when it was first seen, to tell the main process, the BPE's child and the workers apart."""
 
     def __init__(self, pid: int, every: float = 0.1):
         super().__init__(daemon=True)
         self.pid, self.every, self.peak, self.peak_procs, self.peak_pss = pid, every, 0, 0, 0
-        self.per_pid: dict[int, int] = {}  # each process's own peak
+        self.per_pid: dict[int, int] = {}  # each process's own peak, sampled
+        self.hwm: dict[int, int] = {}  # each process's VmHWM, as last read
+        self.info: dict[int, tuple[float, str]] = {}  # pid: (when first seen, command line)
+        self.samples: list[tuple[float, int]] = []  # (time, the tree's summed RSS)
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -290,16 +310,69 @@ class TreeRSS(threading.Thread):
             total = pss = 0
             for p in procs:
                 try:
+                    # First seen: this clock, as the child's events' (psutil's create_time can be 1 s off).
+                    # The command line read again until it is a spawned one's (a fork not yet exec'd
+                    # shows its parent's).
+                    seen, cmd = self.info.get(p.pid, (time.time(), ""))
+                    if p.pid != self.pid and "spawn_main" not in cmd and "resource_tracker" not in cmd:
+                        self.info[p.pid] = (seen, " ".join(p.cmdline()))
                     m = p.memory_full_info()  # PSS too: a page shared by n processes counts 1/n in each
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    hwm = _vm_hwm(p.pid)
+                except (psutil.NoSuchProcess, psutil.AccessDenied, OSError, ValueError):
                     continue
                 total += m.rss
                 pss += m.pss
                 self.per_pid[p.pid] = max(self.per_pid.get(p.pid, 0), m.rss)
+                self.hwm[p.pid] = max(self.hwm.get(p.pid, 0), hwm, m.rss)
             self.peak_pss = max(self.peak_pss, pss)
+            self.samples.append((time.time(), total))
             if total > self.peak:
                 self.peak, self.peak_procs = total, len(procs)
             self.stop.wait(self.every)
+
+    def roles(self, tokenizing_from: float | None) -> dict:
+        """Each process's peak by role: main, bpe (the spawned child that trains the BPE, seen
+        before the tokenising phase), tracker (multiprocessing's resource tracker), workers (the
+        pool's, started after it; a list), other."""
+        out: dict = {"main": self.hwm.get(self.pid, 0), "bpe": None, "tracker": None, "workers": [], "other": []}
+        for pid, peak in sorted(self.hwm.items(), key=lambda kv: self.info.get(kv[0], (0.0, ""))[0]):
+            if pid == self.pid:
+                continue
+            created, cmd = self.info.get(pid, (0.0, ""))
+            if "resource_tracker" in cmd:
+                out["tracker"] = max(out["tracker"] or 0, peak)
+            elif "spawn_main" in cmd and tokenizing_from is not None and created < tokenizing_from:
+                out["bpe"] = max(out["bpe"] or 0, peak)
+            elif "spawn_main" in cmd:
+                out["workers"].append(peak)
+            else:
+                out["other"].append(peak)
+        return out
+
+
+def _vm_hwm(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class Load(threading.Thread):
+    """The 1-minute load average, every 5 s, for the whole bench (its own processes included)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.samples: list[float] = []
+
+    def run(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            time.sleep(5)
+
+    def summary(self, since: int = 0) -> str:
+        xs = sorted(self.samples[since:]) or [os.getloadavg()[0]]
+        return f"{xs[0]:.1f}–{xs[-1]:.1f} (median {xs[len(xs) // 2]:.1f})"
 
 
 def prepare_cmd(source: Path, cache: Path, extra: list[str]) -> list[str]:
@@ -358,18 +431,32 @@ def run_prepare(source: Path, cache: Path, extra: list[str] = (), kill_at: float
         if must_succeed:
             raise SystemExit(f"prepare failed ({proc.returncode}):\n{err[-4000:]}")
         return {"wall": wall, "rc": proc.returncode, "stderr": err, "dir": None}
-    others = [v for k, v in rss.per_pid.items() if k != proc.pid]
     out = {"wall": wall, "events": events, "rss": rss.peak, "rss_procs": rss.peak_procs, "pss": rss.peak_pss,
-           "rss_main": rss.per_pid.get(proc.pid, 0), "rss_child": max(others, default=0), "stderr": err}
+           "stderr": err, "load": os.getloadavg()[0]}
     fin = next(e for e in events if "finished" in e)
     out["dir"] = Path(fin["finished"])
     out["meta"] = json.loads((out["dir"] / "meta.json").read_text())
-    tok = [e["t"] for e in events if e.get("stage") == "tokenizing"]
-    start = next(e["t"] for e in events if "started" in e)
-    out["bpe"] = (tok[0] - start) if tok else 0.0  # listing, estimates, BPE training: before tokenising
-    out["tokenizing"] = tok[-1] - tok[0] if tok else 0.0
+    tok = [e for e in events if e.get("stage") == "tokenizing"]
+    start = next(e for e in events if "started" in e)
+    out["code"] = start.get("code", "")
+    out["bpe"] = (tok[0]["t"] - start["t"]) if tok else 0.0  # listing, estimates, BPE training: before tokenising
+    out["tokenizing"] = tok[-1]["t"] - tok[0]["t"] if tok else 0.0
     out["resumed"] = next((e["log"] for e in events if "resuming" in e.get("log", "")), "")
+    out["procs"] = rss.roles(tok[0]["epoch"] if tok else None)
+    out["rss_tokenizing"] = max((x for at, x in rss.samples if tok and at >= tok[0]["epoch"]), default=0)
+    out["encoded"] = encoded(out["dir"], events)
     return out
+
+
+def encoded(cache: Path, events: list[dict]) -> dict:
+    """Which encoder a prepare used: its log's line, and its pieces' summaries (pieces/*.json)."""
+    pieces = [json.loads(f.read_text()) for f in sorted((cache / "pieces").glob("*.json"))]
+    return {"log": next((e["log"] for e in events if e.get("log", "").startswith("data: encoded by")), ""),
+            "pieces": len(pieces), "by": dict(Counter(str(s.get("encoder")) for s in pieces)),
+            "checked": sum(s.get("checked", 0) for s in pieces),
+            "documents": sum(s["documents"]["train"] + s["documents"]["val"] for s in pieces),
+            "disagreed": [s["disagreed"] for s in pieces if s.get("disagreed")],
+            "workers_log": next((e["log"] for e in events if "tokenizer processes for" in e.get("log", "")), "")}
 
 
 def _alive(p) -> bool:
@@ -401,82 +488,100 @@ def same_files(a: Path, b: Path) -> tuple[int, int, list[str]]:
 
 
 # -------------------------------------------------------------------------------- raw speed
-def raw_speed(folder: Path, tokenizer_json: Path, eos: int | None) -> dict:
-    """The same tokenizer over the same documents, in this one process on every core, timing only
-    the encode calls: `encode_batch_fast` alone, and core's Encoder by tokenizers (ids into one array)."""
+def raw_speed(folder: Path, tokenizer_json: Path, eos: int | None, limit_bytes: int = 0) -> dict:
+    """The same tokenizer over the same documents (the first `limit_bytes` of text, 0: all), in this
+    one process, timing only the encode calls, batch by batch in turn: `encode_batch_fast` on every core (tokenizers' threads), core's
+    Encoder on one thread as a worker runs it (tiktoken where the BPE allows it; its check of 1/32
+    of the documents by tokenizers, one thread, timed apart). The Encoder's ids are compared with
+    `encode_batch_fast`'s (an end-of-text after each document) for every document, untimed."""
     from tokenizers import Tokenizer
 
+    from lmcockpit.core.data.build import CHECK_SHARE
     from lmcockpit.core.data.encoder import Encoder
 
-    reference = Encoder(str(tokenizer_json), eos, fast=False)
-
-    os.environ.pop("TOKENIZERS_PARALLELISM", None)
+    enc = Encoder(str(tokenizer_json), eos)  # a worker's: fast, tiktoken where it gives the same ids
     tok = Tokenizer.from_file(str(tokenizer_json))
-    res = {"fast": 0.0, "core": 0.0, "chars": 0, "bytes": 0, "docs": 0, "tokens": 0, "core_tokens": 0}
-    for batch in texts_in_batches(folder):
-        t0 = time.perf_counter()
-        encs = tok.encode_batch_fast(batch, add_special_tokens=False)
-        res["fast"] += time.perf_counter() - t0
-        res["tokens"] += sum(len(e) for e in encs)
-        del encs
-        t0 = time.perf_counter()
-        ids = reference.encode(batch)
-        res["core"] += time.perf_counter() - t0
-        res["core_tokens"] += len(ids)
-        res["docs"] += len(batch)
-        res["chars"] += sum(len(t) for t in batch)
-        res["bytes"] += sum(len(t.encode()) for t in batch)
+    tok.encode_special_tokens = True  # as the Encoder's reference: a corpus's "<|endoftext|>" is text
+    every = round(1 / CHECK_SHARE)  # a worker checks a hashed 1/32 of its documents: here every 32nd
+    res = {"fast": 0.0, "core": 0.0, "check": 0.0, "chars": 0, "bytes": 0, "docs": 0, "tokens": 0,
+           "core_tokens": 0, "differ": 0, "first": None, "encoder": enc.name, "threads": len(os.sched_getaffinity(0))}
+    try:
+        for batch in texts_in_batches(folder):
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)  # every core
+            t0 = time.perf_counter()
+            encs = tok.encode_batch_fast(batch, add_special_tokens=False)
+            res["fast"] += time.perf_counter() - t0
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread, as in a worker (_worker_init)
+            t0 = time.perf_counter()
+            ids = enc.encode(batch)
+            res["core"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            enc.reference_ids(batch[::every])
+            res["check"] += time.perf_counter() - t0
+            lists = [e.ids for e in encs]
+            res["tokens"] += sum(len(x) for x in lists)
+            res["core_tokens"] += len(ids)
+            tail = [eos] if eos is not None else []
+            want = np.fromiter(itertools.chain.from_iterable(y for x in lists for y in (x, tail)), np.int64)
+            if not np.array_equal(want, ids):
+                res["differ"] += 1  # batches with a difference; the first differing document named
+                pos = 0
+                for k, x in enumerate(lists):
+                    if ids[pos:pos + len(x) + len(tail)].tolist() != [*x, *tail]:
+                        res["first"] = res["first"] if res["first"] is not None else res["docs"] + k
+                        break
+                    pos += len(x) + len(tail)
+            del encs, lists, want, ids
+            res["docs"] += len(batch)
+            res["chars"] += sum(len(t) for t in batch)
+            res["bytes"] += sum(len(t.encode()) for t in batch)
+            if limit_bytes and res["bytes"] >= limit_bytes:
+                break
+    finally:
+        os.environ.pop("TOKENIZERS_PARALLELISM", None)
     return res
 
 
 def tiktoken_check(folder: Path, tokenizer_json: Path, limit_bytes: int) -> dict:
-    """The trained byte-level BPE as a tiktoken Encoding (ranks = ids, GPT-2's split pattern, as the
-    ByteLevel pre-tokenizer uses); ids compared document by document and both timed on the same
-    batches (tiktoken's own thread pool, one thread per core)."""
-    import tiktoken
-    from tokenizers import Tokenizer
+    """The product's Encoder (its tiktoken Encoding, built by encoder.tiktoken_encoding) against
+    tokenizers on the same batches, on every core and on one, the four calls alternating batch by
+    batch; ids compared document by document."""
+    from lmcockpit.core.data.encoder import Encoder
 
-    spec = json.loads(tokenizer_json.read_text())
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):  # GPT-2's bytes_to_unicode, inverted below
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    byte_of = {chr(c): b for b, c in zip(bs, cs)}
-    specials = {t["content"]: t["id"] for t in spec["added_tokens"]}
-    ranks = {bytes(byte_of[ch] for ch in tok): i for tok, i in spec["model"]["vocab"].items() if tok not in specials}
-    pat = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-    enc = tiktoken.Encoding("lmcockpit-bpe", pat_str=pat, mergeable_ranks=ranks, special_tokens=specials)
-    hf = Tokenizer.from_file(str(tokenizer_json))
+    enc = Encoder(str(tokenizer_json), None)
+    if enc.tiktoken is None:
+        from lmcockpit.core.data.encoder import tiktoken_shape
+
+        return {"refused": tiktoken_shape(json.loads(tokenizer_json.read_text())) or "tiktoken_encoding gave none"}
     threads = len(os.sched_getaffinity(0))
     res = {"hf": 0.0, "tt": 0.0, "hf1": 0.0, "tt1": 0.0, "docs": 0, "bytes": 0, "differ": 0, "first": None,
            "threads": threads}
-    for batch in texts_in_batches(folder):
+    try:
+        for batch in texts_in_batches(folder):
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            t0 = time.perf_counter()
+            a = enc.reference_ids(batch)
+            res["hf"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            enc.tiktoken.encode_ordinary_batch(batch, num_threads=threads)
+            res["tt"] += time.perf_counter() - t0
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"  # as prepare's workers run it: one thread each
+            t0 = time.perf_counter()
+            enc.reference_ids(batch)
+            res["hf1"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            b = [enc.tiktoken.encode_ordinary(t) for t in batch]  # what Encoder.encode does
+            res["tt1"] += time.perf_counter() - t0
+            for i, (x, y) in enumerate(zip(a, b)):
+                if x != y:
+                    res["differ"] += 1
+                    res["first"] = res["first"] if res["first"] is not None else res["docs"] + i
+            res["docs"] += len(batch)
+            res["bytes"] += sum(len(t.encode()) for t in batch)
+            if res["bytes"] >= limit_bytes:
+                break
+    finally:
         os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        t0 = time.perf_counter()
-        a = [e.ids for e in hf.encode_batch_fast(batch, add_special_tokens=False)]
-        res["hf"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        b = enc.encode_ordinary_batch(batch, num_threads=threads)
-        res["tt"] += time.perf_counter() - t0
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # as prepare's workers run it: one thread each
-        t0 = time.perf_counter()
-        hf.encode_batch_fast(batch, add_special_tokens=False)
-        res["hf1"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        enc.encode_ordinary_batch(batch, num_threads=1)
-        res["tt1"] += time.perf_counter() - t0
-        for i, (x, y) in enumerate(zip(a, b)):
-            if x != y:
-                res["differ"] += 1
-                res["first"] = res["first"] if res["first"] is not None else res["docs"] + i
-        res["docs"] += len(batch)
-        res["bytes"] += sum(len(t.encode()) for t in batch)
-        if res["bytes"] >= limit_bytes:
-            break
-    os.environ.pop("TOKENIZERS_PARALLELISM", None)
     return res
 
 
@@ -485,8 +590,17 @@ def mbs(n_bytes: float, seconds: float) -> str:
     return f"{n_bytes / MB / seconds:.2f}" if seconds > 0 else "–"
 
 
-def gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+def mem(n: int | None) -> str:
+    """Bytes as MB of 10^6 bytes, as the product's bounds (build.WORKER_BYTES, TREE_BYTES) are."""
+    return "–" if n is None else f"{n / MB:,.0f} MB"
+
+
+def encoder_note(e: dict) -> str:
+    by = ", ".join(f"{name} {n}" for name, n in sorted(e["by"].items()))
+    return (f"{e['pieces']} pieces ({by}); {e['checked']:,} of {e['documents']:,} documents checked against "
+            f"tokenizers ({e['checked'] / max(1, e['documents']):.1%}); "
+            + (f"**{len(e['disagreed'])} pieces disagreed** (first: {e['disagreed'][0]})" if e["disagreed"]
+               else "no piece disagreed") + f"; log: \"{e['log'].removeprefix('data: ')}\"")
 
 
 def resume_after_kill(folder: Path, cache: Path, whole: dict, group: bool) -> tuple[list[str], str]:
@@ -524,20 +638,31 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/lmcockpit-bench-data"))
     ap.add_argument("--file-mb", type=int, default=16, help="text per .jsonl.zst file and per Parquet row group")
     ap.add_argument("--formats", default="jsonl,parquet", help="which copies to prepare: jsonl, parquet or both")
+    ap.add_argument("--large-formats", default="", help="which copies to prepare at --large-mb (default: --formats)")
     ap.add_argument("--rounds", type=int, default=2, help="throughput rows run in turn this many times; best kept")
     ap.add_argument("--skip", default="", help="comma-separated: workers, resume, large")
-    ap.add_argument("--tiktoken", action="store_true", help="also compare with the BPE loaded into tiktoken")
+    ap.add_argument("--tiktoken", action="store_true",
+                    help="also compare the product's Encoder (tiktoken) with tokenizers, on every core and on one")
     ap.add_argument("--tiktoken-mb", type=int, default=40, help="text the tiktoken comparison reads (default 40)")
+    ap.add_argument("--raw-mb", type=int, default=0,
+                    help="text the raw rows encode each round: the corpus's first documents (default 0: all of it)")
     ap.add_argument("--no-record", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = ap.parse_args()
+    from lmcockpit.core.data import build
+
+    load = Load()
+    load.start()
     skip = set(filter(None, args.skip.split(",")))
     formats = [f for f in args.formats.split(",") if f]
+    large_formats = [f for f in (args.large_formats or args.formats).split(",") if f]
     workdir = args.workdir.resolve()
     caches = workdir / "caches"
     folder, stats = corpus(workdir, args.size_mb, args.file_mb)
     cores = len(os.sched_getaffinity(0))
     base_fmt = formats[0]
     label = {"jsonl": "`.jsonl.zst`", "parquet": "Parquet"}
+    bound = {"jsonl": ("WORKER_BYTES", build.WORKER_BYTES), "parquet": ("COLUMNAR_WORKER_BYTES", build.COLUMNAR_WORKER_BYTES)}
+    marks: dict[str, int] = {"start": len(load.samples)}
 
     # 1-3. prepare per format, its tokenizer's raw speed, one worker: in turn, round after round
     runs: dict[str, list[dict]] = {}
@@ -551,7 +676,8 @@ def main() -> None:
             r = run_prepare(folder / fmt, fresh(caches / f"{key}-r{rnd}"), extra)
             m = r["meta"]
             print(f"  {r['wall']:.1f} s (BPE {r['bpe']:.1f} s, tokenising {r['tokenizing']:.1f} s), "
-                  f"{m['train_tokens'] + m['val_tokens']:,} tokens, peak RSS {gib(r['rss'])}", flush=True)
+                  f"{m['train_tokens'] + m['val_tokens']:,} tokens, peak RSS {mem(r['rss'])}, "
+                  f"{r['encoded']['log']}, load {r['load']:.1f}", flush=True)
             runs.setdefault(key, []).append(r)
             ref = runs[fmt][0]["dir"]
             if r["dir"] != ref:  # every later cache of the same data against the first: byte for byte
@@ -562,16 +688,23 @@ def main() -> None:
                 shutil.rmtree(r["dir"].parent)
             if key != "w1":
                 print(f"round {rnd + 1}: raw encode, {key}'s tokenizer ...", flush=True)
-                raws.setdefault(key, []).append(raw_speed(folder, ref / "tokenizer" / "tokenizer.json", m["eos_id"]))
+                raw = raw_speed(folder, ref / "tokenizer" / "tokenizer.json", m["eos_id"], args.raw_mb * MB)
+                print(f"  encode_batch_fast {raw['fast']:.1f} s, Encoder ({raw['encoder']}) {raw['core']:.1f} s "
+                      f"+ check {raw['check']:.1f} s", flush=True)
+                raws.setdefault(key, []).append(raw)
+    marks["throughput"] = len(load.samples)
 
     def best(key: str) -> dict:
         return min(runs[key], key=lambda r: r["tokenizing"])
 
     def raw_best(fmt: str, what: str) -> float:
-        return min(r[what] for r in raws[fmt])
+        return min(r[what] if what != "worker" else r["core"] + r["check"] for r in raws[fmt])
 
     def rate(r: dict) -> float:  # bytes/s of the tokenising phase
         return stats["bytes"] / r["tokenizing"]
+
+    def n_workers(r: dict) -> int:
+        return len(r["procs"]["workers"]) or 1
 
     rows = []
     for key in list(runs):
@@ -579,38 +712,53 @@ def main() -> None:
         m = r["meta"]
         tokens = m["train_tokens"] + m["val_tokens"]
         name = (f"`prepare`, {label[fmt]}, `data.workers=1`" if key == "w1" else
-                f"`prepare`, {label[fmt]}, workers 0 (= {cores})")
+                f"`prepare`, {label[fmt]}, workers 0 (= {n_workers(r)})")
         walls = ", ".join(f"{x['wall']:.1f}" for x in runs[key])
+        loads = ", ".join(f"{x['load']:.1f}" for x in runs[key])
         rows.append(f"| {name} | {r['wall']:.1f} s | {r['bpe']:.1f} s | {r['tokenizing']:.1f} s | "
                     f"{mbs(stats['bytes'], r['wall'])} | {mbs(stats['bytes'], r['tokenizing'])} | "
-                    f"{tokens / r['tokenizing'] / 1e6:.2f}M | "
-                    f"{walls} |")
+                    f"{tokens / r['tokenizing'] / 1e6:.2f}M | {walls} | {loads} |")
     for fmt in formats:
         raw = raws[fmt][0]
-        for what, name in (("fast", "`Tokenizer.encode_batch_fast`"), ("core", "core `encode_batch` (ids into one array, EOS)")):
+        for what, name, threads in (
+                ("fast", "`Tokenizer.encode_batch_fast`", f"{cores} threads"),
+                ("core", f"core `Encoder` ({raw['encoder']})", "1 thread"),
+                ("worker", f"core `Encoder` ({raw['encoder']}) + its 1/32 check by tokenizers", "1 thread")):
             t = raw_best(fmt, what)
             tokens = raw["tokens"] if what == "fast" else raw["core_tokens"]
-            times = ", ".join(f"{x[what]:.1f}" for x in raws[fmt])
-            rows.append(f"| raw {name}, {fmt}'s tokenizer, 1 process, {cores} threads | | | {t:.1f} s | | "
-                        f"{mbs(raw['bytes'], t)} | {tokens / t / 1e6:.2f}M | "
-                        f"{times} |")
+            times = ", ".join(f"{(x['core'] + x['check']) if what == 'worker' else x[what]:.1f}" for x in raws[fmt])
+            rows.append(f"| raw {name}, {fmt}'s tokenizer, 1 process, {threads} | | | {t:.1f} s | | "
+                        f"{mbs(raw['bytes'], t)} | {tokens / t / 1e6:.2f}M | {times} | |")
     ratio_lines = []
     for key in runs:
         fmt = base_fmt if key == "w1" else key
         r = best(key)
-        raw_fast, raw_core = stats["bytes"] / raw_best(fmt, "fast"), stats["bytes"] / raw_best(fmt, "core")
-        same_round = ", ".join(f"{raw['fast'] / x['tokenizing']:.2f}" for x, raw in zip(runs[key], raws[fmt]))
-        ratio_lines.append(f"| {label[fmt]}, {'workers 1' if key == 'w1' else 'workers 0'} | {rate(r) / raw_fast:.2f} | "
-                           f"{rate(r) / raw_core:.2f} | {stats['bytes'] / r['wall'] / raw_fast:.2f} | {same_round} |")
+        w = n_workers(r)
+        n_raw = raws[fmt][0]["bytes"]
+        raw_fast, raw_worker = n_raw / raw_best(fmt, "fast"), n_raw / raw_best(fmt, "worker")
+        same_round = ", ".join(f"{rate(x) / (raw['bytes'] / raw['fast']):.2f}" for x, raw in zip(runs[key], raws[fmt]))
+        ratio_lines.append(f"| {label[fmt]}, {'workers 1' if key == 'w1' else f'workers 0 (= {w})'} | "
+                           f"**{rate(r) / raw_fast:.2f}** | {rate(r) / (w * raw_worker):.2f} | "
+                           f"{stats['bytes'] / r['wall'] / raw_fast:.2f} | {same_round} |")
     for fmt in formats:
         m, raw = runs[fmt][0]["meta"], raws[fmt][0]
         got = m["train_tokens"] + m["val_tokens"]
         want = raw["tokens"] + raw["docs"] * (m["eos_id"] is not None)
+        whole = raw["docs"] == stats["documents"]
         notes.append(f"{fmt}: {m['documents']['train']:,} + {m['documents']['val']:,} documents (corpus: "
-                     f"{stats['documents']:,}), {got:,} tokens (its tokenizer over the same documents, an EOS each: "
-                     f"{want:,}: {'equal' if got == want else 'DIFFERENT'}); meta.json `bytes` {m['bytes']:,} "
-                     f"(the corpus: {stats['bytes']:,} UTF-8 bytes, {stats['chars']:,} characters); "
+                     f"{stats['documents']:,}), {got:,} tokens " + (
+                         f"(its tokenizer's `encode_batch_fast` over the same documents, an EOS each: {want:,}: "
+                         f"{'equal' if got == want else 'DIFFERENT'})" if whole else
+                         f"(the raw rows encoded the first {raw['docs']:,} documents only: counts not compared)")
+                     + f"; meta.json `bytes` {m['bytes']:,} (the corpus: {stats['bytes']:,} UTF-8 bytes); "
                      f"{len(m['shards'])} shards.")
+        notes.append(f"{fmt}'s raw `Encoder` ({raw['encoder']}) against `encode_batch_fast`, every document it "
+                     f"encoded in every round ({raw['docs']:,} a round, {raw['bytes'] / MB:.0f} MB): " + ("the same ids." if not any(x["differ"] for x in raws[fmt])
+                     else f"**ids DIFFER** (first: document {next(x['first'] for x in raws[fmt] if x['differ'])})."))
+    for key in runs:
+        encs = {json.dumps(x["encoded"], sort_keys=True) for x in runs[key]}
+        notes.append(f"Encoder, {key}: " + encoder_note(runs[key][0]["encoded"])
+                     + ("" if len(encs) == 1 else f" (the {len(runs[key])} rounds' pieces say otherwise: {len(encs)} variants)"))
 
     # 4. resume after a kill at half way
     resume_lines = []
@@ -619,8 +767,8 @@ def main() -> None:
         whole = run_prepare(folder / base_fmt, fresh(caches / "resume-whole"))  # under the load the kills see
         earlier = ", ".join(f"{x['wall']:.1f}" for x in runs[base_fmt])
         resume_lines = ["| resume after SIGKILL at half way | seconds | |", "| --- | ---: | --- |",
-                        f"| uninterrupted `prepare` ({label[base_fmt]}), run just before | {whole['wall']:.1f} | "
-                        f"the throughput rounds above: {earlier} |"]
+                        f"| uninterrupted `prepare` ({label[base_fmt]}, {stats['bytes'] / MB:.0f} MB), run just before "
+                        f"| {whole['wall']:.1f} | the throughput rounds above: {earlier} |"]
         sentences = []
         for group in (True, False):
             print(f"prepare killed at half way ({'group' if group else 'main process'}), then again ...", flush=True)
@@ -628,84 +776,136 @@ def main() -> None:
             resume_lines += lines
             sentences.append(sentence)
         resume_lines += ["", "Resumed caches " + "; ".join(filter(None, sentences)) + "."]
+        shutil.rmtree(caches / "resume-whole", ignore_errors=True)
+        for group in (0, 1):
+            shutil.rmtree(caches / f"resumed-{group}", ignore_errors=True)
+    marks["resume"] = len(load.samples)
 
-    # 5. peak memory at two sizes
-    mem_lines = []
+    # 5. peak memory at two sizes, each process apart
+    mem_lines, per_worker, bigs = [], [], {}
     if "large" not in skip:
         big_folder, big_stats = corpus(workdir, args.large_mb, args.file_mb)
-        mem_lines = ["| peak memory of prepare's process tree | text | pieces | wall | MB/s | RSS, tree (sum) | "
-                     "PSS, tree (sum) | RSS, main process | RSS, largest child |",
-                     "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        marks["large corpus made"] = len(load.samples)
+        mem_lines = ["| peak memory of prepare | text | pieces | wall | BPE | MB/s | RSS, tree (sum) | PSS, tree (sum) | "
+                     "RSS, tree, tokenising phase | main | BPE child | resource tracker | each worker | "
+                     "a worker's bound (build.py) |",
+                     "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
         ratios = []
-        for fmt in formats:
+        for fmt in large_formats:
             print(f"prepare {fmt}, {args.large_mb} MB ...", flush=True)
             big = run_prepare(big_folder / fmt, fresh(caches / f"{fmt}-large"))
+            print(f"  {big['wall']:.1f} s (BPE {big['bpe']:.1f} s), peak RSS {mem(big['rss'])}, {big['encoded']['log']}, load {big['load']:.1f}",
+                  flush=True)
+            bigs[fmt] = big
             shutil.rmtree(caches / f"{fmt}-large", ignore_errors=True)
-            small = max(runs[fmt], key=lambda r: r["rss"])
-            for size, r, s in ((args.size_mb, small, stats), (args.large_mb, big, big_stats)):
-                mem_lines.append(f"| {label[fmt]}, {size} MB | {s['bytes'] / MB:.0f} MB | {len(r['meta']['shards'])} | "
-                                 f"{r['wall']:.1f} s | {mbs(s['bytes'], r['wall'])} | {gib(r['rss'])} | {gib(r['pss'])} | "
-                                 f"{gib(r['rss_main'])} | {gib(r['rss_child'])} |")
-            ratios.append(f"{label[fmt]} {big['rss'] / small['rss']:.2f} (PSS {big['pss'] / small['pss']:.2f})")
+        for key in [*formats, *(["w1"] if "w1" in runs else [])]:
+            fmt = base_fmt if key == "w1" else key
+            small = max(runs[key], key=lambda r: r["rss"])
+            sizes = [(args.size_mb, small, stats)] + ([(args.large_mb, bigs[fmt], big_stats)] if key in bigs else [])
+            for size, r, s in sizes:
+                pr = r["procs"]
+                name, const = bound[fmt]
+                worst = max(pr["workers"], default=None)
+                verdict = ("– (no pool: the main process tokenises)" if worst is None else
+                           f"{name} {mem(const)}: largest {mem(worst)}, " + ("**under**" if worst < const else "**OVER**"))
+                if worst is not None:
+                    per_worker.append((fmt, size, worst, const, name))
+                mem_lines.append(
+                    f"| {label[fmt]}{', `data.workers=1`' if key == 'w1' else ''}, {size} MB | {s['bytes'] / MB:.0f} MB | "
+                    f"{len(r['meta']['shards'])} | {r['wall']:.1f} s | {r['bpe']:.1f} s | {mbs(s['bytes'], r['wall'])} | {mem(r['rss'])} | "
+                    f"{mem(r['pss'])} | {mem(r['rss_tokenizing'])} | {mem(pr['main'])} | {mem(pr['bpe'])} | {mem(pr['tracker'])} | "
+                    f"{', '.join(mem(x) for x in pr['workers']) or '–'}"
+                    f"{'; other processes: ' + ', '.join(mem(x) for x in pr['other']) if pr['other'] else ''} | {verdict} |")
+            if key in bigs:
+                ratios.append(f"{label[fmt]} {bigs[fmt]['rss'] / small['rss']:.2f} (PSS {bigs[fmt]['pss'] / small['pss']:.2f}, "
+                              f"tokenising phase {bigs[fmt]['rss_tokenizing'] / small['rss_tokenizing']:.2f})")
+        for fmt, big in bigs.items():
+            notes.append(f"Encoder, {fmt} at {args.large_mb} MB: " + encoder_note(big["encoded"]))
         mem_lines += ["", f"Peak RSS of the tree, {big_stats['bytes'] / stats['bytes']:.1f}× the text against 1×: "
-                      + "; ".join(ratios) + ". Sampled every 0.1 s (psutil, from a thread of the bench). RSS summed over processes counts a shared "
-                      "page (libraries; a just-forked child's copy of its parent) once per process; PSS counts it once "
-                      "in all. The small size's row: its round with the highest peak."]
+                      + "; ".join(ratios) + f". The bound: build.TREE_BYTES {mem(build.TREE_BYTES)}. Tree: summed "
+                      "over prepare's processes every 0.1 s (psutil, from a thread of the bench); RSS summed counts a "
+                      "shared page (libraries) once per process, PSS once in all; its tokenising phase: the samples from "
+                      "the first tokenising progress on (the BPE's child has ended). Each process: its own peak RSS "
+                      "(VmHWM from /proc, read at every sample, so up to 0.1 s before it ended), by role: main, the "
+                      "spawned child that trains the BPE (seen before the tokenising phase), multiprocessing's "
+                      "resource tracker, each pool worker. The small size's row: its round with the highest tree peak."]
+    marks["large"] = len(load.samples)
 
     # 6. tiktoken
     tt_lines = []
     if args.tiktoken:
         print("tiktoken ...", flush=True)
-        try:
-            import tiktoken
-        except ImportError:
-            tt_lines = ["tiktoken: not installed, not measured."]
+        import tiktoken
+
+        tok_json = runs[base_fmt][0]["dir"] / "tokenizer" / "tokenizer.json"
+        tt = tiktoken_check(folder, tok_json, args.tiktoken_mb * MB)
+        if "refused" in tt:
+            tt_lines = [f"tiktoken: the product's Encoder does not use it for this BPE ({tt['refused']})."]
         else:
-            tt = tiktoken_check(folder, runs[base_fmt][0]["dir"] / "tokenizer" / "tokenizer.json", args.tiktoken_mb * MB)
-            tt_lines = [f"| same BPE ({base_fmt}'s), same {tt['bytes'] / MB:.0f} MB ({tt['docs']:,} documents) | "
-                        "threads | seconds | MB/s | vs tokenizers |", "| --- | ---: | ---: | ---: | ---: |"]
-            for n, hf_key, tt_key in ((tt["threads"], "hf", "tt"), (1, "hf1", "tt1")):
-                tt_lines += [f"| tokenizers `encode_batch_fast` | {n} | {tt[hf_key]:.1f} | {mbs(tt['bytes'], tt[hf_key])} | 1.00x |",
-                             f"| tiktoken {tiktoken.__version__} `encode_ordinary_batch` | {n} | {tt[tt_key]:.1f} | "
+            tt_lines = [f"| core `Encoder`, same BPE ({base_fmt}'s), same {tt['bytes'] / MB:.0f} MB ({tt['docs']:,} "
+                        "documents) | threads | seconds | MB/s | vs tokenizers |", "| --- | ---: | ---: | ---: | ---: |"]
+            for n, hf_key, tt_key, call in ((tt["threads"], "hf", "tt", "`encode_ordinary_batch`"),
+                                            (1, "hf1", "tt1", "`encode_ordinary` a document at a time (as `Encoder.encode`)")):
+                tt_lines += [f"| tokenizers `encode_batch_fast` (`Encoder.reference_ids`) | {n} | {tt[hf_key]:.1f} | "
+                             f"{mbs(tt['bytes'], tt[hf_key])} | 1.00x |",
+                             f"| tiktoken {tiktoken.__version__} {call} | {n} | {tt[tt_key]:.1f} | "
                              f"{mbs(tt['bytes'], tt[tt_key])} | {tt[hf_key] / tt[tt_key]:.2f}x |"]
-            tt_lines += ["", f"Ids (all threads, `.ids` of every encoding against tiktoken's lists): "
+            tt_lines += ["", f"Ids (tokenizers' every document against tiktoken's, one thread): "
                          f"{tt['docs'] - tt['differ']:,} of {tt['docs']:,} documents identical"
                          + (f" (first difference: document {tt['first']})." if tt["differ"] else ".")
                          + " The four calls alternate batch by batch (8 MB each), so each saw the same load. "
-                         "Measured, not integrated."]
+                         "tiktoken's Encoding: the product's, `encoder.tiktoken_encoding` through `Encoder`."]
+    marks["end"] = len(load.samples)
 
+    import tiktoken
     import tokenizers
 
     meta = runs[base_fmt][0]["meta"]
-    setup = (f"Command: `python bench/data.py {' '.join(sys.argv[1:])}`. Preset `{PRESET}`'s tokenizer settings "
-             f"(byte-level BPE, vocab {meta['vocab_size']}, `train_bytes` 8 MB); tokenizers {tokenizers.__version__}. "
-             f"Synthetic corpus (the script's docstring): {stats['documents']:,} documents, {stats['bytes'] / MB:.0f} MB "
-             f"of UTF-8 text, as {stats['jsonl_files']} `.jsonl.zst` files ({stats['disk']['jsonl'] / MB:.0f} MB on "
-             f"disk) and as {stats['parquet_files']} Parquet files of up to 4 row groups "
-             f"({stats['disk']['parquet'] / MB:.0f} MB), {args.file_mb} MB of text per file or row group; "
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                            text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "core"], cwd=Path(__file__).parent,
+                           capture_output=True, text=True).stdout.strip()
+    phases = list(marks)
+    load_line = "; ".join(f"{b}: {load.summary(marks[a]) if marks[b] > marks[a] else '–'}"
+                          for a, b in zip(phases, phases[1:]) if marks[b] > marks[a])
+    setup = (f"Command: `python bench/data.py {' '.join(sys.argv[1:])}`, the product's code at {commit}"
+             f"{' (core/ modified)' if dirty else ''} ({runs[base_fmt][0]['code']}). Load average (1 min, every 5 s, "
+             f"this bench's own processes included): {load_line}. Preset `{PRESET}`'s tokenizer settings (byte-level "
+             f"BPE, vocab {meta['vocab_size']}, `train_bytes` 8 MB); tokenizers {tokenizers.__version__}, tiktoken "
+             f"{tiktoken.__version__}. Synthetic corpus (the script's docstring): {stats['documents']:,} documents, "
+             f"{stats['bytes'] / MB:.0f} MB of UTF-8 text, as {stats['jsonl_files']} `.jsonl.zst` files "
+             f"({stats['disk']['jsonl'] / MB:.0f} MB on disk) and as {stats['parquet_files']} Parquet files of up to 4 "
+             f"row groups ({stats['disk']['parquet'] / MB:.0f} MB), {args.file_mb} MB of text per file or row group; "
              f"`data.shard_bytes` default (16 MB). Each prepare: a fresh subprocess, an empty cache folder; its wall "
              f"time includes the interpreter's start and imports. BPE: from the start of `prepare` to its first "
-             f"tokenising progress (listing, size estimates, the BPE trained on its sample); MB/s and tokens/s of "
-             f"the tokenising phase after it. Raw rows: the same documents read from Parquet into memory in 8 MB "
-             f"batches, only the encode calls timed. {args.rounds} rounds, rows in turn; the best round shown, "
-             f"every round's wall (prepare) or encode time (raw) in the last column.")
-    lines = [setup, "", "| run | wall | BPE | tokenising | MB/s whole | MB/s tokenising | tokens/s | each round |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |", *rows, "",
-             "| tokenising phase's speed as a share of the raw speed (same tokenizer) | of `encode_batch_fast` | "
-             "of core `encode_batch` | whole prepare, of `encode_batch_fast` | each round against its own raw "
-             "`encode_batch_fast` |", "| --- | ---: | ---: | ---: | --- |",
+             f"tokenising progress (listing, size estimates, the BPE trained on its sample in a child); MB/s and "
+             f"tokens/s of the tokenising phase after it. Raw rows: "
+             + ("the same documents" if raws[base_fmt][0]["docs"] == stats["documents"] else
+                f"the corpus's first {raws[base_fmt][0]['docs']:,} documents ({raws[base_fmt][0]['bytes'] / MB:.0f} MB "
+                f"of its {stats['bytes'] / MB:.0f} MB, `--raw-mb`)")
+             + f" read from Parquet into memory in 8 MB batches, only the encode calls timed, the three calls "
+             f"alternating batch by batch; speeds are MB/s of what each read. "
+             f"{args.rounds} rounds, rows in turn; the best round shown, every round's wall (prepare) or encode time "
+             f"(raw) in the last columns, with the load average as each prepare ended.")
+    lines = [setup, "", "| run | wall | BPE | tokenising | MB/s whole | MB/s tokenising | tokens/s | each round | "
+             "load at its end |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |", *rows, "",
+             f"| tokenising phase's speed as a share of a raw speed (same tokenizer, same documents) | of "
+             f"`encode_batch_fast`, {cores} threads (the issue's target: ≥ 0.9) | of W × core `Encoder` + check, 1 "
+             f"thread (W: prepare's workers) | whole prepare, of `encode_batch_fast` | each round against its own "
+             f"raw `encode_batch_fast` |", "| --- | ---: | ---: | ---: | --- |",
              *ratio_lines, "", *[f"* {n}" for n in notes]]
     for block in (resume_lines, mem_lines, tt_lines):
         if block:
             lines += ["", *block]
-    dump = {"args": {k: str(v) for k, v in vars(args).items()}, "corpus": stats, "raw": raws,
-            "runs": {k: [{x: y for x, y in r.items() if x not in ("events", "stderr", "dir")} for r in v]
-                     for k, v in runs.items()}}
+    dump = {"args": {k: str(v) for k, v in vars(args).items()}, "corpus": stats, "raw": raws, "load": load.samples,
+            "large": {k: {x: y for x, y in r.items() if x not in ("events", "stderr", "dir")} for k, r in bigs.items()},
+            "marks": marks, "runs": {k: [{x: y for x, y in r.items() if x not in ("events", "stderr", "dir")} for r in v]
+                                     for k, v in runs.items()}}
     (workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(dump, indent=1, default=str))
     if args.no_record:
         print("\n".join(lines))
     else:
-        record("Data preparation: throughput, memory, resume", lines)
+        record("Data preparation: throughput, memory, resume (tiktoken encoder, bounded workers)", lines)
 
 
 if __name__ == "__main__":
