@@ -24,13 +24,15 @@ from typing import Callable
 from ..config import ConfigError
 from .sources import Source
 
-# Peak RSS of one worker, measured (bench/RESULTS.md): its imports, a tokenizer, a batch of text,
-# and for Parquet and Arrow pyarrow with a page's data. The default worker count keeps their sum
-# and the main process under TREE_BYTES, the bound on the whole preparation whatever the corpus.
+# Peak RSS of one worker, measured at 1 and 3 GB (bench/RESULTS.md, 2026-11-25), with a margin:
+# its imports, a tokenizer, a batch of text (78-79 MB), and for Parquet and Arrow pyarrow with a
+# page's data (151-159 MB); the main process (55-93 MB) with multiprocessing's resource tracker
+# (13 MB). The default worker count keeps their sum under TREE_BYTES, the bound on the whole
+# preparation whatever the corpus.
 WORKER_BYTES = 90_000_000
-COLUMNAR_WORKER_BYTES = 160_000_000
+COLUMNAR_WORKER_BYTES = 170_000_000
+MAIN_BYTES = 110_000_000
 TREE_BYTES = 1_500_000_000
-MAIN_BYTES = 100_000_000
 
 
 def default_workers(source: Source, log: Callable[[str], None] = lambda line: None) -> int:
