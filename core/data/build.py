@@ -77,7 +77,7 @@ def build_piece(job: PieceJob, on_bytes: Callable[[int], None] = lambda n: None)
     try:
         summary = _encode_piece(job, enc, on_bytes)
     except encoder.Disagreement as e:
-        summary = _encode_piece(job, encoder.Encoder(job.tokenizer_json, job.eos, fast=False), lambda n: None)
+        summary = _encode_piece(job, enc.reference_only(), lambda n: None)
         summary["disagreed"] = e.doc_id
     _write_atomic(Path(job.folder) / "pieces" / f"{job.piece.index:05d}.json",
                   json.dumps(summary, sort_keys=True).encode())

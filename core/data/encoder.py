@@ -14,6 +14,7 @@ piece's documents, and a piece where the two differ is encoded again by `tokeniz
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -97,6 +98,13 @@ class Encoder:
         # id, never inside one (and tiktoken's encode_ordinary reads it the same way).
         self.reference.encode_special_tokens = True
         self.tiktoken = tiktoken_encoding(json.loads(Path(tokenizer_json).read_text())) if fast else None
+
+    def reference_only(self) -> Encoder:
+        """The same tokenizer encoding by tokenizers alone, without loading it again (each load
+        keeps some native memory: build.py loads one per process)."""
+        slow = copy.copy(self)
+        slow.tiktoken = None
+        return slow
 
     @property
     def name(self) -> str:
