@@ -203,7 +203,7 @@ def _parquet(f: SourceFile, row_group: int, field: str, wanted: Wanted) -> Itera
         pf = pq.ParquetFile(f.path, buffer_size=1 << 20, pre_buffer=False)
         first = sum(pf.metadata.row_group(i).num_rows for i in range(row_group))
         rows = pf.metadata.row_group(row_group).num_rows
-        text = parquet_row_group_bytes(f, field)[row_group]
+        text = parquet_row_group_bytes(f, field, pf.metadata)[row_group]  # the footer read once
         batch_rows = max(16, min(BATCH_ROWS, rows * BATCH_TEXT_BYTES // max(1, text)))
         batches = pf.iter_batches(batch_size=batch_rows, row_groups=[row_group], columns=[field], use_threads=False)
         yield from _rows(f, batches, field, first, wanted, lambda row: f"row group {row_group}")

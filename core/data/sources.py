@@ -137,10 +137,11 @@ def list_source(cfg: DataConfig, budget_tokens: int = 0, fetch: bool = True) -> 
 
 
 # ---------------------------------------------------------------------------------- estimates
-def parquet_row_group_bytes(f: SourceFile, text_field: str) -> list[int]:
+def parquet_row_group_bytes(f: SourceFile, text_field: str, meta=None) -> list[int]:
+    """The text column's uncompressed bytes in each row group; `meta`: the file's footer, if read."""
     import pyarrow.parquet as pq
 
-    meta = pq.ParquetFile(f.path).metadata
+    meta = meta if meta is not None else pq.ParquetFile(f.path).metadata
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
     if text_field not in names:
         raise ConfigError(f"{f.path}: no column {text_field!r} (data.text_field); it has {', '.join(names)}")
