@@ -19,7 +19,8 @@ Architecture choices, and why:
   training computes it a block of rows at a time with its gradients on the way
   (`LinearCrossEntropy`): the (tokens × vocabulary) float32 logits and their gradient never exist
   whole. Compiled training keeps the plain form, which inductor fuses itself; so does fp16, whose
-  loss scale must reach the logits' gradient before it is rounded.
+  loss scale must reach the logits' gradient before it is rounded. Evaluation's per-token losses
+  (`token_losses`) take the same blocks of rows, without gradients, whatever the precision.
 * Inference has a path of its own (`GPT.decode` with a `KVCache`): a prompt is prefilled with the
   training forward's causal attention, then each new token attends to the cached keys and values.
   The training forward is untouched by it.
@@ -258,9 +259,19 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
     def token_losses(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Per-token cross-entropy (B, T) in float32, for bits-per-byte."""
-        logits = F.linear(self.hidden(idx), self.embed_tokens.weight)
-        return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+        """Per-token cross-entropy (B, T) in float32, for bits-per-byte; evaluation's loss, without
+        gradients. A block of rows at a time, as training's loss: the whole float32 logits of a
+        micro-batch (and cross-entropy's copies of them) would be the largest allocation of a run."""
+        h = self.hidden(idx).flatten(0, 1)
+        flat = targets.reshape(-1)
+        rows = LinearCrossEntropy.rows_per_block(self.shape.vocab_size, h.is_cuda)
+        losses = torch.empty(flat.shape, dtype=torch.float32, device=h.device)
+        for start in range(0, len(flat), rows):
+            logits = F.linear(h[start:start + rows], self.embed_tokens.weight).float()
+            ts = flat[start:start + rows, None]
+            losses[start:start + rows] = torch.logsumexp(logits, dim=-1) - logits.gather(1, ts).squeeze(1)
+            del logits  # before the next block's matmul, or two blocks are alive at once
+        return losses.view(targets.shape)
 
 
 def _fp16_autocast(device: str) -> bool:
@@ -283,10 +294,14 @@ class LinearCrossEntropy(torch.autograd.Function):
     GPU_BLOCK_ELEMENTS = 1 << 26
 
     @staticmethod
+    def rows_per_block(vocab_size: int, cuda: bool) -> int:
+        block = LinearCrossEntropy.GPU_BLOCK_ELEMENTS if cuda else LinearCrossEntropy.BLOCK_ELEMENTS
+        return max(1, block // vocab_size)
+
+    @staticmethod
     def forward(ctx, h: torch.Tensor, W: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        n, V = h.shape[0], W.shape[0]
-        block = LinearCrossEntropy.GPU_BLOCK_ELEMENTS if h.is_cuda else LinearCrossEntropy.BLOCK_ELEMENTS
-        rows = max(1, block // V)
+        n = h.shape[0]
+        rows = LinearCrossEntropy.rows_per_block(W.shape[0], h.is_cuda)
         grad_h = torch.empty_like(h)
         grad_W = torch.zeros(W.shape, dtype=torch.float32, device=W.device)
         total = torch.zeros((), dtype=torch.float32, device=h.device)
