@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -122,6 +124,26 @@ def test_an_eager_step_on_the_cpu_peaks_where_fit_says(tmp_path, micro_batch, ac
         torch.use_deterministic_algorithms(False)  # the trainer set it for this whole process
 
 
+def test_an_eager_fp16_step_holds_the_plain_loss_that_fit_counts():
+    """fp16 without compile keeps the whole logits' loss (gpt._fp16_autocast): with a vocabulary
+    512 times the width, the loss is most of the step, counted as if blockwise it was half."""
+    cfg = tiny_config("tokenizer.vocab_size=32768", "training.micro_batch_size=4", "training.precision=\"fp16\"")
+    torch.manual_seed(0)
+    model = model_of(cfg)
+    x = torch.randint(0, 32768, (4, cfg.training.seq_len + 1))
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x[:, :-1], x[:, 1:])
+        loss.backward()
+
+    step()
+    model.zero_grad(set_to_none=True)
+    e = fit.estimate(cfg, "cpu")
+    casts = e.weights - 4 * fit.param_counts(cfg).total
+    assert cpu_bytes_held(step) == pytest.approx(casts + e.activations + e.loss, rel=0.01)
+
+
 def test_estimate_compiled_bf16_with_accumulation_by_hand():
     cfg = tiny_config(*HAND, "training.compile=true", "training.grad_accum_steps=2")
     e = fit.estimate(cfg, "cuda")
@@ -189,7 +211,11 @@ def test_fsdp_keeps_a_share_of_the_state_per_gpu_and_ddp_all_of_it():
                                    "distributed.nproc=4"), "cuda")
     fsdp = fit.estimate(tiny_config(*HAND, "training.compile=true", "training.grad_accum_steps=2",
                                     "distributed.nproc=4", "distributed.strategy=\"fsdp\""), "cuda")
-    assert ddp == one  # whole model per GPU; gradients are views into DDP's buckets
+    # A whole model per GPU; gradients are views into DDP's buckets, which stay between steps.
+    assert ddp.grads == one.grads == 4 * N and ddp.inference == one.inference + 4 * N
+    assert dataclasses.replace(ddp, inference=one.inference) == one
+    no_accumulation = fit.estimate(tiny_config(*HAND, "training.compile=true", "distributed.nproc=4"), "cuda")
+    assert no_accumulation.grads == 4 * N  # the buckets exist at the peak of a step without accumulation too
     # A quarter of the fp32 weights, gradients and moments, plus what is gathered at a time: the
     # embedding (32768) and two blocks' matrices and norms ((MUON + 384 - 64) / 2 layers each).
     gathered = 4 * (32768 + 2 * (MUON + 384 - 64) // 2)

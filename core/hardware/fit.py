@@ -18,6 +18,10 @@ N = parameters; `a` = bytes of the autocast dtype: 2 for bf16/fp16, 4 for fp32):
 * the loss: compiled, the (B, T, V) logits in the autocast dtype; eager, the loss is computed a
   block of rows at a time (gpt.LinearCrossEntropy), so one block of logits and the head's
   gradient, never the whole logits;
+* evaluation and sampling, between steps (inference_bytes): no activations are kept, so one
+  block's working set, the loss a block of rows at a time and, for sampling, the KV cache of the
+  whole context, beside the weights, their casts and the optimizer state. Not the peak of any
+  preset, but counted: a run must not fit its steps and fail at its first evaluation;
 * margins for what no formula sees (compile workspaces, allocator fragmentation, the CUDA context).
 
 Under FSDP (distributed.strategy = "fsdp" with several processes) each GPU keeps 1/world of the
@@ -25,7 +29,8 @@ fp32 weights, gradients and optimizer state, plus the whole parameters of what i
 time: the root's (the embedding and final norm, for the whole pass) and two blocks (the one
 running and the one prefetched); its gradients stay sharded under accumulation too, since each
 micro-batch's are reduce-scattered (group.accumulating). DDP keeps everything whole, its
-gradients as views into its communication buckets (no second copy).
+gradients as views into its communication buckets (no second copy), which exist from the first
+step to the last: they are zeroed in place, never freed (grads_between_steps).
 
 What the CPU can check, `tests/test_fit.py` does: the per-token counts against the tensors autograd
 saves (eager exactly, fp32 and bf16; compiled within 3%), Muon's working set against the CPU
@@ -66,6 +71,18 @@ def keeps_grads(cfg: Config) -> bool:
     """
     t = cfg.training
     return t.compile and t.compile_mode in CUDA_GRAPH_MODES
+
+
+def ddp(cfg: Config) -> bool:
+    """Whether DDP wraps the model: several processes, not sharded."""
+    return cfg.world > 1 and cfg.distributed.strategy != "fsdp"
+
+
+def grads_between_steps(cfg: Config) -> bool:
+    """Whether every gradient exists for the whole run, zeroed in place after each step: under CUDA
+    graphs (keeps_grads), and under DDP, whose communication buckets hold them from the start; a
+    gradient set to None there would come back as a fresh tensor beside its bucket."""
+    return keeps_grads(cfg) or ddp(cfg)
 
 
 @dataclass(frozen=True)
@@ -169,7 +186,7 @@ def saved_per_token(cfg: Config, a: int, compiled: bool) -> int:
 LOSS_BLOCK_ELEMENTS = {"cuda": 1 << 26, "cpu": 1 << 22}
 
 
-def loss_bytes(cfg: Config, a: int, compiled: bool, tokens: int, device_type: str) -> int:
+def loss_bytes(cfg: Config, a: int, compiled: bool, tokens: int, device_type: str, fp16: bool = False) -> int:
     """The loss's memory beyond the saved activations, at its peak.
 
     Compiled: the fused loss keeps the logits in the autocast dtype (a·V per token; its backward
@@ -181,15 +198,47 @@ def loss_bytes(cfg: Config, a: int, compiled: bool, tokens: int, device_type: st
     fp32 logits with logsumexp's temporary of its size, or later the block's gradient, its cast
     and its product with the block's input. At the start of backward: the scaled copies of the
     saved gradients of the head's input (4·d per token) and weight, beside the weight's.
+
+    Eager fp16 keeps the plain loss (gpt._fp16_autocast says why), whose peak is the start of
+    backward: cross-entropy's saved fp32 log-probabilities, the gradient arriving at them and the
+    one they pass on, 12·V a token, beside the head's fp16 copy of the weight that the matmul saved.
     """
     V, d = cfg.tokenizer.vocab_size, cfg.model.d_model
     if compiled:
         return tokens * a * V + (4 + a) * V * d
+    if fp16:
+        return tokens * 12 * V + 2 * V * d
     amp = a if a < 4 else 0  # bytes of a cast (none in fp32)
     block = min(tokens, max(1, LOSS_BLOCK_ELEMENTS[device_type] // V)) * V
     forward = (tokens * d + V * d) * (4 + amp) + max(8 * block, (amp or 4) * V * d + (4 + amp) * block)
     backward = tokens * 4 * d + 8 * V * d
     return max(forward, backward)
+
+
+def inference_layer_bytes(cfg: Config, a: int) -> int:
+    """Bytes per token one block holds at its peak without gradients: its fp32 input (which the
+    caller still holds), the residual after attention and the norm's output, 12·d, beside the
+    MLP's silu(gate), up and their product (and, under autocast, the cast of its input)."""
+    d, f = cfg.model.d_model, cfg.mlp_hidden
+    return 12 * d + (12 * f if a == 4 else a * d + 3 * a * f)
+
+
+def inference_bytes(cfg: Config, a: int, tokens: int, device_type: str) -> int:
+    """The working set of evaluation or sampling, the larger, beyond what stays held between steps.
+
+    Evaluation (gpt.GPT.token_losses) runs a micro-batch through the blocks one at a time, then
+    takes the loss a block of rows at a time: the final hidden states and each token's loss in
+    fp32, and one block of fp32 logits with logsumexp's temporary of its size. Sampling (a chat
+    request or a periodic sample, one row) prefills up to the whole context beside the KV cache,
+    which holds the keys and values of every layer for the whole context in the autocast dtype.
+    """
+    m, V, T = cfg.model, cfg.tokenizer.vocab_size, cfg.max_seq_len
+    layer = inference_layer_bytes(cfg, a)
+    block = min(tokens, max(1, LOSS_BLOCK_ELEMENTS[device_type] // V)) * V
+    evaluation = max(tokens * layer, tokens * (4 * m.d_model + 4) + 8 * block)
+    kv_cache = 2 * m.n_layer * T * m.n_kv_head * cfg.head_dim * a
+    sampling = kv_cache + T * layer
+    return max(evaluation, sampling)
 
 
 @dataclass(frozen=True)
@@ -202,6 +251,7 @@ class MemoryEstimate:
     loss: int
     recompute: int  # activation checkpointing: one block recomputed in backward, beside the blocks' inputs
     muon_step: int  # Muon's working set while it steps (activations are gone by then)
+    inference: int  # evaluation or sampling between steps, whichever holds more, with what stays held then
     margin: int  # compile workspaces
     allocated: int
     reserved: int  # allocated plus fragmentation, plus the eval pool beside CUDA graphs' private pool
@@ -216,7 +266,7 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
     a = amp_bytes(cfg, device_type)
     compiled = t.compile
     n = param_counts(cfg)
-    d, V = m.d_model, cfg.tokenizer.vocab_size
+    d = m.d_model
 
     shards = cfg.world if cfg.distributed.strategy == "fsdp" else 1
     block = (n.matrices + n.norms - m.d_model) // m.n_layer  # one block's parameters (not the final norm)
@@ -226,7 +276,8 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
     grads_all = 4 * n.total // shards + gathered
     # Without accumulation, backward has created none when the saved activations peak (the head's
     # is part of the loss); with it, or with gradients kept between steps, all of them.
-    grads_at_peak = grads_all if t.grad_accum_steps > 1 or keeps_grads(cfg) else 0
+    kept = grads_between_steps(cfg)
+    grads_at_peak = grads_all if t.grad_accum_steps > 1 or kept else 0
     optimizer = (8 * n.adamw + 4 * n.muon) // shards
 
     layer = layer_activation_bytes(cfg, a, compiled)
@@ -239,24 +290,30 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
     ckpt = t.activation_checkpointing
     stored = tokens * m.n_layer * (4 * d if ckpt else layer)
     activations = stored + tokens * head_activation_bytes(cfg, a, compiled)
-    loss = loss_bytes(cfg, a, compiled, tokens, device_type)
+    loss = loss_bytes(cfg, a, compiled, tokens, device_type, fp16=t.precision == "fp16")
     recompute = (tokens * (layer + 2 * a * cfg.mlp_hidden) + 4 * n.embedding + (0 if grads_at_peak else 4 * block)
                  if ckpt else 0)
 
     muon_step = muon_step_bytes(cfg, device_type)
     held = weights + grads_at_peak + optimizer
-    peak = max(held + activations + loss, held + stored + recompute, weights + grads_all + optimizer + muon_step)
+    # Between steps: the fp32 weights and autocast's casts of every matrix (the head's too, which
+    # the evaluation loss casts), the optimizer state, and the gradients only where they are kept.
+    between = (4 * n.total // shards + gathered + (2 * (n.matrices + n.embedding) if a < 4 else 0) + optimizer
+               + (grads_all if kept else 0))
+    working = inference_bytes(cfg, a, tokens, device_type)
+    inference = between + working
+    peak = max(held + activations + loss, held + stored + recompute, weights + grads_all + optimizer + muon_step,
+               inference)
     margin = int(peak * COMPILE_MARGIN) if compiled else 0
     allocated = peak + margin
     reserved = int(allocated * (1 + ALLOCATOR_MARGIN))
     if compiled and t.compile_mode in CUDA_GRAPH_MODES and device_type == "cuda":
-        # CUDA graphs keep training's memory in a private pool; evaluation (eager, no grad) cannot
-        # reuse it and needs its own: the logits in the autocast dtype, their fp32 copy and the
-        # fp32 log-probabilities, plus one block's working set.
-        reserved += tokens * (V * (a + 8) + layer)
+        # CUDA graphs keep training's memory in a private pool; evaluation and sampling (eager, no
+        # grad) cannot reuse it and need their own.
+        reserved += working
     total = reserved + (CUDA_CONTEXT_BYTES if device_type == "cuda" else 0)
-    return MemoryEstimate(weights, grads_at_peak, optimizer, activations, loss, recompute, muon_step, margin, allocated,
-                          reserved, total)
+    return MemoryEstimate(weights, grads_at_peak, optimizer, activations, loss, recompute, muon_step, inference,
+                          margin, allocated, reserved, total)
 
 
 def verdict(needed_bytes: int, card_bytes: int) -> str:
@@ -311,11 +368,13 @@ def _divisor_at_most(n: int, k: int) -> int:
     return next(c for c in range(k, 0, -1) if n % c == 0)
 
 
-def out_of_memory_message(cfg: Config, step: int, error: str, device_name: str, device_bytes: int, peak_bytes: int,
-                          last_checkpoint: int | None) -> str:
-    """What a CUDA out-of-memory failure tells the user: where, how much, and what to change."""
+def out_of_memory_message(cfg: Config, step: int, error: str, device_name: str, device_bytes: int,
+                          peak_bytes: int | None, last_checkpoint: int | None, doing: str = "training") -> str:
+    """What an out-of-memory failure tells the user: where, how much, and what to change. `step`
+    is the step being trained, or for evaluation and sampling the step just completed; on a CPU
+    there is no peak to report (`peak_bytes` None)."""
     t, hw = cfg.training, cfg.hardware
-    asked = re.search(r"Tried to allocate [\d.]+ \w+", error)
+    asked = re.search(r"Tried to allocate [\d.]+ \w+", error) or re.search(r"you tried to allocate \d+ bytes", error)
     what = asked[0].lower() if asked else error.strip().splitlines()[0]
     sized = f"sized for {hw.gpu_class} ({hw.vram_gb:g} GB)" if hw.vram_gb else f"gpu_class {hw.gpu_class!r}"
     if t.micro_batch_size > 1:
@@ -326,7 +385,10 @@ def out_of_memory_message(cfg: Config, step: int, error: str, device_name: str, 
         change = "training.activation_checkpointing=true, a shorter training.seq_len or a smaller model"
     kept = (f"the checkpoint of step {last_checkpoint} is kept" if last_checkpoint
             else "no checkpoint had been written yet")
-    return (f"out of GPU memory at step {step} ({what}): micro-batch {t.micro_batch_size} × {t.seq_len} tokens, "
-            f"config {sized}, on {device_name} with {device_bytes / GiB:.1f} GiB; peak allocated "
-            f"{peak_bytes / GiB:.1f} GiB (estimated {estimate(cfg, 'cuda').allocated / GiB:.1f} GiB). "
+    gpu = device_name != "CPU"
+    where = f"at step {step}" if doing == "training" else f"in {doing} after step {step}"
+    peak = (f"; peak allocated {peak_bytes / GiB:.1f} GiB (estimated {estimate(cfg, 'cuda').allocated / GiB:.1f} GiB)"
+            if peak_bytes is not None else f" (estimated {estimate(cfg, 'cpu').allocated / GiB:.1f} GiB)")
+    return (f"out of {'GPU ' if gpu else ''}memory {where} ({what}): micro-batch {t.micro_batch_size} × {t.seq_len} "
+            f"tokens, config {sized}, on {device_name} with {device_bytes / GiB:.1f} GiB{peak}. "
             f"Change: {change}; {kept}.")

@@ -26,6 +26,7 @@ class Fitting(Protocol):
     """What the micro-batch search and the out-of-memory message use of a set-up Trainer."""
     cfg: Config
     device: torch.device
+    precision: str
     data: TokenData
     model: torch.nn.Module
     step: int
@@ -48,32 +49,69 @@ def oom_in(e: BaseException | None) -> torch.OutOfMemoryError | None:
     return e
 
 
-def fit_micro_batch(trainer: Fitting) -> None:
+class CudaMemory:
+    """What the micro-batch search asks of the GPU's caching allocator."""
+
+    def __init__(self, trainer: Fitting):
+        self.trainer, self.device = trainer, trainer.device
+
+    def budget(self) -> int:
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return free + torch.cuda.memory_reserved(self.device)
+
+    def fits(self, mb: int) -> bool:
+        return trial_step(self.trainer, mb)
+
+    def take_peak(self) -> int:
+        """The peak allocated so far, then a fresh count: what training reports is its own."""
+        peak = torch.cuda.max_memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return peak
+
+
+class HostMemory:
+    """On CPU the estimate against available RAM decides alone: running out there is the OOM
+    killer, not an exception a trial could catch; and there is no peak counter to reset."""
+
+    def budget(self) -> int:
+        return psutil.virtual_memory().available
+
+    def fits(self, mb: int) -> bool:
+        return True
+
+    def take_peak(self) -> int | None:
+        return None
+
+
+def device_memory(trainer: Fitting) -> CudaMemory | HostMemory:
+    return CudaMemory(trainer) if trainer.device.type == "cuda" else HostMemory()
+
+
+def fit_micro_batch(trainer: Fitting, memory: CudaMemory | HostMemory) -> int | None:
     """training.auto_micro_batch: the largest micro-batch the estimator allows, confirmed by a
     trial step and halved on out-of-memory, with accumulation raised to keep the step's tokens.
-    On CPU the estimate against available RAM decides alone: running out there is the OOM
-    killer, not an exception a trial could catch."""
+    Returns the trials' peak allocated memory (None on CPU), after which the peak counts afresh."""
     t = trainer.cfg.training
     effective = t.micro_batch_size * t.grad_accum_steps
-    if trainer.device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(trainer.device)
-        budget, fits = free + torch.cuda.memory_reserved(trainer.device), lambda mb: trial_step(trainer, mb)
-    else:
-        budget, fits = psutil.virtual_memory().available, (lambda mb: True)
-    estimated = fit.largest_micro_batch(trainer.cfg, budget, trainer.device.type)
+    # Estimated at the precision "auto" became here (fp16 on cards without bf16 keeps the plain loss).
+    resolved = dataclasses.replace(trainer.cfg, training=dataclasses.replace(t, precision=trainer.precision))
+    estimated = fit.largest_micro_batch(resolved, memory.budget(), trainer.device.type)
     tried: list[int] = []
 
     def attempt(n: int) -> bool:
         tried.append(n)
-        return fits(n)
+        return memory.fits(n)
 
     mb = fit.choose_micro_batch(effective, max(1, estimated), attempt)
     if mb is None:
         raise OutOfMemory(out_of_memory_message(trainer, "a micro-batch of 1 did not fit"))
+    trial_peak = memory.take_peak()
     trainer.cfg = dataclasses.replace(trainer.cfg, training=dataclasses.replace(
         t, micro_batch_size=mb, grad_accum_steps=effective // mb))
+    peak = f"; the trials peaked at {trial_peak / fit.GiB:.2f} GiB allocated" if trial_peak is not None else ""
     trainer.log(f"auto micro-batch: {mb} × {effective // mb} accumulation steps ({effective} sequences a step; "
-             f"the estimate allowed {estimated}, tried {', '.join(map(str, tried))})")
+                f"the estimate allowed {estimated}, tried {', '.join(map(str, tried))}{peak})")
+    return trial_peak
 
 
 def trial_step(trainer: Fitting, mb: int) -> bool:
@@ -113,11 +151,15 @@ def trial_step(trainer: Fitting, mb: int) -> bool:
     return ok
 
 
-def out_of_memory_message(trainer: Fitting, error: str) -> str:
-    props = torch.cuda.get_device_properties(trainer.device)
-    return fit.out_of_memory_message(trainer.cfg, trainer.step + 1, error, props.name, props.total_memory,
-                                     torch.cuda.max_memory_allocated(trainer.device),
-                                     trainer.saved_step)
+def out_of_memory_message(trainer: Fitting, error: str, doing: str = "training") -> str:
+    cfg, device = trainer.cfg, trainer.device
+    step = trainer.step + 1 if doing == "training" else trainer.step
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        name, total, peak = props.name, props.total_memory, torch.cuda.max_memory_allocated(device)
+    else:
+        name, total, peak = "CPU", psutil.virtual_memory().total, None
+    return fit.out_of_memory_message(cfg, step, error, name, total, peak, trainer.saved_step, doing)
 
 
 def saved_bytes_per_token(cfg, device: str, compiled: bool, amp_dtype: torch.dtype | None) -> float:

@@ -67,6 +67,7 @@ class Trainer:
         self.tokens_seen = 0
         self.nan_skips = 0
         self.saved_step: int | None = None  # the newest checkpoint on disk
+        self.trial_peak: int | None = None  # the micro-batch search's peak allocated bytes, on a GPU
 
     # ------------------------------------------------------------------------------- set-up
     def setup(self) -> None:
@@ -106,7 +107,7 @@ class Trainer:
         self.keep_grads = fit.keeps_grads(cfg)
         # A resumed run keeps the micro-batch its checkpoint's config recorded, so its data is the same.
         if cfg.training.auto_micro_batch and not self.resume_from:
-            memory_fit.fit_micro_batch(self)
+            self.trial_peak = memory_fit.fit_micro_batch(self, memory_fit.device_memory(self))
             cfg = self.cfg
         self.allocate_grads()
         self.flops_per_token = self.model.flops_per_token(cfg.training.seq_len)
@@ -160,8 +161,9 @@ class Trainer:
                     p.grad = torch.zeros_like(p)
 
     def clear_grads(self) -> None:
+        in_place = self.keep_grads or self.group.bucketed  # fit.grads_between_steps, for this group
         for opt in self.optimizers:
-            opt.zero_grad(set_to_none=not self.keep_grads)
+            opt.zero_grad(set_to_none=not in_place)
 
     def load_checkpoint(self, path: Path) -> None:
         try:
@@ -174,7 +176,9 @@ class Trainer:
         if Path(path).resolve().parent == (self.run_dir / CHECKPOINTS).resolve():
             self.saved_step = self.step  # in place; from another run's checkpoint, this run has none yet
         self.nan_skips = state.get("nan_skips", 0)
-        checkpoint.restore_rng_state(state["rng"])
+        rng_note = checkpoint.restore_rng_state(state["rng"], self.group.rank, self.group.world, self.device)
+        if rng_note:
+            self.log(f"resume: {rng_note}")
         if self.scaler and state.get("grad_scaler"):
             self.scaler.load_state_dict(state["grad_scaler"])
         saved_world, t = state.get("world", 1), self.cfg.training
@@ -207,20 +211,15 @@ class Trainer:
             if self.stop:
                 break
             try:
-                self.train_step()
+                self.within_memory("training", self.train_step)
             except NonFiniteLoss:
                 self.save_last_good()
-                raise
-            except Exception as e:
-                oom = oom_in(e) if self.device.type == "cuda" else None
-                if oom is not None:
-                    raise OutOfMemory(memory_fit.out_of_memory_message(self, str(oom))) from None
                 raise
             if self.step == 1 and t.compile:
                 self.emit(P.StateChanged(P.RUNNING))
             every = self.cfg.eval.every
             if every and self.step % every == 0 and self.step < t.max_steps:
-                self.evaluate()
+                self.within_memory("evaluation", self.evaluate)
             every = self.cfg.checkpoint.every
             if every and self.step % every == 0 and self.step < t.max_steps:
                 self.save_checkpoint()
@@ -228,7 +227,7 @@ class Trainer:
             if every and self.step % every == 0 and self.step < t.max_steps:  # the last step samples below
                 self.periodic_samples()
         if self.stop is None:
-            self.evaluate()
+            self.within_memory("evaluation", self.evaluate)
             self.save_checkpoint()
             self.periodic_samples()
             return P.FINISHED
@@ -287,6 +286,27 @@ class Trainer:
         self.metrics.write("step", step=self.step, loss=loss_val, lr=lr, grad_norm=norm_val,
                            tokens_per_s=tps, mfu=mfu, dt=dt, mem=mem or None)
         self.emit(P.StepMetrics(self.step, loss_val, lr, norm_val, tps, mfu, dt, self.tokens_seen, mem))
+
+    def within_memory(self, doing: str, work: Callable[[], object]) -> object:
+        """`work`, with an out-of-memory error in it made a RunFailure that says where, how much and
+        what to change. Evaluation runs between steps, on the weights of a whole step: one process
+        saves them first (several cannot: the other ranks may be inside a collective)."""
+        try:
+            return work()
+        except Exception as e:  # noqa: BLE001 - the compiler wraps what it hits: oom_in looks behind
+            oom = oom_in(e)
+            if oom is None:
+                raise
+            error = str(oom)
+        self.release_memory()  # outside the handler: the error's frames no longer hold its tensors
+        if doing != "training" and not self.group.distributed and self.step > 0:
+            self.save_checkpoint()
+        raise OutOfMemory(memory_fit.out_of_memory_message(self, error, doing))
+
+    def release_memory(self) -> None:
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def on_non_finite(self, loss: float, grad_norm: float, step_batches) -> None:
         lr = self.optimizers[0].param_groups[0]["lr"]
@@ -402,11 +422,28 @@ class Trainer:
     # ------------------------------------------------------------------------------ samples
     def sample_text(self, request: P.Sample) -> list[str] | None:
         """From the live weights, between optimizer steps; touches no state that training reads.
-        Rank 0 answers; under FSDP the other ranks run the same generation beside it, silently."""
+        Rank 0 answers; under FSDP the other ranks run the same generation beside it, silently.
+        A request that runs out of memory (many rows, a long context) is dropped and training goes
+        on; under FSDP every rank decodes in step with the others, so there it ends the run."""
         if not (self.group.is_main or self.group.sharded):
             return None
-        return sampling.answer(self.model, self.tokenizer, self.data.eos_id, request, self.step, self.emit,
-                               self.log, self.autocast(), self.group.broadcast if self.group.sharded else None)
+        answer = lambda: sampling.answer(  # noqa: E731
+            self.model, self.tokenizer, self.data.eos_id, request, self.step, self.emit, self.log, self.autocast(),
+            self.group.broadcast if self.group.sharded else None)
+        if self.group.sharded:
+            return self.within_memory("sampling", answer)
+        try:
+            return answer()
+        except Exception as e:  # noqa: BLE001 - as within_memory
+            oom = oom_in(e)
+            if oom is None:
+                raise
+            error = str(oom).strip().splitlines()[0]
+        self.release_memory()
+        self.log(f"warning: sample request {request.request_id!r} ran out of memory ({error}): "
+                 f"{request.num_samples} row(s) × {request.max_new_tokens} new tokens was dropped; training goes on")
+        self.emit(P.SampleText(request.request_id, self.step, request.prompt, "", done=True))
+        return None
 
     def answer_sample(self, request: P.Sample) -> None:
         for text in self.sample_text(request) or []:
