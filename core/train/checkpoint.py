@@ -63,28 +63,71 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fh.fileno())
 
 
-def rng_state() -> dict[str, Any]:
-    b64 = lambda t: base64.b64encode(t.numpy().tobytes()).decode()  # noqa: E731
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.numpy().tobytes()).decode()
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+
+
+def device_rng_state(device: torch.device) -> str | None:
+    """This rank's CUDA generator, of the one GPU it trains on (None on a CPU)."""
+    return _b64(torch.cuda.get_rng_state(device)) if device.type == "cuda" else None
+
+
+def rng_state(device_states: list[str | None]) -> dict[str, Any]:
+    """Every random state a resume restores: the host's (Python, NumPy, torch) once, and one CUDA
+    generator per rank, `device_states[r]` for rank r's GPU. Not torch.cuda.get_rng_state_all():
+    that is every GPU this process sees, which set_rng_state_all cannot restore where fewer are
+    visible (a run moved from 2 GPUs to 1, or started with --gpu 1)."""
     np_state = np.random.get_state()
     state = {
         "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
         "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-        "torch": b64(torch.get_rng_state()),
+        "torch": _b64(torch.get_rng_state()),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [b64(s) for s in torch.cuda.get_rng_state_all()]
+    if any(s is not None for s in device_states):
+        state["cuda_by_rank"] = device_states
     return state
 
 
-def restore_rng_state(state: dict[str, Any]) -> None:
-    unb64 = lambda s: torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)  # noqa: E731
+def device_rng_plan(state: dict[str, Any], rank: int, world: int, device: torch.device) -> tuple[str | None, str]:
+    """The CUDA generator state rank `rank` of `world` restores onto `device`, and what is not
+    exact ("" when all is). Older checkpoints kept `cuda` instead: every GPU the saving process
+    saw, by CUDA index."""
+    by_rank = state.get("cuda_by_rank")
+    legacy = state.get("cuda")
+    saved = len(by_rank) if by_rank is not None else len(legacy or [])
+    if device.type != "cuda":
+        return None, (f"the checkpoint's {saved} GPU random state(s) are not used on the CPU" if saved else "")
+    if by_rank is not None:
+        mine = by_rank[rank] if rank < len(by_rank) else None
+        if mine is None:
+            return None, f"rank {rank}'s GPU random state was not saved (the checkpoint has {saved}): it starts from the seed"
+        dropped = len(by_rank) - world
+        return mine, (f"the GPU random states of {dropped} rank(s) beyond the {world} now running are not used"
+                      if dropped > 0 and rank == 0 else "")
+    index = device.index or 0
+    if legacy and index < len(legacy):
+        return legacy[index], ""
+    if legacy:
+        return None, f"no GPU random state for cuda:{index} in the checkpoint (it has {saved}): it starts from the seed"
+    return None, ""
+
+
+def restore_rng_state(state: dict[str, Any], rank: int = 0, world: int = 1,
+                      device: torch.device = torch.device("cpu")) -> str:
+    """Restore what rng_state saved, for this rank's device; returns what could not be exact."""
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     npst = state["numpy"]
     np.random.set_state((npst[0], np.asarray(npst[1], dtype=np.uint32), *npst[2:]))
-    torch.set_rng_state(unb64(state["torch"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([unb64(s) for s in state["cuda"]])
+    torch.set_rng_state(_unb64(state["torch"]))
+    mine, note = device_rng_plan(state, rank, world, device)
+    if mine is not None:
+        torch.cuda.set_rng_state(_unb64(mine), device)
+    return note
 
 
 def estimate_bytes(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> int:
@@ -117,6 +160,7 @@ def save(ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list[to
         check_free_space(ckpt_root, int(estimate_bytes(model, optimizers) * 1.1) + (1 << 20))
         tmp.mkdir()
     group.barrier()
+    device_states = group.gather(device_rng_state(next(model.parameters()).device))
     model_sd, optim_sd = get_state_dict(model, optimizers)
     with _dcp_errors():
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp / TRAIN_STATE, no_dist=not _distributed())
@@ -125,7 +169,7 @@ def save(ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list[to
     if group.is_main:
         save_file({k: v.detach().contiguous() for k, v in weights.items()}, tmp / "model.safetensors")
         (tmp / CONFIG).write_text(config_toml)
-        full_state = {"format": FORMAT_VERSION, "step": step, **state, "rng": rng_state()}
+        full_state = {"format": FORMAT_VERSION, "step": step, **state, "rng": rng_state(device_states)}
         (tmp / "state.json").write_text(json.dumps(full_state, indent=1))
         _test_hold(tmp, step)
         for f in tmp.rglob("*"):

@@ -15,6 +15,7 @@ with no collectives at all. Under several processes:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from datetime import timedelta
 
@@ -44,6 +45,12 @@ class Group:
     def sharded(self) -> bool:
         """Whether weights and gradients are sharded (FSDP): every rank then takes part in each
         forward pass, sampling and evaluation included, and sums make whole-model figures."""
+        return False
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether DDP wraps the model (also a torchrun group of one): its gradients are views
+        into its communication buckets, which must be zeroed in place, never set to None."""
         return False
 
     def device_spec(self, spec: str) -> str:
@@ -76,6 +83,10 @@ class Group:
         """Rank 0's `t` on every rank."""
         return t
 
+    def gather(self, obj: object) -> list:
+        """Every rank's `obj`, by rank, on every rank."""
+        return [obj]
+
     def barrier(self) -> None:
         pass
 
@@ -99,6 +110,10 @@ class ProcessGroup(Group):
     @property
     def sharded(self) -> bool:
         return self.strategy == "fsdp"
+
+    @property
+    def bucketed(self) -> bool:
+        return not self.sharded
 
     def device_spec(self, spec: str) -> str:
         """Process i trains on GPU i of its machine; "cpu" (or no GPU) trains on the CPU."""
@@ -134,11 +149,13 @@ class ProcessGroup(Group):
             return model
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        # Gradients as views into DDP's buckets: otherwise DDP keeps a second copy of every gradient.
-        # The only buffers are the rotary tables, equal on every rank by construction: broadcasting
-        # them before each forward would be a collective per micro-batch for nothing.
+        # Gradients as views into DDP's buckets: otherwise DDP keeps a second copy of every gradient
+        # (and the trainer zeroes them in place, fit.grads_between_steps: set to None, they would
+        # come back as fresh tensors beside the buckets). The only buffers are the rotary tables,
+        # equal on every rank by construction: broadcasting them before each forward would be a
+        # collective per micro-batch for nothing.
         return DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                   gradient_as_bucket_view=True, broadcast_buffers=False)
+                   gradient_as_bucket_view=True, **no_buffer_sync())
 
     def accumulating(self, wrapped: torch.nn.Module, last: bool):
         """DDP all-reduces after the last micro-batch only. FSDP reduce-scatters after every one,
@@ -169,6 +186,11 @@ class ProcessGroup(Group):
         dist.broadcast(t, src=0)
         return t
 
+    def gather(self, obj: object) -> list:
+        gathered: list = [None] * self.world
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
     def barrier(self) -> None:
         if self.device is not None and self.device.type == "cuda":
             dist.barrier(device_ids=[self.device.index])
@@ -179,3 +201,12 @@ class ProcessGroup(Group):
         if dist.is_initialized():
             dist.destroy_process_group()
 
+
+def no_buffer_sync() -> dict[str, bool]:
+    """DDP's argument that turns off the buffer broadcast before each forward: torch 2.13 renamed
+    `broadcast_buffers` to `forward_sync_buffers` and warns (FutureWarning) at the old name."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
