@@ -22,6 +22,18 @@ Parts, in the order they run (each appends its own section, so they can also run
 * modes: every `training.compile_mode` with gradient accumulation 2 and evaluation plus sampling
   every 50 steps on the `4070ti` preset: no error, and reserved memory after each eval/sample round
   not above the round before.
+* inference: issue 20's evaluation and sampling memory: on the `3060` and `h100` presets' shapes
+  (bf16, 2 layers), one evaluation micro-batch through the blockwise loss and one sample prefilled
+  at the whole context, peak allocated against fit.inference_bytes (±15%);
+* resume: issue 20's device random states: a debug run on the GPU checkpoints at step 10; its
+  state.json is given a second rank's GPU state (and, a second time, the old all-GPUs form with
+  two entries), and each resumes on this one GPU to step 20, saying what was not exact;
+* ddp: issue 20's DDP gradients: a torchrun group of one on NCCL (`--nproc 1`, as tests/
+  test_gpu_paths.py does on gloo) trains 3 accumulated steps; every gradient stays a view into
+  DDP's buckets, and allocated memory after steps 2 and 3 is the same;
+* search: issue 20's peak reset: the `3090` preset with training.auto_micro_batch for 20 steps;
+  the log gives the trials' peak, and metrics.jsonl's peak (training's own) stays under it and
+  within ±15% of the estimate at the micro-batch chosen.
 * data: issue 19 on the lent machine's 16 cores, where this project's machines have 2:
   `bench/data.py` (no GPU needed) prepares 500 MB and 1 GB corpora with the default worker count;
   prepare's speed against tokenizers' `encode_batch_fast` on every core, and the whole process
@@ -59,7 +71,8 @@ from lmcockpit.core.hardware import fit  # noqa: E402
 from lmcockpit.core.config import load_config  # noqa: E402
 from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402
 
-PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes", "data")
+PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes", "inference", "resume", "ddp", "search",
+         "data")
 CPU_PARTS = ("saved", "graphs")
 MEMORY_PRESETS = ("h100", "3090", "4090", "4070ti")
 MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
@@ -169,7 +182,7 @@ def measure(name: str, out: Path) -> dict:
     except OutOfMemory as e:
         return {"oom": True, "error": str(e)}
     est = fit.estimate(trainer.cfg, "cuda")
-    parts = ("weights", "grads", "optimizer", "activations", "loss", "recompute", "muon_step", "margin")
+    parts = ("weights", "grads", "optimizer", "activations", "loss", "recompute", "muon_step", "inference", "margin")
     return {"peak": torch.cuda.max_memory_allocated(0), "cap": cap, "estimate": est.allocated,
             "parts": {k: getattr(est, k) for k in parts}}
 
@@ -290,6 +303,112 @@ def part_modes(out: Path, modes: list[str]) -> tuple[bool, list[str]]:
     return ok, lines
 
 
+def part_inference(presets: tuple[str, ...] = ("3060", "h100")) -> tuple[bool, list[str]]:
+    from lmcockpit.core.model.gpt import GPT, shape_from_config
+    from lmcockpit.core.model.sampling import generate
+
+    lines = ["Peak allocated above the weights, bf16 autocast, 2 layers of each preset: one evaluation micro-batch "
+             "(GPT.token_losses) and one sample prefilled at the whole context, against fit.py (the working set "
+             f"plus autocast's copies of the matrices); ±{TOLERANCE:.0%} wanted.", "",
+             "| preset | what | measured | fit.py | measured / fit.py |", "| --- | --- | ---: | ---: | ---: |"]
+    ok = True
+    for name in presets:
+        cfg, _ = load_config(name, ["model.n_layer=2"])
+        model = GPT(shape_from_config(cfg)).cuda().eval()
+        n = fit.param_counts(cfg)
+        casts = 2 * (n.matrices + n.embedding)
+        B, T, V, m = cfg.training.micro_batch_size, cfg.training.seq_len, cfg.tokenizer.vocab_size, cfg.model
+        x = torch.randint(0, V, (B, T), device="cuda")
+        layer = fit.inference_layer_bytes(cfg, 2)
+        evaluation = max(B * T * layer, B * T * (4 * m.d_model + 4)
+                         + 8 * min(B * T, fit.LOSS_BLOCK_ELEMENTS["cuda"] // V) * V)
+        sampling = 2 * m.n_layer * cfg.max_seq_len * m.n_kv_head * cfg.head_dim * 2 + cfg.max_seq_len * layer
+        prompt = torch.randint(0, V, (cfg.max_seq_len,)).tolist()
+        for what, run, counted in (("evaluation", lambda: model.token_losses(x, x), evaluation),
+                                   ("sampling", lambda: list(generate(model, prompt, 2)), sampling)):
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                run()
+            measured = torch.cuda.max_memory_allocated() - base
+            ratio = measured / (counted + casts)
+            ok &= abs(ratio - 1) <= TOLERANCE
+            lines.append(f"| {name} | {what} | {measured / GiB:.3f} GiB | {(counted + casts) / GiB:.3f} GiB | "
+                         f"{ratio:.2f} |")
+        model = None  # freed before the next preset's
+        torch.cuda.empty_cache()
+    return ok, lines
+
+
+def part_resume(out: Path) -> tuple[bool, list[str]]:
+    run = out / "resume"
+    first = cli("--run", "debug", *sets("training.max_steps=10", "checkpoint.every=10", "hardware.device=\"cuda:0\""),
+                "--out", str(run))
+    if first.returncode != 0:
+        return False, ["the debug run on the GPU failed:", "", "```", tail(first.stderr), "```"]
+    ckpt = run / "checkpoints" / "step_000010"
+    saved = json.loads((ckpt / "state.json").read_text())
+    lines, ok = ["A debug run's step-10 checkpoint, given two GPUs' random states, resumed on this one GPU to "
+                 "step 20.", "", "| state.json holds | exit | what the resume said |", "| --- | ---: | --- |"], True
+    mine = saved["rng"].get("cuda_by_rank", [None])[0]
+    ok &= mine is not None  # a GPU run saves its rank's GPU state
+    for form, rng in (("cuda_by_rank: 2 ranks", {"cuda_by_rank": [mine, mine]}), ("cuda: 2 GPUs (older form)",
+                                                                                    {"cuda": [mine, mine]})):
+        state = {**saved, "rng": {k: v for k, v in saved["rng"].items() if k not in ("cuda", "cuda_by_rank")} | rng}
+        (ckpt / "state.json").write_text(json.dumps(state))
+        proc = cli("--run", "--resume", str(ckpt), "--out", str(out / f"resumed-{len(lines)}"),
+                   *sets("training.max_steps=20"))
+        said = next((line.split("resume: ", 1)[1] for line in proc.stdout.splitlines() if "resume: " in line), "exact")
+        ok &= proc.returncode == 0
+        lines.append(f"| {form} | {proc.returncode} | {said} |")
+    (ckpt / "state.json").write_text(json.dumps(saved))
+    return ok, lines
+
+
+DDP_PROBE = Path(__file__).parents[1] / "tests" / "test_gpu_paths.py"
+
+
+def part_ddp(out: Path) -> tuple[bool, list[str]]:
+    """tests/test_gpu_paths.py's probe, on NCCL and the GPU: the gradients after each step."""
+    sys.path.insert(0, str(DDP_PROBE.parents[1]))
+    from tests.test_gpu_paths import DDP_PROBE as probe, free_port
+
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONPATH": str(DDP_PROBE.parents[1]),
+           "LMCOCKPIT_PROBE_DEVICE": "cuda"}
+    proc = subprocess.run([sys.executable, "-c", probe, str(out / "ddp")], capture_output=True, text=True, env=env,
+                          timeout=900)
+    if proc.returncode != 0:
+        return False, ["the DDP probe failed:", "", "```", tail(proc.stderr), "```"]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    steps = result["steps"]
+    ok = (all(s["none"] == 0 and len(s["storages"]) < result["params"] for s in steps)
+          and steps[1]["storages"] == steps[2]["storages"] and steps[1]["allocated"] == steps[2]["allocated"])
+    return ok, ["A torchrun group of one on NCCL, DDP, accumulation 2, 3 steps:", "",
+                "| step | gradients None | distinct gradient storages (of " + str(result["params"]) + ") | allocated |",
+                "| ---: | ---: | ---: | ---: |",
+                *(f"| {i + 1} | {s['none']} | {len(s['storages'])} | {s['allocated'] / 2**20:.1f} MiB |"
+                  for i, s in enumerate(steps))]
+
+
+def part_search(out: Path) -> tuple[bool, list[str]]:
+    run = out / "search"
+    proc = cli("--run", "3090", *sets("training.max_steps=20", "training.auto_micro_batch=true", "eval.every=0",
+                                      "checkpoint.every=0"), "--out", str(run))
+    if proc.returncode != 0:
+        return False, ["`lmcockpit --run 3090` with auto_micro_batch failed:", "", "```", tail(proc.stderr), "```"]
+    found = next((line for line in proc.stdout.splitlines() if "the trials peaked at" in line), "")
+    trial = float(found.split("the trials peaked at ")[1].split(" GiB")[0]) * GiB if found else 0.0
+    cfg, _ = load_config(run / "config.toml")
+    peak = max(r["mem"]["peak"] for r in read_metrics(run, "step"))
+    est = fit.estimate(cfg, "cuda").allocated
+    ok = bool(found) and peak <= trial and abs(peak / est - 1) <= TOLERANCE
+    return ok, [f"`{found.strip()}`", "", "| trials' peak | training's peak | estimate | training / estimate |",
+                "| ---: | ---: | ---: | ---: |",
+                f"| {trial / GiB:.2f} GiB | {peak / GiB:.2f} GiB | {est / GiB:.2f} GiB | {peak / est:.2f} |"]
+
+
 def part_data() -> tuple[bool, list[str]]:
     """Token-cache preparation where there are many cores: bench/data.py, which records its own
     entry (throughput, ratios, peak memory by process); here, its exit code and its last lines."""
@@ -337,6 +456,8 @@ def main() -> int:
                      "saved": lambda: part_saved(args.presets),
                      "graphs": lambda: part_graphs(out, args.modes),
                      "modes": lambda: part_modes(out, args.modes),
+                     "inference": part_inference, "resume": lambda: part_resume(out),
+                     "ddp": lambda: part_ddp(out), "search": lambda: part_search(out),
                      "data": part_data}[part]()
         record(f"gpu_check: {part} ({'pass' if ok else 'FAIL'})",
                [*lines, "", f"torch {torch.__version__}; allocator {ALLOCATOR.describe()}"])
