@@ -121,6 +121,55 @@ def test_allocator_is_set_for_the_installed_torch():
     assert gpu_env.allocator_setting({}, (2, 13), platform="win32").name == ""  # Linux only
 
 
+BOTH = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "PYTORCH_ALLOC_CONF": "expandable_segments:False"}
+
+
+@pytest.mark.parametrize("version, taken", [
+    ((2, 13), "PYTORCH_CUDA_ALLOC_CONF"), ((2, 12), "PYTORCH_CUDA_ALLOC_CONF"), (None, "PYTORCH_CUDA_ALLOC_CONF"),
+    ((2, 11), "PYTORCH_ALLOC_CONF"), ((2, 8), "PYTORCH_ALLOC_CONF"),  # the releases that warned about the old name
+    ((2, 7), "PYTORCH_CUDA_ALLOC_CONF"),  # before the new name existed
+])
+def test_with_both_allocator_variables_set_the_one_torch_reads_first_is_named(version, taken):
+    other = next(name for name in BOTH if name != taken)
+    setting = gpu_env.allocator_setting(dict(BOTH), version, platform="linux")
+    assert (setting.name, setting.value, setting.by_user, setting.ignored) == (taken, BOTH[taken], True, (other,))
+    assert setting.describe() == (f"{taken}={BOTH[taken]} (yours: lmcockpit leaves it as it is; {other} also set, "
+                                  f"but torch reads {taken} first: ignored)")
+
+
+def test_an_allocator_variable_torch_does_not_read_is_named_as_ignored():
+    setting = gpu_env.allocator_setting({"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, (2, 7), "linux")
+    assert (setting.name, setting.by_user) == ("", True)
+    assert setting.describe() == "torch's default (this torch does not read your PYTORCH_ALLOC_CONF)"
+
+
+def test_an_empty_allocator_variable_still_comes_first():
+    """torch takes a variable that is present even when it is empty (its defaults, then): an empty
+    one before the user's is what takes effect, and one lmcockpit would be ignored behind is removed."""
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "", "PYTORCH_ALLOC_CONF": "expandable_segments:False"}
+    setting = gpu_env.allocator_setting(env, (2, 13), "linux")
+    assert (setting.name, setting.value, setting.ignored) == ("PYTORCH_CUDA_ALLOC_CONF", "", ("PYTORCH_ALLOC_CONF",))
+    env = {"PYTORCH_CUDA_ALLOC_CONF": ""}
+    setting = gpu_env.configure_allocator(env)
+    assert not setting.by_user and env == {setting.name: "expandable_segments:True"}
+
+
+def test_installed_torch_reads_the_allocator_variable_gpu_env_names():
+    """The installed torch itself, with all three variables set to different values: the settings
+    its allocator config parsed (the same config on a CPU-only build) are the ones gpu_env names."""
+    env = {**{k: v for k, v in os.environ.items() if k not in gpu_env.ALLOC_VARS},
+           "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+           "PYTORCH_HIP_ALLOC_CONF": "garbage_collection_threshold:0.7",
+           "PYTORCH_ALLOC_CONF": "expandable_segments:False"}
+    code = "import torch; print(torch._C._accelerator_getAllocatorSettings())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    if "has no attribute '_accelerator_getAllocatorSettings'" in proc.stderr:
+        pytest.skip(f"torch {torch.__version__} cannot say which settings it parsed")
+    assert proc.returncode == 0, proc.stderr
+    expected = gpu_env.allocator_setting(env, gpu_env.torch_version(), "linux")
+    assert proc.stdout.strip() == expected.value, expected.name
+
+
 @pytest.mark.parametrize("users", [None, "garbage_collection_threshold:0.6"])
 def test_engine_process_runs_with_the_allocator_setting(tmp_path, monkeypatch, users):
     for name in gpu_env.ALLOC_VARS:
