@@ -23,11 +23,12 @@ ALLOC_VARS = (CUDA_VAR, HIP_VAR, NEW_VAR)  # every name a torch release reads
 # 2.11). The old name works in every release (2.8 to 2.11 only warn that it is deprecated), so it is
 # used before 2.11, the new one after.
 NEW_ALLOC_NAME_SINCE = (2, 11)
-# Which variable torch takes when several are set: it parses the first one set and never looks at
-# the others. 2.8 to 2.11 put the new name first (the releases that warn about the old one);
-# 2.12 dropped the warning and went back to the old name first, "to keep the parsing order
-# stable" (2.13: c10/core/AllocatorConfig.cpp, AcceleratorAllocatorConfig::instance, and
-# c10/cuda/CUDAAllocatorConfig.h, CUDAAllocatorConfig::instance).
+# Which variable torch takes when several are set: it parses the first one present and never looks
+# at the others. 2.8 to 2.11 put the new name first (the releases that warn about the old one);
+# the change that dropped the warning went back to the old name first "to keep the parsing order
+# stable" (c10/core/AllocatorConfig.cpp, AcceleratorAllocatorConfig::instance, and
+# c10/cuda/CUDAAllocatorConfig.h, CUDAAllocatorConfig::instance, which on a CUDA build skips the HIP
+# name for the CUDA-only keys). 2.13 was run to check it; 2.12 is taken from when the warning went.
 NEW_NAME_FIRST = ((2, 8), (2, 12))
 
 
