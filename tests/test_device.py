@@ -9,7 +9,7 @@ import torch
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.hardware import gpu_env
-from lmcockpit.core.hardware.device import choose_precision, peak_tflops
+from lmcockpit.core.hardware.device import choose_precision, peak_flops, peak_tflops
 
 from .conftest import NO_GPU, TINY, as_flags, cli, drive_engine, tiny_config
 
@@ -88,12 +88,35 @@ def test_precision_a_device_cannot_do_is_a_config_error(requested, device, messa
 
 @pytest.mark.parametrize("name, tflops", [
     ("NVIDIA GeForce RTX 3090", 71.0), ("NVIDIA GeForce RTX 4090", 165.0), ("NVIDIA A100-SXM4-80GB", 312.0),
-    ("NVIDIA A100-PCIE-40GB", 312.0), ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+    ("NVIDIA A100-SXM4-40GB", 312.0), ("NVIDIA A100-PCIE-40GB", 312.0), ("NVIDIA A100 80GB PCIe", 312.0),
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.0),
+    ("NVIDIA H200", 989.0), ("NVIDIA GH200 480GB", 989.0), ("NVIDIA H800", 989.0),
     ("NVIDIA GeForce RTX 4070 Ti", 80.0), ("NVIDIA GeForce RTX 4070 Ti SUPER", 88.2), ("NVIDIA GeForce RTX 3060", 25.6),
-    ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0), ("Some Future GPU", None),
+    ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0), ("NVIDIA L40", 181.0), ("NVIDIA RTX 6000 Ada Generation", 364.0),
+    ("NVIDIA RTX A6000", 155.0), ("NVIDIA A10G", 70.0), ("NVIDIA A10", 125.0),
+    ("Tesla V100-SXM2-16GB", 125.0), ("Tesla V100-SXM2-32GB", 125.0), ("Tesla V100-PCIE-16GB", 112.0),
+    ("Tesla T4", 65.0),
+    # near misses: a cut-down, laptop or other-variant part named like a listed one has a peak of its own
+    ("NVIDIA GeForce RTX 4090 D", None), ("NVIDIA GeForce RTX 4090 Laptop GPU", None), ("NVIDIA H800 PCIe", None),
+    ("NVIDIA H200 NVL", None), ("NVIDIA GeForce RTX 4070 Ti SUPER Laptop GPU", None), ("Quadro RTX 6000", None),
+    ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", None), ("NVIDIA H20", None), ("AMD Instinct MI300X", None),
+    ("Some Future GPU", None),
 ])
 def test_mfu_peaks(name, tflops):
     assert peak_tflops(name) == tflops
+
+
+@pytest.mark.parametrize("name, peak, said", [
+    ("NVIDIA H100 80GB HBM3", 989e12, []),
+    ("NVIDIA GeForce RTX 4090 D", None,
+     ["MFU: no peak FLOP/s known for 'NVIDIA GeForce RTX 4090 D'; MFU is not shown"]),
+])
+def test_a_gpu_without_a_known_peak_is_said_in_the_log(monkeypatch, name, peak, said):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    lines: list[str] = []
+    assert peak_flops(torch.device("cuda", 0), lines.append) == peak
+    assert lines == said
+    assert peak_flops(torch.device("cpu"), lines.append) is None and lines == said  # no MFU on a CPU: nothing to say
 
 
 @pytest.mark.parametrize("version, name", [
