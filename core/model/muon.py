@@ -49,10 +49,11 @@ def device_iteration_dtype(device: torch.device) -> torch.dtype:
 
 
 def normalised(G: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """G over its Frobenius norm (so its spectral norm is at most 1), computed in fp32 and rounded
-    once into `dtype`: a gradient too small or too large for fp16 is scaled before it is rounded,
-    and no fp32 copy of the stack is made."""
-    norm = torch.linalg.vector_norm(G, dim=(-2, -1), keepdim=True, dtype=torch.float32)
+    """G over its Frobenius norm (so its spectral norm is at most 1), computed in fp32 (or G's wider
+    dtype) and rounded once into `dtype`: a gradient too small or too large for fp16 is scaled
+    before it is rounded, and no fp32 copy of the stack is made."""
+    wide = torch.promote_types(G.dtype, torch.float32)
+    norm = torch.linalg.vector_norm(G, dim=(-2, -1), keepdim=True, dtype=wide)
     return torch.div(G, norm + 1e-7, out=torch.empty(G.shape, dtype=dtype, device=G.device))
 
 
