@@ -68,20 +68,17 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = N
     """
     a, b, c = NS_COEFFS
     X = normalised(G, dtype or device_iteration_dtype(G.device))
-    if X.size(-2) > X.size(-1):  # iterate on the wide form: X @ X.mT is then the smaller Gram matrix
-        return _iterate(X.mT, steps, a, b, c).mT
-    return _iterate(X, steps, a, b, c)
-
-
-def _iterate(X: torch.Tensor, steps: int, a: float, b: float, c: float) -> torch.Tensor:
+    transposed = X.size(-2) > X.size(-1)
+    if transposed:  # iterate on the wide form: X @ X.mT is then the smaller Gram matrix
+        X = X.mT
     # b·A + c·A², then a·X + B·X, each one fused multiply-add: no separately rounded products, and
-    # no temporaries of X's size beside the new iterate.
+    # no temporaries of X's size beside the new iterate (nor a reference kept to the first one).
     fma = torch.baddbmm if X.ndim == 3 else torch.addmm
     for _ in range(steps):
         A = X @ X.mT
         B = fma(A, A, A, beta=b, alpha=c)
         X = fma(X, B, X, beta=a)
-    return X
+    return X.mT if transposed else X
 
 
 class Muon(torch.optim.Optimizer):
