@@ -25,7 +25,8 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)
 def iteration_dtype(device_type: str, capability: tuple[int, int] | None = None, hip: bool = False) -> torch.dtype:
     """What Newton–Schulz iterates in: bf16 on a GPU with bf16 in hardware (compute capability 8.0
     or newer, or ROCm), fp16 on Volta and Turing (7.x), fp32 on a CPU and on GPUs without tensor
-    cores (Pascal and older, where fp16 is no faster or, on GeForce, far slower).
+    cores (Pascal and older: no tensor cores for fp16 to run on, and GeForce Pascal runs fp16
+    arithmetic at a 64th of its fp32 rate).
 
     Volta and Turing only emulate bf16, slowly, but run fp16 on their tensor cores. fp16's range is
     safe because the iterate is normalised (in fp32) before it is rounded: its spectral norm is at
