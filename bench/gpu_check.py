@@ -33,13 +33,20 @@ Parts, in the order they run (each appends its own section, so they can also run
   DDP's buckets, and allocated memory after steps 2 and 3 is the same;
 * search: issue 20's peak reset: the `3090` preset with training.auto_micro_batch for 20 steps;
   the log gives the trials' peak, and metrics.jsonl's peak (training's own) stays under it and
-  within ±15% of the estimate at the micro-batch chosen.
+  within ±15% of the estimate at the micro-batch chosen;
+* allocator: issue 20, PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF both set, to opposite
+  `expandable_segments` values, in fresh processes: the settings torch parsed and whether its CUDA
+  segments are expandable, against the variable `gpu_env` (the engine's allocator line) names.
+* muon: issue 20, Newton–Schulz in bf16, fp16 (what Volta and Turing iterate in) and fp32 on this
+  GPU's cuBLAS against float64, for stacks of the `h100` preset's shapes and for gradients scaled by
+  1e-6 and 1e6: fp16 no further from float64 than bf16 and finite; with the times;
 * data: issue 19 on the lent machine's 16 cores, where this project's machines have 2:
   `bench/data.py` (no GPU needed) prepares 500 MB and 1 GB corpora with the default worker count;
   prepare's speed against tokenizers' `encode_batch_fast` on every core, and the whole process
   tree's peak against the 1.5 GB bound. It records its own tables.
 
-    python bench/gpu_check.py [--part doctor h100 torchrun memory saved graphs modes data] [--steps 300] [--out DIR]
+    python bench/gpu_check.py [--part doctor h100 torchrun memory saved graphs modes inference resume ddp search
+                                      allocator muon data] [--steps 300] [--out DIR]
 
 Exit 0 when every check passed, 1 otherwise (or without a CUDA GPU). On the lent GPU each part
 fits one 10-minute call; the data cache built by the first run is reused by the others.
@@ -56,6 +63,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from lmcockpit.core.hardware import gpu_env
@@ -72,7 +80,7 @@ from lmcockpit.core.config import load_config  # noqa: E402
 from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402
 
 PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes", "inference", "resume", "ddp", "search",
-         "data")
+         "allocator", "muon", "data")
 CPU_PARTS = ("saved", "graphs")
 MEMORY_PRESETS = ("h100", "3090", "4090", "4070ti")
 MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
@@ -420,6 +428,86 @@ def part_data() -> tuple[bool, list[str]]:
                                   "entry it wrote above):", "", "```", tail(proc.stdout + proc.stderr), "```"]
 
 
+# The allocator part's child: a fresh process, as torch reads the variables once, when CUDA starts.
+ALLOCATOR_PROBE = """
+import json, torch
+x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+segments = torch.cuda.memory._snapshot()["segments"]
+print(json.dumps({"parsed": torch._C._accelerator_getAllocatorSettings(),
+                  "expandable": sorted({bool(s["is_expandable"]) for s in segments})}))
+"""
+
+
+def part_allocator() -> tuple[bool, list[str]]:
+    lines = ["Both allocator variables set, to opposite `expandable_segments` values, in a fresh process that "
+             "allocates 64 MiB on the GPU: the settings torch parsed (`torch._C._accelerator_getAllocatorSettings`) "
+             "and whether its segments are expandable (`torch.cuda.memory._snapshot`), against the variable "
+             "`gpu_env` names (the engine's allocator line).", "",
+             "| PYTORCH_CUDA_ALLOC_CONF | PYTORCH_ALLOC_CONF | gpu_env names | torch parsed | segments expandable | "
+             "result |", "| --- | --- | --- | --- | --- | --- |"]
+    ok, said = True, []
+    for old, new in (("True", "False"), ("False", "True")):
+        env = {k: v for k, v in os.environ.items() if k not in gpu_env.ALLOC_VARS}
+        env |= {gpu_env.CUDA_VAR: f"expandable_segments:{old}", gpu_env.NEW_VAR: f"expandable_segments:{new}"}
+        named = gpu_env.allocator_setting(env, gpu_env.torch_version())
+        proc = subprocess.run([sys.executable, "-c", ALLOCATOR_PROBE], capture_output=True, text=True, timeout=300,
+                              env=env)
+        try:
+            seen = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            seen = {"parsed": "–", "expandable": tail(proc.stderr, 1).replace("|", "/")}
+        expandable = "expandable_segments:true" in named.value.lower()
+        good = seen["parsed"] == named.value and seen["expandable"] == [expandable]
+        ok &= good
+        lines.append(f"| {env[gpu_env.CUDA_VAR]} | {env[gpu_env.NEW_VAR]} | {named.name} | {seen['parsed']} | "
+                     f"{seen['expandable']} | {'pass' if good else 'FAIL'} |")
+        said.append(f"* allocator: {named.describe()}")
+    return ok, lines + ["", "The allocator lines the engine logs for these:", "", *said]
+
+
+def part_muon(device: str = "cuda") -> tuple[bool, list[str]]:
+    from lmcockpit.core.model.muon import device_iteration_dtype, newton_schulz
+
+    cfg, _ = load_config("h100")
+    m, d = cfg.model, cfg.model.d_model
+    q, f = m.n_head * cfg.head_dim, cfg.mlp_hidden
+    dev = torch.device(device)
+    chosen = device_iteration_dtype(dev)
+    where = (f"compute capability {torch.cuda.get_device_capability(dev)}" if dev.type == "cuda" else "CPU")
+    lines = [f"Newton–Schulz (5 iterations) on 8-matrix stacks of the `h100` preset's shapes, on {device} ({where}; "
+             f"Muon iterates in {chosen} here), in each dtype against the same iteration in float64: relative "
+             "Frobenius difference and best of 3 times. fp16 (Volta and Turing) wanted no further from float64 "
+             "than bf16, finite, and as close for gradients scaled by 1e-6 and 1e6.", "",
+             "| stack | dtype | gradient scale | difference | ms |", "| --- | --- | ---: | ---: | ---: |"]
+    ok = True
+    torch.manual_seed(0)
+    for shape in [(8, q, d), (8, f, d), (8, d, f)]:
+        G = torch.randn(shape, device=dev)
+        refs = {scale: newton_schulz(G.double() * scale, dtype=torch.float64) for scale in (1.0, 1e-6, 1e6)}
+        diffs = {}
+        for dtype, scale in [(torch.bfloat16, 1.0), (torch.float32, 1.0), (torch.float16, 1.0),
+                             (torch.float16, 1e-6), (torch.float16, 1e6)]:
+            out, ref = newton_schulz(G * scale, dtype=dtype), refs[scale]  # also the warm-up
+            finite = bool(out.isfinite().all())
+            diffs[dtype, scale] = float((out.double() - ref).norm() / ref.norm()) if finite else float("inf")
+            ms = min(timed(lambda: newton_schulz(G, dtype=dtype), dev) for _ in range(3)) if scale == 1 else None
+            lines.append(f"| 8 × {shape[1]}×{shape[2]} | {str(dtype).removeprefix('torch.')} | {scale:g} | "
+                         f"{diffs[dtype, scale]:.1e} | {'' if ms is None else f'{ms * 1e3:.1f}'} |")
+        fp16 = [diffs[torch.float16, s] for s in (1.0, 1e-6, 1e6)]
+        ok &= max(fp16) <= diffs[torch.bfloat16, 1.0] and max(fp16) <= 2 * fp16[0]
+    return ok, lines
+
+
+def timed(fn, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", nargs="+", choices=PARTS, default=list(PARTS))
@@ -458,7 +546,7 @@ def main() -> int:
                      "modes": lambda: part_modes(out, args.modes),
                      "inference": part_inference, "resume": lambda: part_resume(out),
                      "ddp": lambda: part_ddp(out), "search": lambda: part_search(out),
-                     "data": part_data}[part]()
+                     "allocator": part_allocator, "muon": part_muon, "data": part_data}[part]()
         record(f"gpu_check: {part} ({'pass' if ok else 'FAIL'})",
                [*lines, "", f"torch {torch.__version__}; allocator {ALLOCATOR.describe()}"])
         results[part] = ok

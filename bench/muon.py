@@ -4,7 +4,8 @@
 (as in Keller Jordan's Muon and modded-nanogpt) builds each product and scaled term as a tensor of
 its own before adding. Both run side by side in one process on the stacks Muon orthogonalises
 for a preset's shape (one per matrix shape, every layer's matrices together), in the dtype Muon
-uses there (bf16 on a GPU, fp32 on a CPU), alternating repeats and keeping each one's best.
+uses there (bf16 on a GPU, fp16 on one older than Ampere, fp32 on a CPU), alternating repeats and
+keeping each one's best.
 Prints the times, the ratio and the largest difference between the two results, and appends
 them with the date and the machine to bench/RESULTS.md.
 
@@ -25,17 +26,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from machine import record  # noqa: E402
 
 from lmcockpit.core.config import load_config  # noqa: E402
-from lmcockpit.core.model.muon import NS_COEFFS, newton_schulz  # noqa: E402
+from lmcockpit.core.model.muon import NS_COEFFS, device_iteration_dtype, newton_schulz, normalised  # noqa: E402
 
 
 def textbook(G: torch.Tensor, steps: int = 5) -> torch.Tensor:
-    """The same iteration with every term a tensor of its own (the form before the fused one)."""
+    """The same iteration with every term a tensor of its own (the form before the fused one),
+    from the same normalised start."""
     a, b, c = NS_COEFFS
-    X = G.bfloat16() if G.is_cuda else G.float()
+    X = normalised(G, device_iteration_dtype(G.device))
     transposed = X.size(-2) > X.size(-1)
     if transposed:
         X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
     for _ in range(steps):
         A = X @ X.mT
         B = b * A + c * A @ A
@@ -79,7 +80,8 @@ def main() -> None:
         rows.append(f"| {G.shape[0]} × {r}×{c} | {best['fused'] * 1e3:.1f} | {best['textbook'] * 1e3:.1f} | "
                     f"{best['textbook'] / best['fused']:.2f}x | {diff:.1e} |")
 
-    dtype = "bf16" if args.device.startswith("cuda") else "fp32"
+    iterate = device_iteration_dtype(torch.device(args.device))
+    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(iterate, "fp32")
     setup = (f"Preset `{args.preset}`: every stack Muon orthogonalises in one step, 5 iterations in {dtype} on "
              f"{args.device}, torch {torch.__version__} with {torch.get_num_threads()} threads; best of "
              f"{args.repeats}, alternating. Difference: relative Frobenius norm between the two results.")

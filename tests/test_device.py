@@ -9,7 +9,7 @@ import torch
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.hardware import gpu_env
-from lmcockpit.core.hardware.device import choose_precision, peak_tflops
+from lmcockpit.core.hardware.device import choose_precision, peak_flops, peak_tflops
 
 from .conftest import NO_GPU, TINY, as_flags, cli, drive_engine, tiny_config
 
@@ -88,12 +88,35 @@ def test_precision_a_device_cannot_do_is_a_config_error(requested, device, messa
 
 @pytest.mark.parametrize("name, tflops", [
     ("NVIDIA GeForce RTX 3090", 71.0), ("NVIDIA GeForce RTX 4090", 165.0), ("NVIDIA A100-SXM4-80GB", 312.0),
-    ("NVIDIA A100-PCIE-40GB", 312.0), ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+    ("NVIDIA A100-SXM4-40GB", 312.0), ("NVIDIA A100-PCIE-40GB", 312.0), ("NVIDIA A100 80GB PCIe", 312.0),
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.0),
+    ("NVIDIA H200", 989.0), ("NVIDIA GH200 480GB", 989.0), ("NVIDIA H800", 989.0),
     ("NVIDIA GeForce RTX 4070 Ti", 80.0), ("NVIDIA GeForce RTX 4070 Ti SUPER", 88.2), ("NVIDIA GeForce RTX 3060", 25.6),
-    ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0), ("Some Future GPU", None),
+    ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0), ("NVIDIA L40", 181.0), ("NVIDIA RTX 6000 Ada Generation", 364.0),
+    ("NVIDIA RTX A6000", 155.0), ("NVIDIA A10G", 70.0), ("NVIDIA A10", 125.0),
+    ("Tesla V100-SXM2-16GB", 125.0), ("Tesla V100-SXM2-32GB", 125.0), ("Tesla V100-PCIE-16GB", 112.0),
+    ("Tesla T4", 65.0),
+    # near misses: a cut-down, laptop or other-variant part named like a listed one has a peak of its own
+    ("NVIDIA GeForce RTX 4090 D", None), ("NVIDIA GeForce RTX 4090 Laptop GPU", None), ("NVIDIA H800 PCIe", None),
+    ("NVIDIA H200 NVL", None), ("NVIDIA GeForce RTX 4070 Ti SUPER Laptop GPU", None), ("Quadro RTX 6000", None),
+    ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", None), ("NVIDIA H20", None), ("AMD Instinct MI300X", None),
+    ("Some Future GPU", None),
 ])
 def test_mfu_peaks(name, tflops):
     assert peak_tflops(name) == tflops
+
+
+@pytest.mark.parametrize("name, peak, said", [
+    ("NVIDIA H100 80GB HBM3", 989e12, []),
+    ("NVIDIA GeForce RTX 4090 D", None,
+     ["MFU: no peak FLOP/s known for 'NVIDIA GeForce RTX 4090 D'; MFU is not shown"]),
+])
+def test_a_gpu_without_a_known_peak_is_said_in_the_log(monkeypatch, name, peak, said):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    lines: list[str] = []
+    assert peak_flops(torch.device("cuda", 0), lines.append) == peak
+    assert lines == said
+    assert peak_flops(torch.device("cpu"), lines.append) is None and lines == said  # no MFU on a CPU: nothing to say
 
 
 @pytest.mark.parametrize("version, name", [
@@ -119,6 +142,55 @@ def test_allocator_is_set_for_the_installed_torch():
     assert env == {gpu_env.alloc_var_name((major, minor)): "expandable_segments:True"}
     assert not setting.by_user
     assert gpu_env.allocator_setting({}, (2, 13), platform="win32").name == ""  # Linux only
+
+
+BOTH = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "PYTORCH_ALLOC_CONF": "expandable_segments:False"}
+
+
+@pytest.mark.parametrize("version, taken", [
+    ((2, 13), "PYTORCH_CUDA_ALLOC_CONF"), ((2, 12), "PYTORCH_CUDA_ALLOC_CONF"), (None, "PYTORCH_CUDA_ALLOC_CONF"),
+    ((2, 11), "PYTORCH_ALLOC_CONF"), ((2, 8), "PYTORCH_ALLOC_CONF"),  # the releases that warned about the old name
+    ((2, 7), "PYTORCH_CUDA_ALLOC_CONF"),  # before the new name existed
+])
+def test_with_both_allocator_variables_set_the_one_torch_reads_first_is_named(version, taken):
+    other = next(name for name in BOTH if name != taken)
+    setting = gpu_env.allocator_setting(dict(BOTH), version, platform="linux")
+    assert (setting.name, setting.value, setting.by_user, setting.ignored) == (taken, BOTH[taken], True, (other,))
+    assert setting.describe() == (f"{taken}={BOTH[taken]} (yours: lmcockpit leaves it as it is; {other} also set, "
+                                  f"but torch reads {taken} first: ignored)")
+
+
+def test_an_allocator_variable_torch_does_not_read_is_named_as_ignored():
+    setting = gpu_env.allocator_setting({"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, (2, 7), "linux")
+    assert (setting.name, setting.by_user) == ("", True)
+    assert setting.describe() == "torch's default (this torch does not read your PYTORCH_ALLOC_CONF)"
+
+
+def test_an_empty_allocator_variable_still_comes_first():
+    """torch takes a variable that is present even when it is empty (its defaults, then): an empty
+    one before the user's is what takes effect, and one lmcockpit would be ignored behind is removed."""
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "", "PYTORCH_ALLOC_CONF": "expandable_segments:False"}
+    setting = gpu_env.allocator_setting(env, (2, 13), "linux")
+    assert (setting.name, setting.value, setting.ignored) == ("PYTORCH_CUDA_ALLOC_CONF", "", ("PYTORCH_ALLOC_CONF",))
+    env = {"PYTORCH_CUDA_ALLOC_CONF": ""}
+    setting = gpu_env.configure_allocator(env)
+    assert not setting.by_user and env == {setting.name: "expandable_segments:True"}
+
+
+def test_installed_torch_reads_the_allocator_variable_gpu_env_names():
+    """The installed torch itself, with all three variables set to different values: the settings
+    its allocator config parsed (the same config on a CPU-only build) are the ones gpu_env names."""
+    env = {**{k: v for k, v in os.environ.items() if k not in gpu_env.ALLOC_VARS},
+           "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+           "PYTORCH_HIP_ALLOC_CONF": "garbage_collection_threshold:0.7",
+           "PYTORCH_ALLOC_CONF": "expandable_segments:False"}
+    code = "import torch; print(torch._C._accelerator_getAllocatorSettings())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    if "has no attribute '_accelerator_getAllocatorSettings'" in proc.stderr:
+        pytest.skip(f"torch {torch.__version__} cannot say which settings it parsed")
+    assert proc.returncode == 0, proc.stderr
+    expected = gpu_env.allocator_setting(env, gpu_env.torch_version(), "linux")
+    assert proc.stdout.strip() == expected.value, expected.name
 
 
 @pytest.mark.parametrize("users", [None, "garbage_collection_threshold:0.6"])

@@ -2,31 +2,52 @@
 
 from __future__ import annotations
 
+import re
+from typing import Callable
+
 import torch
 
 from ..config import ConfigError
 from . import gpu_env
 
-# Dense bf16 tensor-core peak (fp32 accumulate, no sparsity), TFLOP/s, by a substring of the CUDA
-# device name. First match wins, so the more specific names come first ("RTX 4070 Ti SUPER" before
-# "RTX 4070 Ti" before "RTX 4070"; "L40S" and "L40" before "L4"; "H100 PCIe"/"H100 NVL" before "H100").
+# Dense bf16 tensor-core peak (fp32 accumulate, no sparsity), TFLOP/s, by GPU model: the name CUDA
+# reports as `gpu_model` shortens it. Exact names only: a cut-down or laptop part shares its
+# desktop sibling's name plus a word ("RTX 4090 D", "RTX 4090 Laptop GPU", "H800 PCIe") and has a
+# lower peak, so any model not listed has no peak rather than a wrong one.
 # GeForce cards run bf16 with fp32 accumulation at half their fp16-accumulate rate: these are the
 # fp32-accumulate figures (RTX 4090: 165, not 330), the ones a training matmul gets.
-PEAK_BF16_TFLOPS = [
-    ("GH200", 989.0), ("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0),
-    ("H800", 989.0), ("B200", 2250.0), ("A100", 312.0), ("A800", 312.0), ("A10G", 70.0),
-    ("A6000", 155.0), ("RTX 6000 Ada", 364.0), ("L40S", 362.0), ("L40", 181.0), ("L4", 121.0),
-    ("RTX 4090", 165.0), ("RTX 4080 SUPER", 104.0), ("RTX 4080", 97.5), ("RTX 4070 Ti SUPER", 88.2),
-    ("RTX 4070 Ti", 80.0), ("RTX 4070 SUPER", 71.0), ("RTX 4070", 58.0), ("RTX 4060 Ti", 44.1), ("RTX 4060", 30.2),
-    ("RTX 3090 Ti", 80.0), ("RTX 3090", 71.0), ("RTX 3080 Ti", 68.2), ("RTX 3080", 59.5),
-    ("RTX 3070", 40.6), ("RTX 3060 Ti", 32.4), ("RTX 3060", 25.6),
-    ("V100", 125.0), ("T4", 65.0),  # no bf16 on these two: their fp16 peak, which "auto" uses
-]
+PEAK_BF16_TFLOPS = {
+    "nvidia b200": 2250.0, "nvidia h200": 989.0, "nvidia gh200": 989.0, "nvidia h100": 989.0,
+    "nvidia h100 nvl": 835.0, "nvidia h100 pcie": 756.0, "nvidia h800": 989.0,
+    "nvidia a100 sxm4": 312.0, "nvidia a100 pcie": 312.0, "nvidia a800 sxm4": 312.0, "nvidia a800 pcie": 312.0,
+    "nvidia a40": 149.7, "nvidia a10": 125.0, "nvidia a10g": 70.0, "nvidia rtx a6000": 155.0,
+    "nvidia rtx 6000 ada generation": 364.0, "nvidia l40s": 362.0, "nvidia l40": 181.0, "nvidia l4": 121.0,
+    "nvidia geforce rtx 4090": 165.0, "nvidia geforce rtx 4080 super": 104.0, "nvidia geforce rtx 4080": 97.5,
+    "nvidia geforce rtx 4070 ti super": 88.2, "nvidia geforce rtx 4070 ti": 80.0,
+    "nvidia geforce rtx 4070 super": 71.0, "nvidia geforce rtx 4070": 58.0,
+    "nvidia geforce rtx 4060 ti": 44.1, "nvidia geforce rtx 4060": 30.2,
+    "nvidia geforce rtx 3090 ti": 80.0, "nvidia geforce rtx 3090": 71.0, "nvidia geforce rtx 3080 ti": 68.2,
+    "nvidia geforce rtx 3080": 59.5, "nvidia geforce rtx 3070": 40.6, "nvidia geforce rtx 3060 ti": 32.4,
+    "nvidia geforce rtx 3060": 25.6,
+    # no bf16 on these: their fp16 tensor-core peak, which precision "auto" uses
+    "tesla v100 sxm2": 125.0, "tesla v100 pcie": 112.0, "tesla v100s pcie": 130.0, "tesla t4": 65.0,
+}
+
+
+def gpu_model(name: str) -> str:
+    """A CUDA device name without what varies within one model: case, hyphens, memory size and
+    type ("NVIDIA A100-SXM4-80GB" → "nvidia a100 sxm4", "NVIDIA H100 80GB HBM3" → "nvidia h100")."""
+    words = name.replace("-", " ").lower().split()
+    return " ".join(w for w in words if not re.fullmatch(r"\d+gb?|hbm\d*e?", w))
 
 
 def peak_tflops(name: str) -> float | None:
-    """The table's dense bf16 peak for a CUDA device name, or None for a card it does not know."""
-    return next((tflops for key, tflops in PEAK_BF16_TFLOPS if key in name), None)
+    """The table's dense bf16 peak for a CUDA device name, or None for a model it does not list."""
+    return PEAK_BF16_TFLOPS.get(gpu_model(name))
+
+
+def unknown_peak_note(name: str) -> str:
+    return f"MFU: no peak FLOP/s known for {name!r}; MFU is not shown"
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -91,11 +112,15 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
-def peak_flops(device: torch.device) -> float | None:
-    """The device's dense bf16 peak in FLOP/s, or None where MFU means nothing (CPU, unknown GPU)."""
+def peak_flops(device: torch.device, log: Callable[[str], None] | None = None) -> float | None:
+    """The device's dense bf16 peak in FLOP/s, or None where MFU means nothing (CPU, unknown GPU);
+    an unknown GPU is said to `log`, so a run without MFU says why."""
     if device.type != "cuda":
         return None
-    tflops = peak_tflops(torch.cuda.get_device_name(device))
+    name = torch.cuda.get_device_name(device)
+    tflops = peak_tflops(name)
+    if tflops is None and log is not None:
+        log(unknown_peak_note(name))
     return tflops * 1e12 if tflops else None
 
 

@@ -16,26 +16,49 @@ from typing import MutableMapping
 # Expandable segments let the caching allocator grow one mapping instead of carving fixed blocks,
 # so memory freed by evaluation or sampling between steps is reused rather than fragmenting.
 ALLOC_VALUE = "expandable_segments:True"
-# The names torch reads, in its order of precedence. The generic PYTORCH_ALLOC_CONF arrived in
-# torch 2.8 with PYTORCH_CUDA_ALLOC_CONF kept as an alias, but 2.9.1 ignored expandable_segments
-# given under the new name for CUDA (pytorch#183387; fixed by 2.11). The old name works in every
-# release (2.8 to 2.11 only warn that it is deprecated), so it is used before 2.11, the new one after.
-ALLOC_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+CUDA_VAR, HIP_VAR, NEW_VAR = "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF"
+ALLOC_VARS = (CUDA_VAR, HIP_VAR, NEW_VAR)  # every name a torch release reads
+# The generic PYTORCH_ALLOC_CONF arrived in torch 2.8 with PYTORCH_CUDA_ALLOC_CONF kept as an alias,
+# but 2.9.1 ignored expandable_segments given under the new name for CUDA (pytorch#183387; fixed by
+# 2.11). The old name works in every release (2.8 to 2.11 only warn that it is deprecated), so it is
+# used before 2.11, the new one after.
 NEW_ALLOC_NAME_SINCE = (2, 11)
+# Which variable torch takes when several are set: it parses the first one present and never looks
+# at the others. 2.8 to 2.11 put the new name first (the releases that warn about the old one);
+# the change that dropped the warning went back to the old name first "to keep the parsing order
+# stable" (c10/core/AllocatorConfig.cpp, AcceleratorAllocatorConfig::instance, and
+# c10/cuda/CUDAAllocatorConfig.h, CUDAAllocatorConfig::instance, which on a CUDA build skips the HIP
+# name for the CUDA-only keys). 2.13 was run to check it; 2.12 is taken from when the warning went.
+NEW_NAME_FIRST = ((2, 8), (2, 12))
 
 
 @dataclass(frozen=True)
 class AllocSetting:
-    name: str  # the environment variable ("" where lmcockpit sets none)
+    name: str  # the environment variable that takes effect ("" where none does)
     value: str
     by_user: bool  # set before lmcockpit started: never overridden
+    ignored: tuple[str, ...] = ()  # the user's other allocator variables, which torch passes over
 
     def describe(self) -> str:
+        if self.by_user and not self.name:
+            return f"torch's default (this torch does not read your {_named(self.ignored)})"
         if self.by_user:
-            return f"{self.name}={self.value} (yours: lmcockpit leaves it as it is)"
+            passed_over = (f"; {_named(self.ignored)} also set, but torch reads {self.name} first: ignored"
+                           if self.ignored else "")
+            return f"{self.name}={self.value} (yours: lmcockpit leaves it as it is{passed_over})"
         if not self.name:
             return "torch's default (expandable segments need Linux)"
         return f"{self.name}={self.value} (set by lmcockpit in the engine process)"
+
+
+def alloc_var_order(version: tuple[int, int] | None) -> tuple[str, ...]:
+    """The allocator variables this torch reads, the one it takes when several are set first.
+    An unknown version is taken to be a current one."""
+    if version is not None and version < NEW_NAME_FIRST[0]:
+        return (CUDA_VAR, HIP_VAR)
+    if version is not None and version < NEW_NAME_FIRST[1]:
+        return (NEW_VAR, CUDA_VAR, HIP_VAR)
+    return ALLOC_VARS
 
 
 def torch_version() -> tuple[int, int] | None:
@@ -50,15 +73,18 @@ def torch_version() -> tuple[int, int] | None:
 
 def alloc_var_name(version: tuple[int, int] | None) -> str:
     new = version is not None and version >= NEW_ALLOC_NAME_SINCE
-    return "PYTORCH_ALLOC_CONF" if new else "PYTORCH_CUDA_ALLOC_CONF"
+    return NEW_VAR if new else CUDA_VAR
 
 
 def allocator_setting(environ: MutableMapping[str, str], version: tuple[int, int] | None,
                       platform: str = sys.platform) -> AllocSetting:
-    """What the allocator will run with: the user's own variable if any is set, else ours."""
-    for name in ALLOC_VARS:
-        if environ.get(name):
-            return AllocSetting(name, environ[name], by_user=True)
+    """What the allocator will run with: the user's own variable if they set any, else ours.
+    torch takes the first variable of its order that is present at all: an empty one too, as
+    its defaults."""
+    if any(environ.get(name) for name in ALLOC_VARS):
+        taken = next((name for name in alloc_var_order(version) if name in environ), "")
+        return AllocSetting(taken, environ.get(taken, ""), by_user=True,
+                            ignored=tuple(name for name in ALLOC_VARS if environ.get(name) and name != taken))
     if platform != "linux":
         return AllocSetting("", "", by_user=False)
     return AllocSetting(alloc_var_name(version), ALLOC_VALUE, by_user=False)
@@ -69,6 +95,9 @@ def configure_allocator(environ: MutableMapping[str, str] = os.environ) -> Alloc
     CUDA (it reads the variable once, then): the first thing the engine process does."""
     setting = allocator_setting(environ, torch_version())
     if setting.name and not setting.by_user:
+        for name in ALLOC_VARS:  # empty: nothing of the user's, but torch could take it before ours
+            if name in environ:
+                del environ[name]
         environ[setting.name] = setting.value
     return setting
 
@@ -129,6 +158,10 @@ def most_free(readings: list[tuple[int, int]]) -> int | None:
     if not readings:
         return None
     return min(readings, key=lambda r: (-r[1], r[0]))[0]
+
+
+def _named(names: tuple[str, ...]) -> str:
+    return " and ".join(names)
 
 
 def _str(v) -> str:

@@ -1,10 +1,10 @@
 """Muon: momentum orthogonalised by Newton–Schulz, for the 2-D matrices inside the blocks.
 
-Each step: Nesterov momentum of the gradient, then 5 quintic Newton–Schulz iterations (bf16 on a GPU)
-(coefficients 3.4445, −4.7750, 2.0315) push its singular values into a band around 1, then the
-update is scaled by sqrt(max(1, rows/cols)). Matrices of the same shape are stacked and
-orthogonalised in one batched call: one call per matrix costs more than a whole training step on
-an H100, batched it is under a tenth of one.
+Each step: Nesterov momentum of the gradient, then 5 quintic Newton–Schulz iterations (bf16 on a GPU,
+fp16 on one older than Ampere; coefficients 3.4445, −4.7750, 2.0315) push its singular values into
+a band around 1, then the update is scaled by sqrt(max(1, rows/cols)). Matrices of the same shape
+are stacked and orthogonalised in one batched call: one call per matrix costs more than a whole
+training step on an H100, batched it is under a tenth of one.
 
 Under FSDP each parameter, gradient and momentum buffer is a row shard (a DTensor). Newton–Schulz
 needs whole matrices: every rank gathers the full update, orthogonalises all of them and keeps the
@@ -22,9 +22,45 @@ from torch.distributed.tensor import DTensor, Replicate
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 
-def newton_schulz(G: torch.Tensor, steps: int = 5) -> torch.Tensor:
-    """Approximately orthogonalise each matrix of G (..., rows, cols); result in bf16 on a GPU,
-    float32 elsewhere.
+def iteration_dtype(device_type: str, capability: tuple[int, int] | None = None, hip: bool = False) -> torch.dtype:
+    """What Newton–Schulz iterates in: bf16 on a GPU with bf16 in hardware (compute capability 8.0
+    or newer, or ROCm), fp16 on Volta and Turing (7.x), fp32 on a CPU and on GPUs without tensor
+    cores (Pascal and older: no tensor cores for fp16 to run on, and GeForce Pascal runs fp16
+    arithmetic at a 64th of its fp32 rate).
+
+    Volta and Turing only emulate bf16, slowly, but run fp16 on their tensor cores. fp16's range is
+    safe because the iterate is normalised (in fp32) before it is rounded: its spectral norm is at
+    most 1 and the quintic keeps it below 1.21, so every entry of X, A = X·Xᵀ and B = b·A + c·A²
+    (and every partial sum of their products) stays below 4, four orders of magnitude under fp16's
+    largest, 65504. At the small end fp16 rounds an entry x to within max(2⁻¹¹·|x|, 2⁻²⁵) against
+    bf16's 2⁻⁸·|x|: closer than the bf16 that newer GPUs iterate in for every |x| above 2⁻¹⁷, and
+    below that within 3e-8 of a matrix whose norm is 1. fp16 is 2 bytes like bf16, which is what
+    fit.muon_step_bytes counts for the iterate on any GPU.
+    """
+    if device_type != "cuda":
+        return torch.float32
+    if hip or (capability is not None and capability >= (8, 0)):
+        return torch.bfloat16
+    return torch.float16 if capability is not None and capability >= (7, 0) else torch.float32
+
+
+def device_iteration_dtype(device: torch.device) -> torch.dtype:
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    return iteration_dtype(device.type, capability, bool(torch.version.hip))
+
+
+def normalised(G: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """G over its Frobenius norm (so its spectral norm is at most 1), computed in fp32 (or G's wider
+    dtype) and rounded once into `dtype`: a gradient too small or too large for fp16 is scaled
+    before it is rounded, and no fp32 copy of the stack is made."""
+    wide = torch.promote_types(G.dtype, torch.float32)
+    norm = torch.linalg.vector_norm(G, dim=(-2, -1), keepdim=True, dtype=wide)
+    return torch.div(G, norm + 1e-7, out=torch.empty(G.shape, dtype=dtype, device=G.device))
+
+
+def newton_schulz(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Approximately orthogonalise each matrix of G (..., rows, cols); result in `dtype`, by
+    default the one `iteration_dtype` picks for G's device.
 
     The quintic's coefficients trade exactness for speed: singular values land roughly in
     [0.7, 1.2] rather than at 1, which training does not mind. bf16 is the fast path on a GPU's
@@ -32,13 +68,12 @@ def newton_schulz(G: torch.Tensor, steps: int = 5) -> torch.Tensor:
     the cpu preset's shapes on the benchmark machine), so there float32 is both faster and exact.
     """
     a, b, c = NS_COEFFS
-    X = G.bfloat16() if G.is_cuda else G.float()
+    X = normalised(G, dtype or device_iteration_dtype(G.device))
     transposed = X.size(-2) > X.size(-1)
     if transposed:  # iterate on the wide form: X @ X.mT is then the smaller Gram matrix
         X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # spectral norm ≤ Frobenius norm ≤ 1
     # b·A + c·A², then a·X + B·X, each one fused multiply-add: no separately rounded products, and
-    # no temporaries of X's size beside the new iterate.
+    # no temporaries of X's size beside the new iterate (nor a reference kept to the first one).
     fma = torch.baddbmm if X.ndim == 3 else torch.addmm
     for _ in range(steps):
         A = X @ X.mT

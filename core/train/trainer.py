@@ -111,7 +111,7 @@ class Trainer:
             cfg = self.cfg
         self.allocate_grads()
         self.flops_per_token = self.model.flops_per_token(cfg.training.seq_len)
-        self.peak = peak_flops(self.device)
+        self.peak = peak_flops(self.device, self.log)  # says so where the GPU has no known peak
         self.n_params = self.model.num_params()
         g = self.group
         procs = f"; {g.world} processes ({g.strategy})" if g.distributed else ""
