@@ -118,9 +118,10 @@ def read_nvml() -> NvmlInfo:
 
 
 def normalise_uuid(uuid: str) -> str:
-    """NVML says "GPU-8f0c…", torch's device properties "8f0c…": compare them without the prefix."""
+    """NVML says "GPU-8f0c…" for a GPU and "MIG-8f0c…" for a MIG instance, torch's device
+    properties "8f0c…" for either: compare them without the prefix."""
     uuid = uuid.strip().lower()
-    return uuid[4:] if uuid.startswith("gpu-") else uuid
+    return uuid[4:] if uuid.startswith(("gpu-", "mig-")) else uuid
 
 
 def most_free(readings: list[tuple[int, int]]) -> int | None:
