@@ -49,7 +49,7 @@ def _most_free_gpu() -> int:
     """The visible GPU with the most free memory by NVML, matched to torch's numbering by UUID
     (NVML counts every GPU in bus order; torch only the visible ones, in CUDA's order). Reading
     NVML creates no CUDA context, so the GPUs not chosen are left untouched. GPU 0 without NVML."""
-    free = {gpu_env.normalise_uuid(g.uuid): g.free for g in gpu_env.read_nvml().gpus}
+    free = {gpu_env.normalise_uuid(g.uuid): g.free for g in gpu_env.read_nvml().gpus if g.uuid and g.free is not None}
     readings = []
     for i in range(torch.cuda.device_count()):
         uuid = gpu_uuid(i)
