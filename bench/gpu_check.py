@@ -40,13 +40,16 @@ Parts, in the order they run (each appends its own section, so they can also run
 * muon: issue 20, Newton–Schulz in bf16, fp16 (what Volta and Turing iterate in) and fp32 on this
   GPU's cuBLAS against float64, for stacks of the `h100` preset's shapes and for gradients scaled by
   1e-6 and 1e6: fp16 no further from float64 than bf16 and finite; with the times;
+* nvml: issue 20's check, GPU panels on the right card: each visible CUDA device's UUID (torch's
+  device properties, as RunStarted carries it) against the NVML GPU the front-end's mapping picks
+  for it, and one Telemetry reading with every GPU's name and memory present;
 * data: issue 19 on the lent machine's 16 cores, where this project's machines have 2:
   `bench/data.py` (no GPU needed) prepares 500 MB and 1 GB corpora with the default worker count;
   prepare's speed against tokenizers' `encode_batch_fast` on every core, and the whole process
   tree's peak against the 1.5 GB bound. It records its own tables.
 
     python bench/gpu_check.py [--part doctor h100 torchrun memory saved graphs modes inference resume ddp search
-                                      allocator muon data] [--steps 300] [--out DIR]
+                                      allocator muon nvml data] [--steps 300] [--out DIR]
 
 Exit 0 when every check passed, 1 otherwise (or without a CUDA GPU). On the lent GPU each part
 fits one 10-minute call; the data cache built by the first run is reused by the others.
@@ -80,7 +83,7 @@ from lmcockpit.core.config import load_config  # noqa: E402
 from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402
 
 PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes", "inference", "resume", "ddp", "search",
-         "allocator", "muon", "data")
+         "allocator", "muon", "nvml", "data")
 CPU_PARTS = ("saved", "graphs")
 MEMORY_PRESETS = ("h100", "3090", "4090", "4070ti")
 MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
@@ -508,6 +511,42 @@ def timed(fn, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
+def part_nvml() -> tuple[bool, list[str]]:
+    """The front-end's CUDA-to-NVML mapping on real hardware: torch's UUIDs must be found among
+    NVML's (same format once normalised; a MIG instance among its GPU's instances)."""
+    from lmcockpit.core.hardware.device import device_uuids
+    from lmcockpit.core.hardware.telemetry import Telemetry, find_gpu, run_gpu_indices
+
+    telemetry = Telemetry()
+    reading = telemetry.read()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = tuple(f"cuda:{i}" for i in range(torch.cuda.device_count()))
+    lines = [f"NVML driver {telemetry.driver or '–'}, {len(reading.gpus)} GPU(s) {telemetry.nvml_error}".rstrip()
+             + f"; CUDA_VISIBLE_DEVICES={visible!r}", "",
+             "| device | torch name | torch UUID | NVML GPU picked | its UUID | by CUDA numbering alone | same GPU |",
+             "| --- | --- | --- | ---: | --- | ---: | --- |"]
+    ok = bool(reading.gpus) and bool(devices)
+    for device, uuid in zip(devices, device_uuids(devices)):
+        picked = run_gpu_indices((device,), visible, (uuid,), reading.gpus)
+        by_number = run_gpu_indices((device,), visible, (), reading.gpus)  # what an engine without UUIDs gets
+        gpu = find_gpu(reading, picked[0]) if picked else None
+        nvml_uuids = {gpu_env.normalise_uuid(u) for u in (gpu.uuid, *gpu.mig_uuids)} if gpu else set()
+        same = bool(uuid) and uuid in nvml_uuids
+        ok &= same
+        lines.append(f"| {device} | {torch.cuda.get_device_name(device)} | {uuid or '–'} | "
+                     f"{picked[0] if picked else '–'} | {gpu.uuid if gpu else '–'} | "
+                     f"{by_number[0] if by_number else '–'} | {'yes' if same else 'NO'} |")
+    lines += ["", "| NVML GPU | name | memory used / total | util | MIG instances |",
+              "| ---: | --- | --- | ---: | ---: |"]
+    for g in reading.gpus:
+        sized = g.mem_used is not None and g.mem_total is not None
+        ok &= g.name != "?" and sized
+        memory = f"{g.mem_used / GiB:.1f} / {g.mem_total / GiB:.1f} GiB" if sized else "–"
+        util = f"{g.util:.0f}%" if g.util is not None else "–"
+        lines.append(f"| {g.index} | {g.name} | {memory} | {util} | {len(g.mig_uuids)} |")
+    return ok, lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", nargs="+", choices=PARTS, default=list(PARTS))
@@ -546,7 +585,8 @@ def main() -> int:
                      "modes": lambda: part_modes(out, args.modes),
                      "inference": part_inference, "resume": lambda: part_resume(out),
                      "ddp": lambda: part_ddp(out), "search": lambda: part_search(out),
-                     "allocator": part_allocator, "muon": part_muon, "data": part_data}[part]()
+                     "allocator": part_allocator, "muon": part_muon, "nvml": part_nvml,
+                     "data": part_data}[part]()
         record(f"gpu_check: {part} ({'pass' if ok else 'FAIL'})",
                [*lines, "", f"torch {torch.__version__}; allocator {ALLOCATOR.describe()}"])
         results[part] = ok

@@ -41,6 +41,9 @@ class RunStarted:
     world: int = 1  # training processes, all nodes together
     # This node's devices, one per local process ("cuda:0", "cuda:1"); empty: just `device`.
     devices: tuple[str, ...] = ()
+    # The UUID of each of `devices` ("" for the CPU or where torch cannot say), which is how the
+    # front-end finds their NVML readings; empty from an engine that does not send them.
+    device_uuids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,24 @@ def test_auto_picks_the_gpu_with_the_most_free_memory(readings, chosen):
 
 def test_nvml_and_torch_uuids_compare_equal():
     assert gpu_env.normalise_uuid("GPU-8F0C1D2E-aaaa") == gpu_env.normalise_uuid("8f0c1d2e-AAAA") == "8f0c1d2e-aaaa"
+    # a MIG instance: CUDA lists it, and torch's UUID is the instance's own
+    assert gpu_env.normalise_uuid("MIG-8F0C1D2E-aaaa") == "8f0c1d2e-aaaa"
+
+
+def test_the_engine_sends_each_device_s_uuid(monkeypatch):
+    """RunStarted's UUIDs, by which the front-end finds each device's NVML readings: torch's device
+    properties', one per device, "" for the CPU and where torch cannot say."""
+    from types import SimpleNamespace
+
+    from lmcockpit.core.hardware.device import device_uuids
+
+    def properties(device):
+        if torch.device(device).index == 1:
+            raise RuntimeError("no uuid in this build")
+        return SimpleNamespace(uuid="8F0C1D2E-1111-2222-3333-444444444444")
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    assert device_uuids(("cuda:0", "cuda:1", "cpu")) == ("8f0c1d2e-1111-2222-3333-444444444444", "", "")
 
 
 def test_without_cuda_auto_is_the_cpu_and_a_named_gpu_is_a_config_error():

@@ -89,9 +89,11 @@ def checks() -> list[Check]:
     cuda = facts["cuda_available"]
 
     if nvml.error:
+        # installing pynvml helps where it is missing, not where the driver fails a query
+        install = " (pip install nvidia-ml-py)" if nvml.error.startswith("no NVML") else ""
         out.append(Check("warn" if cuda else "info", "NVML",
                          f"{nvml.error}" + ("; the GPU panel and hardware.device = \"auto\"'s choice by free memory "
-                                            "need it (pip install nvidia-ml-py)" if cuda else "")))
+                                            f"need it{install}" if cuda else "")))
     else:
         out.append(Check("ok", "NVML", f"driver {nvml.driver}, {len(nvml.gpus)} GPU(s)"))
 
@@ -148,7 +150,11 @@ def checks() -> list[Check]:
 
 
 def gpu_lines_from_nvml(nvml: gpu_env.NvmlInfo) -> list[Check]:
-    return [Check("info", f"GPU {g.index}", f"{g.name}, {g.total / GiB:.1f} GiB (from NVML)") for g in nvml.gpus]
+    return [Check("info", f"GPU {g.index}", f"{g.name}, {size(g.total)} (from NVML)") for g in nvml.gpus]
+
+
+def size(total: int | None) -> str:
+    return f"{total / GiB:.1f} GiB" if total is not None else "memory unknown"
 
 
 def disk_checks() -> list[Check]:

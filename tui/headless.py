@@ -32,6 +32,7 @@ def progress_line(v: RunView, reading: Reading | None, gpu_index: int | None = 0
     if v.state == P.COMPILING:
         return f"Compiling the model (torch.compile)… {fmt_duration(v.elapsed)}"
     gpu = find_gpu(reading, gpu_index) if gpu_index is not None else None
+    vram = gpu is not None and gpu.mem_used is not None and gpu.mem_total is not None
     frac = v.step / v.max_steps if v.max_steps else 0.0
     head = f"step {v.step}/{v.max_steps} [{bar(frac, 10)}] {100 * frac:.0f}%"
     if v.state not in (P.RUNNING, P.COMPILING):  # paused, evaluating, ended: said up front
@@ -44,8 +45,8 @@ def progress_line(v: RunView, reading: Reading | None, gpu_index: int | None = 0
         f"ETA {fmt_duration(v.eta)}" if v.eta is not None else f"ETA {DASH}",
         f"{fmt_count(v.tokens_per_s)} tok/s" if v.tokens_per_s else f"{DASH} tok/s",
         f"{v.steps_per_s:.2f} step/s" if v.steps_per_s else "",
-        f"VRAM {gpu.mem_used / 1e9:.1f}/{gpu.mem_total / 1e9:.1f}GB" if gpu else "",
-        f"GPU {gpu.util:.0f}%" if gpu else "",
+        f"VRAM {gpu.mem_used / 1e9:.1f}/{gpu.mem_total / 1e9:.1f}GB" if vram else "",
+        f"GPU {gpu.util:.0f}%" if gpu and gpu.util is not None else "",
         f"MFU {100 * v.mfu:.0f}%" if v.mfu is not None else "",
     ]
     return " | ".join(f for f in fields if f)
@@ -75,7 +76,8 @@ class Headless:
         self.reading: Reading | None = None
         self.read_at = 0.0
         self.interrupts = 0
-        self.gpu: int | None = 0  # the NVML index of the run's first GPU, once RunStarted names it
+        self.devices: tuple[str, ...] | None = None  # this node's devices, once RunStarted names them
+        self.device_uuids: tuple[str, ...] = ()  # theirs, where the engine sent them
         self._last_progress_print = 0.0
 
     # ----------------------------------------------------------------------------- signals
@@ -114,13 +116,28 @@ class Headless:
         try:
             if self.interactive:
                 with Live(Text(""), console=self.console, refresh_per_second=4, transient=True) as live:
-                    self._loop(lambda: live.update(Text(progress_line(self.view, self._telemetry(), self.gpu))))
+                    self._loop(lambda: live.update(Text(self.status_line())))
             else:
                 self._loop(lambda: None)
         except KeyboardInterrupt:
             self.engine.join(timeout=10)
             return 130
         return self._finish()
+
+    def status_line(self) -> str:
+        """The live progress line: the run's own GPU's figures from the latest reading."""
+        reading = self._telemetry()
+        return progress_line(self.view, reading, self.gpu_index(reading))
+
+    def gpu_index(self, reading: Reading | None) -> int | None:
+        """The NVML index of the run's first GPU (the first GPU until RunStarted names it); None for
+        a run on the CPU. Looked up in each reading: a device's UUID finds its GPU among NVML's."""
+        if self.devices is None:
+            return 0
+        # the engine inherits our environment: its CUDA numbering is ours
+        gpus = run_gpu_indices(self.devices, os.environ.get("CUDA_VISIBLE_DEVICES"), self.device_uuids,
+                               reading.gpus if reading else [])
+        return gpus[0] if gpus else None
 
     def _telemetry(self) -> Reading | None:
         now = time.monotonic()
@@ -138,9 +155,8 @@ class Headless:
         self.engine.join(timeout=30)
 
     def _print_event(self, ev: object) -> None:
-        if isinstance(ev, P.RunStarted):  # the engine inherits our environment: its CUDA numbering is ours
-            gpus = run_gpu_indices(ev.devices or (ev.device,), os.environ.get("CUDA_VISIBLE_DEVICES"))
-            self.gpu = gpus[0] if gpus else None
+        if isinstance(ev, P.RunStarted):
+            self.devices, self.device_uuids = ev.devices or (ev.device,), ev.device_uuids
         elif isinstance(ev, P.LogLine) and not ev.text.startswith(P.FAILED_LINE):  # _finish says it once
             self.say(ev.text)
         elif isinstance(ev, P.StepMetrics):

@@ -44,14 +44,16 @@ def main(argv: list[str]) -> int:
         card, title = int(args.memory * fit.GiB), f"verdicts for a GPU with {args.memory:g} GiB"
     else:
         telemetry = Telemetry()
-        gpus = telemetry.read().gpus
+        listed = telemetry.read().gpus
+        gpus = [g for g in listed if g.mem_total is not None]  # a card whose memory NVML will not say judges nothing
         if gpus:
             gpu = max(gpus, key=lambda g: g.mem_total)
             card, title = gpu.mem_total, f"verdicts for GPU {gpu.index}: {gpu.name}, {gpu.mem_total / fit.GiB:.1f} GiB"
         else:
             card = None
-            title = (f"no GPU found ({telemetry.nvml_error or 'NVML sees none'}): each preset is judged "
-                     "against the GPU class it was sized for")
+            head = ("NVML will not say the GPU's memory" if listed
+                    else f"no GPU found ({telemetry.nvml_error or 'NVML sees none'})")
+            title = f"{head}: each preset is judged against the GPU class it was sized for"
 
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for column in ("preset", "GPU class", "params", "tokens/step", "est. peak", "verdict"):

@@ -70,14 +70,32 @@ def _most_free_gpu() -> int:
     """The visible GPU with the most free memory by NVML, matched to torch's numbering by UUID
     (NVML counts every GPU in bus order; torch only the visible ones, in CUDA's order). Reading
     NVML creates no CUDA context, so the GPUs not chosen are left untouched. GPU 0 without NVML."""
-    free = {gpu_env.normalise_uuid(g.uuid): g.free for g in gpu_env.read_nvml().gpus}
+    free = {gpu_env.normalise_uuid(g.uuid): g.free for g in gpu_env.read_nvml().gpus if g.uuid and g.free is not None}
     readings = []
     for i in range(torch.cuda.device_count()):
-        uuid = gpu_env.normalise_uuid(str(torch.cuda.get_device_properties(i).uuid))
+        uuid = gpu_uuid(i)
         if uuid in free:
             readings.append((i, free[uuid]))
     best = gpu_env.most_free(readings)
     return 0 if best is None else best
+
+
+def gpu_uuid(device: torch.device | int) -> str:
+    """A CUDA device's UUID as `gpu_env.normalise_uuid` writes it (a MIG instance's own, under
+    MIG), or "" where torch cannot say (a build whose device properties lack it)."""
+    try:
+        return gpu_env.normalise_uuid(str(torch.cuda.get_device_properties(device).uuid))
+    except Exception:  # noqa: BLE001 - an unknown UUID only costs the front-end its exact match
+        return ""
+
+
+def device_uuids(devices: tuple[str, ...]) -> tuple[str, ...]:
+    """The UUID of each of a run's devices ("" for the CPU), sent in RunStarted: the front-end
+    finds each device's NVML readings by it, as CUDA's and NVML's numberings can differ (CUDA puts
+    the fastest GPU first and follows CUDA_VISIBLE_DEVICES; NVML counts every GPU in bus order).
+    Reading device properties creates no CUDA context, so rank 0 can read those of the other local
+    ranks' GPUs without taking memory on them."""
+    return tuple(gpu_uuid(torch.device(d)) if d.startswith("cuda") else "" for d in devices)
 
 
 def native_bf16(device: torch.device) -> bool:

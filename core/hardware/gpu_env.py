@@ -106,22 +106,33 @@ def configure_allocator(environ: MutableMapping[str, str] = os.environ) -> Alloc
 @dataclass(frozen=True)
 class NvmlGPU:
     index: int  # NVML's index: PCI bus order, all GPUs, whatever CUDA_VISIBLE_DEVICES says
-    uuid: str
-    name: str
-    total: int  # bytes
-    free: int
+    uuid: str  # "" where NVML would not say
+    name: str  # "?" where NVML would not say
+    total: int | None  # bytes; None where NVML would not say
+    free: int | None
     compute_capability: tuple[int, int] | None
 
 
 @dataclass(frozen=True)
 class NvmlInfo:
     gpus: list[NvmlGPU]
-    driver: str
-    error: str  # "" or why NVML could not be read (no library, no driver)
+    driver: str  # "" without NVML, "?" where NVML would not say
+    error: str  # "" or why NVML could not be read (no library, no driver, no GPU count)
+
+
+def ask(query, default=None):
+    """NVML's answer to `query`, or `default`. A driver refuses single queries for reasons that say
+    nothing about the rest (NotSupported on a MIG instance, GpuIsLost for a card that fell off the
+    bus, a name that is not UTF-8, a pynvml too old for the call): each costs its own field only,
+    never the cockpit that asked."""
+    try:
+        return query()
+    except Exception:  # noqa: BLE001 - see above: any failure means "no answer"
+        return default
 
 
 def read_nvml() -> NvmlInfo:
-    """Every GPU the driver sees."""
+    """Every GPU the driver sees. Never raises: what NVML will not say is left unknown."""
     try:
         import pynvml
 
@@ -129,27 +140,35 @@ def read_nvml() -> NvmlInfo:
     except Exception as e:  # noqa: BLE001 - missing library, missing driver: both mean no NVML
         return NvmlInfo([], "", f"no NVML ({type(e).__name__}: {e})")
     try:
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            try:
-                cc = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h))
-            except pynvml.NVMLError:
-                cc = None
-            gpus.append(NvmlGPU(i, _str(pynvml.nvmlDeviceGetUUID(h)), _str(pynvml.nvmlDeviceGetName(h)),
-                                int(mem.total), int(mem.free), cc))
-        return NvmlInfo(gpus, _str(pynvml.nvmlSystemGetDriverVersion()), "")
-    except pynvml.NVMLError as e:
-        return NvmlInfo([], "", f"NVML error: {e}")
+        driver = ask(lambda: _str(pynvml.nvmlSystemGetDriverVersion()), "?")
+        try:
+            count = int(pynvml.nvmlDeviceGetCount())
+        except Exception as e:  # noqa: BLE001 - without a count no GPU can be named
+            return NvmlInfo([], driver, f"NVML cannot count the GPUs ({type(e).__name__}: {e})")
+        gpus = (_nvml_gpu(pynvml, i) for i in range(count))
+        return NvmlInfo([g for g in gpus if g is not None], driver, "")
     finally:
-        pynvml.nvmlShutdown()
+        ask(pynvml.nvmlShutdown)  # a failed shutdown leaves nothing the caller could act on
+
+
+def _nvml_gpu(pynvml, i: int) -> NvmlGPU | None:
+    """GPU `i`, or None where NVML gives no handle for it (a GPU that fell off the bus)."""
+    h = ask(lambda: pynvml.nvmlDeviceGetHandleByIndex(i))
+    if h is None:
+        return None
+    mem = ask(lambda: pynvml.nvmlDeviceGetMemoryInfo(h))
+    cc = ask(lambda: pynvml.nvmlDeviceGetCudaComputeCapability(h))
+    return NvmlGPU(i, ask(lambda: _str(pynvml.nvmlDeviceGetUUID(h)), ""),
+                   ask(lambda: _str(pynvml.nvmlDeviceGetName(h)), "?"),
+                   ask(lambda: int(mem.total)), ask(lambda: int(mem.free)),
+                   ask(lambda: (int(cc[0]), int(cc[1]))))
 
 
 def normalise_uuid(uuid: str) -> str:
-    """NVML says "GPU-8f0c…", torch's device properties "8f0c…": compare them without the prefix."""
+    """NVML says "GPU-8f0c…" for a GPU and "MIG-8f0c…" for a MIG instance, torch's device
+    properties "8f0c…" for either: compare them without the prefix."""
     uuid = uuid.strip().lower()
-    return uuid[4:] if uuid.startswith("gpu-") else uuid
+    return uuid[4:] if uuid.startswith(("gpu-", "mig-")) else uuid
 
 
 def most_free(readings: list[tuple[int, int]]) -> int | None:

@@ -10,18 +10,23 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from .gpu_env import ask, normalise_uuid
+
 
 @dataclass(frozen=True)
 class GPUReading:
-    index: int
+    """One GPU as NVML read it; None (name "?", uuid "") where NVML would not say."""
+    index: int  # NVML's: every GPU, in PCI bus order
     name: str
-    util: float  # %
-    mem_util: float  # %
-    mem_used: int  # bytes
-    mem_total: int
+    util: float | None  # %
+    mem_util: float | None  # %
+    mem_used: int | None  # bytes
+    mem_total: int | None
     temperature: float | None  # °C
     power: float | None  # W
     sm_clock: int | None  # MHz
+    uuid: str = ""  # NVML's "GPU-…"
+    mig_uuids: tuple[str, ...] = ()  # NVML's "MIG-…" of its MIG instances: what CUDA lists under MIG
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,9 @@ class Reading:
 
 
 class Telemetry:
+    """Never raises: NVML failing a query costs that field ("?"/None), failing for a GPU's handle
+    costs that GPU, and failing to count the GPUs costs all of them, with `nvml_error` saying why."""
+
     def __init__(self):
         self.nvml = None
         self.nvml_error = ""
@@ -41,10 +49,11 @@ class Telemetry:
             import pynvml
 
             pynvml.nvmlInit()
-            self.nvml = pynvml
-            self.driver = _str(pynvml.nvmlSystemGetDriverVersion())
         except Exception as e:  # noqa: BLE001 - no library, no driver, no GPU: all mean "no NVML"
             self.nvml_error = f"no NVML: {e}" if str(e) else "no NVML"
+        else:
+            self.nvml = pynvml
+            self.driver = ask(lambda: _str(pynvml.nvmlSystemGetDriverVersion()), "?")
         psutil.cpu_percent(None)  # the first call primes the counter
 
     def read(self) -> Reading:
@@ -54,32 +63,40 @@ class Telemetry:
     def _gpus(self) -> list[GPUReading]:
         if self.nvml is None:
             return []
+        try:
+            count = int(self.nvml.nvmlDeviceGetCount())
+        except Exception as e:  # noqa: BLE001 - a driver in trouble: say so where "no GPU" shows
+            self.nvml_error = f"NVML cannot count the GPUs: {type(e).__name__}: {e}"
+            return []
+        self.nvml_error = ""
+        handles = ((i, ask(lambda i=i: self.nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count))
+        return [self._gpu(i, h) for i, h in handles if h is not None]  # no handle: a GPU off the bus
+
+    def _gpu(self, i: int, h) -> GPUReading:
         n = self.nvml
-        out = []
-        for i in range(n.nvmlDeviceGetCount()):
-            try:
-                h = n.nvmlDeviceGetHandleByIndex(i)
-                util = n.nvmlDeviceGetUtilizationRates(h)
-                mem = n.nvmlDeviceGetMemoryInfo(h)
-            except Exception:  # noqa: BLE001 - MIG and some virtual GPUs refuse these: that GPU goes unread
-                continue
-            out.append(GPUReading(i, _str(n.nvmlDeviceGetName(h)), float(util.gpu), float(util.memory),
-                                  int(mem.used), int(mem.total),
-                                  _opt(lambda: float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))),
-                                  _opt(lambda: n.nvmlDeviceGetPowerUsage(h) / 1000.0),
-                                  _opt(lambda: int(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)))))
-        return out
+        util = ask(lambda: n.nvmlDeviceGetUtilizationRates(h))
+        mem = ask(lambda: n.nvmlDeviceGetMemoryInfo(h))
+        return GPUReading(i, ask(lambda: _str(n.nvmlDeviceGetName(h)), "?"),
+                          ask(lambda: float(util.gpu)), ask(lambda: float(util.memory)),
+                          ask(lambda: int(mem.used)), ask(lambda: int(mem.total)),
+                          ask(lambda: float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))),
+                          ask(lambda: n.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                          ask(lambda: int(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))),
+                          ask(lambda: _str(n.nvmlDeviceGetUUID(h)), ""), mig_uuids(n, h))
+
+
+def mig_uuids(n, h) -> tuple[str, ...]:
+    """The UUIDs of GPU `h`'s MIG instances; () for a GPU without MIG on (most answer NotSupported)."""
+    if ask(lambda: n.nvmlDeviceGetMigMode(h)[0] == n.NVML_DEVICE_MIG_ENABLE) is not True:
+        return ()
+    slots = ask(lambda: range(int(n.nvmlDeviceGetMaxMigDeviceCount(h))), ())
+    uuids = (ask(lambda k=k: _str(n.nvmlDeviceGetUUID(n.nvmlDeviceGetMigDeviceHandleByIndex(h, k))), "")
+             for k in slots)
+    return tuple(u for u in uuids if u)  # an empty slot answers NotFound
 
 
 def _str(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _opt(fn):
-    try:
-        return fn()
-    except Exception:  # noqa: BLE001 - a reading some cards do not support
-        return None
 
 
 # ------------------------------------------- which NVML GPU a torch device is
@@ -88,29 +105,53 @@ def cuda_visible(env: str | None) -> list[str] | None:
     return None if env is None else [e.strip() for e in env.split(",") if e.strip()]
 
 
-def nvml_index(device: str, visible: str | None = None) -> int | None:
-    """The NVML index of the GPU behind torch device `device` ("cuda", "cuda:N"); None for a
-    device that is no CUDA GPU ("cpu").
+def find_uuid(gpus: list[GPUReading], uuid: str, prefix: bool = False) -> GPUReading | None:
+    """The GPU that is `uuid`, or that has it among its MIG instances (whose figures are then the
+    whole GPU's). `prefix`: `uuid` may be the start of one, as CUDA_VISIBLE_DEVICES allows."""
+    want = normalise_uuid(uuid)
+    if not want:
+        return None
+    same = (lambda u: normalise_uuid(u).startswith(want)) if prefix else (lambda u: normalise_uuid(u) == want)
+    return next((g for g in gpus if any(same(u) for u in (g.uuid, *g.mig_uuids) if u)), None)
 
-    CUDA numbers only the GPUs that CUDA_VISIBLE_DEVICES (`visible`) lists, in its order, while
-    NVML numbers every GPU: with "2,3", cuda:0 is NVML GPU 2. Entries that are not integers
-    (GPU-…/MIG-… UUIDs) would take NVML calls to resolve, so then CUDA index N is read as NVML
-    GPU N: right when the UUIDs list the GPUs in NVML's order, wrong otherwise."""
+
+def nvml_index(device: str, visible: str | None = None, uuid: str = "",
+               gpus: list[GPUReading] | None = None) -> int | None:
+    """The NVML index of the GPU behind torch device `device` ("cuda", "cuda:N"); None for a
+    device that is no CUDA GPU ("cpu"), or whose `uuid` NVML's readings `gpus` do not list.
+
+    By `uuid` (the engine's, from RunStarted) where it is known: CUDA puts the fastest GPU first
+    and numbers only those CUDA_VISIBLE_DEVICES (`visible`) lists, in its order, while NVML numbers
+    every GPU in bus order. A known UUID that NVML does not list (no NVML, a GPU it cannot read)
+    gives no index: a guess could show another GPU's figures as the run's. Without a UUID (a CPU
+    engine's, an older engine's), by CUDA_VISIBLE_DEVICES: with "2,3", cuda:0 is NVML GPU 2; a
+    GPU-…/MIG-… entry is looked up in `gpus`; else CUDA index N is read as NVML GPU N, which is
+    right on a machine of equal GPUs."""
     if device == "cuda":
         n = 0
     elif device.startswith("cuda:") and device[5:].isdigit():
         n = int(device[5:])
     else:
         return None
+    gpus = gpus or []
+    if uuid:
+        found = find_uuid(gpus, uuid)
+        return found.index if found else None
     entries = cuda_visible(visible)
-    if entries and all(e.isdigit() for e in entries) and n < len(entries):
-        return int(entries[n])
+    if entries and n < len(entries):
+        if all(e.isdigit() for e in entries):
+            return int(entries[n])
+        if found := find_uuid(gpus, entries[n], prefix=True):
+            return found.index
     return n
 
 
-def run_gpu_indices(devices: tuple[str, ...], visible: str | None = None) -> list[int]:
-    """NVML indices of the GPUs a run's devices are, in order, each once; empty for a CPU run."""
-    indices = [nvml_index(d, visible) for d in devices]
+def run_gpu_indices(devices: tuple[str, ...], visible: str | None = None, uuids: tuple[str, ...] = (),
+                    gpus: list[GPUReading] | None = None) -> list[int]:
+    """NVML indices of the GPUs a run's devices are, in order, each once; empty for a CPU run.
+    `uuids`: RunStarted's, one per device (fewer, or none, from an older engine)."""
+    uuids = (*uuids, *[""] * (len(devices) - len(uuids)))
+    indices = [nvml_index(d, visible, u, gpus) for d, u in zip(devices, uuids)]
     return list(dict.fromkeys(i for i in indices if i is not None))
 
 

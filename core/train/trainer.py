@@ -25,7 +25,7 @@ from ..data import batches, budget as data_budget
 from ..data.cache import TokenData
 from ..data.prepare import prepare
 from ..hardware import fit
-from ..hardware.device import autocast_dtype, memory_stats, peak_flops, resolve_device, resolve_precision
+from ..hardware.device import autocast_dtype, device_uuids, memory_stats, peak_flops, resolve_device, resolve_precision
 from ..model import sampling
 from ..model.gpt import GPT, shape_from_config
 from ..run.checkpoints import checkpoint_config, tokenizer_file
@@ -118,9 +118,10 @@ class Trainer:
         self.log(f"model: {self.n_params:,} parameters, {m.n_layer} layers, d_model {m.d_model}, "
                  f"{m.n_head} heads / {m.n_kv_head} kv heads; device {self.device}, precision {self.precision}, "
                  f"compile {'on' if cfg.training.compile else 'off'}, {cfg.tokens_per_step:,} tokens/step{procs}")
+        devices = g.local_devices(self.device)
         self.emit(P.RunStarted(str(self.run_dir), cfg.to_dict(), self.n_params, str(self.device),
                                self.precision, self.step, cfg.training.max_steps, cfg.tokens_per_step,
-                               g.world, g.local_devices(self.device)))
+                               g.world, devices, device_uuids(devices)))
 
     def prepare_data(self) -> TokenData:
         """The token cache, tokenised once: the first process of each machine builds it while the

@@ -61,6 +61,7 @@ class DashboardScreen(Screen):
         self.reading: Reading | None = None
         self.util_history: dict[int, list[float]] = {}  # by NVML index: every GPU, so none starts blank
         self.devices: tuple[str, ...] | None = None  # this node's devices, once RunStarted names them
+        self.device_uuids: tuple[str, ...] = ()  # theirs, where the engine sent them
         self.world = 1
         self.gpu_keys: list[str] = []  # gpu_layout's keys of the GPU panels now mounted
         self.gpu_panels: list[Panel] = []
@@ -122,6 +123,7 @@ class DashboardScreen(Screen):
             elif isinstance(ev, P.RunStarted):
                 self.query_one(ChatPane).configure(ev.config.get("sample") or {})
                 self.devices, self.world = ev.devices or (ev.device,), ev.world
+                self.device_uuids = ev.device_uuids
             elif isinstance(ev, P.StateChanged) and ev.state in P.TERMINAL_STATES:
                 self.on_terminal(ev)
         self.dirty = True
@@ -152,7 +154,8 @@ class DashboardScreen(Screen):
     def sample_telemetry(self) -> None:
         self.reading = self.telemetry.read()
         for g in self.reading.gpus:
-            self.util_history[g.index] = (self.util_history.get(g.index, []) + [g.util])[-120:]
+            if g.util is not None:
+                self.util_history[g.index] = (self.util_history.get(g.index, []) + [g.util])[-120:]
         self.dirty = True
 
     def gpu_indices(self) -> list[int]:
@@ -161,11 +164,13 @@ class DashboardScreen(Screen):
         if self.devices is None:
             return [g.index for g in self.reading.gpus[:1]] if self.reading else []
         # the engine inherits this process's environment, so its CUDA numbering is ours
-        return run_gpu_indices(self.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return run_gpu_indices(self.devices, os.environ.get("CUDA_VISIBLE_DEVICES"), self.device_uuids,
+                               self.reading.gpus if self.reading else [])
 
     def redraw_gpus(self, indices: list[int]) -> None:
         narrow = self.has_class("narrow")
-        keys = gpu_layout(indices, narrow)
+        on_gpu = any(d.startswith("cuda") for d in self.devices or ())
+        keys = ["unlisted"] if on_gpu and not indices else gpu_layout(indices, narrow)
         if keys != self.gpu_keys:
             self.mount_gpu_panels(keys)
         no_gpu = self.telemetry.nvml_error if self.telemetry else ""

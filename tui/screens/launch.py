@@ -55,7 +55,7 @@ def part_name(source: str) -> str:
 def gpu_summary(gpus: list[GPUReading], usable: int) -> str:
     """"GPU: name (80 GiB)"; with more, how many and of which kinds, and how many CUDA may use
     when CUDA_VISIBLE_DEVICES hides some."""
-    kinds = Counter(f"{g.name} ({g.mem_total / 2**30:.0f} GiB)" for g in gpus)
+    kinds = Counter(g.name + (f" ({g.mem_total / 2**30:.0f} GiB)" if g.mem_total is not None else "") for g in gpus)
     if len(gpus) == 1:
         return f"GPU: {next(iter(kinds))}"
     hidden = f" ({usable} visible to CUDA)" if usable < len(gpus) else ""

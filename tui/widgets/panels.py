@@ -68,12 +68,21 @@ def memory_rows(v: RunView, gpu: GPUReading | None) -> list[tuple[str, str]]:
         ("allocated", gib(mem["allocated"]) if "allocated" in mem else DASH),
         ("reserved", gib(mem["reserved"]) if "reserved" in mem else DASH),
         ("peak", gib(mem["peak"]) if "peak" in mem else DASH),
-        ("GPU used", f"{gib(gpu.mem_used)} / {gib(gpu.mem_total)}" if gpu else DASH),
+        ("GPU used", gpu_memory(gpu, " / ") if gpu else DASH),
     ]
 
 
 # ------------------------------------------------------------------------------------- GPUs
 MAX_GPU_PANELS = 2  # more GPUs than this share one panel, a row each, so the side column still fits
+
+
+def pct(value: float | None, width: int = 0) -> str:
+    return f"{value:{width}.0f}%" if value is not None else DASH
+
+
+def gpu_memory(g: GPUReading, sep: str = "/") -> str:
+    used = gib(g.mem_used) if g.mem_used is not None else DASH
+    return used + sep + (gib(g.mem_total) if g.mem_total is not None else DASH)
 
 
 def gpu_layout(indices: list[int], narrow: bool) -> list[str]:
@@ -88,9 +97,12 @@ def gpu_layout(indices: list[int], narrow: bool) -> list[str]:
 
 def gpu_panel(key: str, indices: list[int], reading: Reading | None, histories: dict[int, list[float]],
               no_gpu_reason: str, narrow: bool) -> tuple[str, Table]:
-    """Title and contents of GPU panel `key` (one of gpu_layout's)."""
+    """Title and contents of GPU panel `key` (one of gpu_layout's, or "unlisted": a GPU run none of
+    whose GPUs NVML lists by their UUIDs, or no NVML)."""
     if key == "none":
         return "GPU", kv_table([("GPU", "none: CPU run"), ("", no_gpu_reason or "")])
+    if key == "unlisted":
+        return "GPU", kv_table([("GPU", "no reading of the run's GPU"), ("", no_gpu_reason or "NVML does not list it")])
     if key == "table":
         return gpu_table_title(indices, reading), gpu_table(indices, reading, histories, narrow)
     index = int(key)
@@ -106,8 +118,8 @@ def gpu_panel(key: str, indices: list[int], reading: Reading | None, histories: 
 def gpu_rows(g: GPUReading, util_history: list[float]) -> list[tuple[str, str]]:
     return [
         ("name", g.name),
-        ("util", f"{g.util:.0f}%  {spark(util_history)}"),
-        ("mem util", f"{g.mem_util:.0f}%"),
+        ("util", f"{pct(g.util)}  {spark(util_history)}"),
+        ("mem util", pct(g.mem_util)),
         ("power", f"{g.power:.0f} W" if g.power is not None else DASH),
         ("temp", f"{g.temperature:.0f} °C" if g.temperature is not None else DASH),
         ("SM clock", f"{g.sm_clock} MHz" if g.sm_clock is not None else DASH),
@@ -119,8 +131,8 @@ def gpu_compact_rows(g: GPUReading, util_history: list[float], narrow: bool) -> 
     where there is room, power."""
     extras = [f"{g.temperature:.0f}°C" if g.temperature is not None else "",
               f"{g.power:.0f} W" if g.power is not None and not narrow else ""]
-    return [("util", f"{g.util:3.0f}% {spark(util_history, 8 if narrow else 14)}"),
-            ("mem", "  ".join([f"{gib(g.mem_used)}/{gib(g.mem_total)}", *filter(None, extras)]))]
+    return [("util", f"{pct(g.util, 3)} {spark(util_history, 8 if narrow else 14)}"),
+            ("mem", "  ".join([gpu_memory(g), *filter(None, extras)]))]
 
 
 def gpu_table_title(indices: list[int], reading: Reading | None) -> str:
@@ -151,10 +163,11 @@ def gpu_table(indices: list[int], reading: Reading | None, histories: dict[int, 
 def gpu_cells(index: int, g: GPUReading | None, history: list[float], narrow: bool) -> list[str]:
     if g is None:
         return [str(index), DASH, ""] if narrow else [str(index), DASH, "", "", ""]
-    used, total = g.mem_used / 2**30, g.mem_total / 2**30
+    used = f"{g.mem_used / 2**30:.0f}" if g.mem_used is not None else DASH
+    total = f"{g.mem_total / 2**30:.0f}" if g.mem_total is not None else DASH
     if narrow:
-        return [str(index), f"{g.util:3.0f}%", f"{used:.0f}G"]
-    return [str(index), f"{g.util:3.0f}%", spark(history, 10), f"{used:.0f}/{total:.0f}G",
+        return [str(index), pct(g.util, 3), f"{used}G"]
+    return [str(index), pct(g.util, 3), spark(history, 10), f"{used}/{total}G",
             f"{g.temperature:.0f}°C" if g.temperature is not None else ""]
 
 
