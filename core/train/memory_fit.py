@@ -120,14 +120,18 @@ def out_of_memory_message(trainer: Fitting, error: str) -> str:
                                      trainer.saved_step)
 
 
-def saved_bytes_per_token(cfg, device: str, compiled: bool, amp_dtype: torch.dtype | None) -> float:
+def saved_bytes_per_token(cfg, device: str, compiled: bool, amp_dtype: torch.dtype | None,
+                          expand_kv: bool = False) -> float:
     """What autograd keeps for backward from one training forward of `cfg`'s model, per token: the
     bytes of every distinct storage saved at micro-batch 2 less those at micro-batch 1, so what
     does not grow with the batch (weights, their casts, the rotary tables) cancels. What
-    fit.layer_activation_bytes and fit.head_activation_bytes count (and, compiled, the logits)."""
+    fit.layer_activation_bytes and fit.head_activation_bytes count (and, compiled, the logits).
+    `expand_kv`: attention repeats K/V to the query's heads (GPT.expand_kv), as where no kernel
+    takes grouped-query attention."""
     T, dev = cfg.training.seq_len, torch.device(device)
     torch.manual_seed(0)
     model = GPT(shape_from_config(cfg)).to(dev)
+    model.expand_kv = expand_kv
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def saved(B: int) -> int:
