@@ -19,6 +19,7 @@ from ..config import Config
 from ..data import batches
 from ..data.cache import TokenData
 from ..hardware import fit
+from ..hardware.device import compute_capability
 from ..model.gpt import GPT, shape_from_config
 
 
@@ -60,7 +61,8 @@ def fit_micro_batch(trainer: Fitting) -> None:
         budget, fits = free + torch.cuda.memory_reserved(trainer.device), lambda mb: trial_step(trainer, mb)
     else:
         budget, fits = psutil.virtual_memory().available, (lambda mb: True)
-    estimated = fit.largest_micro_batch(trainer.cfg, budget, trainer.device.type)
+    estimated = fit.largest_micro_batch(trainer.cfg, budget, trainer.device.type,
+                                        compute_capability=compute_capability(trainer.device))
     tried: list[int] = []
 
     def attempt(n: int) -> bool:
