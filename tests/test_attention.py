@@ -72,6 +72,8 @@ def test_the_header_says_the_kernel_and_what_expanding_costs():
     surprise = A.header(cfg, A.NATIVE, "math", "bf16")
     assert surprise.startswith("attention: math, GQA native; warning: the math kernel is slow")
     assert surprise.endswith("attention.py expected a fused kernel at bf16")
+    odd = A.header(tiny_config("model.head_dim=36"), A.MATH, "math", "fp16")
+    assert odd.endswith("a head_dim that is a multiple of 8 (not 36) lets the memory-efficient kernel take it")
 
 
 def test_the_header_on_the_cpu_is_torchs_own_choice():

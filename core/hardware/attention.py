@@ -1,10 +1,11 @@
 """Which kernel grouped-query attention runs on, decided from what a run knows before it starts: no
 torch, so the memory estimate (fit.py) and the launch screen follow the same decision as the model.
 
-`F.scaled_dot_product_attention(enable_gqa=True)` picks a kernel by checks in torch's own sources
-(torch 2.13: aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, sdp_utils_cpp.h and
-sdp_utils_cpp.cpp), and falls to the math kernel without a word when none of the fused ones takes
-the call. The math kernel repeats K/V itself and keeps the (B, H, T, T) probabilities for backward.
+`F.scaled_dot_product_attention(enable_gqa=True)` picks a kernel by the checks in torch's
+aten/src/ATen/native/transformers/cuda/sdp_utils.cpp (CUDA) and sdp_utils_cpp.cpp (CPU), with
+sdp_utils_cpp.h, and falls to the math kernel without a word when none of the fused ones takes the
+call. The math kernel repeats K/V itself and keeps the (B, H, T, T) probabilities for backward.
+What torch 2.13 does:
 
 * CPU: the CPU flash kernel takes GQA (`check_batch_size_and_num_heads_dense<supports_gqa>`) in
   float32, float64, bfloat16 and float16: K/V as they are.
@@ -15,7 +16,8 @@ the call. The math kernel repeats K/V itself and keeps the (B, H, T, T) probabil
   `meta__scaled_dot_product_efficient_backward`). Given K/V repeated to the query's heads, it runs
   where flash cannot: fp32, and fp16 before Ampere (V100, T4, RTX 20xx). Its one further demand is
   a head_dim divisible by its GEMM alignment (`minimum_gemm_alignment`); where that fails too,
-  only the math kernel is left.
+  only the math kernel is left. (Upstream's sdp_utils.cpp now lets it take GQA, pytorch/pytorch#191085:
+  with a torch that has it, fp32 could keep K/V as they are; the run header names torch's own choice.)
 """
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ def header(cfg, path: str, kernel: str, precision: str, device_type: str = "cuda
         line = f"attention: {named}, K/V expanded from {m.n_kv_head} to {m.n_head} heads (+{size} MiB of activations)"
     if kernel == "math":
         line += "; warning: the math kernel is slow and keeps (B, H, T, T) attention probabilities"
-        line += (f": a head_dim that is a multiple of 8 (not {cfg.head_dim}) lets the memory-efficient kernel "
-                 "take it" if path == MATH else f": attention.py expected a fused kernel at {precision}")
+        if path != MATH:
+            line += f", where attention.py expected a fused kernel at {precision}"
+        elif cfg.head_dim % 8:
+            line += f"; a head_dim that is a multiple of 8 (not {cfg.head_dim}) lets the memory-efficient kernel take it"
     return line
