@@ -109,5 +109,6 @@ def header(cfg, path: str, kernel: str, precision: str, device_type: str = "cuda
         if path != MATH:
             line += f", where attention.py expected a fused kernel at {precision}"
         elif cfg.head_dim % 8:
-            line += f"; a head_dim that is a multiple of 8 (not {cfg.head_dim}) lets the memory-efficient kernel take it"
+            line += (f"; a head_dim that is a multiple of 8 (not {cfg.head_dim}) lets the memory-efficient "
+                     "kernel take it")
     return line
