@@ -34,9 +34,14 @@ Parts, in the order they run (each appends its own section, so they can also run
 * search: issue 20's peak reset: the `3090` preset with training.auto_micro_batch for 20 steps;
   the log gives the trials' peak, and metrics.jsonl's peak (training's own) stays under it and
   within ±15% of the estimate at the micro-batch chosen;
+* attention: issue 20's grouped-query attention on the lent card, in bf16, fp16 and fp32: the
+  path core/hardware/attention.py chooses, one eager forward and backward of the `4090` shape at
+  2 layers with SDPA restricted to the kernels that path expects (flash or cuDNN; memory-efficient
+  with K/V expanded), so a fall to the math kernel raises; the saved bytes per token against
+  fit.py's count, and the pass's peak against the estimate's activations and loss;
 * allocator: issue 20, PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF both set, to opposite
   `expandable_segments` values, in fresh processes: the settings torch parsed and whether its CUDA
-  segments are expandable, against the variable `gpu_env` (the engine's allocator line) names.
+  segments are expandable, against the variable `gpu_env` (the engine's allocator line) names;
 * muon: issue 20, Newton–Schulz in bf16, fp16 (what Volta and Turing iterate in) and fp32 on this
   GPU's cuBLAS against float64, for stacks of the `h100` preset's shapes and for gradients scaled by
   1e-6 and 1e6: fp16 no further from float64 than bf16 and finite; with the times;
@@ -49,12 +54,12 @@ Parts, in the order they run (each appends its own section, so they can also run
   tree's peak against the 1.5 GB bound. It records its own tables.
 
     python bench/gpu_check.py [--part doctor h100 torchrun memory saved graphs modes inference resume ddp search
-                                      allocator muon nvml data] [--steps 300] [--out DIR]
+                                      attention allocator muon nvml data] [--steps 300] [--out DIR]
 
 Exit 0 when every check passed, 1 otherwise (or without a CUDA GPU). On the lent GPU each part
 fits one 10-minute call; the data cache built by the first run is reused by the others.
-`--device cpu` rehearses the graphs and saved parts on a CPU (compiled, no CUDA graphs), printing
-their tables without recording them.
+`--device cpu` rehearses the graphs, saved and attention parts on a CPU (compiled, no CUDA graphs),
+printing their tables without recording them.
 """
 
 from __future__ import annotations
@@ -83,8 +88,8 @@ from lmcockpit.core.config import load_config  # noqa: E402
 from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402
 
 PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes", "inference", "resume", "ddp", "search",
-         "allocator", "muon", "nvml", "data")
-CPU_PARTS = ("saved", "graphs")
+         "attention", "allocator", "muon", "nvml", "data")
+CPU_PARTS = ("saved", "graphs", "attention")
 MEMORY_PRESETS = ("h100", "3090", "4090", "4070ti")
 MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 TOLERANCE = 0.15  # the issue's ±15% between estimate and measurement
@@ -545,6 +550,82 @@ def part_nvml() -> tuple[bool, list[str]]:
         util = f"{g.util:.0f}%" if g.util is not None else "–"
         lines.append(f"| {g.index} | {g.name} | {memory} | {util} | {len(g.mig_uuids)} |")
     return ok, lines
+ATTENTION_PRESET = "4090"  # 16 query heads sharing 4 K/V heads of 64
+# The kernels each path of core/hardware/attention.py expects. SDPA restricted to them raises "No
+# available kernel" where the math kernel would otherwise have run without a word.
+ATTENTION_KERNELS = {"native-gqa": ("FLASH_ATTENTION", "CUDNN_ATTENTION"), "expand-kv": ("EFFICIENT_ATTENTION",),
+                     "math": ("MATH",)}
+
+
+def part_attention(device: str = "cuda") -> tuple[bool, list[str]]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from lmcockpit.core.hardware import attention
+    from lmcockpit.core.hardware.device import attention_header, autocast_dtype, compute_capability
+    from lmcockpit.core.train.memory_fit import saved_bytes_per_token
+
+    dev = torch.device(device)
+    cc = compute_capability(dev)
+    seq, batch = (2048, 4) if device == "cuda" else (128, 2)
+    lines = [f"The `{ATTENTION_PRESET}` shape, {batch} × {seq} tokens, eager, compute capability {cc or '–'}, "
+             "SDPA restricted to the kernels each path expects. One block's share, 2 layers less 1 (the loss "
+             f"and head cancel): its saved bytes per token (hooks) within {SAVED_TOLERANCE:.0%} of fit.py's "
+             f"layer_activation_bytes, and its share of one forward and backward's peak within {TOLERANCE:.0%} "
+             "of that count times the tokens; beside it, the fp32 (B, H, T, T) probabilities a math kernel "
+             "would have kept per block.", "",
+             "| precision | path | kernels allowed | run header | saved / token / block | fit.py | ratio | "
+             "peak / block | fit.py | ratio | math's probabilities | result |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    ok = True
+    for precision in ("bf16", "fp16", "fp32"):
+        if device == "cuda" and precision == "bf16" and cc < attention.AMPERE:
+            lines.append(f"| bf16 | | | no bf16 before Ampere (sm{cc[0]}{cc[1]}) | | | | | | | | skipped |")
+            continue
+        cfgs = [load_config(ATTENTION_PRESET, [f"model.n_layer={n}", f"training.seq_len={seq}",
+                                               f"training.micro_batch_size={batch}", "training.compile=false",
+                                               f'training.precision="{precision}"'])[0] for n in (1, 2)]
+        cfg = cfgs[1]
+        path = attention.path_for(cfg, device, cc)
+        expand, amp, a = path != attention.NATIVE, autocast_dtype(precision), 4 if precision == "fp32" else 2
+        counted = fit.layer_activation_bytes(cfg, a, False, path)
+        math_bytes = 4 * cfg.model.n_head * seq * batch * seq
+        cells, header, error = [""] * 6, "", ""
+        try:
+            with sdpa_kernel([getattr(SDPBackend, name) for name in ATTENTION_KERNELS[path]]):
+                header = attention_header(cfg, dev, precision)
+                one, two = (saved_bytes_per_token(c, device, False, amp, expand_kv=expand) for c in cfgs)
+                cells[:3] = [f"{two - one:,.0f}", f"{counted:,}", f"{(two - one) / counted:.3f}"]
+                good = abs((two - one) / counted - 1) <= SAVED_TOLERANCE and "warning" not in header
+                if device == "cuda":
+                    one, two = (attention_pass_peak(c, dev, amp, expand) for c in cfgs)
+                    block = counted * batch * seq
+                    cells[3:] = [f"{(two - one) / 2**20:,.0f} MiB", f"{block / 2**20:,.0f} MiB",
+                                 f"{(two - one) / block:.2f}"]
+                    good &= abs((two - one) / block - 1) <= TOLERANCE
+        except Exception as e:  # noqa: BLE001 - "No available kernel" is the finding: record it and go on
+            good, error = False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ok &= good
+        lines.append(f"| {precision} | {path} | {', '.join(ATTENTION_KERNELS[path]).lower()} | {header} | "
+                     f"{' | '.join(cells)} | {math_bytes / 2**20:,.0f} MiB | {'pass' if good else 'FAIL ' + error} |")
+    return ok, lines
+
+
+def attention_pass_peak(cfg, dev: torch.device, amp: torch.dtype | None, expand_kv: bool) -> int:
+    """The most memory one eager forward and backward allocates beyond the weights already there."""
+    from lmcockpit.core.model.gpt import GPT, shape_from_config
+
+    torch.manual_seed(0)
+    model = GPT(shape_from_config(cfg)).to(dev)
+    model.expand_kv = expand_kv
+    x = torch.randint(0, cfg.tokenizer.vocab_size, (cfg.training.micro_batch_size, cfg.training.seq_len), device=dev)
+    torch.cuda.synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    base = torch.cuda.memory_allocated(dev)
+    with torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
+        loss = model(x, x)
+    loss.backward()
+    torch.cuda.synchronize(dev)
+    return torch.cuda.max_memory_allocated(dev) - base
 
 
 def main() -> int:
@@ -562,7 +643,9 @@ def main() -> int:
         out = args.out or Path(tempfile.mkdtemp(prefix="gpu_check-"))
         ok = True
         for part in (p for p in args.part if p in CPU_PARTS):
-            good, lines = part_graphs(out, args.modes, "cpu") if part == "graphs" else part_saved(args.presets, "cpu")
+            good, lines = {"graphs": lambda: part_graphs(out, args.modes, "cpu"),
+                           "saved": lambda: part_saved(args.presets, "cpu"),
+                           "attention": lambda: part_attention("cpu")}[part]()
             print("\n".join(lines) + "\n")
             ok &= good
         return 0 if ok else 1
@@ -585,7 +668,7 @@ def main() -> int:
                      "modes": lambda: part_modes(out, args.modes),
                      "inference": part_inference, "resume": lambda: part_resume(out),
                      "ddp": lambda: part_ddp(out), "search": lambda: part_search(out),
-                     "allocator": part_allocator, "muon": part_muon, "nvml": part_nvml,
+                     "allocator": part_allocator, "muon": part_muon, "nvml": part_nvml, "attention": part_attention,
                      "data": part_data}[part]()
         record(f"gpu_check: {part} ({'pass' if ok else 'FAIL'})",
                [*lines, "", f"torch {torch.__version__}; allocator {ALLOCATOR.describe()}"])

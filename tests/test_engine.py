@@ -31,6 +31,7 @@ def test_engine_runs_in_its_own_process_and_fills_the_run_folder(tmp_path):
     states = [e.state for e in events if isinstance(e, P.StateChanged)]
     assert states[0] == P.PREPARING and states[-1] == P.FINISHED
     assert any(isinstance(e, P.LogLine) and "parameters" in e.text for e in events)
+    assert any(isinstance(e, P.LogLine) and e.text == "attention: flash (CPU), GQA native" for e in events)
 
 
 def test_same_seed_same_losses_other_seed_other_losses(tmp_path):

@@ -5,7 +5,7 @@ import torch
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import load_config
-from lmcockpit.core.hardware import fit
+from lmcockpit.core.hardware import attention, fit
 from lmcockpit.core.model.gpt import GPT, GPTShape
 from lmcockpit.core.model.muon import Muon
 from lmcockpit.core.train import memory_fit
@@ -59,6 +59,34 @@ def test_eager_activations_are_what_autograd_saves(amp):
     cfg = tiny_config(*HAND)
     measured = memory_fit.saved_bytes_per_token(cfg, "cpu", compiled=False, amp_dtype=amp)
     assert measured == fit.saved_per_token(cfg, 2 if amp else 4, compiled=False)
+
+
+@pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_expanded_kv_activations_are_what_autograd_saves(amp):
+    """The path for GPUs where no fused kernel takes grouped-query attention, forced on the CPU:
+    the kernel keeps K and V repeated to the query's heads (4 of 16, not 2), 2·a·(64 − 32) bytes
+    more per token in each of the 2 layers."""
+    cfg = tiny_config(*HAND)
+    a = 2 if amp else 4
+    measured = memory_fit.saved_bytes_per_token(cfg, "cpu", compiled=False, amp_dtype=amp, expand_kv=True)
+    assert measured == fit.saved_per_token(cfg, a, compiled=False, path=attention.EXPAND)
+    assert measured - fit.saved_per_token(cfg, a, compiled=False) == 2 * 2 * a * (64 - 32)
+
+
+def test_the_estimate_counts_the_expanded_kv_where_no_kernel_takes_gqa():
+    tokens, extra = 512, 2 * 2 * (64 - 32)  # per layer and token at 2 bytes; 2 layers
+    base = fit.estimate(tiny_config(*HAND, "training.compile=true"), "cuda")  # bf16 flash: GQA native
+    t4 = fit.estimate(tiny_config(*HAND, "training.compile=true"), "cuda", compute_capability=(7, 5))  # fp16
+    assert t4.activations - base.activations == tokens * 2 * extra
+    fp32 = tiny_config(*HAND, "training.compile=true", 'training.precision="fp32"')
+    assert (fit.estimate(fp32, "cuda").activations - fit.estimate(fp32, "cpu").activations
+            == tokens * 2 * 2 * extra)  # a = 4; the CPU's flash kernel takes GQA in fp32
+    # The micro-batch search asks the estimate with the GPU's compute capability: 8 fits exactly
+    # on an Ampere card, not on a T4, whose attention keeps the repeated K/V.
+    cfg = tiny_config(*HAND)
+    budget = fit.estimate(cfg, "cuda", 8).reserved
+    assert fit.largest_micro_batch(cfg, budget, limit=8) == 8
+    assert fit.largest_micro_batch(cfg, budget, limit=8, compute_capability=(7, 5)) < 8
 
 
 def test_compiled_activations_are_what_the_partitioner_saves():

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from lmcockpit.core.config import OptimizerConfig
@@ -136,3 +137,75 @@ def test_fp16_autocast_keeps_the_plain_loss_so_the_loss_scale_reaches_the_logits
     (F.cross_entropy(logits.float().view(-1, 97), x[:, 1:].reshape(-1)) * scale).backward()
     for n, p in model.named_parameters():
         assert torch.equal(grads[n], p.grad), n
+
+
+def reference_attention(q, k, v):
+    """Attention written out in float32, K/V heads repeated to the query's, each query attending
+    to the keys up to its own position (the last T of S positions, as a decoded token does)."""
+    import math
+
+    G, T, S = q.shape[1] // k.shape[1], q.shape[2], k.shape[2]
+    k, v = (t.float().repeat_interleave(G, dim=1) for t in (k, v))
+    scores = q.float() @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    seen = torch.ones(T, S, dtype=torch.bool).tril(S - T)
+    return scores.masked_fill(~seen, float("-inf")).softmax(-1) @ v
+
+
+# Both paths on the CPU's kernels in fp32 and fp16: K/V shared natively (enable_gqa), and K/V
+# repeated to the query's heads (the path for GPUs where no fused kernel takes GQA).
+ATTENTION_CASES = [(dtype, expand) for dtype in (torch.float32, torch.float16) for expand in (False, True)]
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+@pytest.mark.parametrize("dtype, expand", ATTENTION_CASES)
+def test_causal_attention_and_its_gradients_are_the_repeated_reference(dtype, expand):
+    from lmcockpit.core.model.gpt import Attention
+
+    torch.manual_seed(0)
+    attn = Attention(SHAPE)
+    attn.expand_kv = expand
+    q, k, v = (torch.randn(2, h, 16, 8, dtype=dtype, requires_grad=True) for h in (4, 2, 2))
+    out = attn._causal(q, k, v)
+    ref_inputs = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = reference_attention(*ref_inputs)
+    assert out.dtype == dtype and out.shape == (2, 4, 16, 8)
+    tol = TOLERANCE[dtype]
+    assert torch.allclose(out.float(), ref, atol=tol, rtol=tol)
+    grad = torch.randn(2, 4, 16, 8)
+    out.backward(grad.to(dtype))
+    ref.backward(grad)
+    for mine, theirs in zip((q, k, v), ref_inputs):
+        assert mine.grad.shape == theirs.shape  # the repeated heads' gradients summed back onto the K/V heads
+        assert torch.allclose(mine.grad.float(), theirs.grad, atol=4 * tol, rtol=4 * tol)
+
+
+@pytest.mark.parametrize("dtype, expand", ATTENTION_CASES)
+def test_decoding_with_the_cache_is_the_repeated_reference(dtype, expand):
+    """A prompt's prefill (causal, the training path) and then one token at a time (its query heads
+    as rows of their K/V head), against the reference over the whole sequence."""
+    from lmcockpit.core.model.gpt import Attention, KVCache
+
+    torch.manual_seed(0)
+    attn = Attention(SHAPE).to(dtype)
+    attn.expand_kv = expand
+    cos, sin = rotary_tables(8, 12, 10000.0)
+    x = torch.randn(2, 12, 32, dtype=dtype)
+    with torch.no_grad():
+        q, k, v = attn._qkv(x, cos, sin)
+        ref = attn._out(reference_attention(q, k, v).to(dtype)).float()
+        cache = KVCache(1, 12)
+        steps = [attn.decode(x[:, :5], cos[:5], sin[:5], cache, 0)]
+        cache.length = 5
+        for t in range(5, 12):
+            steps.append(attn.decode(x[:, t:t + 1], cos[t:t + 1], sin[t:t + 1], cache, 0))
+            cache.length += 1
+    tol = TOLERANCE[dtype]
+    assert torch.allclose(torch.cat(steps, 1).float(), ref, atol=tol, rtol=tol)
+
+
+def test_the_models_expand_kv_reaches_every_layer_and_changes_no_weight():
+    model = GPT(SHAPE)
+    names = list(model.state_dict())
+    model.expand_kv = True
+    assert model.expand_kv and all(layer.self_attn.expand_kv for layer in model.layers)
+    assert list(model.state_dict()) == names

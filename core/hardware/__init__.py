@@ -2,4 +2,5 @@
 the doctor's checks, and the memory arithmetic that says whether a preset fits.
 
 Torch: `device` and `doctor` import it (the engine's and the doctor's child process); `gpu_env`,
-`telemetry` and `fit` never do: they are what the front-end reads."""
+`telemetry`, `fit` and `attention` (which kernel attention runs on) never do: they are what the
+front-end reads."""

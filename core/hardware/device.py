@@ -1,4 +1,5 @@
-"""Which device and precision a run uses, and the peak FLOP/s that MFU is measured against."""
+"""Which device and precision a run uses, which attention kernel, and the peak FLOP/s that MFU is
+measured against."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import re
 from typing import Callable
 
 import torch
+from torch.nn.attention import SDPBackend
 
 from ..config import ConfigError
-from . import gpu_env
+from . import attention, gpu_env
 
 # Dense bf16 tensor-core peak (fp32 accumulate, no sparsity), TFLOP/s, by GPU model: the name CUDA
 # reports as `gpu_model` shortens it. Exact names only: a cut-down or laptop part shares its
@@ -128,6 +130,36 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 def autocast_dtype(precision: str) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
+def compute_capability(device: torch.device) -> tuple[int, int] | None:
+    """A CUDA device's (major, minor); None elsewhere."""
+    return tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+
+
+def expands_kv(cfg, device: torch.device, precision: str) -> bool:
+    """Whether the model repeats K/V to the query's heads on `device` (GPT.expand_kv): where no
+    fused kernel takes grouped-query attention at `precision` (attention.py says which)."""
+    return attention.path_for(cfg, device.type, compute_capability(device), precision) != attention.NATIVE
+
+
+KERNELS = {"MATH": "math", "FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "memory-efficient",
+           "CUDNN_ATTENTION": "cuDNN"}
+
+
+def attention_header(cfg, device: torch.device, precision: str) -> str:
+    """The run header's attention line. The kernel is torch's own choice for the call the model
+    makes (one sequence of the run's length, K/V expanded or not, with gradients), so a fall to the
+    math kernel that attention.py did not foresee is said, not silent."""
+    m, T, D = cfg.model, cfg.training.seq_len, cfg.head_dim
+    path = attention.path_for(cfg, device.type, compute_capability(device), precision)
+    kv_heads = m.n_kv_head if path == attention.NATIVE else m.n_head
+    dtype = autocast_dtype(precision) or torch.float32
+    q = torch.zeros(1, m.n_head, T, D, dtype=dtype, device=device, requires_grad=True)
+    kv = torch.zeros(1, kv_heads, T, D, dtype=dtype, device=device)
+    choice = SDPBackend(torch._fused_sdp_choice(q, kv, kv, None, 0.0, True, enable_gqa=True))
+    kernel = KERNELS.get(choice.name, choice.name.lower())
+    return attention.header(cfg, path, kernel, precision, device.type)
 
 
 def peak_flops(device: torch.device, log: Callable[[str], None] | None = None) -> float | None:

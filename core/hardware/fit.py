@@ -13,8 +13,10 @@ N = parameters; `a` = bytes of the autocast dtype: 2 for bf16/fp16, 4 for fp32):
   each; Muon one fp32 momentum buffer of its matrices, 4 bytes each. Muon's step also needs a
   working set for the largest group of same-shape matrices it orthogonalises at once;
 * activations: what autograd saves for backward, counted tensor by tensor per layer and token
-  below (eager and compiled differ: the compiler fuses casts and norms). With activation
-  checkpointing each layer keeps only its input, and backward recomputes one layer at a time;
+  below (eager and compiled differ: the compiler fuses casts and norms), with the K/V that
+  attention repeats to the query's heads where no kernel takes grouped-query attention (fp32 on
+  a GPU, fp16 before Ampere: attention.py). With activation checkpointing each layer keeps only
+  its input, and backward recomputes one layer at a time;
 * the loss: compiled, the (B, T, V) logits in the autocast dtype; eager, the loss is computed a
   block of rows at a time (gpt.LinearCrossEntropy), so one block of logits and the head's
   gradient, never the whole logits;
@@ -49,6 +51,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..config import CUDA_GRAPH_MODES, Config
+from . import attention
 
 GiB = 1024**3
 
@@ -138,8 +141,8 @@ def amp_bytes(cfg: Config, device_type: str) -> int:
     return 4 if p == "fp32" else 2
 
 
-def layer_activation_bytes(cfg: Config, a: int, compiled: bool) -> int:
-    """Bytes one block saves for backward per token.
+def layer_activation_bytes(cfg: Config, a: int, compiled: bool, path: str = attention.NATIVE) -> int:
+    """Bytes one block saves for backward per token, its attention taking `path` (attention.py).
 
     The residual stream is fp32 (the embedding is fp32 and each branch's low-precision output
     promotes on the add), so each norm's input is 4 bytes; the matmuls' inputs and outputs are in
@@ -155,14 +158,14 @@ def layer_activation_bytes(cfg: Config, a: int, compiled: bool) -> int:
         # normed and rotated q and k that SDPA takes, its output and log-sum-exp, and the SwiGLU
         # gate, up and product.
         return (2 * (4 * d + a * d) + a * (q + 2 * kv) + a * (q + kv) + a * q + 4 * m.n_head
-                + 3 * a * f + rms)
+                + 3 * a * f + rms + attention.extra_bytes_per_token(cfg, a, path))
     # Eager: each block norm saves its fp32 input and normalised output; each linear its own cast
     # of the norm's weighted output (3 for q/k/v, 2 for gate/up; in fp32 one shared tensor per
     # norm); QK-norm its input in fp32 (a copy under autocast) and its output cast back; SDPA v and
     # its own low-precision copies of q and k; SwiGLU the gate, silu(gate), up and the product.
     casts = (3 + 2) * a * d if a < 4 else 2 * a * d
     return (2 * 8 * d + casts + (4 + a) * (q + kv) + a * kv + a * (q + kv) + a * q + 4 * m.n_head + 4 * a * f
-            + rms)
+            + rms + attention.extra_bytes_per_token(cfg, a, path))
 
 
 def head_activation_bytes(cfg: Config, a: int, compiled: bool) -> int:
@@ -174,12 +177,12 @@ def head_activation_bytes(cfg: Config, a: int, compiled: bool) -> int:
     return 8 + 4 + ((4 + a) * d + 8 if compiled else 8 * d + 4 * d)
 
 
-def saved_per_token(cfg: Config, a: int, compiled: bool) -> int:
+def saved_per_token(cfg: Config, a: int, compiled: bool, path: str = attention.NATIVE) -> int:
     """Bytes per token autograd keeps for backward without activation checkpointing: the blocks,
     what follows them and, compiled, the logits the fused loss keeps (eager's blockwise loss keeps
     none). What memory_fit.saved_bytes_per_token measures in a real forward."""
-    return (cfg.model.n_layer * layer_activation_bytes(cfg, a, compiled) + head_activation_bytes(cfg, a, compiled)
-            + (a * cfg.tokenizer.vocab_size if compiled else 0))
+    return (cfg.model.n_layer * layer_activation_bytes(cfg, a, compiled, path)
+            + head_activation_bytes(cfg, a, compiled) + (a * cfg.tokenizer.vocab_size if compiled else 0))
 
 
 # gpt.LinearCrossEntropy's block of logits (elements), by device; a test keeps the two equal.
@@ -258,8 +261,10 @@ class MemoryEstimate:
     total: int  # reserved plus the CUDA context: what the card must hold (CPU: reserved)
 
 
-def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = None) -> MemoryEstimate:
-    """Peak memory of training `cfg` on one device ("cuda" or "cpu"), optionally at another micro-batch."""
+def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = None,
+             compute_capability: tuple[int, int] | None = None) -> MemoryEstimate:
+    """Peak memory of training `cfg` on one device ("cuda" or "cpu"), optionally at another micro-batch.
+    A GPU's compute capability decides its attention kernel (attention.path_for); unknown, Ampere's."""
     t, m = cfg.training, cfg.model
     B = micro_batch or t.micro_batch_size
     tokens = B * t.seq_len
@@ -280,7 +285,7 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
     grads_at_peak = grads_all if t.grad_accum_steps > 1 or kept else 0
     optimizer = (8 * n.adamw + 4 * n.muon) // shards
 
-    layer = layer_activation_bytes(cfg, a, compiled)
+    layer = layer_activation_bytes(cfg, a, compiled, attention.path_for(cfg, device_type, compute_capability))
     # With activation checkpointing each block keeps only its fp32 input. Backward recomputes one
     # block at a time, once the loss's and the head's backward are done: that block's activations
     # and two gradients of the MLP's width inside its backward, beside the blocks' inputs, the
@@ -335,7 +340,7 @@ def judge(cfg: Config, card_bytes: int | None) -> tuple[MemoryEstimate, str]:
 
 
 def largest_micro_batch(cfg: Config, budget_bytes: int, device_type: str = "cuda",
-                        limit: int | None = None) -> int:
+                        limit: int | None = None, compute_capability: tuple[int, int] | None = None) -> int:
     """The largest micro-batch (up to `limit`, default the effective batch) whose estimated
     `reserved` memory fits `budget_bytes`; 0 when not even 1 does. Memory grows with the
     micro-batch, so a bisection finds it."""
@@ -344,7 +349,7 @@ def largest_micro_batch(cfg: Config, budget_bytes: int, device_type: str = "cuda
     lo = 0
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if estimate(cfg, device_type, mid).reserved <= budget_bytes:
+        if estimate(cfg, device_type, mid, compute_capability).reserved <= budget_bytes:
             lo = mid
         else:
             hi = mid - 1

@@ -43,7 +43,7 @@ def load(ckpt: Path, device: str = "auto") -> LoadedModel:
     from safetensors.torch import load_file
     from tokenizers import Tokenizer
 
-    from ..hardware.device import resolve_device, resolve_precision
+    from ..hardware.device import expands_kv, resolve_device, resolve_precision
     from ..model.gpt import GPT, shape_from_config
     from ..data.tokenizer import eos_id
 
@@ -58,6 +58,7 @@ def load(ckpt: Path, device: str = "auto") -> LoadedModel:
         precision = resolve_precision("auto", dev)
     # Built on the CPU and then moved, as the trainer does, so the rotary tables are the same numbers.
     model = GPT(shape_from_config(cfg)).to(dev)
+    model.expand_kv = expands_kv(cfg, dev, precision)  # a prompt's prefill is the training forward's attention
     try:
         model.load_state_dict(load_file(str(ckpt / WEIGHTS), device=str(dev)))
     except Exception as e:  # noqa: BLE001 - safetensors and torch each raise their own

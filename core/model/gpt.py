@@ -6,8 +6,15 @@ Architecture choices, and why:
   scale, and the export is a `Qwen3ForCausalLM` with `tie_word_embeddings = true`.
 * Pre-norm blocks with RMSNorm (no biases anywhere): the modern default, cheaper than LayerNorm.
 * Grouped-query attention: `n_kv_head` key/value heads shared by `n_head` query heads, computed by
-  `scaled_dot_product_attention(is_causal=True, enable_gqa=True)` with no mask. A materialised
-  mask or repeated K/V heads doubles attention's cost; this is where we beat transformers' path.
+  `scaled_dot_product_attention(is_causal=True, enable_gqa=True)` with no mask (a materialised mask
+  doubles attention's cost). Only some kernels share K/V heads themselves: flash and cuDNN in
+  bf16/fp16 from Ampere on, and the CPU's flash kernel. Elsewhere (fp32 on a GPU, fp16 before
+  Ampere) torch would fall without a word to the math kernel, whose (B, H, T, T) probabilities the
+  memory estimate never counted; there the trainer sets `expand_kv` (hardware/attention.py
+  decides), and K/V are repeated to the query's heads for the memory-efficient kernel, at
+  2·(n_head − n_kv_head)·head_dim more saved elements per token and layer, which fit.py counts.
+  A decoded token's query heads go in as rows of their K/V head instead: no kernel needs GQA for
+  that, and the cache is never repeated.
 * RMSNorm on queries and keys per head (QK-norm, as Qwen3), applied before rotary: keeps
   attention logits bounded, which lets Muon run hot learning rates without loss spikes.
 * Rotary position embedding in the non-interleaved (rotate-half) layout of Qwen3, computed in
@@ -129,10 +136,17 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(s.n_head * s.head_dim, s.d_model, bias=False)
         self.q_norm = RMSNorm(s.head_dim, s.norm_eps)
         self.k_norm = RMSNorm(s.head_dim, s.norm_eps)
+        self.expand_kv = False  # repeat K/V to the query's heads for kernels without GQA: GPT.expand_kv
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        q, k, v = self._qkv(x, cos, sin)
-        return self._out(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+        return self._out(self._causal(*self._qkv(x, cos, sin)))
+
+    def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.expand_kv:
+            # Cast before repeating, as decode does, so only the low-precision copy is made (and saved).
+            groups = self.n_head // self.n_kv_head
+            k, v = k.to(v.dtype).repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:
         q, k, v = self._qkv(x, cos, sin)
@@ -142,8 +156,14 @@ class Attention(nn.Module):
         # QK-norm leaves k in float32 under autocast, which SDPA would cast to v's dtype anyway: cast
         # the new token's k once here, not the whole cache at every step.
         k, v = cache.write(layer, k.to(v.dtype), v)
-        # The prompt attends causally within itself; a single new token attends to every cached position.
-        return self._out(F.scaled_dot_product_attention(q, k, v, is_causal=prefill, enable_gqa=True))
+        if prefill:  # the prompt attends causally within itself, as in training
+            return self._out(self._causal(q, k, v))
+        # A single new token attends to every cached position. Its query heads that share a K/V head
+        # go in as that head's rows of queries, (B, H_kv, H / H_kv, D): no kernel needs GQA then, so
+        # none falls to the math kernel, and the cache is never repeated to the query's heads.
+        B, _, _, D = q.shape
+        grouped = q.reshape(B, self.n_kv_head, self.n_head // self.n_kv_head, D)
+        return self._out(F.scaled_dot_product_attention(grouped, k, v).reshape(B, self.n_head, 1, D))
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         B, T, _ = x.shape
@@ -198,6 +218,18 @@ class GPT(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.activation_checkpointing = False  # a training choice, not part of the shape: the trainer sets it
         self.reset_parameters()
+
+    @property
+    def expand_kv(self) -> bool:
+        """Whether attention repeats K/V to the query's heads (hardware/attention.py says when): a
+        choice of the device, like activation checkpointing, so neither the shape nor checkpoints
+        change with it. A plain bool per layer, which torch.compile treats as a constant."""
+        return self.layers[0].self_attn.expand_kv
+
+    @expand_kv.setter
+    def expand_kv(self, on: bool) -> None:
+        for layer in self.layers:
+            layer.self_attn.expand_kv = on
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

@@ -19,6 +19,7 @@ from ..config import Config
 from ..data import batches
 from ..data.cache import TokenData
 from ..hardware import fit
+from ..hardware.device import compute_capability
 from ..model.gpt import GPT, shape_from_config
 
 
@@ -95,7 +96,8 @@ def fit_micro_batch(trainer: Fitting, memory: CudaMemory | HostMemory) -> int | 
     effective = t.micro_batch_size * t.grad_accum_steps
     # Estimated at the precision "auto" became here (fp16 on cards without bf16 keeps the plain loss).
     resolved = dataclasses.replace(trainer.cfg, training=dataclasses.replace(t, precision=trainer.precision))
-    estimated = fit.largest_micro_batch(resolved, memory.budget(), trainer.device.type)
+    estimated = fit.largest_micro_batch(resolved, memory.budget(), trainer.device.type,
+                                        compute_capability=compute_capability(trainer.device))
     tried: list[int] = []
 
     def attempt(n: int) -> bool:
@@ -162,14 +164,18 @@ def out_of_memory_message(trainer: Fitting, error: str, doing: str = "training")
     return fit.out_of_memory_message(cfg, step, error, name, total, peak, trainer.saved_step, doing)
 
 
-def saved_bytes_per_token(cfg, device: str, compiled: bool, amp_dtype: torch.dtype | None) -> float:
+def saved_bytes_per_token(cfg, device: str, compiled: bool, amp_dtype: torch.dtype | None,
+                          expand_kv: bool = False) -> float:
     """What autograd keeps for backward from one training forward of `cfg`'s model, per token: the
     bytes of every distinct storage saved at micro-batch 2 less those at micro-batch 1, so what
     does not grow with the batch (weights, their casts, the rotary tables) cancels. What
-    fit.layer_activation_bytes and fit.head_activation_bytes count (and, compiled, the logits)."""
+    fit.layer_activation_bytes and fit.head_activation_bytes count (and, compiled, the logits).
+    `expand_kv`: attention repeats K/V to the query's heads (GPT.expand_kv), as where no kernel
+    takes grouped-query attention."""
     T, dev = cfg.training.seq_len, torch.device(device)
     torch.manual_seed(0)
     model = GPT(shape_from_config(cfg)).to(dev)
+    model.expand_kv = expand_kv
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def saved(B: int) -> int:

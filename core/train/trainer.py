@@ -26,6 +26,7 @@ from ..data.cache import TokenData
 from ..data.prepare import prepare
 from ..hardware import fit
 from ..hardware.device import autocast_dtype, device_uuids, memory_stats, peak_flops, resolve_device, resolve_precision
+from ..hardware.device import attention_header, expands_kv
 from ..model import sampling
 from ..model.gpt import GPT, shape_from_config
 from ..run.checkpoints import checkpoint_config, tokenizer_file
@@ -96,6 +97,7 @@ class Trainer:
         # Initialised on CPU and then moved, so a seed gives the same weights on any device (and rank).
         self.model = GPT(shape_from_config(cfg)).to(self.device)
         self.model.activation_checkpointing = cfg.training.activation_checkpointing
+        self.model.expand_kv = expands_kv(cfg, self.device, self.precision)
         # DDP or FSDP around the model (itself for one process); sharding comes before the
         # optimizers, which must hold the sharded parameters.
         self.wrapped = self.group.wrap(self.model)
@@ -118,6 +120,7 @@ class Trainer:
         self.log(f"model: {self.n_params:,} parameters, {m.n_layer} layers, d_model {m.d_model}, "
                  f"{m.n_head} heads / {m.n_kv_head} kv heads; device {self.device}, precision {self.precision}, "
                  f"compile {'on' if cfg.training.compile else 'off'}, {cfg.tokens_per_step:,} tokens/step{procs}")
+        self.log(attention_header(cfg, self.device, self.precision))
         devices = g.local_devices(self.device)
         self.emit(P.RunStarted(str(self.run_dir), cfg.to_dict(), self.n_params, str(self.device),
                                self.precision, self.step, cfg.training.max_steps, cfg.tokens_per_step,
