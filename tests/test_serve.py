@@ -209,7 +209,7 @@ def test_a_browser_opens_the_launch_screen_and_drives_it_with_keys(serve, open_c
     page.get_by_text("Session ended.").wait_for(state="visible")
     wait_until(lambda: not served.cockpits(), 30, "the cockpit's exit")
     assert served.proc.poll() is None
-    assert "a cockpit opened for 127.0.0.1" in served.stdout
+    served.expect("a cockpit opened for 127.0.0.1")
 
 
 def test_ctrl_c_ends_every_cockpit_and_the_server_cleanly(serve, open_cockpit):
@@ -245,7 +245,8 @@ def test_by_default_it_listens_on_loopback_only(serve):
     listening = {c.laddr.ip for c in psutil.net_connections(kind="inet")
                  if c.pid == served.proc.pid and c.status == psutil.CONN_LISTEN}
     assert listening == {"127.0.0.1"}
-    assert f"ssh -N -L {port}:127.0.0.1:{port} " in served.stdout and f"http://localhost:{port}" in served.stdout
+    served.expect(f"ssh -N -L {port}:127.0.0.1:{port} ")  # the banner's tunnel line, then the URL
+    served.expect(f"then open        http://localhost:{port}\n")
     outward = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
                if a.family == socket.AF_INET and not a.address.startswith("127.")]
     for address in outward:  # where the machine has an outward address, nothing answers there
