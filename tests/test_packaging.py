@@ -5,10 +5,14 @@ commands run from it."""
 from __future__ import annotations
 
 import os
+import select
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -100,3 +104,29 @@ def test_a_regular_install_opens_the_cockpit_and_runs_the_readme_commands(instal
     assert chat.returncode == 0 and chat.stdout.startswith("def "), chat.stderr
     exported = run("export", "run", "hf")
     assert exported.returncode == 0 and (tmp_path / "hf" / "config.json").is_file(), exported.stderr
+
+
+def test_a_regular_install_serves_the_cockpit_page_with_textual_serves_front_end(installed, tmp_path):
+    """`lmcockpit serve` from the wheel: the page and the script it loads come from the installed
+    textual-serve (its static files ship in its own wheel; none of ours need package data)."""
+    site, env = installed
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    served = subprocess.Popen([sys.executable, str(site / "bin" / "lmcockpit"), "serve", "--port", str(port)],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert select.select([served.stdout], [], [], 120)[0], "no banner in 120 s"
+        banner = served.stdout.readline()
+        assert banner.startswith(f"lmcockpit serve: the cockpit on http://127.0.0.1:{port} "), served.stderr.read()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as page:
+            assert 'data-session-websocket-url="ws://127.0.0.1:' in page.read().decode()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/static/js/textual.js", timeout=30) as script:
+            assert script.status == 200 and len(script.read()) > 100_000  # xterm.js and textual-serve's client
+    finally:
+        served.send_signal(signal.SIGINT)
+        try:
+            served.wait(30)
+        finally:
+            served.kill()
+            served.communicate()

@@ -42,6 +42,7 @@ class Command:
 GROUPS = ("train", "data", "models", "machine", "help")
 
 COMMANDS: dict[str, Command] = {c.name: c for c in (
+    Command("serve", "lmcockpit.tui.serve", "train", "the cockpit in a web browser, through an SSH tunnel"),
     Command("data", "lmcockpit.tui.data", "data", "token caches: prepare, info (a preset's data too), rm"),
     Command("chat", "lmcockpit.tui.chat", "models", "sample from a trained model, at a prompt or once"),
     Command("export", "lmcockpit.tui.export", "models", "write a checkpoint as a Hugging Face model folder"),

@@ -1,0 +1,317 @@
+"""`lmcockpit serve`: the real command in a subprocess, and a real browser (the system's Chromium,
+driven by Playwright) that opens the launch screen and drives it with keys; what it binds, what it
+refuses, and that neither a stopped nor a killed server leaves a cockpit running.
+
+The terminal in the page is drawn on a canvas, so its text is read from xterm.js's own screen
+buffer: the page's script, as served, is given one hook that names its terminal
+(`window.lmcockpitTerminal`). Every wait is on the screen, the page or the processes, never a sleep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+CHROMIUM_MISSING = ("no `chromium` on PATH: the browser test needs the system's Chromium "
+                    "(apt-get install chromium; .ci/run installs it)")
+# textual-serve's front end keeps its xterm.js Terminal as `this.terminal`; the hook also names it.
+TERMINAL_CREATED = "this.terminal=new "
+SCREEN_TEXT = """() => {
+  const t = window.lmcockpitTerminal;
+  if (!t) return "";
+  const b = t.buffer.active, rows = [];
+  for (let y = 0; y < b.length; y++) rows.push(b.getLine(y).translateToString(true));
+  return rows.join("\\n");
+}"""
+WAIT_MS = 60_000  # a cockpit's first screen takes seconds; on 2 busy cores, more
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """`lmcockpit serve ARGS` running in `cwd`, its stdout and stderr read as they come."""
+
+    def __init__(self, *args: str, cwd: Path):
+        # A session of its own: cleanup can end the server and every cockpit it started, and nothing else.
+        self.proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "serve", *args], cwd=cwd,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        self.out, self.err, self.closed = [], [], 0
+        self.changed = threading.Condition()
+        self.readers = [threading.Thread(target=self._read, args=(stream, into), daemon=True)
+                        for stream, into in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for reader in self.readers:
+            reader.start()
+
+    def _read(self, stream, into: list[str]) -> None:
+        for line in stream:
+            with self.changed:
+                into.append(line)
+                self.changed.notify_all()
+        with self.changed:
+            self.closed += 1  # at 2, both streams have ended: it has exited, nothing more will come
+            self.changed.notify_all()
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.out)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.err)
+
+    def expect(self, text: str, timeout: float = 60, stderr: bool = False) -> None:
+        """Wait until `text` has come on stdout (on stderr with `stderr`)."""
+        def seen() -> bool:
+            return text in (self.stderr if stderr else self.stdout)
+        with self.changed:
+            if not self.changed.wait_for(lambda: seen() or self.closed == 2, timeout):
+                raise AssertionError(f"no {text!r} in {timeout}s: {self.stdout[-600:]!r} {self.stderr[-600:]!r}")
+        assert seen(), f"exited ({self.proc.wait()}) before {text!r}: {self.stderr[-1500:]!r}"
+
+    def cockpits(self) -> list[psutil.Process]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return psutil.Process(self.proc.pid).children()  # each cockpit is the server's own child
+        return []
+
+    def wait(self, timeout: float = 60) -> int:
+        code = self.proc.wait(timeout)
+        for reader in self.readers:
+            reader.join(timeout=10)
+        return code
+
+    def close(self) -> None:
+        """Stop it as Ctrl-C would, then make sure: the server and whatever it started."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its session: the cockpits and their engines too
+        self.proc.wait()
+
+
+@pytest.fixture
+def serve(tmp_path):
+    started: list[Served] = []
+
+    def start(*args: str, ready: bool = True) -> Served:
+        started.append(Served(*args, cwd=tmp_path))
+        if ready:
+            started[-1].expect("lmcockpit serve: the cockpit on")
+        return started[-1]
+    yield start
+    for served in started:
+        served.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.fail(CHROMIUM_MISSING)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium, headless=True)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+def hooked_script(port: int) -> str:
+    """textual-serve's script as the server serves it, with its terminal also named on `window`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/static/js/textual.js", timeout=30) as response:
+        script = response.read().decode()
+    assert script.count(TERMINAL_CREATED) == 1, f"textual-serve's front end no longer says {TERMINAL_CREATED!r}"
+    return script.replace(TERMINAL_CREATED, "this.terminal=window.lmcockpitTerminal=new ")
+
+
+@pytest.fixture
+def open_cockpit(browser):
+    """Open the cockpit at a port in a new tab; returns the page once the launch screen is drawn."""
+    contexts = []
+
+    def open_(port: int):
+        contexts.append(browser.new_context(viewport={"width": 1280, "height": 800}))
+        page = contexts[-1].new_page()
+        page.set_default_timeout(WAIT_MS)
+        script = hooked_script(port)
+        page.route("**/static/js/textual.js", lambda route: route.fulfill(body=script, content_type="text/javascript"))
+        page.route(re.compile(r"^https?://(?!localhost|127\.0\.0\.1)"), lambda route: route.abort())  # offline
+        page.goto(f"http://localhost:{port}/", wait_until="domcontentloaded")
+        wait_for_screen(page, "presets · Enter launches")
+        return page
+    yield open_
+    for context in contexts:
+        context.close()
+
+
+def screen(page) -> str:
+    return page.evaluate(SCREEN_TEXT)
+
+
+def wait_for_screen(page, text: str, gone: bool = False) -> None:
+    try:
+        page.wait_for_function(f"text => ({SCREEN_TEXT})().includes(text) === {'false' if gone else 'true'}", arg=text)
+    except Exception as e:
+        raise AssertionError(f"{text!r} {'still' if gone else 'never'} on screen:\n{screen(page)}") from e
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    """Poll a process's state (nothing to wait on: it is another process's exit)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not within {timeout}s"
+        time.sleep(0.1)
+
+
+# ------------------------------------------------------------------------------ in a browser
+def test_a_browser_opens_the_launch_screen_and_drives_it_with_keys(serve, open_cockpit):
+    port = free_port()
+    served = serve("--port", str(port))
+    page = open_cockpit(port)
+    text = screen(page)
+    assert "settings · cpu" in text and re.search(r"│ debug\s", text), text  # the shipped presets, cpu selected
+    assert len(served.cockpits()) == 1  # the tab's own cockpit process
+
+    page.locator(".xterm-helper-textarea").focus()  # where xterm.js takes keys, as a click on the page gives it
+    page.keyboard.press("ArrowDown")
+    wait_for_screen(page, "settings · cpu", gone=True)  # the next preset's settings
+    assert re.search(r"settings · (?!cpu)\S+", screen(page)), screen(page)
+    page.keyboard.press("ArrowUp")
+    wait_for_screen(page, "settings · cpu")
+    page.keyboard.press("?")
+    wait_for_screen(page, "Esc closes this help")
+    page.keyboard.press("Escape")
+    wait_for_screen(page, "Esc closes this help", gone=True)
+
+    page.keyboard.press("q")  # quits this cockpit; the server goes on for the next tab
+    page.get_by_text("Session ended.").wait_for(state="visible")
+    wait_until(lambda: not served.cockpits(), 30, "the cockpit's exit")
+    assert served.proc.poll() is None
+    served.expect("a cockpit opened for 127.0.0.1")
+
+
+def test_ctrl_c_ends_every_cockpit_and_the_server_cleanly(serve, open_cockpit):
+    port = free_port()
+    served = serve("--port", str(port))
+    page = open_cockpit(port)
+    cockpits = served.cockpits()
+    assert cockpits
+    served.proc.send_signal(signal.SIGINT)
+    assert served.wait(20) == 0  # each cockpit told to quit at once (aiohttp alone waits ~25 s for open tabs)
+    page.get_by_text("Session ended.").wait_for(state="visible")
+    assert not [p for p in cockpits if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert "Traceback" not in served.stdout + served.stderr, served.stdout + served.stderr
+    assert served.stderr == ""
+
+
+def test_a_killed_server_takes_its_cockpits_with_it(serve, open_cockpit):
+    port = free_port()
+    served = serve("--port", str(port))
+    open_cockpit(port)
+    cockpits = served.cockpits()
+    assert cockpits
+    served.proc.kill()  # no chance to tell them to quit: each quits on its own (serve_session.py)
+    served.wait(30)
+    wait_until(lambda: not [p for p in cockpits if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 30,
+               "the cockpit's exit after its server was killed")
+
+
+# ------------------------------------------------------------------------ what it listens on
+def test_by_default_it_listens_on_loopback_only(serve):
+    port = free_port()
+    served = serve("--port", str(port))
+    listening = {c.laddr.ip for c in psutil.net_connections(kind="inet")
+                 if c.pid == served.proc.pid and c.status == psutil.CONN_LISTEN}
+    assert listening == {"127.0.0.1"}
+    served.expect(f"ssh -N -L {port}:127.0.0.1:{port} ")  # the banner's tunnel line, then the URL
+    served.expect(f"then open        http://localhost:{port}\n")
+    outward = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+               if a.family == socket.AF_INET and not a.address.startswith("127.")]
+    for address in outward:  # where the machine has an outward address, nothing answers there
+        with pytest.raises(ConnectionRefusedError), socket.create_connection((address, port), timeout=10):
+            pass
+    assert served.stderr == ""  # no warning on loopback
+
+
+def test_another_host_is_served_with_a_warning_that_there_is_no_login(serve):
+    port = free_port()
+    served = serve("--host", "0.0.0.0", "--port", str(port))
+    served.expect("can drive the cockpit", stderr=True)
+    assert served.stderr.startswith("warning: listening on 0.0.0.0: textual-serve has no login")
+    assert f"anyone who can reach port {port} can drive the cockpit" in served.stderr
+    served.proc.send_signal(signal.SIGINT)
+    assert served.wait(30) == 0
+
+
+def test_a_taken_port_is_named_with_what_to_do(serve):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        served = serve("--port", str(port), ready=False)
+        assert served.wait(60) == 2
+    assert served.stderr == (f"error: port {port} is taken on 127.0.0.1 (another `lmcockpit serve`, or another "
+                             f"server): pick a free one with --port N\n")
+    assert served.stdout == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "0"], "--port 0: expected a port number, 1 to 65535"),
+    (["--host", "no-such-host.invalid"], "--host no-such-host.invalid: not an address of this machine"),
+])
+def test_a_port_or_host_it_cannot_listen_on_is_a_usage_error(serve, args, message):
+    served = serve(*args, ready=False)
+    assert served.wait(60) == 2
+    assert served.stderr.startswith(f"error: {message}") and "Traceback" not in served.stderr
+
+
+# ------------------------------------------------------------------- what the page may reach
+def get(port: int, path: str = "/", **headers: str) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+WEBSOCKET = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+             "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+
+
+def test_the_page_follows_the_browsers_address_and_other_sites_are_refused(serve):
+    port = free_port()
+    served = serve("--port", str(port))
+    # Through `ssh -L 9000:127.0.0.1:PORT` the browser asks for localhost:9000: the page's own URLs say so.
+    status, page = get(port, Host="localhost:9000")
+    assert status == 200
+    assert 'data-session-websocket-url="ws://localhost:9000/ws"' in page and "http://localhost:9000/static/" in page
+    # Another site's page opening the WebSocket, or reaching loopback through its own name.
+    status, why = get(port, "/ws", Host=f"localhost:{port}", Origin="http://evil.example", **WEBSOCKET)
+    assert (status, why) == (403, "refused: a WebSocket from http://evil.example; only this server's own page "
+                                  "may open one")
+    assert get(port, "/ws", Host=f"evil.example:{port}", Origin=f"http://evil.example:{port}", **WEBSOCKET)[0] == 403
+    assert get(port, Host=f"evil.example:{port}")[0] == 403
+    assert not served.cockpits()  # none of them started one
