@@ -110,6 +110,16 @@ class Failure:
     user_error: bool = False  # a mistake in the input (bad data path, corpus too small): exit 2
 
 
+@dataclass(frozen=True)
+class Catchup:
+    """From a run host to one viewer: read the run's history from its folder (metrics.jsonl,
+    train.log), then apply `snapshot` (the latest RunStarted, StateChanged and Progress), then
+    live events. Sent on attaching and after the viewer fell behind and events for it were dropped."""
+    reason: str  # "attached" | "lagged"
+    snapshot: tuple = ()
+    viewers: int = 1
+
+
 FAILED_LINE = "engine: run failed: "  # how train.log records a failure; the front-ends say it their way
 
 

@@ -29,6 +29,8 @@ def isolated_cache(tmp_path_factory) -> Path:
     """Every test (and every engine process they start) shares one token cache of its own."""
     cache = tmp_path_factory.mktemp("xdg-cache")
     os.environ["XDG_CACHE_HOME"] = str(cache)
+    # The registry of runs training in the background (core/process/live.py): the tests' own.
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("xdg-state"))
     return cache / "lmcockpit"
 
 

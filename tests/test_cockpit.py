@@ -83,10 +83,13 @@ def dashboard(app) -> DashboardScreen:
 async def training_cockpit(tmp_path: Path, size=(120, 40)):
     """The cockpit on a long shrunk-cpu run, yielded once training is under way: (app, pilot, dashboard)."""
     app = CockpitApp(request(tmp_path, "training.max_steps=100000"), telemetry=False)
-    async with app.run_test(size=size) as pilot:
-        dash = dashboard(app)
-        await wait_for(pilot, lambda: dash.view.step >= 2, what="training to start")
-        yield app, pilot, dash
+    try:
+        async with app.run_test(size=size) as pilot:
+            dash = dashboard(app)
+            await wait_for(pilot, lambda: dash.view.step >= 2, what="training to start")
+            yield app, pilot, dash
+    finally:
+        app.stop_runs(timeout=60)  # leaving the cockpit leaves a run training: the test's must stop
 
 
 async def test_pause_checkpoint_resume(tmp_path):
@@ -113,7 +116,7 @@ async def test_pause_checkpoint_resume(tmp_path):
         assert app.screen is dash
         await wait_for(pilot, lambda: dash.view.state == P.ABORTED, what="the run to end as aborted")
         dash.engine.join(timeout=30)
-        assert not dash.engine.process.is_alive() and dash.engine.process.exitcode == 0
+        assert not dash.engine.host_alive and dash.engine.exitcode == 0
         assert dash.view.step >= paused_at + 4
         # the checkpoint asked for with c is still the only one: the stop wrote none
         checkpoints = tmp_path / "run" / "checkpoints"
@@ -143,7 +146,7 @@ async def test_quit_with_a_run_going_asks_then_stops_it_with_a_checkpoint(tmp_pa
         await pilot.press("enter")
         await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
     dash.engine.join(timeout=30)
-    assert dash.engine.process.exitcode == 0
+    assert dash.engine.exitcode == 0
     assert latest_checkpoint(tmp_path / "run") is not None
 
 
@@ -321,7 +324,7 @@ async def test_after_a_run_ends_b_goes_back_to_the_launch_screen_which_lists_it(
         await pilot.press("q")
     assert app.return_code == 0
     dash.engine.join(timeout=30)
-    assert dash.engine.process.exitcode == 0
+    assert dash.engine.exitcode == 0
 
 
 def test_started_on_a_run_b_opens_the_launch_screen_and_the_exit_prints_the_run_folder(tmp_path, capsys):
@@ -342,7 +345,7 @@ def test_started_on_a_run_b_opens_the_launch_screen_and_the_exit_prints_the_run_
         await pilot.press("q")
 
     app.run(headless=True, size=(80, 24), auto_pilot=user)
-    app.stop_engines(timeout=30)
+    app.stop_runs(timeout=30)
     assert "b Back to launch" in seen["footer"], seen
     assert seen["screens"][1:] == ["LaunchScreen"], seen  # the dashboard closed, not left under it
     assert seen["runs"] == [str(tmp_path / "run")]
@@ -476,9 +479,10 @@ async def test_r_on_the_launch_screen_resumes_a_stopped_run_in_place(trained_run
         dash = dashboard(app)
         await wait_for(pilot, lambda: dash.view.state in P.TERMINAL_STATES, timeout=180, what="the run to end")
         assert dash.view.state == P.FINISHED, dash.engine.failure
-        assert dash.view.start_step == 6 and dash.view.steps == list(range(7, 13))
+        # The whole run's curve: steps 1-6 from its folder's metrics, 7-12 trained now.
+        assert dash.view.start_step == 6 and dash.view.steps == list(range(1, 13))
         dash.engine.join(timeout=30)
-        assert dash.engine.process.exitcode == 0 and dash.engine.run_dir == stopped
+        assert dash.engine.exitcode == 0 and dash.engine.run_dir == stopped
     assert [r["step"] for r in read_metrics(stopped, "step")] == list(range(1, 13))
     assert latest_checkpoint(stopped).name == "step_000012"
 
@@ -507,7 +511,7 @@ async def test_a_cuda_graph_mode_launches_from_the_cockpit_in_one_process(tmp_pa
         await wait_for(pilot, lambda: dash.view.state in P.TERMINAL_STATES, timeout=180, what="the run to end")
         assert dash.view.state == P.FINISHED and dash.view.step == 12, dash.engine.failure
         dash.engine.join(timeout=30)
-        assert dash.engine.process.exitcode == 0
+        assert dash.engine.exitcode == 0
     log = (dash.engine.run_dir / "train.log").read_text()
     assert re.search(r"^model: .*, compile on, [\d,]+ tokens/step$", log, re.M), log  # one process says no "N processes"
     assert not re.search(r"^(rank\d+|launcher): ", log, re.M)

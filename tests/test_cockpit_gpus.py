@@ -230,7 +230,7 @@ async def test_p_cycles_processes_through_the_gpus_into_the_launched_run(tmp_pat
         assert dash.view.state == P.FINISHED and dash.view.step == 3, dash.engine.failure
         assert "2 procs" in text(dash.query_one("#state", Panel).content)
         dash.engine.join(timeout=60)
-        assert dash.engine.process.exitcode == 0
+        assert dash.engine.exitcode == 0
     log = (dash.engine.run_dir / TRAIN_LOG).read_text()
     for rank in (0, 1):
         assert re.search(rf"^rank{rank}: model: .* 2 processes \(ddp\)$", log, re.M), log

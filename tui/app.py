@@ -2,6 +2,11 @@
 
 It never imports torch: the engine process owns it, and hardware readings come from NVML and
 psutil in this process. The launch screen starts runs; each run gets a dashboard.
+
+Every run it starts goes through a run host (core/process/host.py), in a session of its own, and
+the cockpit is one of the host's viewers: leaving the cockpit (d, the quit dialog's "leave it
+training", a closed terminal) leaves the run training, and `lmcockpit attach` comes back to it.
+Only the quit dialog's "stop" (or the abort dialog) stops a run.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ from textual.app import App
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import Config, ConfigError
 from lmcockpit.core.hardware.telemetry import Telemetry
+from lmcockpit.core.process import host
 from lmcockpit.core.process.rendezvous import Rendezvous
-from lmcockpit.core.process.runner import EngineProcess
+from lmcockpit.core.process.viewer import NotLive, RunViewer
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.core.run.resume import plan_resume
 from lmcockpit.tui.runplan import RunPlan
@@ -28,13 +34,14 @@ class CockpitApp(App):
     TITLE = "lmcockpit"
 
     def __init__(self, start: RunPlan | None = None, runs_root: Path = Path("runs"),
-                 telemetry: bool = True, clock=time.monotonic):
+                 telemetry: bool = True, clock=time.monotonic, attach: Path | None = None):
         super().__init__()
         self.start = start
+        self.attach_to = attach
         self.runs_root = runs_root
         self.telemetry = Telemetry() if telemetry else None
         self.clock = clock
-        self.engines: list[EngineProcess] = []
+        self.engines: list[RunViewer] = []  # the runs this cockpit watches (started here or attached to)
         self.dashboards: list[DashboardScreen] = []  # every run of this session, in order, kept after going back
         self.run_dirs: list[Path] = []  # their folders: the launch screen lists them wherever they are
 
@@ -52,25 +59,52 @@ class CockpitApp(App):
         lines = []
         for dash in self.dashboards:
             v = dash.view
-            how = (f"{v.state} at step {v.step}" if v.state in P.TERMINAL_STATES
-                   else f"stopping at step {v.step}, with a checkpoint")
+            if v.state in P.TERMINAL_STATES:
+                how = f"{v.state} at step {v.step}"
+            elif dash.stopping:
+                how = f"stopping at step {v.step}, with a checkpoint"
+            else:
+                how = f"training, at step {v.step}: lmcockpit attach {dash.engine.run_dir}"
             lines.append(f"run folder: {dash.engine.run_dir} ({how})")
         return "\n".join(lines)
 
     def on_mount(self) -> None:
         if self.start is not None:
             self.start_run(self.start)
+        elif self.attach_to is not None:
+            self.attach(self.attach_to)
         else:
             self.push_screen(self.launch_screen())
 
     def launch_screen(self) -> LaunchScreen:
         return LaunchScreen(self.runs_root, self.telemetry, self.run_dirs)
 
-    def start_run(self, request: RunPlan) -> DashboardScreen:
-        engine = EngineProcess(request.cfg, request.run_dir, request.resume_from, request.rendezvous)
-        engine.start()
+    def start_run(self, request: RunPlan) -> DashboardScreen | None:
+        try:
+            process = host.start(request.run_dir, request.resume_from, request.rendezvous)
+            viewer = RunViewer(request.run_dir, process)
+        except (host.HostError, NotLive) as e:
+            self.no_run(str(e))
+            return None
+        return self.watch(viewer, request.title)
+
+    def attach(self, run_dir: Path) -> DashboardScreen | None:
+        """A dashboard on a run that a host serves (started here earlier, elsewhere, or by --detach)."""
+        try:
+            viewer = RunViewer(run_dir)
+        except NotLive as e:
+            self.no_run(str(e))
+            return None
+        return self.watch(viewer, Path(run_dir).name)
+
+    def no_run(self, why: str) -> None:
+        self.notify(why, severity="error", timeout=10)
+        if not self.screen_stack or len(self.screen_stack) == 1:  # nothing else to show: the launch screen
+            self.push_screen(self.launch_screen())
+
+    def watch(self, engine: RunViewer, title: str) -> DashboardScreen:
         self.engines.append(engine)
-        screen = DashboardScreen(engine, request.title, self.clock, self.telemetry)
+        screen = DashboardScreen(engine, title, self.clock, self.telemetry)
         self.dashboards.append(screen)
         if engine.run_dir not in self.run_dirs:
             self.run_dirs.append(engine.run_dir)
@@ -108,19 +142,15 @@ class CockpitApp(App):
         self.start_run(RunPlan(plan.cfg, plan.run_dir, plan.checkpoint, Path(run).name))
 
     def on_unmount(self) -> None:
-        """However the app ends, no run is left training unseen: each one checkpoints and stops."""
-        from lmcockpit.core import protocol as P
-
+        """However the app ends, the runs go on (their hosts serve them): it only lets go of them."""
         for engine in self.engines:
-            engine.send(P.Abort(save=True, interrupted=True))
+            engine.close()
 
-    def stop_engines(self, timeout: float = 120) -> None:
-        """After the app closes: any run still going is stopped with a checkpoint, never abandoned."""
-        from lmcockpit.core import protocol as P
-
+    def stop_runs(self, timeout: float = 120) -> None:
+        """Stop every run this cockpit watched that is still going, with a checkpoint, and wait for
+        their hosts to end: what tests do after the app, and what "stop" in the quit dialog does."""
         for engine in self.engines:
-            if engine.process.is_alive():
+            if engine.host_alive:
                 engine.send(P.Abort(save=True, interrupted=True))
         for engine in self.engines:
             engine.join(timeout)
-            engine.kill()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from lmcockpit import __version__
 from lmcockpit.core.config import ConfigError, load_config, shipped_presets
+from lmcockpit.core.process import live
 from lmcockpit.core.process.rendezvous import Rendezvous
 from lmcockpit.core.run.folder import CONFIG, LOCK, METRICS, TRAIN_LOG, create_run_dir
 from lmcockpit.core.run.resume import plan_resume
@@ -27,6 +28,7 @@ from lmcockpit.tui.usage import Parser, UsageError, error
 
 # The bare command's two forms, listed in `--help` under "train" before that group's commands.
 TRAIN_FORMS = {"[PRESET]": "the cockpit; with PRESET, that run starts at once",
+               "PRESET --detach": "start that run in the background (lmcockpit attach)",
                "--run PRESET": "train headless: a live line, or plain lines when piped"}
 
 EXAMPLES = """\
@@ -69,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue a run folder in place (from its latest checkpoint), or a checkpoint folder "
                         "into a new run folder").completer = completers.run_folders
     t.add_argument("--gpu", metavar="N", type=int, help="train on GPU N (same as --set hardware.device=\"cuda:N\")")
+    t.add_argument("--detach", action="store_true",
+                   help="start the run in the background, with no cockpit: `lmcockpit attach` shows it")
     d = p.add_argument_group("several processes (torchrun)")
     d.add_argument("--nproc", metavar="N", type=int,
                    help="train with N processes on this machine, one per GPU, through torchrun (same as --set "
@@ -129,6 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from lmcockpit.tui.headless import Headless
 
     plan = plan_run(args, args.run or args.preset)
+    live.forget(plan.run_dir)  # a run whose host died, resumed here: no longer listed as dead
     engine = EngineProcess(plan.cfg, plan.run_dir, plan.resume_from, plan.rendezvous)
     code = Headless(engine, plan.cfg.training.log_every).run()
     if code == 2 and plan.resume_from is None and plan.cfg.distributed.nnodes == 1:
@@ -155,12 +160,25 @@ def cmd_cockpit(args: argparse.Namespace) -> int:
     start = None
     if args.preset or args.resume:
         start = plan_run(args, args.preset)
+    if args.detach:
+        return start_detached(start)
     app = CockpitApp(start)
-    try:
-        app.run()
-    finally:
-        app.stop_engines()
+    app.run()  # runs left training go on: each has a host of its own
     return app.return_code or 0
+
+
+def start_detached(plan: RunPlan | None) -> int:
+    from lmcockpit.core.process import host
+
+    if plan is None:
+        raise UsageError("--detach starts a run: give a preset (or --resume RUN)")
+    try:
+        host.start(plan.run_dir, plan.resume_from, plan.rendezvous)
+    except host.HostError as e:
+        return error(str(e))
+    print(f"run folder: {plan.run_dir}\ntraining in the background: `lmcockpit attach {plan.run_dir}` shows it, "
+          "`lmcockpit ps` lists every run")
+    return 0
 
 
 def refuse_mistyped_command(word: str) -> None:
@@ -198,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.run and args.preset:
             raise UsageError(f"give the preset once: either `lmcockpit {args.preset}` or `--run {args.run}`")
         if args.run is not None:
+            if args.detach:
+                raise UsageError("--run trains in this terminal and --detach in the background: give one")
             return cmd_run(args)
         return cmd_cockpit(args)
     except (UsageError, ConfigError) as e:

@@ -20,7 +20,7 @@ from textual.widgets import Footer, Input, ProgressBar, RichLog, Static
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.hardware.telemetry import Reading, Telemetry, find_gpu, run_gpu_indices
-from lmcockpit.core.process.runner import EngineProcess
+from lmcockpit.core.process.viewer import RunViewer
 from lmcockpit.tui.bridge import EngineEvents, drain
 from lmcockpit.tui.runview import RunView
 from lmcockpit.tui.screens.dialogs import AbortDialog, HelpScreen, QuitDialog
@@ -41,6 +41,7 @@ class DashboardScreen(Screen):
         ("a", "abort", "Abort"),
         ("l", "log_scale", "Log scale"),
         ("t", "chat", "Chat"),
+        ("d", "detach", "Detach"),
         # Esc reaches the screen from the chat prompt too (the prompt takes every other key)
         Binding("escape", "leave_chat", "Chat: leave the prompt, then close", show=False),
         # once the run has ended (p, c and a then leave the footer): back to the launch screen
@@ -49,7 +50,7 @@ class DashboardScreen(Screen):
         ("q", "quit_run", "Quit"),
     ]
 
-    def __init__(self, engine: EngineProcess | None, title: str, clock=time.monotonic,
+    def __init__(self, engine: RunViewer | None, title: str, clock=time.monotonic,
                  telemetry: Telemetry | None = None) -> None:
         super().__init__()
         self.engine = engine
@@ -67,6 +68,7 @@ class DashboardScreen(Screen):
         self.gpu_panels: list[Panel] = []
         self.dirty = True
         self.quit_when_done = False
+        self.stopping = False  # this cockpit asked the run to stop: quitting does not leave it training
 
     # --------------------------------------------------------------------------------- layout
     def compose(self) -> ComposeResult:
@@ -229,7 +231,7 @@ class DashboardScreen(Screen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # the run's controls only while it runs; the way back only once it has ended
-        if action in ("toggle_pause", "checkpoint", "abort"):
+        if action in ("toggle_pause", "checkpoint", "abort", "detach"):
             return not self.ended
         if action == "back":
             return self.ended
@@ -251,8 +253,14 @@ class DashboardScreen(Screen):
         if self.running:
             self.app.push_screen(AbortDialog(), self.on_abort_choice)
 
+    def action_detach(self) -> None:
+        """Leave the cockpit; the run trains on, and `lmcockpit attach` comes back to it."""
+        if self.running:
+            self.app.exit()
+
     def on_abort_choice(self, choice: str | None) -> None:
         if choice in ("save", "nosave") and self.running:
+            self.stopping = True
             self.engine.send(P.Abort(save=choice == "save"))
             self.notify("stopping: " + ("writing a checkpoint first" if choice == "save" else "without saving"))
 
@@ -300,8 +308,10 @@ class DashboardScreen(Screen):
             return
         self.app.push_screen(QuitDialog(), self.on_quit_choice)
 
-    def on_quit_choice(self, stop: bool | None) -> None:
-        if stop and self.running:
-            self.quit_when_done = True
+    def on_quit_choice(self, choice: str | None) -> None:
+        if choice == "detach":
+            self.app.exit()
+        elif choice == "stop" and self.running:
+            self.quit_when_done = self.stopping = True
             self.engine.send(P.Abort(save=True))
             self.notify("stopping the run: writing a checkpoint, then quitting")

@@ -1,4 +1,4 @@
-"""Modal dialogs: abort (save or not), quit with a run in progress, and the key help."""
+"""Modal dialogs: abort (save or not), quit with a run in progress (stop it or leave it), and the key help."""
 
 from __future__ import annotations
 
@@ -26,17 +26,22 @@ class AbortDialog(ModalScreen[str | None]):
         self.dismiss(choice)
 
 
-class QuitDialog(ModalScreen[bool]):
-    BINDINGS = [("enter", "choose(True)", "Stop and quit"), ("escape", "choose(False)", "Cancel")]
+class QuitDialog(ModalScreen[str | None]):
+    """Enter: stop the run with a checkpoint, then quit. d: quit and leave it training (attach again
+    with `lmcockpit attach`). Esc: stay."""
+
+    BINDINGS = [("enter", "choose('stop')", "Stop and quit"), ("d", "choose('detach')", "Leave it training"),
+                ("escape", "choose(None)", "Cancel")]
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Static("[b]A run is in progress.[/b]\n\n"
                          "[b]Enter[/b]  stop it (writing a checkpoint) and quit\n"
+                         "[b]d[/b]      leave it training and quit (lmcockpit attach comes back)\n"
                          "[b]Esc[/b]    stay")
 
-    def action_choose(self, stop: bool) -> None:
-        self.dismiss(stop)
+    def action_choose(self, choice: str | None) -> None:
+        self.dismiss(choice)
 
 
 class HelpScreen(ModalScreen[None]):

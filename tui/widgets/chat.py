@@ -9,6 +9,7 @@ past checkpoint; it returns True once sent, else False or the reason it was not)
 from __future__ import annotations
 
 import itertools
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -42,6 +43,9 @@ class ChatPane(Vertical):
                          "seed": 0, **(settings or {})}
         self.history: dict[str, Exchange] = {}
         self.ids = itertools.count(1)
+        # Several cockpits may watch one run, and every SampleText reaches all of them: each pane
+        # knows its own requests by this prefix.
+        self.prefix = f"chat-{secrets.token_hex(3)}"
 
     def compose(self) -> ComposeResult:
         yield Static(id="chat-settings")
@@ -113,7 +117,7 @@ class ChatPane(Vertical):
                       + ") · /greedy TEXT · anything else is a prompt")
 
     def ask(self, prompt: str, **overrides: Any) -> None:
-        request_id = f"chat-{next(self.ids)}"
+        request_id = f"{self.prefix}-{next(self.ids)}"
         s = {**self.settings, **overrides}
         request = P.Sample(request_id, prompt, s["max_new_tokens"], s["temperature"], s["top_k"], s["seed"],
                            s["top_p"], s["num_samples"], s.get("greedy", False))

@@ -1,0 +1,302 @@
+"""The run host: owns a detachable run's engine, outlives every front-end, serves any number of viewers.
+
+`lmcockpit` (the cockpit) and `lmcockpit PRESET --detach` start runs through a host: a small
+torch-free process in a session of its own (so a closed terminal or a dropped SSH connection
+sends it no SIGHUP), which starts the engine exactly as a front-end would (runner.EngineProcess,
+multiprocessing queues) and stays its parent: the engine's "my front-end is gone" rule now means
+"the host is gone". The host serves the run on a Unix socket (live.py says where, and how a viewer
+proves it may attach):
+
+* every event goes to every viewer, through a queue of its own with a sending thread of its own:
+  a viewer that stops reading (a frozen SSH session) fills its queue and loses events, never
+  slows the others or training. Told `Catchup("lagged")`, it reads what it missed from the run
+  folder, where the engine wrote it anyway;
+* commands from any viewer go to the engine in the order they arrive; their effects come back
+  to every viewer as events;
+* a connection that does not present the run's key is refused, and the refusal logged.
+
+The handshake runs in the connection's own thread: a client that connects and says nothing holds
+up no one. Nothing listens on a network port.
+
+Headless `--run` keeps owning its engine directly: a signal there still checkpoints and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict
+from multiprocessing import AuthenticationError, connection
+from pathlib import Path
+
+from .. import protocol as P
+from ..config import config_from_dict, read_toml
+from ..run.folder import CONFIG, TRAIN_LOG
+from . import live
+from .rendezvous import Rendezvous
+from .runner import EngineProcess
+
+VIEWER_QUEUE = 4096  # events held for one viewer before it counts as fallen behind
+RECORD_EVERY = 1.0  # seconds between rewrites of live.json's summary
+HOST_LOG = "host.log"  # the host's own stdout and stderr: what went wrong before it could serve
+
+
+class HostError(Exception):
+    """The host could not start: the message carries the last it printed."""
+
+
+class Viewer:
+    """One attached front-end: events out through a bounded queue and a thread, commands in."""
+
+    def __init__(self, conn: connection.Connection, server: RunServer):
+        self.conn, self.server = conn, server
+        self.outbox: queue.Queue = queue.Queue(maxsize=VIEWER_QUEUE)
+        self.closed = False
+        self.sender = threading.Thread(target=self._send, name="viewer-send", daemon=True)
+        self.sender.start()
+        threading.Thread(target=self._receive, name="viewer-receive", daemon=True).start()
+
+    def offer(self, event: object) -> None:
+        try:
+            self.outbox.put_nowait(event)
+        except queue.Full:
+            # Behind by a whole queue: drop what it has not read and tell it to catch up from the
+            # run folder, which holds every step, evaluation and log line anyway.
+            with self.outbox.mutex:
+                self.outbox.queue.clear()
+            self.outbox.put_nowait(self.server.catchup("lagged"))
+            self.outbox.put_nowait(event)
+
+    def _send(self) -> None:
+        while True:
+            event = self.outbox.get()
+            if event is None:
+                break
+            try:
+                self.conn.send(event)
+            except (OSError, ValueError):
+                break
+        self.close()
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                command = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            self.server.on_command(command)
+        self.close()
+
+    def finish(self) -> None:
+        """Send what is queued, then close."""
+        try:
+            self.outbox.put(None, timeout=5)
+        except queue.Full:
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.conn.close()
+            self.server.forget_viewer(self)
+
+
+class RunServer:
+    def __init__(self, run_dir: Path, on_command, log):
+        self.run_dir = Path(run_dir)
+        self.on_command, self.log = on_command, log
+        self.key = live.new_key(self.run_dir)
+        self.path = live.socket_path(self.run_dir)
+        self.path.unlink(missing_ok=True)  # a dead host's
+        saved = os.umask(0o177)  # the socket file is 0600 from its first instant
+        try:
+            self.listener = connection.Listener(str(self.path), family="AF_UNIX")
+        finally:
+            os.umask(saved)
+        self.viewers: list[Viewer] = []
+        self.lock = threading.Lock()
+        self.snapshot: dict[type, object] = {}  # the latest RunStarted, StateChanged, Progress
+        self.closing = False
+        threading.Thread(target=self._accept, name="accept", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closing:
+            try:
+                conn = self.listener.accept()
+            except OSError:
+                break
+            threading.Thread(target=self._admit, args=(conn,), name="handshake", daemon=True).start()
+
+    def _admit(self, conn: connection.Connection) -> None:
+        try:
+            connection.deliver_challenge(conn, self.key)
+            connection.answer_challenge(conn, self.key)
+        except AuthenticationError:
+            self.log("refused a connection that did not present this run's key")
+            conn.close()
+            return
+        except (OSError, EOFError):
+            conn.close()
+            return
+        with self.lock:  # the catch-up goes first: no event can come between it and the viewer's joining
+            if self.closing:
+                conn.close()
+                return
+            viewer = Viewer(conn, self)
+            self.viewers.append(viewer)
+            viewer.offer(P.Catchup("attached", tuple(self.snapshot.values()), self.count))
+        self.log(f"a viewer attached ({self.count} watching)")
+
+    def catchup(self, reason: str) -> P.Catchup:
+        with self.lock:
+            return P.Catchup(reason, tuple(self.snapshot.values()), self.count)
+
+    @property
+    def count(self) -> int:
+        return len(self.viewers)
+
+    def forget_viewer(self, viewer: Viewer) -> None:
+        with self.lock:
+            if viewer not in self.viewers:
+                return
+            self.viewers.remove(viewer)
+        if not self.closing:
+            self.log(f"a viewer detached ({self.count} watching)")
+
+    def broadcast(self, event: object) -> None:
+        with self.lock:
+            if isinstance(event, (P.RunStarted, P.StateChanged, P.Progress)):
+                self.snapshot[type(event)] = event
+            viewers = list(self.viewers)
+        for viewer in viewers:
+            viewer.offer(event)
+
+    def close(self, grace: float = 10) -> None:
+        """After the last event: every viewer gets what is queued for it (a viewer that reads
+        nothing, within `grace` seconds at most), then the socket goes."""
+        with self.lock:
+            self.closing = True
+            viewers = list(self.viewers)
+        for viewer in viewers:
+            viewer.finish()
+        deadline = time.monotonic() + grace
+        for viewer in viewers:
+            viewer.sender.join(max(0.0, deadline - time.monotonic()))
+        self.listener.close()
+        self.path.unlink(missing_ok=True)
+
+
+class Summary:
+    """live.json's figures, folded from events, rewritten at most once a RECORD_EVERY."""
+
+    def __init__(self, record: live.LiveRecord):
+        self.record = record
+        self.written = 0.0
+
+    def apply(self, event: object) -> None:
+        r = self.record
+        if isinstance(event, P.RunStarted):
+            r.step, r.max_steps = event.start_step, event.max_steps
+        elif isinstance(event, P.StepMetrics):
+            r.step, r.loss = event.step, event.loss
+            if event.dt > 0 and r.max_steps:
+                r.eta_s = (r.max_steps - event.step) * event.dt
+        elif isinstance(event, P.StateChanged):
+            r.state = event.state
+
+    def write(self, viewers: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.written >= RECORD_EVERY:
+            self.record.viewers = viewers
+            self.record.write()
+            self.written = now
+
+
+def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None, ready_fd: int | None = None) -> int:
+    """Run the engine to its end, serving it meanwhile. Exit code: the engine's outcome."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no terminal is ours; a stray hang-up changes nothing
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cfg = config_from_dict(read_toml(run_dir / CONFIG), source=str(run_dir / CONFIG))
+    engine = EngineProcess(cfg, run_dir, resume_from, rendezvous)
+
+    def log(text: str) -> None:
+        line = f"host: {text}"
+        with open(run_dir / TRAIN_LOG, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+        server.broadcast(P.LogLine(line))
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    server = RunServer(run_dir, engine.send, log)
+    record = live.LiveRecord(str(run_dir.resolve()), os.getpid(), socket.gethostname(), str(server.path),
+                             preset=cfg.hardware.gpu_class, max_steps=cfg.training.max_steps, started=time.time())
+    summary = Summary(record)
+    summary.write(0, force=True)
+    live.register(run_dir)
+    engine.start()
+    if ready_fd is not None:  # serving: the front-end that started us may connect
+        os.write(ready_fd, b"ready\n")
+        os.close(ready_fd)
+    stopping = False
+    while not engine.done:
+        if stop.is_set() and not stopping:
+            stopping = True  # SIGTERM: the run checkpoints and stops, as a headless one would
+            engine.send(P.Abort(save=True, interrupted=True))
+        event = engine.poll(timeout=0.5)
+        if event is not None:
+            summary.apply(event)
+            server.broadcast(event)
+        summary.write(server.count)
+    server.close()
+    live.forget(run_dir)
+    return 0 if engine.failure is None else 1
+
+
+def start(run_dir: Path, resume_from: Path | None = None, rendezvous: Rendezvous | None = None,
+          timeout: float = 60) -> subprocess.Popen:
+    """Start a host for `run_dir` (its config.toml already written) in a session of its own, and
+    return it once it serves. One that fails first is reported with the last it printed."""
+    run_dir = Path(run_dir)
+    ready_r, ready_w = os.pipe()  # the host writes "ready" into it once it serves, or dies closing it
+    args = [sys.executable, "-m", "lmcockpit.core.process.host", str(run_dir), "--ready-fd", str(ready_w)]
+    if resume_from is not None:
+        args += ["--resume", str(resume_from)]
+    if rendezvous is not None:
+        args += ["--rendezvous", json.dumps(asdict(rendezvous))]
+    try:
+        with open(run_dir / HOST_LOG, "ab") as out:
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, pass_fds=(ready_w,))
+        os.close(ready_w)
+        ready, _, _ = select.select([ready_r], [], [], timeout)
+        said = os.read(ready_r, 64) if ready else b""
+    finally:
+        os.close(ready_r)
+    if said.startswith(b"ready"):
+        return proc
+    proc.kill()
+    last = (run_dir / HOST_LOG).read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
+    raise HostError(f"the run host for {run_dir} did not start: " + (" | ".join(last) or "it said nothing"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lmcockpit.core.process.host")
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--resume", type=Path)
+    ap.add_argument("--rendezvous", type=json.loads)
+    ap.add_argument("--ready-fd", type=int)
+    a = ap.parse_args(argv)
+    return host(a.run_dir.resolve(), a.resume, Rendezvous(**a.rendezvous) if a.rendezvous else None, a.ready_fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

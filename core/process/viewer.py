@@ -1,0 +1,203 @@
+"""A front-end's handle on a run that a run host (host.py) serves: what `lmcockpit attach` and the
+cockpit's dashboards hold. Torch-free.
+
+It offers what runner.ProcessHandle offers the dashboard (`poll`, `send`, `done`, `final_state`,
+`failure`, `run_dir`), so a dashboard does not know whether it owns its engine or watches one.
+On attaching, and again whenever the host says it had to drop events for this viewer, the run's
+history comes from its folder: every step and evaluation from metrics.jsonl, the end of train.log,
+then the host's snapshot (the run's RunStarted, state, progress). The connection is made before
+the folder is read, and what arrives meanwhile is kept: the engine writes a step's line before it
+sends the step's event, so every step is in the file or still to come, and none is shown twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import subprocess
+import threading
+import time
+from collections import deque
+from multiprocessing import AuthenticationError, connection
+from pathlib import Path
+
+from .. import protocol as P
+from ..run.folder import METRICS, TRAIN_LOG, read_metrics
+from . import live
+
+LOG_HISTORY = 2000  # train.log lines a viewer shows from before it attached
+
+
+class NotLive(Exception):
+    """The run is not served (ended, or its host died): the message says which, and what to do."""
+
+
+def history(run_dir: Path, tokens_per_step: int = 0) -> list[object]:
+    """The run so far, as the events that told it: the end of train.log, then every step,
+    evaluation and checkpoint metrics.jsonl holds."""
+    events: list[object] = []
+    log = Path(run_dir) / TRAIN_LOG
+    if log.is_file():
+        with open(log, encoding="utf-8", errors="replace") as fh:
+            events += [P.LogLine(line.rstrip("\n")) for line in deque(fh, maxlen=LOG_HISTORY)]
+    if (Path(run_dir) / METRICS).is_file():
+        for row in read_metrics(run_dir):
+            kind = row.get("kind")
+            if kind == "step":
+                events.append(P.StepMetrics(row["step"], row["loss"], row["lr"], row["grad_norm"], row["tokens_per_s"],
+                                            row.get("mfu"), row["dt"], row["step"] * tokens_per_step,
+                                            row.get("mem") or {}))
+            elif kind == "eval":
+                events.append(P.EvalMetrics(row["step"], row["val_loss"], row["val_bpb"]))
+            elif kind == "checkpoint":
+                events.append(P.CheckpointWritten(row["step"], row["path"]))
+    return events
+
+
+class RunViewer:
+    process_name = "run host"
+
+    def __init__(self, run_dir: Path, host_process: subprocess.Popen | None = None):
+        """`host_process`: the host, when this front-end started it (and so can wait for it)."""
+        self.run_dir = Path(run_dir).resolve()
+        self.host_process = host_process
+        self.record = live.LiveRecord.read(self.run_dir)
+        if self.record is None:
+            raise NotLive(f"{self.run_dir}: no run is being served here (it ended, or was not started from "
+                          "the cockpit or with --detach)")
+        if not live.is_live(self.record):
+            raise NotLive(f"{self.run_dir}: its engine died at step {self.record.step} without ending the run; "
+                          f"resume it with: lmcockpit --run --resume {self.run_dir}")
+        try:
+            self.conn = connection.Client(self.record.socket, family="AF_UNIX", authkey=live.read_key(self.run_dir))
+        except AuthenticationError:
+            raise NotLive(f"{self.run_dir}: the run's host refused this key ({live.KEY} was replaced?)") from None
+        except (OSError, EOFError) as e:
+            raise NotLive(f"{self.run_dir}: cannot reach the run's host at {self.record.socket} ({e})") from None
+        self.closed = False
+        self.inbox: queue.Queue = queue.Queue()
+        self.final_state: str | None = None
+        self.failure: P.Failure | None = None
+        self.viewers = 1
+        self.last_step = self.record.step
+        self._shown: dict[type, int] = {}  # the last step of each kind shown: what the history gave already
+        self._lock = threading.Lock()
+        threading.Thread(target=self._receive, name="viewer-receive", daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self.record.pid
+
+    # ------------------------------------------------------------------------------ events
+    def _receive(self) -> None:
+        while True:
+            try:
+                event = self.conn.recv()
+            except (EOFError, OSError, TypeError):  # TypeError: closed by `close` under our feet
+                break
+            if isinstance(event, P.Catchup):
+                self._catch_up(event)
+            else:
+                self.inbox.put(event)
+        self.inbox.put(_GONE)
+
+    def _catch_up(self, catchup: P.Catchup) -> None:
+        self.viewers = catchup.viewers
+        started = next((e for e in catchup.snapshot if isinstance(e, P.RunStarted)), None)
+        past = history(self.run_dir, started.tokens_per_step if started else 0)
+        if catchup.reason == "lagged":  # the log pane has the lines it showed; steps may be missing
+            past = [e for e in past if not isinstance(e, P.LogLine)]
+        # The snapshot's RunStarted first (it resets the view), then what happened, then the state now.
+        for event in ([started] if started else []) + past + [e for e in catchup.snapshot if e is not started]:
+            self.inbox.put(event)
+
+    def poll(self, timeout: float = 0.1) -> object | None:
+        """The next event not shown yet; None when none came within `timeout`. When the host is
+        gone: a final StateChanged once (FAILED if the run had not ended), then `done`."""
+        while True:
+            try:
+                event = self.inbox.get(timeout=timeout)
+            except queue.Empty:
+                return None
+            if event is _GONE:
+                return self._gone()
+            if self._fresh(event):
+                return self._observe(event)
+
+    def _fresh(self, event: object) -> bool:
+        """A step, evaluation or checkpoint at or below one already shown is the history's copy."""
+        if isinstance(event, (P.StepMetrics, P.EvalMetrics, P.CheckpointWritten)):
+            if event.step <= self._shown.get(type(event), -1):
+                return False
+            self._shown[type(event)] = event.step
+        elif isinstance(event, P.RunStarted):
+            self._shown.clear()
+        return True
+
+    def _observe(self, event: object) -> object:
+        if isinstance(event, P.Failure):
+            self.failure = event
+        elif isinstance(event, P.StateChanged) and event.state in P.TERMINAL_STATES:
+            self.final_state = event.state
+        elif isinstance(event, P.StepMetrics):
+            self.last_step = event.step
+        return event
+
+    def _gone(self) -> object | None:
+        if self.final_state is not None:  # ended in order: nothing more to say
+            return None
+        if self.host_alive:
+            what = "the connection to the run's host was lost; the run goes on: attach again"
+            self.final_state = P.INTERRUPTED
+            return P.StateChanged(P.INTERRUPTED, what)
+        what = (f"the run host (pid {self.record.pid}) is gone at step {self.last_step}; resume with: "
+                f"lmcockpit --run --resume {self.run_dir}")
+        self.failure, self.final_state = P.Failure(what), P.FAILED
+        return P.StateChanged(P.FAILED, what)
+
+    @property
+    def done(self) -> bool:
+        return self.final_state is not None
+
+    @property
+    def host_alive(self) -> bool:
+        if self.host_process is not None:
+            return self.host_process.poll() is None
+        return live.alive(self.record.pid)
+
+    @property
+    def exitcode(self) -> int | None:
+        """The host's exit code (the run's outcome: 0 ended in order, 1 failed), where this
+        front-end started it and it has ended; else None."""
+        return self.host_process.poll() if self.host_process is not None else None
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the host to end (the run's files are then complete), `timeout` seconds at most."""
+        if self.host_process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.host_process.wait(timeout)
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while live.alive(self.record.pid) and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.1)  # not our child: nothing to wait on but its pid
+
+    # ---------------------------------------------------------------------------- commands
+    def send(self, command: object) -> None:
+        """To the run, also after `close` (through a connection of its own, as any viewer's)."""
+        with self._lock:
+            try:
+                if not self.closed:
+                    self.conn.send(command)
+                    return
+                with connection.Client(self.record.socket, family="AF_UNIX", authkey=live.read_key(self.run_dir)) as c:
+                    c.send(command)
+            except (OSError, ValueError, EOFError, AuthenticationError):
+                pass  # the host is gone: poll (or host_alive) says so
+
+    def close(self) -> None:
+        """Detach: the run goes on."""
+        self.closed = True
+        self.conn.close()
+
+
+_GONE = object()

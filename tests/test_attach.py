@@ -1,0 +1,279 @@
+"""Runs that outlive their front-ends: detach, attach, several viewers, `ps`, dead runs, access.
+
+Every run here is real: a run host (core/process/host.py) in a session of its own, its engine, the
+Unix socket, the cockpit through `App.run_test()` or on a pseudo-terminal. The waits poll the
+state they wait for (metrics.jsonl, a pid), with deadlines."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import time
+from multiprocessing import AuthenticationError, connection
+from pathlib import Path
+
+import pytest
+
+from lmcockpit.core import protocol as P
+from lmcockpit.core.process import host, live
+from lmcockpit.core.process.viewer import NotLive, RunViewer
+from lmcockpit.core.run.folder import create_run_dir, read_metrics
+from lmcockpit.tui.app import CockpitApp
+
+from .conftest import cli
+from .test_cockpit import dashboard, request, shrunk_cpu, wait_for
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def wait_until(condition, timeout: float = 120, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)  # polling the state waited for, not standing in for it
+    return value
+
+
+def steps(run: Path) -> list[dict]:
+    return read_metrics(run, "step") if (run / "metrics.jsonl").is_file() else []
+
+
+def last_step(run: Path) -> int:
+    rows = steps(run)
+    return rows[-1]["step"] if rows else 0
+
+
+def stop(run: Path, timeout: float = 120) -> None:
+    """Whatever a test left training ends here, its host gone."""
+    record = live.LiveRecord.read(run)
+    if record is None or not live.alive(record.pid):
+        return
+    viewer = RunViewer(run)
+    viewer.send(P.Abort(save=False))
+    viewer.join(timeout)
+    viewer.close()
+    assert not live.alive(record.pid), "the run host did not end"
+
+
+def detached(tmp_path: Path, name: str, *extra: str) -> Path:
+    cfg = shrunk_cpu("training.max_steps=100000", "training.log_every=1", *extra)
+    run = create_run_dir(cfg, "cpu", str(tmp_path / name))
+    host.start(run)
+    return run
+
+
+@pytest.fixture(scope="module")
+def background(tmp_path_factory):
+    """One run training in the background for the module's tests that only watch or steer it."""
+    run = detached(tmp_path_factory.mktemp("attach"), "run")
+    wait_until(lambda: last_step(run) >= 2, what="training to start")
+    yield run
+    stop(run)
+
+
+# ------------------------------------------------------------------------ access and listing
+def test_the_socket_and_the_key_are_the_owners_alone(background):
+    record = live.LiveRecord.read(background)
+    for path in (Path(record.socket), background / live.KEY, background / live.RECORD):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+    assert stat.S_ISSOCK(os.stat(record.socket).st_mode)
+
+
+def test_a_connection_with_the_wrong_key_is_refused_and_logged(background):
+    record = live.LiveRecord.read(background)
+    with pytest.raises(AuthenticationError):
+        connection.Client(record.socket, family="AF_UNIX", authkey=b"not the key")
+    wait_until(lambda: "host: refused a connection that did not present this run's key"
+               in (background / "train.log").read_text(), what="the refusal in train.log")
+
+
+def test_ps_lists_the_live_run_with_its_step_and_viewers(background):
+    viewer = RunViewer(background)
+    try:
+        wait_until(lambda: live.LiveRecord.read(background).viewers == 1, what="live.json to count the viewer")
+        proc = cli("ps")
+    finally:
+        viewer.close()
+    assert proc.returncode == 0, proc.stderr
+    header, *lines = [line.split("\t") for line in proc.stdout.splitlines()]  # piped: tab-separated
+    row = dict(zip(header, next(line for line in lines if line[0] == str(background.resolve()))))
+    assert row["state"] == "running" and row["viewers"] == "1" and row["preset"] == "cpu"
+    assert int(row["step"].split("/")[0]) >= 2 and row["step"].endswith("/100000") and row["ETA"] != "–"
+
+
+# --------------------------------------------------------------------------------- viewers
+def test_pause_from_one_of_two_viewers_pauses_training_and_both_see_it(background):
+    a, b = RunViewer(background), RunViewer(background)
+    seen: dict[RunViewer, set[str]] = {a: set(), b: set()}
+
+    def both_paused() -> bool:
+        for viewer, states in seen.items():
+            while (ev := viewer.poll(timeout=0.05)) is not None:
+                if isinstance(ev, P.StateChanged):
+                    states.add(ev.state)
+        return all(P.PAUSED in states for states in seen.values())
+
+    try:
+        a.send(P.Pause())
+        wait_until(both_paused, what="both viewers to see the pause")
+        paused_at = last_step(background)
+        b.send(P.CheckpointNow())  # answered while paused: the engine listens to either viewer
+        wait_until(lambda: (background / "checkpoints" / f"step_{paused_at:06d}").is_dir(), what="the checkpoint")
+        assert last_step(background) == paused_at
+        b.send(P.Resume())
+        wait_until(lambda: last_step(background) >= paused_at + 2, what="steps after b resumed")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_attaching_shows_the_whole_history_then_live_steps_once_each(background):
+    before = last_step(background)
+    viewer = RunViewer(background)
+    seen: list[int] = []
+    try:
+        def caught_up() -> bool:
+            while (ev := viewer.poll(timeout=0.05)) is not None:  # a step every few ms: it may never pause
+                if isinstance(ev, P.StepMetrics):
+                    seen.append(ev.step)
+                    if ev.step >= before + 5:
+                        return True
+            return False
+
+        wait_until(caught_up, what="live steps after the history")
+    finally:
+        viewer.close()
+    assert seen == list(range(1, seen[-1] + 1))  # from step 1 (the folder), no gap, none twice
+
+
+def test_a_viewer_that_never_reads_does_not_slow_training(background):
+    """A frozen SSH session: the viewer's socket fills, its queue overflows, events for it are
+    dropped; the steps go on at the same pace."""
+    def pace(n: int = 60) -> float:
+        start = last_step(background)
+        wait_until(lambda: last_step(background) >= start + n, what=f"{n} steps")
+        rows = [r for r in steps(background) if r["step"] > start][:n]
+        return (len(rows) - 1) / (rows[-1]["time"] - rows[0]["time"])
+
+    record = live.LiveRecord.read(background)
+    alone, with_frozen = [], []
+    for _ in range(2):  # alternated, so a busy moment of the machine does not land on one side only
+        alone.append(pace())
+        frozen = connection.Client(record.socket, family="AF_UNIX", authkey=live.read_key(background))
+        try:
+            wait_until(lambda: live.LiveRecord.read(background).viewers == 1, what="the frozen viewer to be counted")
+            with_frozen.append(pace(2 * 60))  # with the steps before: long enough for its queue to overflow
+        finally:
+            frozen.close()
+        wait_until(lambda: live.LiveRecord.read(background).viewers == 0, what="the frozen viewer to be gone")
+    assert max(with_frozen) >= 0.8 * max(alone), (alone, with_frozen)
+
+
+def test_a_viewer_behind_by_a_whole_queue_is_told_to_catch_up(tmp_path, monkeypatch):
+    """The server's side, on a real socket: a viewer that does not read costs the broadcast
+    nothing, and when it reads again it learns that it missed events, not a stale stream."""
+    monkeypatch.setattr(host, "VIEWER_QUEUE", 8)
+    (tmp_path / "train.log").touch()
+    server = host.RunServer(tmp_path, on_command=lambda c: None, log=lambda text: None)
+    try:
+        client = connection.Client(str(server.path), family="AF_UNIX", authkey=server.key)
+        assert isinstance(client.recv(), P.Catchup)
+        wait_until(lambda: server.count == 1, what="the viewer to join")
+        t0 = time.monotonic()
+        for step in range(1, 5001):
+            server.broadcast(P.StepMetrics(step, 1.0, 1e-3, 1.0, 1.0, None, 0.1, step))
+        assert time.monotonic() - t0 < 5  # never waited on the viewer
+        received = []
+        while not (received and isinstance(received[-1], P.StepMetrics) and received[-1].step == 5000):
+            assert client.poll(10), "the last event never came"
+            received.append(client.recv())
+        lagged = [m for m in received if isinstance(m, P.Catchup)]
+        assert lagged and all(m.reason == "lagged" for m in lagged)
+        assert len(received) < 5000  # events were dropped for it, not queued without bound
+        client.close()
+    finally:
+        server.close(grace=1)
+
+
+# ----------------------------------------------------------------- detaching from the cockpit
+async def test_a_run_detached_from_the_cockpit_trains_on_and_attaching_shows_it_all(tmp_path):
+    plan = request(tmp_path, "training.max_steps=100000", "training.log_every=1")
+    run = plan.run_dir
+    try:
+        app = CockpitApp(plan, telemetry=False)
+        async with app.run_test(size=(120, 40)) as pilot:
+            dash = dashboard(app)
+            await wait_for(pilot, lambda: dash.view.step >= 3, what="training to start")
+            await pilot.press("d")
+            await wait_for(pilot, lambda: not app.is_running, what="the cockpit to close")
+        detached_at = dash.view.step
+        assert f"lmcockpit attach {dash.engine.run_dir}" in app.run_report()
+        wait_until(lambda: last_step(run) >= detached_at + 5, what="steps after the cockpit closed")
+
+        second = CockpitApp(attach=run, telemetry=False)
+        async with second.run_test(size=(120, 40)) as pilot:
+            dash = dashboard(second)
+            target = last_step(run) + 3
+            await wait_for(pilot, lambda: dash.view.step >= target, what="live steps in the attached cockpit")
+            assert dash.view.steps[:detached_at] == list(range(1, detached_at + 1))  # the history, from step 1
+            assert dash.view.steps == list(range(1, dash.view.step + 1))
+            await pilot.press("p")  # the controls work on an attached run
+            await wait_for(pilot, lambda: dash.view.state == P.PAUSED, what="the pause")
+            await pilot.press("q")
+            await pilot.press("enter")  # stop it (with a checkpoint) and quit
+            await wait_for(pilot, lambda: not second.is_running, timeout=120, what="the cockpit to quit")
+        dash.engine.join(timeout=60)
+        assert not dash.engine.host_alive
+        assert all(r.run_dir != run.resolve() for r in live.live_runs())  # an ended run is listed no more
+        assert read_metrics(run, "checkpoint")  # stopped with a checkpoint
+    finally:
+        stop(run)
+
+
+def test_a_hang_up_closes_the_cockpit_and_leaves_the_run_training(tmp_path, terminal):
+    out = tmp_path / "run"
+    term = terminal("debug", "--set", "training.max_steps=100000", "--set", "training.log_every=1",
+                    "--set", "eval.every=0", "--set", "sample.prompts=[]", "--out", str(out), size=(100, 30))
+    try:
+        wait_until(lambda: last_step(out) >= 2, what="the cockpit's run to train")
+        os.kill(term.pid, signal.SIGHUP)  # the SSH connection drops
+        term.end()
+        at = last_step(out)
+        wait_until(lambda: last_step(out) >= at + 5, what="steps after the hang-up")
+        running = [r for r in live.live_runs() if r.run_dir == out.resolve()]
+        assert running and running[0].live
+    finally:
+        stop(out)
+
+
+# ------------------------------------------------------------------------------ dead runs
+def test_a_run_whose_host_died_is_listed_dead_with_its_resume_command(tmp_path):
+    run = detached(tmp_path, "run", "checkpoint.every=5")
+    wait_until(lambda: last_step(run) >= 6, what="a checkpoint's worth of steps")
+    record = live.LiveRecord.read(run)
+    os.kill(record.pid, signal.SIGKILL)  # the host, and with it the engine's parent
+    wait_until(lambda: not live.alive(record.pid), what="the host to die")
+    (dead,) = [r for r in live.live_runs() if r.run_dir == run.resolve()]
+    assert not dead.live and dead.resume_command == f"lmcockpit --run --resume {run.resolve()}"
+    proc = cli("ps")
+    assert f"\tdead: lmcockpit --run --resume {run.resolve()}\n" in proc.stdout
+    with pytest.raises(NotLive, match="died at step .* resume it with: lmcockpit --run --resume"):
+        RunViewer(run)
+    attach = cli("attach", str(run))
+    assert attach.returncode == 2 and "resume it with" in attach.stderr
+
+
+def test_detach_starts_a_run_with_no_cockpit_and_prints_how_to_attach(tmp_path):
+    out = tmp_path / "run"
+    proc = cli("debug", "--detach", "--set", "training.max_steps=100000", "--set", "eval.every=0",
+               "--set", "sample.prompts=[]", "--out", str(out), timeout=60)
+    try:
+        assert proc.returncode == 0, proc.stderr
+        assert f"lmcockpit attach {out}" in proc.stdout
+        wait_until(lambda: last_step(out) >= 2, what="the detached run to train")
+        assert json.loads((out / live.RECORD).read_text())["run_dir"] == str(out.resolve())
+    finally:
+        stop(out)
+    assert cli("--run", "debug", "--detach").returncode == 2  # one of the two, not both

@@ -1,0 +1,58 @@
+"""`lmcockpit ps`: the runs training in the background, and those whose engine died.
+
+Each line is a run a run host serves (started from the cockpit or with `--detach`): its folder,
+preset, step, loss, time left and how many cockpits watch it. A run whose host and engine died
+without ending it is listed as dead, with the command that resumes it, never as live.
+"""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from lmcockpit.core.process import live
+from lmcockpit.tui.runview import DASH, fmt_duration
+from lmcockpit.tui.usage import Parser, UsageError, error
+
+
+def build_parser() -> Parser:
+    return Parser(prog="lmcockpit ps", description=__doc__.split("\n\n")[0])
+
+
+def rows(runs: list[live.LiveRun]) -> list[tuple[str, ...]]:
+    out = []
+    for run in runs:
+        r = run.record
+        step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
+        loss = f"{r.loss:.3f}" if r.loss is not None else DASH
+        if run.live:
+            state, eta, viewers = r.state, fmt_duration(r.eta_s) if r.eta_s is not None else DASH, str(r.viewers)
+        else:
+            state, eta, viewers = f"dead: {run.resume_command}", DASH, DASH
+        out.append((str(run.run_dir), r.preset, step, loss, eta, viewers, state))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    try:
+        build_parser().parse_args(argv)
+    except UsageError as e:
+        return error(str(e))
+    runs = live.live_runs()
+    console = Console(highlight=False, soft_wrap=True)
+    if not runs:
+        console.print("no run is training in the background (start one with `lmcockpit PRESET --detach`)")
+        return 0
+    columns = ("run", "preset", "step", "loss", "ETA", "viewers", "state")
+    if not console.is_terminal:  # piped: one tab-separated line per run, whole, for scripts and grep
+        for row in [columns, *rows(runs)]:
+            print("\t".join(row))
+        return 0
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows(runs):
+        table.add_row(*row, style="" if "dead" not in row[-1] else "red")
+    console.print(table)
+    return 0
