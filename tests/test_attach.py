@@ -197,6 +197,27 @@ def test_a_viewer_behind_by_a_whole_queue_is_told_to_catch_up(tmp_path, monkeypa
         server.close(grace=1)
 
 
+async def test_the_launch_screen_lists_a_live_run_first_and_enter_attaches(background, tmp_path):
+    app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        launch = app.screen
+        table = launch.query_one("#runs")
+        await wait_for(pilot, lambda: table.row_count >= 1, what="the live run listed")
+        name, status, step, loss = (str(cell) for cell in table.get_row_at(0))
+        assert name == background.name and status.startswith("running · ETA ") and status.endswith(" watching")
+        assert step.endswith("/100000") and float(loss) > 0
+        table.focus()
+        table.move_cursor(row=0)
+        await pilot.press("enter")
+        dash = dashboard(app)
+        await wait_for(pilot, lambda: dash.view.step > int(step.split("/")[0]), what="live steps, attached")
+        assert dash.view.steps[0] == 1  # its history too
+        await pilot.press("q")
+        await pilot.press("d")  # leave it training
+        await wait_for(pilot, lambda: not app.is_running, what="the cockpit to close")
+    assert live.is_live(live.LiveRecord.read(background))
+
+
 # ----------------------------------------------------------------- detaching from the cockpit
 async def test_a_run_detached_from_the_cockpit_trains_on_and_attaching_shows_it_all(tmp_path):
     plan = request(tmp_path, "training.max_steps=100000", "training.log_every=1")
@@ -263,6 +284,7 @@ def test_a_run_whose_host_died_is_listed_dead_with_its_resume_command(tmp_path):
         RunViewer(run)
     attach = cli("attach", str(run))
     assert attach.returncode == 2 and "resume it with" in attach.stderr
+    live.forget(run)  # listed no more, as a resume would leave it: the next tests' launch screens
 
 
 def test_detach_starts_a_run_with_no_cockpit_and_prints_how_to_attach(tmp_path):

@@ -1,5 +1,6 @@
 """The launch screen: this machine's hardware, the presets, the selected preset's settings (edited
-with validation as you type, saved as a new TOML), and the recent runs to resume."""
+with validation as you type, saved as a new TOML), and the runs: those training in the background
+first (Enter attaches; dead ones say so and resume), then the recent ones to resume."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from textual.widgets import DataTable, Footer, Input, Static
 from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, write_config
 from lmcockpit.core.data import budget as data_budget
 from lmcockpit.core.hardware.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count
+from lmcockpit.core.process import live
 from lmcockpit.core.run.folder import CONFIG, recent_runs, run_summary
 from lmcockpit.tui.presets import STYLE as VERDICT_STYLE, preset_rows
-from lmcockpit.tui.runview import DASH
+from lmcockpit.tui.runview import DASH, fmt_duration
 
 
 def toml_value(value) -> str:
@@ -120,6 +122,7 @@ class LaunchScreen(Screen):
         self.overrides: dict[str, str] = {}  # key → TOML value text, as --set takes them
         self.editing: str | None = None
         self.runs: list[Path] = []
+        self.live: dict[str, live.LiveRun] = {}  # by run folder: the runs a host serves, or did until it died
         self.gpu_count = 0  # GPUs CUDA may use here: `p` offers 1 to this many processes
 
     def compose(self) -> ComposeResult:
@@ -160,9 +163,10 @@ class LaunchScreen(Screen):
         self.query_one("#settings", DataTable).add_columns("setting", "value")
         self.query_one("#settings", DataTable).border_title = "settings"
         runs = self.query_one("#runs", DataTable)
-        runs.border_title = "recent runs · r resumes · o chats"
+        runs.border_title = "runs · Enter attaches a live one, resumes a stopped one · o chats"
         runs.add_columns("run", "status", "step", "loss")
         self.refresh_runs()
+        self.set_interval(2.0, self.refresh_runs)  # live runs move on
         self.show_settings()
         presets.focus()
 
@@ -208,16 +212,22 @@ class LaunchScreen(Screen):
                           key=f"data.sources{PART_ROW}{i}")
 
     def refresh_runs(self) -> None:
-        """Read the runs folder again, keeping the cursor on the run it was on."""
+        """Read the runs again (live ones first, then the runs folder's), keeping the cursor on the
+        run it was on."""
         table = self.query_one("#runs", DataTable)
         selected = (table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
                     if table.row_count else None)
         table.clear()
+        self.live = {str(r.run_dir): r for r in live.live_runs()}
         found = recent_runs(self.runs_root)
         seen = {p.resolve() for p in found}
         found += [p for p in self.session_runs if p.resolve() not in seen and (p / CONFIG).is_file()]
-        self.runs = sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
-        for run in self.runs:
+        others = sorted((p for p in found if str(p.resolve()) not in self.live), key=lambda p: p.stat().st_mtime,
+                        reverse=True)
+        self.runs = [r.run_dir for r in self.live.values()] + others
+        for run in self.live.values():
+            table.add_row(*live_row(run), key=str(run.run_dir))
+        for run in others:
             s = run_summary(run)
             step = f"{s['step']}/{s['max_steps']}" if s["max_steps"] else str(s["step"])
             loss = f"{s['loss']:.3f}" if s["loss"] is not None else DASH
@@ -370,7 +380,11 @@ class LaunchScreen(Screen):
         return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
 
     def action_resume(self) -> None:
-        if run := self.selected_run():
+        if not (run := self.selected_run()):
+            return
+        if run in self.live and self.live[run].live:
+            self.app.attach(Path(run))
+        else:
             self.app.resume(run)
 
     def action_open_chat(self) -> None:
@@ -383,3 +397,15 @@ class LaunchScreen(Screen):
         from lmcockpit.tui.screens.dialogs import HelpScreen
 
         self.app.push_screen(HelpScreen(self.BINDINGS))
+
+
+def live_row(run: live.LiveRun) -> tuple[Text | str, ...]:
+    """A run a host serves: its state, time left and viewers; one whose host died, in red, dead."""
+    r = run.record
+    step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
+    loss = f"{r.loss:.3f}" if r.loss is not None else DASH
+    if not run.live:
+        return Text(run.run_dir.name, style="red"), Text("dead · Enter resumes", style="red"), step, loss
+    eta = f" · ETA {fmt_duration(r.eta_s)}" if r.eta_s is not None else ""
+    status = f"{r.state}{eta} · {r.viewers} watching"
+    return Text(run.run_dir.name, style="bold"), Text(status, style="green"), step, loss
