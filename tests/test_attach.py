@@ -212,6 +212,14 @@ async def test_the_launch_screen_lists_a_live_run_first_and_enter_attaches(backg
         dash = dashboard(app)
         await wait_for(pilot, lambda: dash.view.step > int(step.split("/")[0]), what="live steps, attached")
         assert dash.view.steps[0] == 1  # its history too
+        other = RunViewer(background)  # a second front-end pauses it: this cockpit shows it too
+        try:
+            other.send(P.Pause())
+            await wait_for(pilot, lambda: dash.view.state == P.PAUSED, what="the other viewer's pause, shown here")
+            await pilot.press("p")  # and this one resumes it for both
+            await wait_for(pilot, lambda: dash.view.state == P.RUNNING, what="this cockpit's resume")
+        finally:
+            other.close()
         await pilot.press("q")
         await pilot.press("d")  # leave it training
         await wait_for(pilot, lambda: not app.is_running, what="the cockpit to close")
