@@ -34,6 +34,27 @@ def isolated_cache(tmp_path_factory) -> Path:
     return cache / "lmcockpit"
 
 
+@pytest.fixture(autouse=True)
+def no_run_left_training():
+    """A run started through a host outlives the cockpit that started it, by design: a test that
+    leaves one training would slow every test after it. Stopped here, and the test fails naming it."""
+    from lmcockpit.core.process import live
+
+    before = {r.run_dir for r in live.live_runs()}
+    yield
+    left = [r for r in live.live_runs() if r.run_dir not in before]
+    for run in left:
+        if run.live:
+            from lmcockpit.core.process.viewer import RunViewer
+
+            viewer = RunViewer(run.run_dir)
+            viewer.send(P.Abort(save=False))
+            viewer.join(120)
+            viewer.close()
+        live.forget(run.run_dir)
+    assert not [r for r in left if r.live], f"left training in the background: {[str(r.run_dir) for r in left]}"
+
+
 def tiny_config(*overrides: str) -> Config:
     cfg, _ = load_config("debug", [*TINY, *overrides])
     return cfg

@@ -79,13 +79,15 @@ class Viewer:
     def _send(self) -> None:
         while True:
             event = self.outbox.get()
-            if event is None:
-                break
+            if event is None:  # the run has ended: all is sent, the viewer reads EOF next
+                self.close()
+                return
             try:
                 self.conn.send(event)
             except (OSError, ValueError):
-                break
-        self.close()
+                # Gone, or closed its end: what it sent before closing is still read, and the
+                # receiving side closes on EOF (a front-end that sends a command and hangs up).
+                return
 
     def _receive(self) -> None:
         while True:

@@ -163,7 +163,7 @@ class LaunchScreen(Screen):
         self.query_one("#settings", DataTable).add_columns("setting", "value")
         self.query_one("#settings", DataTable).border_title = "settings"
         runs = self.query_one("#runs", DataTable)
-        runs.border_title = "runs · Enter attaches a live one, resumes a stopped one · o chats"
+        runs.border_title = "runs · Enter attaches or resumes · o chats"
         runs.add_columns("run", "status", "step", "loss")
         self.refresh_runs()
         self.set_interval(2.0, self.refresh_runs)  # live runs move on
