@@ -60,7 +60,7 @@ def stop(run: Path, timeout: float = 120) -> None:
 def detached(tmp_path: Path, name: str, *extra: str) -> Path:
     cfg = shrunk_cpu("training.max_steps=100000", "training.log_every=1", *extra)
     run = create_run_dir(cfg, "cpu", str(tmp_path / name))
-    host.start(run)
+    host.start(run, label="cpu")
     return run
 
 

@@ -81,7 +81,7 @@ class CockpitApp(App):
 
     def start_run(self, request: RunPlan) -> DashboardScreen | None:
         try:
-            process = host.start(request.run_dir, request.resume_from, request.rendezvous)
+            process = host.start(request.run_dir, request.resume_from, request.rendezvous, request.title)
             viewer = RunViewer(request.run_dir, process)
         except (host.HostError, NotLive) as e:
             self.no_run(str(e))

@@ -173,7 +173,7 @@ def start_detached(plan: RunPlan | None) -> int:
     if plan is None:
         raise UsageError("--detach starts a run: give a preset (or --resume RUN)")
     try:
-        host.start(plan.run_dir, plan.resume_from, plan.rendezvous)
+        host.start(plan.run_dir, plan.resume_from, plan.rendezvous, plan.title)
     except host.HostError as e:
         return error(str(e))
     print(f"run folder: {plan.run_dir}\ntraining in the background: `lmcockpit attach {plan.run_dir}` shows it, "

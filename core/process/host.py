@@ -223,7 +223,8 @@ class Summary:
             self.written = now
 
 
-def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None, ready_fd: int | None = None) -> int:
+def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None, ready_fd: int | None = None,
+         label: str = "") -> int:
     """Run the engine to its end, serving it meanwhile. Exit code: the engine's outcome."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no terminal is ours; a stray hang-up changes nothing
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -240,7 +241,7 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     server = RunServer(run_dir, engine.send, log)
     record = live.LiveRecord(str(run_dir.resolve()), os.getpid(), socket.gethostname(), str(server.path),
-                             preset=cfg.hardware.gpu_class, max_steps=cfg.training.max_steps, started=time.time())
+                             preset=label or run_dir.name, max_steps=cfg.training.max_steps, started=time.time())
     summary = Summary(record)
     summary.write(0, force=True)
     live.register(run_dir)
@@ -264,9 +265,10 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
 
 
 def start(run_dir: Path, resume_from: Path | None = None, rendezvous: Rendezvous | None = None,
-          timeout: float = 60) -> subprocess.Popen:
+          label: str = "", timeout: float = 60) -> subprocess.Popen:
     """Start a host for `run_dir` (its config.toml already written) in a session of its own, and
-    return it once it serves. One that fails first is reported with the last it printed."""
+    return it once it serves. One that fails first is reported with the last it printed. `label`:
+    what listings call the run (its preset)."""
     run_dir = Path(run_dir)
     ready_r, ready_w = os.pipe()  # the host writes "ready" into it once it serves, or dies closing it
     args = [sys.executable, "-m", "lmcockpit.core.process.host", str(run_dir), "--ready-fd", str(ready_w)]
@@ -274,6 +276,8 @@ def start(run_dir: Path, resume_from: Path | None = None, rendezvous: Rendezvous
         args += ["--resume", str(resume_from)]
     if rendezvous is not None:
         args += ["--rendezvous", json.dumps(asdict(rendezvous))]
+    if label:
+        args += ["--label", label]
     try:
         with open(run_dir / HOST_LOG, "ab") as out:
             proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -296,8 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", type=Path)
     ap.add_argument("--rendezvous", type=json.loads)
     ap.add_argument("--ready-fd", type=int)
+    ap.add_argument("--label", default="")
     a = ap.parse_args(argv)
-    return host(a.run_dir.resolve(), a.resume, Rendezvous(**a.rendezvous) if a.rendezvous else None, a.ready_fd)
+    return host(a.run_dir.resolve(), a.resume, Rendezvous(**a.rendezvous) if a.rendezvous else None, a.ready_fd,
+                a.label)
 
 
 if __name__ == "__main__":
