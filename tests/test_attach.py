@@ -307,3 +307,28 @@ def test_detach_starts_a_run_with_no_cockpit_and_prints_how_to_attach(tmp_path):
     finally:
         stop(out)
     assert cli("--run", "debug", "--detach").returncode == 2  # one of the two, not both
+
+
+async def test_each_cockpits_chat_asks_under_ids_of_its_own():
+    """Every viewer receives every SampleText; a pane shows only the requests it sent, so two
+    cockpits' first requests must not share an id (each would show the other's answer)."""
+    from textual.app import App
+
+    from lmcockpit.tui.widgets.chat import ChatPane
+
+    sent: list[P.Sample] = []
+
+    class TwoPanes(App):
+        def compose(self):
+            yield ChatPane(lambda r: sent.append(r) or True, id="one")
+            yield ChatPane(lambda r: sent.append(r) or True, id="two")
+
+    app = TwoPanes()
+    async with app.run_test() as pilot:
+        one, two = app.query_one("#one", ChatPane), app.query_one("#two", ChatPane)
+        one.ask("def ")
+        two.ask("def ")
+        await pilot.pause()
+        assert sent[0].request_id != sent[1].request_id
+        one.receive(P.SampleText(sent[1].request_id, 3, "def ", "x", done=True))  # the other cockpit's answer
+        assert not one.history[sent[0].request_id].done and one.history[sent[0].request_id].rows == {}
