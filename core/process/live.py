@@ -25,7 +25,7 @@ import json
 import os
 import secrets
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 KEY = "live.key"
@@ -93,7 +93,6 @@ class LiveRecord:
     eta_s: float | None = None
     viewers: int = 0
     started: float = 0.0
-    extra: dict = field(default_factory=dict)
 
     def write(self) -> None:
         write_private(Path(self.run_dir) / RECORD, json.dumps(self.__dict__))

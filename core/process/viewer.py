@@ -17,15 +17,14 @@ import queue
 import subprocess
 import threading
 import time
-from collections import deque
 from multiprocessing import AuthenticationError, connection
 from pathlib import Path
 
 from .. import protocol as P
-from ..run.folder import METRICS, TRAIN_LOG, read_metrics
+from ..run.folder import METRICS, TRAIN_LOG, read_metrics, tail_lines
 from . import live
 
-LOG_HISTORY = 2000  # train.log lines a viewer shows from before it attached
+LOG_HISTORY_BYTES = 256 * 1024  # the end of train.log a viewer shows from before it attached: read, not the whole log
 
 
 class NotLive(Exception):
@@ -35,11 +34,7 @@ class NotLive(Exception):
 def history(run_dir: Path, tokens_per_step: int = 0) -> list[object]:
     """The run so far, as the events that told it: the end of train.log, then every step,
     evaluation and checkpoint metrics.jsonl holds."""
-    events: list[object] = []
-    log = Path(run_dir) / TRAIN_LOG
-    if log.is_file():
-        with open(log, encoding="utf-8", errors="replace") as fh:
-            events += [P.LogLine(line.rstrip("\n")) for line in deque(fh, maxlen=LOG_HISTORY)]
+    events: list[object] = [P.LogLine(line) for line in tail_lines(Path(run_dir) / TRAIN_LOG, LOG_HISTORY_BYTES)]
     if (Path(run_dir) / METRICS).is_file():
         for row in read_metrics(run_dir):
             kind = row.get("kind")

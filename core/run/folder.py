@@ -143,17 +143,22 @@ def read_metrics(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]
     return [r for r in rows if kind is None or r["kind"] == kind]
 
 
-def tail_rows(path: Path, max_bytes: int = 65536) -> list[dict[str, Any]]:
-    """The last metrics rows, reading only the file's end: run folders can hold millions of lines."""
+def tail_lines(path: Path, max_bytes: int = 65536) -> list[str]:
+    """The whole lines in the last `max_bytes` of a file (train.log, metrics.jsonl), reading only
+    its end: run folders can hold millions of lines."""
     if not path.is_file():
         return []
     with open(path, "rb") as fh:
         fh.seek(0, 2)
         size = fh.tell()
         fh.seek(max(0, size - max_bytes))
-        lines = fh.read().decode("utf-8", errors="replace").splitlines()[1 if size > max_bytes else 0:]
+        return fh.read().decode("utf-8", errors="replace").splitlines()[1 if size > max_bytes else 0:]
+
+
+def tail_rows(path: Path, max_bytes: int = 65536) -> list[dict[str, Any]]:
+    """The last metrics rows."""
     rows = []
-    for line in lines:
+    for line in tail_lines(path, max_bytes):
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
