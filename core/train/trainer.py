@@ -68,7 +68,6 @@ class Trainer:
         self.tokens_seen = 0
         self.nan_skips = 0
         self.saved_step: int | None = None  # the newest checkpoint on disk
-        self.trial_peak: int | None = None  # the micro-batch search's peak allocated bytes, on a GPU
 
     # ------------------------------------------------------------------------------- set-up
     def setup(self) -> None:
@@ -109,7 +108,7 @@ class Trainer:
         self.keep_grads = fit.keeps_grads(cfg)
         # A resumed run keeps the micro-batch its checkpoint's config recorded, so its data is the same.
         if cfg.training.auto_micro_batch and not self.resume_from:
-            self.trial_peak = memory_fit.fit_micro_batch(self, memory_fit.device_memory(self))
+            memory_fit.fit_micro_batch(self, memory_fit.device_memory(self))  # logs the trials' peak
             cfg = self.cfg
         self.allocate_grads()
         self.flops_per_token = self.model.flops_per_token(cfg.training.seq_len)
@@ -295,22 +294,27 @@ class Trainer:
         """`work`, with an out-of-memory error in it made a RunFailure that says where, how much and
         what to change. Evaluation runs between steps, on the weights of a whole step: one process
         saves them first (several cannot: the other ranks may be inside a collective)."""
+        result, error = self.unless_out_of_memory(work)
+        if error is None:
+            return result
+        if doing != "training" and not self.group.distributed and self.step > 0:
+            self.save_checkpoint()
+        raise OutOfMemory(memory_fit.out_of_memory_message(self, error, doing))
+
+    def unless_out_of_memory(self, work: Callable[[], object]) -> tuple[object, str | None]:
+        """(work(), None), or (None, the out-of-memory error's text) with the memory it held
+        given back; any other error goes through."""
         try:
-            return work()
+            return work(), None
         except Exception as e:  # noqa: BLE001 - the compiler wraps what it hits: oom_in looks behind
             oom = oom_in(e)
             if oom is None:
                 raise
             error = str(oom)
-        self.release_memory()  # outside the handler: the error's frames no longer hold its tensors
-        if doing != "training" and not self.group.distributed and self.step > 0:
-            self.save_checkpoint()
-        raise OutOfMemory(memory_fit.out_of_memory_message(self, error, doing))
-
-    def release_memory(self) -> None:
-        gc.collect()
+        gc.collect()  # outside the handler: the error's frames no longer hold its tensors
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+        return None, error
 
     def on_non_finite(self, loss: float, grad_norm: float, step_batches) -> None:
         lr = self.optimizers[0].param_groups[0]["lr"]
@@ -436,14 +440,10 @@ class Trainer:
             self.group.broadcast if self.group.sharded else None)
         if self.group.sharded:
             return self.within_memory("sampling", answer)
-        try:
-            return answer()
-        except Exception as e:  # noqa: BLE001 - as within_memory
-            oom = oom_in(e)
-            if oom is None:
-                raise
-            error = str(oom).strip().splitlines()[0]
-        self.release_memory()
+        texts, error = self.unless_out_of_memory(answer)
+        if error is None:
+            return texts
+        error = error.strip().splitlines()[0]
         self.log(f"warning: sample request {request.request_id!r} ran out of memory ({error}): "
                  f"{request.num_samples} row(s) × {request.max_new_tokens} new tokens was dropped; training goes on")
         self.emit(P.SampleText(request.request_id, self.step, request.prompt, "", done=True))
