@@ -37,6 +37,15 @@ class Reading:
     gpus: list[GPUReading] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class ProcessLoad:
+    """A run's processes (its host and every process under it: the engine, torchrun's workers,
+    data workers) taken together."""
+    cpu_percent: float  # of one core: 2 busy cores read 200
+    rss: int  # bytes, summed (shared pages count once per process, as `top` counts them)
+    cores: int  # the machine's logical cores, so a bar can show how much of it the run takes
+
+
 class Telemetry:
     """Never raises: NVML failing a query costs that field ("?"/None), failing for a GPU's handle
     costs that GPU, and failing to count the GPUs costs all of them, with `nvml_error` saying why."""
@@ -59,6 +68,26 @@ class Telemetry:
     def read(self) -> Reading:
         vm = psutil.virtual_memory()
         return Reading(psutil.cpu_percent(None), vm.total - vm.available, vm.total, self._gpus())
+
+    def process_load(self, pid: int) -> ProcessLoad | None:
+        """CPU and memory of process `pid` and its descendants; None once it is gone. psutil
+        measures a process's CPU since the previous call on the same Process object: they are kept
+        between calls, so the first reading of a process counts 0 and later ones its real share."""
+        known: dict[int, psutil.Process] = getattr(self, "_processes", {})
+        try:
+            root = known.get(pid) or psutil.Process(pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return None
+        self._processes = {p.pid: known.get(p.pid, p) for p in tree}
+        cpu = rss = 0
+        for p in self._processes.values():
+            try:
+                cpu += p.cpu_percent(None)
+                rss += p.memory_info().rss
+            except psutil.Error:  # ended between the listing and the reading
+                pass
+        return ProcessLoad(cpu, rss, psutil.cpu_count() or 1)
 
     def _gpus(self) -> list[GPUReading]:
         if self.nvml is None:
