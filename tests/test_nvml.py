@@ -276,7 +276,7 @@ async def gpu_panels(pilot, dash: DashboardScreen, *events) -> list[tuple[str, s
     dash.apply_events(list(events))
     dash.redraw()
     await pilot.pause()
-    return [(p.border_title, text(p.content)) for p in dash.query(".gpu").results(Panel)]
+    return [(p.border_title, text(p.body)) for p in dash.query(".gpu").results(Panel)]
 
 
 async def test_the_dashboard_finds_the_run_s_gpu_by_uuid_and_goes_on_as_nvml_fails(nvml):
@@ -286,14 +286,14 @@ async def test_the_dashboard_finds_the_run_s_gpu_by_uuid_and_goes_on_as_nvml_fai
         # cuda:0 is A, NVML's GPU 1: its panel, its figures
         [(title, shown)] = await gpu_panels(pilot, dash, run_started("cuda:0", uuids=(gpu_env.normalise_uuid(UUID_A),)))
         assert title == "GPU 1" and "Card A" in shown and "21%" in shown and "Card B" not in shown
-        assert "2.0G / 80.0G" in text(dash.query_one("#memory", Panel).content)
+        assert "2.0G / 80.0G" in text(dash.query_one("#memory", Panel).body)
         # the card stops answering for its utilisation and name: those fields only
         nvml.failing["nvmlDeviceGetUtilizationRates"] = (NVMLError_GpuIsLost("GPU is lost"), 1)
         nvml.failing["nvmlDeviceGetName"] = (RuntimeError("not an NVMLError"), 1)
         [(title, shown)] = await gpu_panels(pilot, dash)
         assert title == "GPU 1" and "21%" not in shown
         assert re.search(r"util +– ", shown) and re.search(r"name +\? ", shown), shown
-        assert "2.0G / 80.0G" in text(dash.query_one("#memory", Panel).content)
+        assert "2.0G / 80.0G" in text(dash.query_one("#memory", Panel).body)
         # then falls off the bus: no handle, so no reading; never another card's
         nvml.failing["nvmlDeviceGetHandleByIndex"] = (NVMLError_GpuIsLost("GPU is lost"), 1)
         [(title, shown)] = await gpu_panels(pilot, dash)

@@ -14,23 +14,25 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Input, ProgressBar, RichLog, Static
+from textual.widgets import Footer, Input, RichLog, Static
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.hardware.telemetry import Reading, Telemetry, find_gpu, run_gpu_indices
+from lmcockpit.core.hardware.telemetry import ProcessLoad, Reading, Telemetry, find_gpu, run_gpu_indices
 from lmcockpit.core.process.viewer import RunViewer
 from lmcockpit.tui.bridge import EngineEvents, drain
 from lmcockpit.tui.runview import RunView
 from lmcockpit.tui.screens.dialogs import AbortDialog, HelpScreen, QuitDialog
 from lmcockpit.tui.widgets.charts import LossChart
 from lmcockpit.tui.widgets.chat import ChatPane
-from lmcockpit.tui.widgets.panels import (Panel, gpu_layout, gpu_panel, host_rows, memory_rows, spark, state_text,
-                                          throughput_rows)
+from lmcockpit.tui.widgets.glance import cpu_line, gpu_lines, step_text
+from lmcockpit.tui.widgets.panels import (Panel, SideColumn, gpu_layout, gpu_panel, host_rows, memory_rows, spark,
+                                          state_text, throughput_rows)
 
 REDRAW_EVERY = 0.5  # seconds: plotext rebuilds every point on a draw
-NARROW, SHORT = 100, 30  # below these the side panels and the chart shrink
+NARROW, SHORT, TALL = 100, 30, 40  # below the first two the side panels and the log shrink; from TALL the log grows
+CHAT_BESIDE = 140  # from this width the chat pane opens beside the chart; below, under it
 CHAT_TITLE = "chat · Esc leaves the prompt · t closes"
 
 
@@ -42,6 +44,7 @@ class DashboardScreen(Screen):
         ("l", "log_scale", "Log scale"),
         ("t", "chat", "Chat"),
         ("d", "detach", "Detach"),
+        ("e", "expand", "Panels"),
         # Esc reaches the screen from the chat prompt too (the prompt takes every other key)
         Binding("escape", "leave_chat", "Chat: leave the prompt, then close", show=False),
         # once the run has ended (p, c and a then leave the footer): back to the launch screen
@@ -60,6 +63,9 @@ class DashboardScreen(Screen):
             self.view.run_dir = str(engine.run_dir)
         self.telemetry = telemetry
         self.reading: Reading | None = None
+        # the run's processes, read on this machine (a viewer attaches through a local socket)
+        self.run_pid: int | None = engine.pid if engine is not None else None
+        self.load: ProcessLoad | None = None
         self.util_history: dict[int, list[float]] = {}  # by NVML index: every GPU, so none starts blank
         self.devices: tuple[str, ...] | None = None  # this node's devices, once RunStarted names them
         self.device_uuids: tuple[str, ...] = ()  # theirs, where the engine sent them
@@ -73,20 +79,23 @@ class DashboardScreen(Screen):
     # --------------------------------------------------------------------------------- layout
     def compose(self) -> ComposeResult:
         yield Static(id="topbar")
-        with Horizontal(id="main"):
-            with Vertical(id="left"):
-                yield LossChart(id="loss")
-                yield Static(id="lr")
-            with VerticalScroll(id="side"):
-                yield Panel("run", id="state")
-                yield Panel("throughput", id="throughput")
-                yield Vertical(id="gpus")  # one panel per GPU the run uses, mounted by redraw
-                yield Panel("memory", id="memory")
-                yield Panel("host", id="host")
+        with Horizontal(id="body"):  # vertical when the chat pane goes under the chart
+            with Vertical(id="work"):
+                with Horizontal(id="main"):
+                    with Vertical(id="left"):
+                        yield LossChart(id="loss")
+                        yield Static(id="lr")
+                    with SideColumn(id="side"):
+                        yield Panel("run", id="state")
+                        yield Panel("throughput", id="throughput")
+                        yield Vertical(id="gpus")  # one panel per GPU the run uses, mounted by redraw
+                        yield Panel("memory", id="memory")
+                        yield Panel("host", id="host")
+                yield Static(id="stepline")
+                yield Static(id="devices")  # a bar per GPU, or the CPU run's own load
+                yield Static(id="failure")
+                yield RichLog(id="log", max_lines=5000, markup=False, highlight=False, wrap=True)
             yield ChatPane(self.send_sample, id="chat")
-        yield ProgressBar(id="progress", show_eta=False)
-        yield Static(id="failure")
-        yield RichLog(id="log", max_lines=5000, markup=False, highlight=False, wrap=True)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -104,6 +113,8 @@ class DashboardScreen(Screen):
     def on_resize(self, event=None) -> None:
         self.set_class(self.size.width < NARROW, "narrow")
         self.set_class(self.size.height < SHORT, "short")
+        self.set_class(self.size.height >= TALL, "tall")
+        self.set_class(self.size.width < CHAT_BESIDE, "stacked")
         self.dirty = True  # the GPU panels' layout follows the width
 
     # ---------------------------------------------------------------------------- the bridge
@@ -155,6 +166,7 @@ class DashboardScreen(Screen):
     # --------------------------------------------------------------------------------- redraw
     def sample_telemetry(self) -> None:
         self.reading = self.telemetry.read()
+        self.load = self.telemetry.process_load(self.run_pid) if self.run_pid is not None else None
         for g in self.reading.gpus:
             if g.util is not None:
                 self.util_history[g.index] = (self.util_history.get(g.index, []) + [g.util])[-120:]
@@ -178,7 +190,7 @@ class DashboardScreen(Screen):
         no_gpu = self.telemetry.nvml_error if self.telemetry else ""
         for key, panel in zip(keys, self.gpu_panels, strict=True):
             panel.border_title, content = gpu_panel(key, indices, self.reading, self.util_history, no_gpu, narrow)
-            panel.update(content)
+            panel.show(content)
 
     def mount_gpu_panels(self, keys: list[str]) -> None:
         """Replace the GPU panels: classes, not ids, name them, as the old ones leave only after
@@ -188,6 +200,19 @@ class DashboardScreen(Screen):
         self.gpu_keys = keys
         self.gpu_panels = [Panel("GPU", classes=f"gpu gpu-{key}") for key in keys]
         box.mount_all(self.gpu_panels)
+
+    def device_lines(self, gpus: list[int], width: int) -> Text:
+        """A bar per GPU of the run (two to four lines at most, several GPUs to a line when they
+        are many), or the CPU run's own CPU and memory."""
+        if gpus:
+            lines = gpu_lines(gpus, self.reading, width, 2 if self.has_class("short") else 4)
+        elif any(d.startswith("cuda") for d in self.devices or ()):
+            lines = [Text("GPU: no reading of the run's GPU" + (f" ({self.telemetry.nvml_error})"
+                                                                 if self.telemetry and self.telemetry.nvml_error
+                                                                 else ""), style="dim")]
+        else:
+            lines = [cpu_line(self.load, self.reading, width)]
+        return Text("\n").join(lines)
 
     def redraw(self) -> None:
         if not self.dirty:
@@ -213,8 +238,10 @@ class DashboardScreen(Screen):
         lr_line = f"lr {v.lr:.2e} " if v.lr is not None else "lr – "
         width = max(8, self.query_one("#lr").size.width - len(lr_line) - 1)
         self.query_one("#lr", Static).update(lr_line + spark([x / lr_max * 100 for x in v.lrs[::max(1, len(v.lrs) // width)]], width))
-        bar = self.query_one("#progress", ProgressBar)
-        bar.update(total=v.max_steps or None, progress=v.step)
+        width = self.query_one("#stepline").content_region.width or self.size.width
+        self.query_one("#stepline", Static).update(step_text(v, width))
+        self.query_one("#devices", Static).update(self.device_lines(gpus, width))
+        self.query_one(SideColumn).fit()
         chart = self.query_one("#loss", LossChart)
         chart.set_data(v.steps, v.losses, v.val_steps, v.val_losses)
         chart.redraw()
@@ -263,6 +290,10 @@ class DashboardScreen(Screen):
             self.stopping = True
             self.engine.send(P.Abort(save=choice == "save"))
             self.notify("stopping: " + ("writing a checkpoint first" if choice == "save" else "without saving"))
+
+    def action_expand(self) -> None:
+        """Open the next side panel; the others collapse to a line each where they do not fit."""
+        self.notify(f"{self.query_one(SideColumn).cycle()} panel open", timeout=2)
 
     def action_log_scale(self) -> None:
         chart = self.query_one("#loss", LossChart)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rich.table import Table
 from rich.text import Text
+from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from lmcockpit.core import protocol as P
@@ -178,11 +179,84 @@ def host_rows(reading: Reading | None) -> list[tuple[str, str]]:
 
 
 class Panel(Static):
-    """A titled box of key/value rows."""
+    """A titled box of key/value rows; collapsed, one line: its title and its first rows' figures."""
 
     def __init__(self, title: str, **kwargs):
         super().__init__(**kwargs)
         self.border_title = title
+        self.body: Table = kv_table([])
+        self.collapsed = False
 
     def show_rows(self, rows: list[tuple[str, str]]) -> None:
-        self.update(kv_table(rows))
+        self.show(kv_table(rows))
+
+    def show(self, table: Table) -> None:
+        self.body = table
+        self.paint()
+
+    @property
+    def lines(self) -> int:
+        """Its height expanded, borders included (every cell is no_wrap: a row is a line)."""
+        return len(self.body.rows) + 2
+
+    def summary(self) -> Text:
+        cells = [[str(c) for c in column.cells] for column in self.body.columns]
+        rows = [" ".join(c for c in row if c.strip()) for row in zip(*cells)]
+        text = Text("▸ ", style="dim")
+        text.append(self.border_title or "", style="bold")
+        text.append("  " + " · ".join(r for r in rows[:3] if r.strip()))
+        text.no_wrap, text.overflow = True, "ellipsis"
+        return text
+
+    def collapse(self, collapsed: bool) -> None:
+        if collapsed != self.collapsed:
+            self.collapsed = collapsed
+            self.set_class(collapsed, "collapsed")
+            self.paint()
+
+    def paint(self) -> None:
+        self.update(self.summary() if self.collapsed else self.body)
+
+
+class SideColumn(VerticalScroll):
+    """The panels beside the chart. Those that do not all fit collapse to a line each: the one
+    chosen (`cycle` moves the choice) stays open, then as many of the others, in order, as fit."""
+
+    GROUPS = ("state", "throughput", "gpu", "memory", "host")
+
+    def __init__(self, *children, **kwargs):
+        super().__init__(*children, **kwargs)
+        self.chosen = "throughput"
+
+    def groups(self) -> list[tuple[str, list[Panel]]]:
+        """The panels shown, by group: every GPU panel is one group."""
+        shown = [p for p in self.query(Panel) if p.styles.display != "none"]
+        by_group = [(g, [p for p in shown if (p.has_class("gpu") if g == "gpu" else p.id == g)]) for g in self.GROUPS]
+        return [(g, panels) for g, panels in by_group if panels]
+
+    def cycle(self) -> str:
+        """Open the next group; its name."""
+        names = [g for g, _ in self.groups()]
+        if names:
+            self.chosen = names[(names.index(self.chosen) + 1) % len(names)] if self.chosen in names else names[0]
+        self.fit()
+        return self.chosen
+
+    def fit(self) -> None:
+        height = self.size.height
+        groups = self.groups()
+        if not height or not groups:
+            return
+        chosen = self.chosen if self.chosen in dict(groups) else groups[0][0]
+        opened, used = set(), sum(len(panels) for _, panels in groups)  # all collapsed: a line each
+        for name, panels in sorted(groups, key=lambda gp: gp[0] != chosen):  # the chosen first
+            extra = sum(p.lines - 1 for p in panels)
+            if used + extra <= height or name == chosen:
+                opened.add(name)
+                used += extra
+        for name, panels in groups:
+            for p in panels:
+                p.collapse(name not in opened)
+
+    def on_resize(self) -> None:
+        self.fit()
