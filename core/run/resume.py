@@ -3,8 +3,9 @@
 A run folder continues in place from its latest complete checkpoint (metrics.jsonl loses the
 lines past that checkpoint's step, so no step appears twice); a checkpoint folder continues into
 a new run folder. The checkpoint's own config is used: `--set` may change the step budget, the
-eval/checkpoint/log/sample cadence, and what gets a run past a loss spike (learning rates,
-clipping, what to do on a non-finite loss); it refuses the rest (model, data, batch) by name. The
+eval/checkpoint/log/sample cadence, where metrics are logged ([logging]), and what gets a run past
+a loss spike (learning rates, clipping, what to do on a non-finite loss); it refuses the rest
+(model, data, batch) by name. The
 number of processes may change too (2 → 1, 1 → 2, DDP ↔ FSDP): accumulation is then rescaled so
 that every step still takes the same sequences, which is what makes the continued run the same
 run. A run folder that an engine is training in is not resumed meanwhile (runfolder.hold_run_dir).
@@ -31,7 +32,7 @@ SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eva
                   # What gets a run past a loss spike: they change the steps to come, which is the point.
                   "optimizer.lr", "optimizer.muon_lr", "training.grad_clip", "training.on_nan",
                   "training.max_nan_skips"}
-SAFE_SECTIONS = {"sample"}
+SAFE_SECTIONS = {"sample", "logging"}  # neither changes a step
 
 
 @dataclass(frozen=True)
