@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..config import Config, ConfigError, apply_overrides, config_from_dict, parse_override, read_toml, write_config
 from .checkpoints import check_checkpoint, is_run_dir
+from .extras import require_logger_packages
 from .folder import (CHECKPOINTS, CONFIG, METRICS, check_not_training, create_run_dir, latest_checkpoint,
                         step_dirs)
 
@@ -78,6 +79,7 @@ def plan_resume(path_arg: str, overrides: list[str], out: str | None) -> ResumeP
         raise ConfigError(f"--resume {path}: the checkpoint is at step {step} and training.max_steps is "
                           f"{cfg.training.max_steps}; raise it with --set training.max_steps=N")
     if in_place:
+        require_logger_packages(cfg)  # before the run folder is rewritten (create_run_dir checks a new one)
         run_dir = path
         write_config(cfg, run_dir / CONFIG)
         truncate_metrics(run_dir / METRICS, step)
