@@ -238,3 +238,28 @@ def test_a_resume_asking_for_a_missing_package_leaves_the_run_folder_as_it_was(l
                                           r"pip install 'lmcockpit\[wandb\]'"):
         plan_resume(str(logged_run.dir), ["training.max_steps=10"], None)
     assert {p: p.read_bytes() for p in before} == before
+
+
+@pytest.mark.parametrize("override, message", [
+    ("logging.tensorboard=1", "--set: logging.tensorboard must be true or false, got an integer 1"),
+    ("logging.wandb=true", "--set: logging.wandb must be a string, got a boolean True"),
+    ("logging.wandb=\"team/project\"", "--set: logging.wandb = 'team/project' must be a W&B project name"),
+    ("logging.tensorbord=true", "--set: unknown key logging.tensorbord (did you mean logging.tensorboard?)"),
+])
+def test_logging_settings_are_checked_like_the_others(override, message):
+    from lmcockpit.core.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config("debug", [override])
+    assert str(e.value).startswith(message)
+
+
+def test_the_loggers_are_off_unless_asked_for_and_may_change_on_resume(logged_run, tmp_path):
+    from lmcockpit.core.config import load_config
+
+    cfg, _ = load_config("debug")
+    assert (cfg.logging.tensorboard, cfg.logging.wandb) == (False, "")
+    ckpt = logged_run.dir / "checkpoints" / "step_000008"
+    plan = plan_resume(str(ckpt), ["training.max_steps=10", "logging.tensorboard=false", "logging.wandb=other"],
+                       str(tmp_path / "continued"))
+    assert (plan.cfg.logging.tensorboard, plan.cfg.logging.wandb) == (False, "other")
