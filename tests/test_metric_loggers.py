@@ -6,6 +6,7 @@ error before anything starts."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 import sys
 from pathlib import Path
@@ -222,7 +223,7 @@ def test_a_logger_whose_package_is_missing_is_a_usage_error_before_the_run(tmp_p
     (hide / "sitecustomize.py").write_text(f"import sys\nsys.modules[{package!r}] = None\n")
     out = tmp_path / "run"
     proc = cli("--run", "debug", *as_flags([f"logging.{key}={value}"]), "--out", str(out),
-               env={"PYTHONPATH": str(hide)})
+               env={"PYTHONPATH": os.pathsep.join(filter(None, [str(hide), os.environ.get("PYTHONPATH")]))})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"pip install 'lmcockpit[{package}]'" in proc.stderr and f"logging.{key} = " in proc.stderr
     assert "Traceback" not in proc.stderr
