@@ -77,8 +77,8 @@ class WandbLogger:
                               resume="allow", settings=wandb.Settings(console="off"))
         if saved is None:
             id_file.write_text(self.run.id + "\n")
-        # Logged at W&B's own step (log(step=...)), which only goes up, the steps a resume redoes
-        # after an earlier checkpoint would be dropped: W&B counts rows, and charts them against ours.
+        # W&B's own step (log(step=...)) may only go up: the steps a resume from an earlier checkpoint
+        # redoes would be dropped. Rows go in at W&B's counter instead, charted against a `step` of ours.
         self.run.define_metric("step")
         for prefix in PREFIXES:
             self.run.define_metric(f"{prefix}/*", step_metric="step")
