@@ -150,6 +150,13 @@ class DistributedConfig:
 
 
 @dataclass
+class LoggingConfig:
+    """Where else the metrics go, besides metrics.jsonl: what a team already watches."""
+    tensorboard: bool = False  # event files in the run folder's tensorboard/ (needs lmcockpit[tensorboard])
+    wandb: str = ""  # a Weights & Biases project to log to; "": none (needs lmcockpit[wandb])
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -161,6 +168,7 @@ class Config:
     sample: SampleConfig = field(default_factory=SampleConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     # Derived values the rest of the code reads, so the 0-means-default rules live in one place.
     @property
@@ -356,6 +364,8 @@ def _check_type(key: str, value: Any, hint: Any, source: str) -> Any:
     return float(value) if hint is float else value
 
 
+WANDB_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")  # wandb.init refuses these: said here, before a run
+
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
@@ -434,6 +444,10 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
          f"training.auto_micro_batch = true needs a single process (distributed.nproc = {cfg.distributed.nproc}, "
          f"nnodes = {cfg.distributed.nnodes}): every rank must use the same micro-batch; set "
          "training.micro_batch_size (lmcockpit presets shows what fits)")
+    project = cfg.logging.wandb
+    need(len(project) <= 128 and not any(c in project for c in WANDB_FORBIDDEN),
+         f"logging.wandb = {project!r} must be a W&B project name: at most 128 characters, none of "
+         f"{' '.join(WANDB_FORBIDDEN)}")
     dev = cfg.hardware.device
     need(dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()),
          f"hardware.device = {dev!r} must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")

@@ -149,7 +149,7 @@ def train(run_dir: str, config: dict, resume_from: str | None, events, cmds: Com
         if trainer is not None:
             if failure is not None and group is None:
                 trainer.metrics.write("failure", step=trainer.step, message=failure.message)
-            trainer.close()
+            trainer.close(failed=failure is not None)
     return final, failure
 
 

@@ -1,4 +1,5 @@
 """The run folder on disk: its layout, lock and metrics log (`folder`), a checkpoint folder found
-and checked (`checkpoints`), and a resume planned before any engine starts (`resume`).
+and checked (`checkpoints`), a resume planned before any engine starts (`resume`), and the
+optional packages a run's config needs, looked for before its folder is made (`extras`).
 
 Torch: never. The front-end reads all of it."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, ConfigError, config_from_dict, read_toml, write_config
+from .extras import require_logger_packages
 
 CONFIG = "config.toml"
 METRICS = "metrics.jsonl"
@@ -36,6 +37,7 @@ def default_run_dir(name: str, runs_root: Path = Path("runs")) -> Path:
 
 
 def create_run_dir(cfg: Config, name: str, out: str | None) -> Path:
+    require_logger_packages(cfg)  # every front-end starts a new run through here
     path = Path(out).expanduser() if out else default_run_dir(name)
     if cfg.distributed.nnodes > 1:
         return join_run_dir(cfg, path, out)

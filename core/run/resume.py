@@ -3,8 +3,9 @@
 A run folder continues in place from its latest complete checkpoint (metrics.jsonl loses the
 lines past that checkpoint's step, so no step appears twice); a checkpoint folder continues into
 a new run folder. The checkpoint's own config is used: `--set` may change the step budget, the
-eval/checkpoint/log/sample cadence, and what gets a run past a loss spike (learning rates,
-clipping, what to do on a non-finite loss); it refuses the rest (model, data, batch) by name. The
+eval/checkpoint/log/sample cadence, where metrics are logged ([logging]), and what gets a run past
+a loss spike (learning rates, clipping, what to do on a non-finite loss); it refuses the rest
+(model, data, batch) by name. The
 number of processes may change too (2 → 1, 1 → 2, DDP ↔ FSDP): accumulation is then rescaled so
 that every step still takes the same sequences, which is what makes the continued run the same
 run. A run folder that an engine is training in is not resumed meanwhile (runfolder.hold_run_dir).
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from ..config import Config, ConfigError, apply_overrides, config_from_dict, parse_override, read_toml, write_config
 from .checkpoints import check_checkpoint, is_run_dir
+from .extras import require_logger_packages
 from .folder import (CHECKPOINTS, CONFIG, METRICS, check_not_training, create_run_dir, latest_checkpoint,
                         step_dirs)
 
@@ -31,7 +33,7 @@ SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eva
                   # What gets a run past a loss spike: they change the steps to come, which is the point.
                   "optimizer.lr", "optimizer.muon_lr", "training.grad_clip", "training.on_nan",
                   "training.max_nan_skips"}
-SAFE_SECTIONS = {"sample"}
+SAFE_SECTIONS = {"sample", "logging"}  # neither changes a step
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ def plan_resume(path_arg: str, overrides: list[str], out: str | None) -> ResumeP
         raise ConfigError(f"--resume {path}: the checkpoint is at step {step} and training.max_steps is "
                           f"{cfg.training.max_steps}; raise it with --set training.max_steps=N")
     if in_place:
+        require_logger_packages(cfg)  # before the run folder is rewritten (create_run_dir checks a new one)
         run_dir = path
         write_config(cfg, run_dir / CONFIG)
         truncate_metrics(run_dir / METRICS, step)

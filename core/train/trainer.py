@@ -33,6 +33,7 @@ from ..run.checkpoints import checkpoint_config, tokenizer_file
 from ..run.folder import CHECKPOINTS, METRICS, MetricsLog, TOKENIZER, list_checkpoints
 from . import checkpoint, memory_fit, nan_debug
 from .group import Group
+from .loggers import Metrics, start_loggers
 from .memory_fit import OutOfMemory, oom_in
 from .optim import build_optimizers, clip_grad_norm, lr_multiplier, set_lr, set_peak_lrs
 
@@ -49,7 +50,7 @@ class NoMetrics:
     def write(self, kind: str, **fields) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         pass
 
 
@@ -61,7 +62,7 @@ class Trainer:
         self.resume_from = Path(resume_from) if resume_from else None
         self.next_command = next_command
         self.group = group
-        self.metrics = MetricsLog(self.run_dir / METRICS) if group.is_main else NoMetrics()
+        self.metrics = Metrics(MetricsLog(self.run_dir / METRICS), log) if group.is_main else NoMetrics()
         self.stop: P.Abort | None = None
         self.paused = False
         self.step = 0  # optimizer steps completed
@@ -120,6 +121,8 @@ class Trainer:
                  f"{m.n_head} heads / {m.n_kv_head} kv heads; device {self.device}, precision {self.precision}, "
                  f"compile {'on' if cfg.training.compile else 'off'}, {cfg.tokens_per_step:,} tokens/step{procs}")
         self.log(attention_header(cfg, self.device, self.precision))
+        if g.is_main:  # after a resume's checkpoint (its step) and the micro-batch search (the config)
+            self.metrics.start(start_loggers(cfg, self.run_dir, self.step))
         devices = g.local_devices(self.device)
         self.emit(P.RunStarted(str(self.run_dir), cfg.to_dict(), self.n_params, str(self.device),
                                self.precision, self.step, cfg.training.max_steps, cfg.tokens_per_step,
@@ -462,8 +465,8 @@ class Trainer:
                 self.metrics.write("sample", step=self.step, prompt=prompt, text=text)
                 self.log(f"sample at step {self.step}: {prompt + text!r}")
 
-    def close(self) -> None:
-        self.metrics.close()
+    def close(self, failed: bool = False) -> None:
+        self.metrics.close(failed)
         if self.group.distributed:  # `--nproc 1` too: a group of one still has gloo's threads
             self.release_model()
         self.group.close()
