@@ -8,30 +8,19 @@ import os
 from collections import Counter
 from pathlib import Path
 
-import tomli_w
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Container, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
-from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, write_config
+from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, toml_value, write_config
 from lmcockpit.core.data import budget as data_budget
 from lmcockpit.core.hardware.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count
 from lmcockpit.core.process import live
 from lmcockpit.core.run.folder import CONFIG, recent_runs, run_summary
 from lmcockpit.tui.presets import STYLE as VERDICT_STYLE, preset_rows
 from lmcockpit.tui.runview import DASH, fmt_duration
-
-
-def toml_value(value) -> str:
-    """A value as `--set` takes it, on one line (tomli_w spreads a list over several, which a
-    table row and the edit box cannot show)."""
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):  # a mixture's part: an inline table, as --set data.sources=[{...}] takes it
-        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
-    return tomli_w.dumps({"v": value}).strip()[4:]
 
 
 def flatten(cfg: Config) -> list[tuple[str, str]]:
