@@ -457,6 +457,16 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
          "each take their own (process i uses GPU i); use \"auto\" or \"cuda\", and CUDA_VISIBLE_DEVICES to choose GPUs")
 
 
+def toml_value(value) -> str:
+    """A value as `--set` takes it, on one line (tomli_w spreads a list over several, which a
+    table row and the edit box cannot show)."""
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # a mixture's part: an inline table, as --set data.sources=[{...}] takes it
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
+    return tomli_w.dumps({"v": value}).strip()[4:]
+
+
 def write_config(cfg: Config, path: Path) -> None:
     """Atomically (temporary file, then rename): another machine of the run may be reading it."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = {"lmcockpit": REPO / "lmcockpit", "lmcockpit.core": REPO / "core", "lmcockpit.tui": REPO / "tui"}
-HEAVY = {"torch", "transformers", "numpy", "tensorboard", "wandb"}  # seconds to import: never in the front-end's start
+HEAVY = {"torch", "transformers", "numpy", "tensorboard", "wandb", "matplotlib"}  # seconds to import: never in the front-end's start
 
 
 @dataclass

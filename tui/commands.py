@@ -44,6 +44,7 @@ GROUPS = ("train", "data", "models", "machine", "help")
 COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("attach", "lmcockpit.tui.attach", "train", "the dashboard of a run training in the background"),
     Command("ps", "lmcockpit.tui.ps", "train", "the runs training in the background, and dead ones"),
+    Command("compare", "lmcockpit.tui.compare", "train", "runs side by side: differing settings, losses, a chart"),
     Command("serve", "lmcockpit.tui.serve", "train", "the cockpit in a web browser, through an SSH tunnel"),
     Command("data", "lmcockpit.tui.data", "data", "token caches: prepare, info (a preset's data too), rm"),
     Command("chat", "lmcockpit.tui.chat", "models", "sample from a trained model, at a prompt or once"),

@@ -8,30 +8,20 @@ import os
 from collections import Counter
 from pathlib import Path
 
-import tomli_w
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Container, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
-from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, write_config
+from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, toml_value, write_config
 from lmcockpit.core.data import budget as data_budget
 from lmcockpit.core.hardware.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count
 from lmcockpit.core.process import live
 from lmcockpit.core.run.folder import CONFIG, recent_runs, run_summary
 from lmcockpit.tui.presets import STYLE as VERDICT_STYLE, preset_rows
 from lmcockpit.tui.runview import DASH, fmt_duration
-
-
-def toml_value(value) -> str:
-    """A value as `--set` takes it, on one line (tomli_w spreads a list over several, which a
-    table row and the edit box cannot show)."""
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):  # a mixture's part: an inline table, as --set data.sources=[{...}] takes it
-        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
-    return tomli_w.dumps({"v": value}).strip()[4:]
 
 
 def flatten(cfg: Config) -> list[tuple[str, str]]:
@@ -106,6 +96,10 @@ class LaunchScreen(Screen):
         ("s", "save_as", "Save as"),
         ("r", "resume", "Resume"),
         ("o", "open_chat", "Chat"),
+        # Left off the footer, which has no room at 80 columns; `?` lists them, and the runs
+        # table says how many are marked.
+        Binding("space", "mark", "Mark a run to compare", show=False),
+        Binding("c", "compare", "Compare the marked runs", show=False),
         ("p", "processes", "Processes"),
         ("question_mark", "help", "Help"),
         ("q", "app.quit", "Quit"),
@@ -122,6 +116,7 @@ class LaunchScreen(Screen):
         self.overrides: dict[str, str] = {}  # key → TOML value text, as --set takes them
         self.editing: str | None = None
         self.runs: list[Path] = []
+        self.marked: list[str] = []  # run folders (the runs table's row keys) marked to compare, in order
         self.live: dict[str, live.LiveRun] = {}  # by run folder: the runs a host serves, or did until it died
         self.gpu_count = 0  # GPUs CUDA may use here: `p` offers 1 to this many processes
 
@@ -226,14 +221,26 @@ class LaunchScreen(Screen):
                         reverse=True)
         self.runs = [r.run_dir for r in self.live.values()] + others
         for run in self.live.values():
-            table.add_row(*live_row(run), key=str(run.run_dir))
+            name, *cells = live_row(run)
+            table.add_row(self.marked_name(str(run.run_dir), name), *cells, key=str(run.run_dir))
         for run in others:
             s = run_summary(run)
             step = f"{s['step']}/{s['max_steps']}" if s["max_steps"] else str(s["step"])
             loss = f"{s['loss']:.3f}" if s["loss"] is not None else DASH
-            table.add_row(s["name"], s["status"], step, loss, key=str(run))
-        if selected in map(str, self.runs):
+            table.add_row(self.marked_name(str(run), s["name"]), s["status"], step, loss, key=str(run))
+        listed = set(map(str, self.runs))
+        self.marked = [m for m in self.marked if m in listed]  # a run folder deleted meanwhile
+        self.show_marked()
+        if selected in listed:
             table.move_cursor(row=table.get_row_index(selected))
+
+    def marked_name(self, key: str, name: str | Text) -> str | Text:
+        """The run cell: a marked run's name after a ●."""
+        return Text.assemble(("● ", "bold magenta"), name) if key in self.marked else name
+
+    def show_marked(self) -> None:
+        self.query_one("#runs", DataTable).border_subtitle = (
+            f"{len(self.marked)} marked · c compares" if self.marked else "")
 
     def on_screen_resume(self) -> None:
         """Back from a run's dashboard or a chat: the runs folder may have changed (a new run, a
@@ -392,6 +399,33 @@ class LaunchScreen(Screen):
             from lmcockpit.tui.screens.chat import ChatScreen
 
             self.app.push_screen(ChatScreen(run))
+
+    def action_mark(self) -> None:
+        """Space on a run: marked to compare, or unmarked; the ● stays through the table's refreshes."""
+        table = self.query_one("#runs", DataTable)
+        if not table.has_focus:
+            return
+        if not (run := self.selected_run()):
+            return
+        if run in self.marked:
+            self.marked.remove(run)
+        else:
+            self.marked.append(run)
+        self.refresh_runs()
+
+    def action_compare(self) -> None:
+        if len(self.marked) < 2:
+            self.notify("mark two runs or more to compare: space on each in the runs table, then c",
+                        severity="warning")
+            return
+        from lmcockpit.tui.screens.compare import CompareScreen
+
+        try:
+            screen = CompareScreen([Path(m) for m in self.marked])
+        except ConfigError as e:
+            self.notify(str(e), severity="error")
+            return
+        self.app.push_screen(screen)
 
     def action_help(self) -> None:
         from lmcockpit.tui.screens.dialogs import HelpScreen

@@ -17,16 +17,7 @@ from rich.text import Text
 from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
-EMA_BETA = 0.9
-
-
-def ema(values: list[float], beta: float = EMA_BETA) -> list[float]:
-    """Bias-corrected exponential moving average, as training dashboards smooth a loss."""
-    out, avg = [], 0.0
-    for i, v in enumerate(values, 1):
-        avg = beta * avg + (1 - beta) * v
-        out.append(avg / (1 - beta**i))
-    return out
+from lmcockpit.core.run.compare import EMA_BETA, ema  # noqa: F401 -- one smoothing for every chart
 
 
 def downsample(xs: list[int], ys: list[float], points: int) -> tuple[list[float], list[float]]:

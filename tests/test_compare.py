@@ -1,0 +1,205 @@
+"""Comparing runs: run folders the real engine wrote, read into curves and a summary; the launch
+screen's marks and compare view through App.run_test(); `lmcockpit compare` as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lmcockpit.core import protocol as P
+from lmcockpit.core.config import ConfigError
+from lmcockpit.core.run.compare import differing_settings, load_run
+from lmcockpit.core.run.folder import METRICS, read_metrics
+from lmcockpit.tui.app import CockpitApp
+from lmcockpit.tui.screens.compare import CompareScreen
+from lmcockpit.tui.screens.launch import LaunchScreen
+from lmcockpit.tui.widgets.compare_chart import CompareChart
+
+from .conftest import cli, drive_engine, tiny_config
+from .test_cockpit import shown_in, wait_for
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Two tiny finished runs, alike but for the AdamW learning rate: runs/lr-high, runs/lr-low."""
+    root = tmp_path_factory.mktemp("compare") / "runs"
+    for name, lr in (("lr-high", "0.01"), ("lr-low", "0.001")):
+        engine, _ = drive_engine(tiny_config(f"optimizer.lr={lr}"), root / name)
+        assert engine.final_state == P.FINISHED, engine.failure
+    return root
+
+
+# ------------------------------------------------------------------------------ loading
+def test_a_run_folder_reads_into_its_curves_and_summary(runs):
+    run = load_run(runs / "lr-high")
+    steps = read_metrics(runs / "lr-high", "step")
+    evals = read_metrics(runs / "lr-high", "eval")
+    assert run.name == "lr-high" and run.status == "finished"
+    assert run.steps == list(range(1, 13)) and run.losses == [r["loss"] for r in steps]
+    assert (run.val_steps, run.val_losses) == ([6, 12], [r["val_loss"] for r in evals])
+    assert run.final_loss == steps[-1]["loss"]
+    best = min(evals, key=lambda r: r["val_loss"])
+    assert run.best_val == (best["val_loss"], best["step"])
+    rates = sorted(r["tokens_per_s"] for r in steps[1:])  # the first step's warm-up left out
+    assert run.median_tokens_per_s == pytest.approx((rates[5] + rates[6]) / 2 if len(rates) % 2 == 0 else rates[5])
+    assert run.train_time == pytest.approx(sum(r["dt"] for r in steps))
+    tokens_per_step = 8 * 1 * 64  # debug: micro-batch 8, no accumulation, 64 tokens a sequence
+    assert run.x("tokens") == [s * tokens_per_step for s in range(1, 13)]
+    assert run.x("time")[-1] == pytest.approx(run.train_time)
+    # an evaluation sits at the training time its step had reached
+    assert run.val_x("time") == [run.x("time")[5], run.x("time")[11]]
+
+
+def test_a_run_continued_from_an_earlier_step_reads_as_it_stands(runs, tmp_path):
+    """A file that holds steps 7-12 twice (a run that went past step 6, then was continued from
+    its step-6 checkpoint with another learning rate, its file not cut back): the later rows are
+    the run. Stitched from the two real runs' files: lr-high's whole history, then lr-low's from
+    step 7."""
+    first = (runs / "lr-high" / METRICS).read_text().splitlines()
+    again = [line for line in (runs / "lr-low" / METRICS).read_text().splitlines()
+             if json.loads(line).get("step", 0) > 6]
+    stitched = tmp_path / "stitched"
+    stitched.mkdir()
+    shutil.copy(runs / "lr-high" / "config.toml", stitched / "config.toml")
+    (stitched / METRICS).write_text("\n".join(first + again) + "\n")
+
+    run = load_run(stitched)
+    high, low = load_run(runs / "lr-high"), load_run(runs / "lr-low")
+    assert run.steps == list(range(1, 13))
+    assert run.losses == high.losses[:6] + low.losses[6:]
+    assert run.val_steps == [6, 12] and run.val_losses == [high.val_losses[0], low.val_losses[1]]
+    # the time the run as it stands took: the abandoned steps 7-12 left out
+    high_rows, low_rows = read_metrics(runs / "lr-high", "step"), read_metrics(runs / "lr-low", "step")
+    assert run.train_time == pytest.approx(sum(r["dt"] for r in high_rows[:6]) + sum(r["dt"] for r in low_rows[6:]))
+
+
+def test_the_differing_settings_are_exactly_those_that_differ(runs, tmp_path):
+    high, low = load_run(runs / "lr-high"), load_run(runs / "lr-low")
+    assert differing_settings([high, low]) == ["optimizer.lr"]
+    assert (high.config["optimizer.lr"], low.config["optimizer.lr"]) == (0.01, 0.001)
+    assert differing_settings([high, load_run(runs / "lr-high")]) == []
+    # a key one config lacks (written by another version) differs from any value
+    older = tmp_path / "older"
+    older.mkdir()
+    text = (runs / "lr-high" / "config.toml").read_text()
+    (older / "config.toml").write_text("\n".join(l for l in text.splitlines() if not l.startswith("max_nan_skips")))
+    assert differing_settings([high, load_run(older)]) == ["training.max_nan_skips"]
+
+
+def test_a_folder_that_is_not_a_run_is_named_in_the_error(tmp_path):
+    with pytest.raises(ConfigError, match=f"{tmp_path}: not a run folder \\(expected config.toml"):
+        load_run(tmp_path)
+    with pytest.raises(ConfigError, match="nowhere: no such run folder"):
+        load_run(tmp_path / "nowhere")
+
+
+# ---------------------------------------------------------------------------- the cockpit
+async def test_marked_runs_open_side_by_side_and_come_back_marked(runs):
+    app = CockpitApp(runs_root=runs, telemetry=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        launch = app.screen
+        assert isinstance(launch, LaunchScreen)
+        table = launch.query_one("#runs")
+        table.focus()
+        await pilot.press("c")  # nothing marked: says what to do, stays
+        assert app.screen is launch
+        assert any("space on each" in n.message for n in app._notifications)
+        for name in ("lr-high", "lr-low"):
+            table.move_cursor(row=table.get_row_index(str(runs / name)))
+            await pilot.press("space")
+        assert launch.marked == [str(runs / "lr-high"), str(runs / "lr-low")]
+        launch.refresh_runs()  # what the 2-second refresh does: the marks stay drawn
+        await pilot.pause()
+        shown = "\n".join(shown_in(app, table))
+        assert "● lr-high" in shown and "● lr-low" in shown and "2 marked · c compares" in shown
+
+        await pilot.press("c")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        chart = screen.query_one(CompareChart)
+
+        def drawn() -> str:  # the chart as the terminal shows it
+            return "\n".join(shown_in(app, chart))
+
+        await wait_for(pilot, lambda: "loss by step" in drawn(), what="the chart")
+        assert chart.error == "" and chart.legend == ["lr-high", "lr-low"]
+        assert "lr-high" in drawn() and "lr-low" in drawn()
+        compare_table = screen.query_one("#compare-table")
+        assert [str(c) for c in compare_table.get_row("optimizer.lr")[1:]] == ["0.01", "0.001"]
+        assert "finished" in compare_table.get_row("state")
+
+        await pilot.press("x")
+        await wait_for(pilot, lambda: "loss by tokens" in drawn(), what="the tokens axis")
+        await pilot.press("x")
+        await wait_for(pilot, lambda: "training time (s)" in drawn(), what="the time axis")
+        await pilot.press("l")
+        await wait_for(pilot, lambda: "(log scale)" in drawn(), what="the log scale")
+        assert chart.error == ""
+
+        await pilot.press("escape")
+        assert app.screen is launch
+        assert launch.marked == [str(runs / "lr-high"), str(runs / "lr-low")]
+        table.move_cursor(row=table.get_row_index(str(runs / "lr-low")))
+        await pilot.press("space")  # unmarked again
+        assert launch.marked == [str(runs / "lr-high")]
+        assert "● lr-low" not in "\n".join(shown_in(app, table))
+
+
+async def test_the_compare_view_keeps_the_chart_big_at_80x24(runs):
+    app = CockpitApp(runs_root=runs, telemetry=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        launch = app.screen
+        launch.marked = [str(runs / "lr-high"), str(runs / "lr-low")]
+        await pilot.press("c")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        await pilot.pause()
+        chart, table = screen.query_one(CompareChart), screen.query_one("#compare-table")
+        assert chart.size.height >= 12 and chart.error == ""  # at least half of 24 rows
+        shown = "\n".join(shown_in(app, table))
+        assert "optimizer.lr" in shown and "0.001" in shown
+        await pilot.press("q")
+        assert app.screen is launch
+
+
+# ------------------------------------------------------------------------------- the CLI
+def test_compare_prints_the_differing_setting_and_writes_a_png(runs, tmp_path):
+    from matplotlib.image import imread
+
+    out = tmp_path / "out.png"
+    proc = cli("compare", str(runs / "lr-high"), str(runs / "lr-low"), "--png", str(out), "--x", "tokens", "--log")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "\tlr-high\tlr-low"
+    assert lines[1] == "optimizer.lr\t0.01\t0.001"  # piped: tab-separated, the settings first
+    assert any(line.startswith("best val loss\t") for line in lines)
+    assert out.read_bytes()[:8] == PNG_SIGNATURE
+    height, width, _ = imread(out).shape
+    assert (width, height) == (1000, 600)
+
+
+def test_compare_refuses_a_missing_folder_and_a_single_run(runs, tmp_path):
+    proc = cli("compare", str(runs / "lr-high"), str(tmp_path / "nowhere"))
+    assert proc.returncode == 2 and f"{tmp_path / 'nowhere'}: no such run folder" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    proc = cli("compare", str(runs / "lr-high"))
+    assert proc.returncode == 2 and "two or more run folders" in proc.stderr
+
+
+def test_compare_png_without_matplotlib_says_what_to_install(runs, tmp_path):
+    stub = tmp_path / "stub" / "matplotlib"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    out = tmp_path / "out.png"
+    proc = cli("compare", str(runs / "lr-high"), str(runs / "lr-low"), "--png", str(out),
+               env={"PYTHONPATH": str(stub.parent)})
+    assert proc.returncode == 2, proc.stderr
+    assert "pip install 'lmcockpit[plot]'" in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()

@@ -1,0 +1,138 @@
+"""`lmcockpit compare RUN RUN ... [--png FILE] [--x step|tokens|time] [--log]`: runs side by side.
+
+Prints the settings in which the runs differ, a row each, then how each run went: final loss,
+best validation loss, tokens/s, training time. A table on a terminal, tab-separated lines when
+piped. `--png` also draws their loss curves into an image, with matplotlib (the `plot` extra),
+imported only then: the rest of the command, and the cockpit's compare view, do without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lmcockpit.core.config import ConfigError, toml_value
+from lmcockpit.core.run.compare import AXES, RunCurves, axis_scale, differing_settings, ema, load_runs
+from lmcockpit.tui.completers import run_folders
+from lmcockpit.tui.runview import DASH, fmt_duration
+from lmcockpit.tui.usage import Parser, UsageError, error
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="lmcockpit compare", description="Compare run folders: the settings they differ in, then "
+               "final loss, best validation loss, tokens/s and training time; --png draws their loss curves.")
+    p.add_argument("runs", metavar="RUN", nargs="+", help="two or more run folders").completer = run_folders
+    p.add_argument("--png", metavar="FILE", help="also write the loss curves to this PNG (needs matplotlib: "
+                   "pip install 'lmcockpit[plot]')")
+    p.add_argument("--x", choices=AXES, default="step",
+                   help="the chart's x axis: step, tokens seen, or training time (default: step)")
+    p.add_argument("--log", action="store_true", help="log-scale loss axis in the chart")
+    return p
+
+
+def labels(runs: list[RunCurves]) -> list[str]:
+    """Each run by its folder's name; by its path where two share a name (runs/a/x and runs/b/x)."""
+    names = [r.name for r in runs]
+    return [r.name if names.count(r.name) == 1 else str(r.path) for r in runs]
+
+
+def fmt_loss(value: float | None) -> str:
+    return f"{value:.4f}" if value is not None else DASH
+
+
+def fmt_time(seconds: float) -> str:
+    """Training time; under a minute in seconds, where h:mm:ss would say 0:00:00 for short runs."""
+    return f"{seconds:.1f}s" if seconds < 60 else fmt_duration(seconds)
+
+
+Row = tuple[str, list[str]]  # what, then a cell per run
+
+
+def setting_rows(runs: list[RunCurves]) -> list[Row]:
+    """A row per setting the runs differ in (a dash where a run's config lacks it). The CLI and
+    the cockpit's compare view show the same rows."""
+    return [(key, [toml_value(r.config[key]) if key in r.config else DASH for r in runs])
+            for key in differing_settings(runs)]
+
+
+def result_rows(runs: list[RunCurves]) -> list[Row]:
+    return [
+        ("final loss (ema)", [fmt_loss(r.final_loss_ema) for r in runs]),
+        ("final loss", [fmt_loss(r.final_loss) for r in runs]),
+        ("best val loss", [f"{b[0]:.4f} @ {b[1]}" if (b := r.best_val) else DASH for r in runs]),
+        ("tokens/s", [f"{t:,.0f}" if (t := r.median_tokens_per_s) is not None else DASH for r in runs]),
+        ("time", [fmt_time(r.train_time) if r.steps else DASH for r in runs]),
+        ("steps", [str(r.steps[-1]) if r.steps else "0" for r in runs]),
+        ("state", [r.status for r in runs]),
+    ]
+
+
+def write_png(runs: list[RunCurves], path: Path, axis: str = "step", log: bool = False) -> None:
+    """The loss curves, one colour a run: its train loss smoothed (EMA) as a line, its evaluations
+    as points. A UsageError when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display: a file is all that is drawn
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--png needs matplotlib, which is not installed: pip install 'lmcockpit[plot]'") from None
+    largest = max((max(r.x(axis)[-1:] + r.val_x(axis)[-1:], default=0.0) for r in runs), default=0.0)
+    xlabel, unit = axis_scale(axis, largest)
+    fig, ax = plt.subplots(figsize=(10, 6), dpi=100)
+    for i, (run, label) in enumerate(zip(runs, labels(runs))):
+        color = f"C{i % 10}"
+        if run.steps:
+            ax.plot([x / unit for x in run.x(axis)], ema(run.losses), color=color, label=label, linewidth=1.5)
+        if run.val_steps:
+            ax.scatter([x / unit for x in run.val_x(axis)], run.val_losses, color=color, s=24, marker="o",
+                       edgecolors="black", linewidths=0.5, zorder=3, label=f"{label} (val)")
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("loss (train: EMA; points: validation)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    try:
+        fig.savefig(path, format="png")
+    except OSError as e:
+        raise UsageError(f"--png {path}: cannot write it ({e.strerror})") from None
+    finally:
+        plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    try:
+        args = build_parser().parse_args(argv)
+        if len(args.runs) < 2:
+            raise UsageError("compare needs two or more run folders (see `lmcockpit compare --help`)")
+        runs = load_runs(args.runs)
+        if args.png:
+            write_png(runs, Path(args.png).expanduser(), args.x, args.log)
+    except (UsageError, ConfigError) as e:
+        return error(str(e))
+    except KeyboardInterrupt:
+        return 130
+    console = Console(highlight=False, soft_wrap=True)
+    header = ["", *labels(runs)]
+    settings, results = setting_rows(runs), result_rows(runs)
+    if not console.is_terminal:  # piped: one tab-separated line per row, whole, for scripts and grep
+        for what, cells in [(header[0], header[1:]), *settings, *results]:
+            print("\t".join([what, *cells]))
+    else:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        for column in header:
+            table.add_column(column, overflow="fold")
+        for i, (what, cells) in enumerate(settings):
+            table.add_row(what, *cells, style="bold", end_section=i == len(settings) - 1)
+        for what, cells in results:
+            table.add_row(what, *cells)
+        console.print(table)
+    if args.png:  # on stderr: piped, stdout stays the table alone
+        Console(stderr=True, highlight=False, soft_wrap=True).print(f"chart: {args.png}")
+    return 0
