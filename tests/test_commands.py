@@ -173,7 +173,8 @@ def test_completion_for_another_shell_is_a_usage_error():
 
 def test_the_first_word_completes_to_commands_and_presets(workdir):
     assert complete("lmcockpit ch", workdir) == ["chat"]
-    assert complete("lmcockpit co", workdir) == ["completion"]
+    assert complete("lmcockpit co", workdir) == ["compare", "completion"]
+    assert complete("lmcockpit compl", workdir) == ["completion"]
     first = complete("lmcockpit ", workdir)
     assert set(first) == {*COMMANDS, *shipped_presets(), "mine.toml"}
     # zsh shows each command's summary beside it, from the registry
