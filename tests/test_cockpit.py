@@ -285,8 +285,8 @@ async def test_the_launch_screen_shows_each_mixture_part_s_tokens_and_epochs(tmp
         assert launch.editing == "data.sources" and "zebras.jsonl" in launch.query_one("#edit").value
 
 
-async def test_after_a_run_ends_b_goes_back_to_the_launch_screen_which_lists_it(tmp_path):
-    """The run's controls leave the footer when it ends, b takes their place and returns to the
+async def test_after_a_run_ends_n_goes_back_to_the_launch_screen_which_lists_it(tmp_path):
+    """The run's controls leave the footer when it ends, n takes their place and returns to the
     launch screen it was launched from, whose recent runs now hold it; q still quits."""
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -301,7 +301,7 @@ async def test_after_a_run_ends_b_goes_back_to_the_launch_screen_which_lists_it(
         await wait_for(pilot, lambda: dash.view.step >= 2, what="training to start")
         keys = footer_keys(app)
         assert "Pause" in keys and "Abort" in keys and "Back" not in keys
-        await pilot.press("b")  # nothing while it runs
+        await pilot.press("n")  # nothing while it runs
         assert app.screen is dash
         await pilot.press("a")
         assert isinstance(app.screen, AbortDialog)
@@ -311,9 +311,9 @@ async def test_after_a_run_ends_b_goes_back_to_the_launch_screen_which_lists_it(
         assert last is not None and last.name == f"step_{dash.view.step:06d}"
         await pilot.pause()
         keys = footer_keys(app)
-        assert "b Back to launch" in keys and "q Quit" in keys, keys
+        assert "n New run" in keys and "q Quit" in keys, keys
         assert not {"Pause", "Checkpoint", "Abort"} & set(keys.split()), keys
-        await pilot.press("b")
+        await pilot.press("n")
         assert app.screen is launch
         await pilot.pause()
         run_dir = dash.engine.run_dir
@@ -327,8 +327,8 @@ async def test_after_a_run_ends_b_goes_back_to_the_launch_screen_which_lists_it(
     assert dash.engine.exitcode == 0
 
 
-def test_started_on_a_run_b_opens_the_launch_screen_and_the_exit_prints_the_run_folder(tmp_path, capsys):
-    """`lmcockpit PRESET`: when the run ends, b puts a launch screen in the dashboard's place
+def test_started_on_a_run_n_opens_the_launch_screen_and_the_exit_prints_the_run_folder(tmp_path, capsys):
+    """`lmcockpit PRESET`: when the run ends, n puts a launch screen in the dashboard's place
     (listing the run, though its folder is not under runs/); after q the terminal gets the folder."""
     app = CockpitApp(request(tmp_path, "training.max_steps=3"), runs_root=tmp_path / "runs", telemetry=False)
     seen: dict[str, object] = {}
@@ -338,7 +338,7 @@ def test_started_on_a_run_b_opens_the_launch_screen_and_the_exit_prints_the_run_
         await wait_for(pilot, lambda: dash.view.state == P.FINISHED, what="the run to finish")
         await pilot.pause()
         seen["footer"] = footer_keys(app)
-        await pilot.press("b")
+        await pilot.press("n")
         await pilot.pause()
         seen["screens"] = [type(s).__name__ for s in app.screen_stack]
         seen["runs"] = [row.value for row in app.screen.query_one("#runs").rows]
@@ -346,7 +346,7 @@ def test_started_on_a_run_b_opens_the_launch_screen_and_the_exit_prints_the_run_
 
     app.run(headless=True, size=(80, 24), auto_pilot=user)
     app.stop_runs(timeout=30)
-    assert "b Back to launch" in seen["footer"], seen
+    assert "n New run" in seen["footer"], seen
     assert seen["screens"][1:] == ["LaunchScreen"], seen  # the dashboard closed, not left under it
     assert seen["runs"] == [str(tmp_path / "run")]
     assert f"run folder: {tmp_path / 'run'} (finished at step 3)" in capsys.readouterr().out

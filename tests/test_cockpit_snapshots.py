@@ -135,7 +135,7 @@ def test_dashboard_snapshot(snap_compare, size, device):
 
 
 def test_ended_dashboard_snapshot(snap_compare):
-    """Aborted at step 240: the footer trades p, c and a for b (back to the launch screen)."""
+    """Aborted at step 240: the footer trades p, c and a for n (a new run: back to the launch screen)."""
     assert snap_compare(FedDashboard([P.StateChanged(P.ABORTED)]), terminal_size=(80, 24))
 
 

@@ -203,3 +203,48 @@ def test_compare_png_without_matplotlib_says_what_to_install(runs, tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "pip install 'lmcockpit[plot]'" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+# ---------------------------------------------------------------- a baseline on the live chart
+async def test_b_draws_a_finished_run_under_the_live_curves_and_takes_it_away(runs):
+    """On a live dashboard, b lists the finished runs; the one picked is drawn under the live
+    curves (its smoothed loss and validation points), and b again offers to remove it."""
+    from textual.widgets import OptionList
+
+    from lmcockpit.core.run.compare import ema
+    from lmcockpit.tui.screens.dialogs import BaselinePicker
+    from lmcockpit.tui.widgets.charts import LossChart
+
+    from .test_cockpit_snapshots import FedDashboard
+
+    app = FedDashboard()
+    app.runs_root = runs
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        dash = app.screen
+        chart = dash.query_one("#loss", LossChart)
+        await pilot.press("b")
+        picker = app.screen
+        assert isinstance(picker, BaselinePicker)
+        options = picker.query_one(OptionList)
+        ids = [options.get_option_at_index(i).id for i in range(options.option_count)]
+        assert sorted(Path(i).name for i in ids) == ["lr-high", "lr-low"]  # no "no baseline" yet
+        options.highlighted = ids.index(str(runs / "lr-low"))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: chart.baseline is not None, what="the baseline to load")
+        low = load_run(runs / "lr-low")
+        assert chart.baseline.name == "lr-low" and chart.baseline.steps == low.steps
+        assert chart.baseline.ema == ema(low.losses) and chart.baseline.val_losses == low.val_losses
+        await pilot.pause()
+        shown = chart.render().plain
+        assert "base lr-low" in shown and "ema" in shown and chart.error == ""
+        await pilot.press("l")  # log scale takes the baseline's values into its range too
+        await pilot.pause()
+        assert chart.error == "" and "log scale" in chart.render().plain
+        await pilot.press("b")
+        options = app.screen.query_one(OptionList)
+        assert options.get_option_at_index(0).id == ""  # "no baseline" comes first
+        options.highlighted = 0
+        await pilot.press("enter")
+        await pilot.pause()
+        assert chart.baseline is None and "base" not in chart.render().plain

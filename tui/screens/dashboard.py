@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from rich.text import Text
 from textual import work
@@ -19,12 +20,15 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, RichLog, Static
 
 from lmcockpit.core import protocol as P
+from lmcockpit.core.config import ConfigError
 from lmcockpit.core.hardware.telemetry import ProcessLoad, Reading, Telemetry, find_gpu, run_gpu_indices
 from lmcockpit.core.process.viewer import RunViewer
+from lmcockpit.core.run.compare import load_run
+from lmcockpit.core.run.folder import recent_runs, run_summary
 from lmcockpit.tui.bridge import EngineEvents, drain
 from lmcockpit.tui.runview import RunView
-from lmcockpit.tui.screens.dialogs import AbortDialog, HelpScreen, QuitDialog
-from lmcockpit.tui.widgets.charts import LossChart
+from lmcockpit.tui.screens.dialogs import AbortDialog, BaselinePicker, HelpScreen, QuitDialog
+from lmcockpit.tui.widgets.charts import Baseline, LossChart
 from lmcockpit.tui.widgets.chat import ChatPane
 from lmcockpit.tui.widgets.glance import cpu_line, gpu_lines, step_text
 from lmcockpit.tui.widgets.panels import (Panel, SideColumn, gpu_layout, gpu_panel, host_rows, memory_rows, spark,
@@ -47,8 +51,9 @@ class DashboardScreen(Screen):
         ("e", "expand", "Panels"),
         # Esc reaches the screen from the chat prompt too (the prompt takes every other key)
         Binding("escape", "leave_chat", "Chat: leave the prompt, then close", show=False),
+        ("b", "baseline", "Baseline"),
         # once the run has ended (p, c and a then leave the footer): back to the launch screen
-        ("b", "back", "Back to launch"),
+        ("n", "back", "New run"),
         ("question_mark", "help", "Help"),
         ("q", "quit_run", "Quit"),
     ]
@@ -75,6 +80,7 @@ class DashboardScreen(Screen):
         self.dirty = True
         self.quit_when_done = False
         self.stopping = False  # this cockpit asked the run to stop: quitting does not leave it training
+        self.baseline_path = ""  # the run drawn under the live curves, if any
 
     # --------------------------------------------------------------------------------- layout
     def compose(self) -> ComposeResult:
@@ -96,7 +102,7 @@ class DashboardScreen(Screen):
                 yield Static(id="failure")
                 yield RichLog(id="log", max_lines=5000, markup=False, highlight=False, wrap=True)
             yield ChatPane(self.send_sample, id="chat")
-        yield Footer()
+        yield Footer(show_command_palette=False)  # its room goes to the run's keys; Ctrl+P still opens it
 
     def on_mount(self) -> None:
         self.query_one("#log", RichLog).border_title = "log"
@@ -146,7 +152,7 @@ class DashboardScreen(Screen):
         if ev.state == P.FAILED:
             self.show_failure()
         else:
-            self.notify(f"run {ev.state} at step {v.step}: b goes back to the launch screen", timeout=8)
+            self.notify(f"run {ev.state} at step {v.step}: n goes back to the launch screen", timeout=8)
         self.refresh_bindings()  # p, c and a leave the footer; b joins it
         if self.quit_when_done:
             self.app.exit()
@@ -294,6 +300,52 @@ class DashboardScreen(Screen):
     def action_expand(self) -> None:
         """Open the next side panel; the others collapse to a line each where they do not fit."""
         self.notify(f"{self.query_one(SideColumn).cycle()} panel open", timeout=2)
+
+    def action_baseline(self) -> None:
+        """Pick a finished run to draw under the live curves (or take the one shown away)."""
+        own = Path(self.view.run_dir).resolve() if self.view.run_dir else None
+        found = recent_runs(getattr(self.app, "runs_root", Path("runs")))
+        found += [p for p in getattr(self.app, "run_dirs", []) if p not in found]
+        runs = []
+        for path in found:
+            if path.resolve() == own:
+                continue
+            s = run_summary(path)
+            if s["step"]:
+                loss = f"loss {s['loss']:.3f}" if s["loss"] is not None else ""
+                runs.append((str(path), f"{s['name']}  {s['status']} · step {s['step']} · {loss}"))
+        showing = self.query_one("#loss", LossChart).baseline
+        if not runs and showing is None:
+            self.notify("no finished run to compare with: runs with steps under "
+                        f"{getattr(self.app, 'runs_root', 'runs')} are listed", severity="warning")
+            return
+        self.app.push_screen(BaselinePicker(runs, self.baseline_path), self.on_baseline_choice)
+
+    def on_baseline_choice(self, path: str | None) -> None:
+        if path is None:
+            return
+        if not path:
+            self.show_baseline("", None)
+            return
+        self.load_baseline(path)
+
+    @work(thread=True, exclusive=True, group="baseline")
+    def load_baseline(self, path: str) -> None:
+        """Read in a thread: a long run's metrics.jsonl takes a second or more."""
+        try:
+            baseline = Baseline.of(load_run(path))
+        except (ConfigError, OSError, ValueError) as e:
+            self.app.call_from_thread(self.notify, f"baseline: {e}", severity="error")
+            return
+        self.app.call_from_thread(self.show_baseline, path, baseline)
+
+    def show_baseline(self, path: str, baseline: Baseline | None) -> None:
+        self.baseline_path = path
+        chart = self.query_one("#loss", LossChart)
+        chart.baseline = baseline
+        self.dirty = True
+        self.redraw()
+        self.notify(f"baseline: {baseline.name}" if baseline else "baseline removed", timeout=3)
 
     def action_log_scale(self) -> None:
         chart = self.query_one("#loss", LossChart)

@@ -1,4 +1,5 @@
-"""Modal dialogs: abort (save or not), quit with a run in progress (stop it or leave it), and the key help."""
+"""Modal dialogs: abort (save or not), quit with a run in progress (stop it or leave it), the key help,
+and the pick of a baseline run."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Static
+from textual.widgets import OptionList, Static
+from textual.widgets.option_list import Option
 
 
 class AbortDialog(ModalScreen[str | None]):
@@ -57,3 +59,31 @@ class HelpScreen(ModalScreen[None]):
         lines = "\n".join(f"[b]{names.get(k, k):>3}[/b]  {desc}" for k, desc in keys)
         with Vertical(classes="dialog"):
             yield Static(f"[b]Keys[/b]\n\n{lines}\n\n[dim]Esc closes this help[/dim]")
+
+
+class BaselinePicker(ModalScreen[str | None]):
+    """A past run to draw under the live curves: Enter picks the highlighted one ("" removes the
+    baseline shown), Esc leaves things as they are."""
+
+    BINDINGS = [("escape", "cancel", "Cancel")]
+
+    def __init__(self, runs: list[tuple[str, str]], showing: str = ""):
+        """`runs`: (folder, what to show for it); `showing`: the folder drawn now, if any."""
+        super().__init__()
+        self.runs = runs
+        self.showing = showing
+
+    def compose(self) -> ComposeResult:
+        options = [Option(label, id=path) for path, label in self.runs]
+        if self.showing:
+            options.insert(0, Option("no baseline", id=""))
+        with Vertical(classes="dialog picker"):
+            yield Static("[b]Baseline[/b]: a finished run drawn under the live curves\n"
+                         "[dim]Enter picks · Esc cancels[/dim]")
+            yield OptionList(*options, id="baselines")
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -1,4 +1,5 @@
-"""The loss chart: train loss raw and smoothed, validation points, optional log scale.
+"""The loss chart: train loss raw and smoothed, validation points, optional log scale, and
+optionally a finished run's curves underneath as a baseline.
 
 plotext rebuilds every point on each draw, so the chart plots the whole history downsampled to
 about twice its width, and redraws only when asked (the dashboard asks at a bounded rate).
@@ -12,12 +13,13 @@ loss units: plotext's own log axis transforms its stored data in place on each b
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
-from lmcockpit.core.run.compare import EMA_BETA, ema  # noqa: F401 -- one smoothing for every chart
+from lmcockpit.core.run.compare import RunCurves, ema  # one smoothing for every chart
 
 
 def downsample(xs: list[int], ys: list[float], points: int) -> tuple[list[float], list[float]]:
@@ -50,6 +52,21 @@ def log_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
     return [10 ** (a + (b - a) * i / (n - 1)) for i in range(n)] if b > a else [lo]
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """A finished run drawn under the live curves: its smoothed train loss and its validation
+    points, computed once (the run does not change)."""
+    name: str
+    steps: list[int]
+    ema: list[float]
+    val_steps: list[int]
+    val_losses: list[float]
+
+    @classmethod
+    def of(cls, run: RunCurves) -> Baseline:
+        return cls(run.name, run.steps, ema(run.losses), run.val_steps, run.val_losses)
+
+
 class LossChart(PlotextPlot):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -59,6 +76,7 @@ class LossChart(PlotextPlot):
         self.val_steps: list[int] = []
         self.val_losses: list[float] = []
         self.error: str = ""  # why the last render failed, if it did
+        self.baseline: Baseline | None = None
 
     def set_data(self, steps, losses, val_steps, val_losses) -> None:
         self.steps, self.losses, self.val_steps, self.val_losses = steps, losses, val_steps, val_losses
@@ -66,10 +84,15 @@ class LossChart(PlotextPlot):
     def redraw(self) -> None:
         self.refresh()
 
+    def values(self) -> list[float]:
+        """Every loss drawn: the live run's and the baseline's."""
+        base = self.baseline
+        return self.losses + self.val_losses + (base.ema + base.val_losses if base else [])
+
     @property
     def plots_log(self) -> bool:
         """Log scale is asked for and every value can take it."""
-        values = self.losses + self.val_losses
+        values = self.values()
         return self.log_scale and bool(values) and all(v > 0 and math.isfinite(v) for v in values)
 
     def build_plot(self) -> None:
@@ -83,6 +106,11 @@ class LossChart(PlotextPlot):
         else:
             plt.title("loss" + (" (log scale)" if self.log_scale else ""))
         width = max(10, self.size.width)
+        if base := self.baseline:  # first, so the live curves draw over it
+            bx, by = downsample(base.steps, base.ema, 2 * width)
+            plt.plot(bx, y(by), label=f"base {base.name}", color="magenta", marker="braille")
+            if base.val_steps:
+                plt.scatter(base.val_steps, y(base.val_losses), label="base val", color="magenta", marker="x")
         if self.steps:
             xs, ys = downsample(self.steps, self.losses, 2 * width)
             plt.plot(xs, y(ys), label="train", color="gray", marker="braille")
@@ -91,7 +119,7 @@ class LossChart(PlotextPlot):
         if self.val_steps:
             plt.scatter(self.val_steps, y(self.val_losses), label="val", color="orange", marker="dot")
         if log:
-            ticks = log_ticks(min(self.losses + self.val_losses), max(self.losses + self.val_losses))
+            ticks = log_ticks(min(self.values()), max(self.values()))
             plt.yticks([math.log10(t) for t in ticks], [f"{t:.3g}" for t in ticks])
         plt.xlabel("step")
 
