@@ -208,3 +208,23 @@ def test_launch_screen_snapshot(snap_compare, size, tmp_path, monkeypatch):
     # no token caches either: the token budget is the estimate, not a count another test left
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert snap_compare(CockpitApp(runs_root=tmp_path / "runs", telemetry=False), terminal_size=size)
+
+
+async def test_the_side_column_never_scrolls_even_with_the_chat_pane_open():
+    """At 80×24 the chat pane takes half the height: the chosen panel (throughput) no longer fits,
+    so it is a line like the others, none cut off; closing the pane opens it again."""
+    from lmcockpit.tui.widgets.panels import Panel
+
+    app = FedDashboard(device="cuda:0", gpus=1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        dash = app.screen
+        await pilot.press("t")
+        await pilot.pause()
+        dash.redraw()
+        await pilot.pause()
+        side = dash.query_one("#side")
+        assert side.max_scroll_y == 0 and dash.query_one("#throughput", Panel).collapsed
+        await pilot.press("escape", "t")
+        await pilot.pause()
+        assert not dash.query_one("#throughput", Panel).collapsed and side.max_scroll_y == 0

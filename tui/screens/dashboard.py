@@ -299,7 +299,10 @@ class DashboardScreen(Screen):
 
     def action_expand(self) -> None:
         """Open the next side panel; the others collapse to a line each where they do not fit."""
-        self.notify(f"{self.query_one(SideColumn).cycle()} panel open", timeout=2)
+        side = self.query_one(SideColumn)
+        name = side.cycle()
+        shut = all(p.collapsed for p in dict(side.groups()).get(name, []))
+        self.notify(f"{name} panel " + ("chosen: no room to open it here" if shut else "open"), timeout=2)
 
     def action_baseline(self) -> None:
         """Pick a finished run to draw under the live curves (or take the one shown away)."""

@@ -220,7 +220,8 @@ class Panel(Static):
 
 class SideColumn(VerticalScroll):
     """The panels beside the chart. Those that do not all fit collapse to a line each: the one
-    chosen (`cycle` moves the choice) stays open, then as many of the others, in order, as fit."""
+    chosen (`cycle` moves the choice) stays open where it fits, then as many of the others, in
+    order, as fit. Nothing is ever cut off: the column never needs scrolling."""
 
     GROUPS = ("state", "throughput", "gpu", "memory", "host")
 
@@ -235,7 +236,7 @@ class SideColumn(VerticalScroll):
         return [(g, panels) for g, panels in by_group if panels]
 
     def cycle(self) -> str:
-        """Open the next group; its name."""
+        """Choose the next group (opened where it fits); its name."""
         names = [g for g, _ in self.groups()]
         if names:
             self.chosen = names[(names.index(self.chosen) + 1) % len(names)] if self.chosen in names else names[0]
@@ -251,7 +252,7 @@ class SideColumn(VerticalScroll):
         opened, used = set(), sum(len(panels) for _, panels in groups)  # all collapsed: a line each
         for name, panels in sorted(groups, key=lambda gp: gp[0] != chosen):  # the chosen first
             extra = sum(p.lines - 1 for p in panels)
-            if used + extra <= height or name == chosen:
+            if used + extra <= height:  # the chosen one too: a panel cut off would mean scrolling
                 opened.add(name)
                 used += extra
         for name, panels in groups:
