@@ -52,6 +52,41 @@ def log_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
     return [10 ** (a + (b - a) * i / (n - 1)) for i in range(n)] if b > a else [lo]
 
 
+def plots_log(log_scale: bool, values: list[float]) -> bool:
+    """Log scale is asked for and every value can take it."""
+    return log_scale and bool(values) and all(v > 0 and math.isfinite(v) for v in values)
+
+
+def set_log_ticks(plt, values: list[float]) -> None:
+    """Tick labels in loss units on an axis that plots log10 of the values."""
+    ticks = log_ticks(min(values), max(values))
+    plt.yticks([math.log10(t) for t in ticks], [f"{t:.3g}" for t in ticks])
+
+
+class Chart(PlotextPlot):
+    """A plotext chart built afresh on every render (`build_plot`); one that cannot draw says why
+    in its place instead of taking the cockpit down."""
+
+    what = "chart"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.error: str = ""  # why the last render failed, if it did
+
+    def build_plot(self) -> None:
+        raise NotImplementedError
+
+    def render(self) -> RenderResult:
+        try:
+            self.build_plot()
+            rendered = super().render()
+        except Exception as e:  # noqa: BLE001 -- a chart that cannot draw must never take the cockpit down
+            self.error = f"{type(e).__name__}: {e}"
+            return Text(f"{self.what} unavailable ({self.error})", style="dim red")
+        self.error = ""
+        return rendered
+
+
 @dataclass(frozen=True)
 class Baseline:
     """A finished run drawn under the live curves: its smoothed train loss and its validation
@@ -67,7 +102,9 @@ class Baseline:
         return cls(run.name, run.steps, ema(run.losses), run.val_steps, run.val_losses)
 
 
-class LossChart(PlotextPlot):
+class LossChart(Chart):
+    what = "loss chart"
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.log_scale = False
@@ -75,7 +112,6 @@ class LossChart(PlotextPlot):
         self.losses: list[float] = []
         self.val_steps: list[int] = []
         self.val_losses: list[float] = []
-        self.error: str = ""  # why the last render failed, if it did
         self.baseline: Baseline | None = None
 
     def set_data(self, steps, losses, val_steps, val_losses) -> None:
@@ -91,9 +127,7 @@ class LossChart(PlotextPlot):
 
     @property
     def plots_log(self) -> bool:
-        """Log scale is asked for and every value can take it."""
-        values = self.values()
-        return self.log_scale and bool(values) and all(v > 0 and math.isfinite(v) for v in values)
+        return plots_log(self.log_scale, self.values())
 
     def build_plot(self) -> None:
         """Put the whole figure into plotext, sized for the widget as it is now."""
@@ -119,16 +153,6 @@ class LossChart(PlotextPlot):
         if self.val_steps:
             plt.scatter(self.val_steps, y(self.val_losses), label="val", color="orange", marker="dot")
         if log:
-            ticks = log_ticks(min(self.values()), max(self.values()))
-            plt.yticks([math.log10(t) for t in ticks], [f"{t:.3g}" for t in ticks])
+            set_log_ticks(plt, self.values())
         plt.xlabel("step")
 
-    def render(self) -> RenderResult:
-        try:
-            self.build_plot()
-            rendered = super().render()
-        except Exception as e:  # noqa: BLE001 -- a chart that cannot draw must never take the cockpit down
-            self.error = f"{type(e).__name__}: {e}"
-            return Text(f"loss chart unavailable ({self.error})", style="dim red")
-        self.error = ""
-        return rendered

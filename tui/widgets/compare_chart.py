@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import math
 
-from rich.text import Text
-from textual.app import RenderResult
-from textual_plotext import PlotextPlot
-
 from lmcockpit.core.run.compare import RunCurves, axis_scale
-from lmcockpit.tui.widgets.charts import downsample, ema, log_ticks
+from lmcockpit.tui.widgets.charts import Chart, downsample, ema, plots_log, set_log_ticks
 
 COLORS = ("cyan", "orange", "green", "magenta", "red", "blue", "yellow", "white")
 
 
-class CompareChart(PlotextPlot):
+class CompareChart(Chart):
+    what = "compare chart"
+
     def __init__(self, runs: list[RunCurves], labels: list[str], **kwargs):
         super().__init__(**kwargs)
         self.runs, self.labels = runs, labels
@@ -28,12 +26,13 @@ class CompareChart(PlotextPlot):
         self.log_scale = False
         self.legend: list[str] = []  # the series the last build drew, by label: what the legend names
         self.xlabel = ""
-        self.error: str = ""  # why the last render failed, if it did
+
+    def values(self) -> list[float]:
+        return [v for r in self.runs for v in r.losses + r.val_losses]
 
     @property
     def plots_log(self) -> bool:
-        values = [v for r in self.runs for v in r.losses + r.val_losses]
-        return self.log_scale and bool(values) and all(v > 0 and math.isfinite(v) for v in values)
+        return plots_log(self.log_scale, self.values())
 
     def build_plot(self) -> None:
         plt = self.plt
@@ -54,19 +53,7 @@ class CompareChart(PlotextPlot):
             if run.val_steps:
                 plt.scatter([x / unit for x in run.val_x(self.axis)], y(run.val_losses), color=color, marker="dot")
         if log:
-            values = [v for r in self.runs for v in r.losses + r.val_losses]
-            ticks = log_ticks(min(values), max(values))
-            plt.yticks([math.log10(t) for t in ticks], [f"{t:.3g}" for t in ticks])
+            set_log_ticks(plt, self.values())
         scale = " (log scale)" if log else " (log scale needs positive values)" if self.log_scale else ""
         plt.title(f"loss by {self.xlabel}{scale}: lines train EMA, dots validation")
         plt.xlabel(self.xlabel)
-
-    def render(self) -> RenderResult:
-        try:
-            self.build_plot()
-            rendered = super().render()
-        except Exception as e:  # noqa: BLE001 -- a chart that cannot draw must never take the cockpit down
-            self.error = f"{type(e).__name__}: {e}"
-            return Text(f"compare chart unavailable ({self.error})", style="dim red")
-        self.error = ""
-        return rendered
