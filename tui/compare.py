@@ -88,7 +88,11 @@ def write_png(runs: list[RunCurves], path: Path, axis: str = "step", log: bool =
             ax.scatter([x / unit for x in run.val_x(axis)], run.val_losses, color=color, s=24, marker="o",
                        edgecolors="black", linewidths=0.5, zorder=3, label=f"{label} (val)")
     if log:
+        from matplotlib.ticker import FormatStrFormatter
+
         ax.set_yscale("log")
+        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            axis(FormatStrFormatter("%.3g"))  # loss units (3.5), not 10^x notation
     ax.set_xlabel(xlabel)
     ax.set_ylabel("loss (train: EMA; points: validation)")
     ax.grid(True, alpha=0.3)
