@@ -48,13 +48,17 @@ Parts, in the order they run (each appends its own section, so they can also run
 * nvml: issue 20's check, GPU panels on the right card: each visible CUDA device's UUID (torch's
   device properties, as RunStarted carries it) against the NVML GPU the front-end's mapping picks
   for it, and one Telemetry reading with every GPU's name and memory present;
+* glance: issue 22's dashboard on the real card: the cockpit (App.run_test, real NVML telemetry)
+  trains the `debug` preset on the GPU at 80x24, 100x30 and 120x40; the step line must show MFU
+  and the GPU bar the card's own NVML utilisation and VRAM used/total, all on screen without
+  scrolling; each size's screen is kept as an SVG beside the runs;
 * data: issue 19 on the lent machine's 16 cores, where this project's machines have 2:
   `bench/data.py` (no GPU needed) prepares 500 MB and 1 GB corpora with the default worker count;
   prepare's speed against tokenizers' `encode_batch_fast` on every core, and the whole process
   tree's peak against the 1.5 GB bound. It records its own tables.
 
     python bench/gpu_check.py [--part doctor h100 torchrun memory saved graphs modes inference resume ddp search
-                                      attention allocator muon nvml data] [--steps 300] [--out DIR]
+                                      attention allocator muon nvml glance data] [--steps 300] [--out DIR]
 
 Exit 0 when every check passed, 1 otherwise (or without a CUDA GPU). On the lent GPU each part
 fits one 10-minute call; the data cache built by the first run is reused by the others.
@@ -88,7 +92,7 @@ from lmcockpit.core.config import load_config  # noqa: E402
 from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402
 
 PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes", "inference", "resume", "ddp", "search",
-         "attention", "allocator", "muon", "nvml", "data")
+         "attention", "allocator", "muon", "nvml", "glance", "data")
 CPU_PARTS = ("saved", "graphs", "attention")
 MEMORY_PRESETS = ("h100", "3090", "4090", "4070ti")
 MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
@@ -550,6 +554,56 @@ def part_nvml() -> tuple[bool, list[str]]:
         util = f"{g.util:.0f}%" if g.util is not None else "–"
         lines.append(f"| {g.index} | {g.name} | {memory} | {util} | {len(g.mig_uuids)} |")
     return ok, lines
+def part_glance(out: Path, device: str = "cuda", sizes=((80, 24), (100, 30), (120, 40))) -> tuple[bool, list[str]]:
+    """The dashboard at a glance with real NVML readings (the tests feed it stand-ins): a short
+    debug run on the GPU through the cockpit's own start, read at three terminal sizes."""
+    import asyncio
+
+    from lmcockpit.core import protocol as P
+    from lmcockpit.core.hardware.telemetry import find_gpu
+    from lmcockpit.tui.app import CockpitApp
+    from lmcockpit.tui.runplan import RunPlan
+
+    lines = ["| size | step line | GPU bar | NVML util / used | chart cols | side scrolls | ok |",
+             "| --- | --- | --- | --- | ---: | --- | --- |"]
+
+    async def watch(size: tuple[int, int]) -> bool:
+        cfg, _ = load_config("debug", [OFFLINE_DATA, "training.max_steps=400", "eval.every=0",
+                                       f'hardware.device="{device}"'])
+        plan = RunPlan(cfg, create_run_dir(cfg, "debug", str(out / f"glance-{size[0]}x{size[1]}")), None, "debug")
+        app = CockpitApp(plan, runs_root=out, telemetry=True)
+        async with app.run_test(size=size) as pilot:
+            dash = app.screen
+            deadline = time.monotonic() + 300
+            while dash.view.step < 50 and dash.view.state not in P.TERMINAL_STATES and time.monotonic() < deadline:
+                await pilot.pause(0.2)
+            before = dash.reading
+            while dash.reading is before:  # a telemetry sample (1 Hz) taken while it trains
+                await pilot.pause(0.1)
+            dash.redraw()
+            await pilot.pause()
+            step = dash.query_one("#stepline").render().plain
+            strip = dash.query_one("#devices")
+            bar = strip.render().plain
+            gpus = dash.gpu_indices()
+            g = find_gpu(dash.reading, gpus[0]) if gpus else None
+            seen = f"{g.util:.0f}% / {g.mem_used / GiB:.1f}G" if g and g.util is not None and g.mem_used else "–"
+            chart = dash.query_one("#loss").region
+            scrolls = dash.query_one("#side").max_scroll_y > 0
+            good = (g is not None and "MFU" in step and f"GPU{g.index}" in bar and f"{g.mem_used / GiB:.1f}/" in bar
+                    and dash.region.contains_region(strip.region) and chart.width >= size[0] / 2 and not scrolls)
+            app.save_screenshot(str(out / f"glance-{size[0]}x{size[1]}.svg"))
+            lines.append(f"| {size[0]}x{size[1]} | {step} | {bar.splitlines()[0] if bar else '–'} | {seen} | "
+                         f"{chart.width} | {'YES' if scrolls else 'no'} | {'yes' if good else 'NO'} |")
+            dash.engine.send(P.Abort(save=False))
+            while not dash.engine.done:
+                await pilot.pause(0.2)
+        return good
+
+    ok = all([asyncio.run(watch(size)) for size in sizes])
+    return ok, [*lines, "", f"screens: {out}/glance-*.svg"]
+
+
 ATTENTION_PRESET = "4090"  # 16 query heads sharing 4 K/V heads of 64
 # The kernels each path of core/hardware/attention.py expects. SDPA restricted to them raises "No
 # available kernel" where the math kernel would otherwise have run without a word.
@@ -669,7 +723,7 @@ def main() -> int:
                      "inference": part_inference, "resume": lambda: part_resume(out),
                      "ddp": lambda: part_ddp(out), "search": lambda: part_search(out),
                      "allocator": part_allocator, "muon": part_muon, "nvml": part_nvml, "attention": part_attention,
-                     "data": part_data}[part]()
+                     "glance": lambda: part_glance(out), "data": part_data}[part]()
         record(f"gpu_check: {part} ({'pass' if ok else 'FAIL'})",
                [*lines, "", f"torch {torch.__version__}; allocator {ALLOCATOR.describe()}"])
         results[part] = ok

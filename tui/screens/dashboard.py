@@ -153,7 +153,7 @@ class DashboardScreen(Screen):
             self.show_failure()
         else:
             self.notify(f"run {ev.state} at step {v.step}: n goes back to the launch screen", timeout=8)
-        self.refresh_bindings()  # p, c and a leave the footer; b joins it
+        self.refresh_bindings()  # p, c and a leave the footer; n joins it
         if self.quit_when_done:
             self.app.exit()
 
@@ -305,7 +305,8 @@ class DashboardScreen(Screen):
         self.notify(f"{name} panel " + ("chosen: no room to open it here" if shut else "open"), timeout=2)
 
     def action_baseline(self) -> None:
-        """Pick a finished run to draw under the live curves (or take the one shown away)."""
+        """Pick a past run (any with steps: finished, stopped, failed) to draw under the live curves,
+        or take the one shown away."""
         own = Path(self.view.run_dir).resolve() if self.view.run_dir else None
         found = recent_runs(getattr(self.app, "runs_root", Path("runs")))
         found += [p for p in getattr(self.app, "run_dirs", []) if p not in found]
@@ -319,8 +320,8 @@ class DashboardScreen(Screen):
                 runs.append((str(path), f"{s['name']}  {s['status']} · step {s['step']} · {loss}"))
         showing = self.query_one("#loss", LossChart).baseline
         if not runs and showing is None:
-            self.notify("no finished run to compare with: runs with steps under "
-                        f"{getattr(self.app, 'runs_root', 'runs')} are listed", severity="warning")
+            self.notify(f"no other run with steps under {getattr(self.app, 'runs_root', 'runs')}/ to draw as a "
+                        "baseline", severity="warning")
             return
         self.app.push_screen(BaselinePicker(runs, self.baseline_path), self.on_baseline_choice)
 
