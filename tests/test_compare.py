@@ -120,9 +120,9 @@ async def test_marked_runs_open_side_by_side_and_come_back_marked(runs):
         shown = "\n".join(shown_in(app, table))
         assert "● lr-high" in shown and "● lr-low" in shown and "2 marked · c compares" in shown
 
-        await pilot.press("c")
+        await pilot.press("c")  # the runs are read in a thread
+        await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen), what="the compare view")
         screen = app.screen
-        assert isinstance(screen, CompareScreen)
         chart = screen.query_one(CompareChart)
 
         def drawn() -> str:  # the chart as the terminal shows it
@@ -158,8 +158,8 @@ async def test_the_compare_view_keeps_the_chart_big_at_80x24(runs):
         launch = app.screen
         launch.marked = [str(runs / "lr-high"), str(runs / "lr-low")]
         await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen), what="the compare view")
         screen = app.screen
-        assert isinstance(screen, CompareScreen)
         await pilot.pause()
         chart, table = screen.query_one(CompareChart), screen.query_one("#compare-table")
         assert chart.size.height >= 12 and chart.error == ""  # at least half of 24 rows

@@ -4,14 +4,12 @@ prints."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
-from lmcockpit.core.run.compare import AXES, load_runs
+from lmcockpit.core.run.compare import AXES, RunCurves
 from lmcockpit.tui.compare import labels, result_rows, setting_rows
 from lmcockpit.tui.widgets.compare_chart import CompareChart
 
@@ -25,10 +23,9 @@ class CompareScreen(Screen):
         ("q", "back", "Back"),
     ]
 
-    def __init__(self, run_dirs: list[Path]):
-        """Raises ConfigError when one of them cannot be read as a run folder."""
+    def __init__(self, runs: list[RunCurves]):
         super().__init__()
-        self.runs = load_runs(run_dirs)
+        self.runs = runs
         self.labels = labels(self.runs)
 
     def compose(self) -> ComposeResult:

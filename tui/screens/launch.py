@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Vertical
@@ -418,14 +419,21 @@ class LaunchScreen(Screen):
             self.notify("mark two runs or more to compare: space on each in the runs table, then c",
                         severity="warning")
             return
+        self.notify(f"reading {len(self.marked)} runs' metrics…", timeout=2)
+        self.read_runs([Path(m) for m in self.marked])
+
+    @work(thread=True, exclusive=True, group="compare")
+    def read_runs(self, paths: list[Path]) -> None:
+        """In a thread: a long run's metrics.jsonl takes a second or more to read."""
+        from lmcockpit.core.run.compare import load_runs
         from lmcockpit.tui.screens.compare import CompareScreen
 
         try:
-            screen = CompareScreen([Path(m) for m in self.marked])
+            runs = load_runs(paths)
         except ConfigError as e:
-            self.notify(str(e), severity="error")
+            self.app.call_from_thread(self.notify, str(e), severity="error")
             return
-        self.app.push_screen(screen)
+        self.app.call_from_thread(self.app.push_screen, CompareScreen(runs))
 
     def action_help(self) -> None:
         from lmcockpit.tui.screens.dialogs import HelpScreen
