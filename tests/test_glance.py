@@ -46,16 +46,16 @@ def test_a_gpu_cell_gives_up_extras_then_bars_before_its_figures():
 
 
 def test_the_cpu_load_is_the_runs_whole_process_tree():
-    """A run's host and every process under it: a child holding 200 MiB and spinning shows in
-    the parent's load."""
+    """A run's host and every process under it: a grandchild holding 200 MiB and spinning shows
+    in the parent's load."""
     import psutil
 
     # the child spins for at most a minute, so nothing is left running if the test dies
     code = ("import time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); print('ready', flush=True)\n"
             "end = time.monotonic() + 60\nwhile time.monotonic() < end: pass")
-    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; "
-                               f"subprocess.Popen([sys.executable, '-c', {code!r}]).wait()"],
-                              stdout=subprocess.PIPE, text=True)
+    for _ in range(2):  # a grandchild, as torchrun's workers are the run host's
+        code = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {code!r}]).wait()"
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout.readline().strip() == "ready"
         telemetry = Telemetry()
