@@ -71,3 +71,17 @@ def test_the_cpu_load_is_the_runs_whole_process_tree():
         parent.kill()
         parent.wait()
     assert Telemetry().process_load(parent.pid) is None
+
+
+def test_the_run_view_keeps_the_loss_ema_a_step_at_a_time():
+    """The chart draws the RunView's EMA rather than recomputing it over the whole history on
+    every redraw: the two must be the same numbers."""
+    import math
+
+    from lmcockpit.core.run.compare import ema
+
+    v = RunView(clock=lambda: 0.0)
+    losses = [5 + math.sin(i / 3) + 3 * math.exp(-i / 50) for i in range(500)]
+    for step, loss in enumerate(losses, 1):
+        v.apply(P.StepMetrics(step, loss, 1e-3, 1.0, 1.0, None, 0.1, step))
+    assert v.smoothed == ema(losses)

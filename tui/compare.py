@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from lmcockpit.core.config import ConfigError, toml_value
-from lmcockpit.core.run.compare import AXES, RunCurves, axis_scale, differing_settings, ema, load_runs
+from lmcockpit.core.run.compare import AXES, RunCurves, axis_scale, differing_settings, load_runs
 from lmcockpit.tui.completers import run_folders
 from lmcockpit.tui.runview import DASH, fmt_duration
 from lmcockpit.tui.usage import Parser, UsageError, error
@@ -83,7 +83,7 @@ def write_png(runs: list[RunCurves], path: Path, axis: str = "step", log: bool =
     for i, (run, label) in enumerate(zip(runs, labels(runs))):
         color = f"C{i % 10}"
         if run.steps:
-            ax.plot([x / unit for x in run.x(axis)], ema(run.losses), color=color, label=label, linewidth=1.5)
+            ax.plot([x / unit for x in run.x(axis)], run.smoothed, color=color, label=label, linewidth=1.5)
         if run.val_steps:
             ax.scatter([x / unit for x in run.val_x(axis)], run.val_losses, color=color, s=24, marker="o",
                        edgecolors="black", linewidths=0.5, zorder=3, label=f"{label} (val)")

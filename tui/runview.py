@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from lmcockpit.core import protocol as P
+from lmcockpit.core.run.compare import EMA_BETA
 
 DASH = "–"
 
@@ -59,6 +60,9 @@ class RunView:
     # the whole history, for the charts (they downsample it, never truncate it)
     steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    # the train loss's EMA, kept step by step: a redraw of a long run never recomputes it whole
+    smoothed: list[float] = field(default_factory=list)
+    ema_sum: float = 0.0  # the EMA before its bias correction
     lrs: list[float] = field(default_factory=list)
     val_steps: list[int] = field(default_factory=list)
     val_losses: list[float] = field(default_factory=list)
@@ -114,6 +118,8 @@ class RunView:
             self.lr, self.grad_norm, self.tokens_seen, self.mem = ev.lr, ev.grad_norm, ev.tokens_seen, ev.mem
             self.steps.append(ev.step)
             self.losses.append(ev.loss)
+            self.ema_sum = EMA_BETA * self.ema_sum + (1 - EMA_BETA) * ev.loss  # as compare.ema, a step at a time
+            self.smoothed.append(self.ema_sum / (1 - EMA_BETA ** len(self.losses)))
             self.lrs.append(ev.lr)
             if self.first_loss is None:
                 self.first_loss = ev.loss

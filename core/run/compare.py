@@ -14,6 +14,7 @@ import json
 import statistics
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,14 @@ class RunCurves:
     def final_loss(self) -> float | None:
         return self.losses[-1] if self.losses else None
 
+    @cached_property
+    def smoothed(self) -> list[float]:
+        """The train loss's EMA, computed once: charts redraw it many times, and a run is read whole."""
+        return ema(self.losses)
+
     @property
     def final_loss_ema(self) -> float | None:
-        return ema(self.losses)[-1] if self.losses else None
+        return self.smoothed[-1] if self.losses else None
 
     @property
     def best_val(self) -> tuple[float, int] | None:

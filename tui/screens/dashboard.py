@@ -249,7 +249,7 @@ class DashboardScreen(Screen):
         self.query_one("#devices", Static).update(self.device_lines(gpus, width))
         self.query_one(SideColumn).fit()
         chart = self.query_one("#loss", LossChart)
-        chart.set_data(v.steps, v.losses, v.val_steps, v.val_losses)
+        chart.set_data(v.steps, v.losses, v.smoothed, v.val_steps, v.val_losses)
         chart.redraw()
 
     # -------------------------------------------------------------------------------- actions

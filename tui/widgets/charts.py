@@ -19,7 +19,7 @@ from rich.text import Text
 from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
-from lmcockpit.core.run.compare import RunCurves, ema  # one smoothing for every chart
+from lmcockpit.core.run.compare import RunCurves
 
 
 def downsample(xs: list[int], ys: list[float], points: int) -> tuple[list[float], list[float]]:
@@ -99,7 +99,7 @@ class Baseline:
 
     @classmethod
     def of(cls, run: RunCurves) -> Baseline:
-        return cls(run.name, run.steps, ema(run.losses), run.val_steps, run.val_losses)
+        return cls(run.name, run.steps, run.smoothed, run.val_steps, run.val_losses)
 
 
 class LossChart(Chart):
@@ -113,9 +113,12 @@ class LossChart(Chart):
         self.val_steps: list[int] = []
         self.val_losses: list[float] = []
         self.baseline: Baseline | None = None
+        self.smoothed: list[float] = []
 
-    def set_data(self, steps, losses, val_steps, val_losses) -> None:
-        self.steps, self.losses, self.val_steps, self.val_losses = steps, losses, val_steps, val_losses
+    def set_data(self, steps, losses, smoothed, val_steps, val_losses) -> None:
+        """`smoothed`: the losses' EMA, kept by the RunView a step at a time."""
+        self.steps, self.losses, self.smoothed = steps, losses, smoothed
+        self.val_steps, self.val_losses = val_steps, val_losses
 
     def redraw(self) -> None:
         self.refresh()
@@ -148,7 +151,7 @@ class LossChart(Chart):
         if self.steps:
             xs, ys = downsample(self.steps, self.losses, 2 * width)
             plt.plot(xs, y(ys), label="train", color="gray", marker="braille")
-            sx, sy = downsample(self.steps, ema(self.losses), 2 * width)
+            sx, sy = downsample(self.steps, self.smoothed, 2 * width)
             plt.plot(sx, y(sy), label="ema", color="cyan", marker="braille")
         if self.val_steps:
             plt.scatter(self.val_steps, y(self.val_losses), label="val", color="orange", marker="dot")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from lmcockpit.core.run.compare import RunCurves, axis_scale
-from lmcockpit.tui.widgets.charts import Chart, downsample, ema, plots_log, set_log_ticks
+from lmcockpit.tui.widgets.charts import Chart, downsample, plots_log, set_log_ticks
 
 COLORS = ("cyan", "orange", "green", "magenta", "red", "blue", "yellow", "white")
 
@@ -47,7 +47,7 @@ class CompareChart(Chart):
         for i, (run, label) in enumerate(zip(self.runs, self.labels)):
             color = COLORS[i % len(COLORS)]
             if run.steps:
-                xs, ys = downsample([x / unit for x in run.x(self.axis)], ema(run.losses), 2 * width)
+                xs, ys = downsample([x / unit for x in run.x(self.axis)], run.smoothed, 2 * width)
                 plt.plot(xs, y(ys), label=label, color=color, marker="braille")
                 self.legend.append(label)
             if run.val_steps:
