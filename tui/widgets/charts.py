@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from rich.text import Text
 from textual.app import RenderResult
@@ -52,9 +53,9 @@ def log_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
     return [10 ** (a + (b - a) * i / (n - 1)) for i in range(n)] if b > a else [lo]
 
 
-def plots_log(log_scale: bool, values: list[float]) -> bool:
-    """Log scale is asked for and every value can take it."""
-    return log_scale and bool(values) and all(v > 0 and math.isfinite(v) for v in values)
+def plotted(log: bool) -> Callable[[list[float]], list[float]]:
+    """How values are plotted: log10 of them on a log scale (the axis itself stays linear)."""
+    return (lambda vs: [math.log10(v) for v in vs]) if log else list
 
 
 def set_log_ticks(plt, values: list[float]) -> None:
@@ -71,10 +72,21 @@ class Chart(PlotextPlot):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        self.log_scale = False
         self.error: str = ""  # why the last render failed, if it did
+
+    def values(self) -> list[float]:
+        """Every loss the chart draws."""
+        raise NotImplementedError
 
     def build_plot(self) -> None:
         raise NotImplementedError
+
+    @property
+    def plots_log(self) -> bool:
+        """Log scale is asked for and every value can take it."""
+        values = self.values()
+        return self.log_scale and bool(values) and all(v > 0 and math.isfinite(v) for v in values)
 
     def render(self) -> RenderResult:
         try:
@@ -107,7 +119,6 @@ class LossChart(Chart):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.log_scale = False
         self.steps: list[int] = []
         self.losses: list[float] = []
         self.val_steps: list[int] = []
@@ -128,16 +139,12 @@ class LossChart(Chart):
         base = self.baseline
         return self.losses + self.val_losses + (base.ema + base.val_losses if base else [])
 
-    @property
-    def plots_log(self) -> bool:
-        return plots_log(self.log_scale, self.values())
-
     def build_plot(self) -> None:
         """Put the whole figure into plotext, sized for the widget as it is now."""
         plt = self.plt
         plt.clear_figure()
         log = self.plots_log
-        y = (lambda vs: [math.log10(v) for v in vs]) if log else (lambda vs: list(vs))
+        y = plotted(log)
         if self.log_scale and not log and (self.losses or self.val_losses):
             plt.title("loss (log scale needs positive values)")
         else:

@@ -8,10 +8,8 @@ on every render from the runs it holds.
 
 from __future__ import annotations
 
-import math
-
 from lmcockpit.core.run.compare import RunCurves, axis_scale
-from lmcockpit.tui.widgets.charts import Chart, downsample, plots_log, set_log_ticks
+from lmcockpit.tui.widgets.charts import Chart, downsample, plotted, set_log_ticks
 
 COLORS = ("cyan", "orange", "green", "magenta", "red", "blue", "yellow", "white")
 
@@ -23,22 +21,17 @@ class CompareChart(Chart):
         super().__init__(**kwargs)
         self.runs, self.labels = runs, labels
         self.axis = "step"
-        self.log_scale = False
         self.legend: list[str] = []  # the series the last build drew, by label: what the legend names
         self.xlabel = ""
 
     def values(self) -> list[float]:
         return [v for r in self.runs for v in r.losses + r.val_losses]
 
-    @property
-    def plots_log(self) -> bool:
-        return plots_log(self.log_scale, self.values())
-
     def build_plot(self) -> None:
         plt = self.plt
         plt.clear_figure()
         log = self.plots_log
-        y = (lambda vs: [math.log10(v) for v in vs]) if log else list
+        y = plotted(log)
         largest = max((max(r.x(self.axis)[-1:] + r.val_x(self.axis)[-1:], default=0.0) for r in self.runs),
                       default=0.0)
         self.xlabel, unit = axis_scale(self.axis, largest)
