@@ -332,3 +332,18 @@ async def test_each_cockpits_chat_asks_under_ids_of_its_own():
         assert sent[0].request_id != sent[1].request_id
         one.receive(P.SampleText(sent[1].request_id, 3, "def ", "x", done=True))  # the other cockpit's answer
         assert not one.history[sent[0].request_id].done and one.history[sent[0].request_id].rows == {}
+
+
+def test_a_row_being_written_is_not_read_as_a_row(tmp_path):
+    """A viewer attaching (or a comparison) reads metrics.jsonl while the engine appends to it:
+    the last line may be half written. It is left for the next read, never a crash."""
+    from lmcockpit.core.process.viewer import history
+
+    step = {"kind": "step", "time": 1.0, "step": 1, "loss": 5.0, "lr": 1e-3, "grad_norm": 1.0,
+            "tokens_per_s": 10.0, "mfu": None, "dt": 0.1, "mem": None}
+    whole = json.dumps(step) + "\n"
+    (tmp_path / "metrics.jsonl").write_text(whole + json.dumps({**step, "step": 2})[:40])
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]
+    assert [e.step for e in history(tmp_path, 4) if isinstance(e, P.StepMetrics)] == [1]
+    (tmp_path / "metrics.jsonl").write_text(whole + json.dumps({**step, "step": 2}) + "\n")
+    assert [r["step"] for r in read_metrics(tmp_path, "step")] == [1, 2]

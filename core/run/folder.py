@@ -141,7 +141,10 @@ def read_metrics(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]
     path = Path(run_dir) / METRICS
     if not path.is_file():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    # Every row ends with a newline: what follows the last one is a row the engine is writing now
+    # (a viewer attaching, a comparison of a live run), not yet a row.
+    whole = path.read_text().rpartition("\n")[0]
+    rows = [json.loads(line) for line in whole.splitlines() if line.strip()]
     return [r for r in rows if kind is None or r["kind"] == kind]
 
 
