@@ -98,10 +98,13 @@ class TrainingConfig:
 
 @dataclass
 class OptimizerConfig:
-    lr: float = 3e-3  # AdamW: embedding (tied head) and norms
+    # "muon": Muon for the 2-D matrices inside the blocks, AdamW for the rest; "adamw": AdamW for
+    # every parameter (lr, betas, weight_decay below), the baseline that shows what Muon adds.
+    kind: Literal["muon", "adamw"] = "muon"
+    lr: float = 3e-3  # AdamW: embedding (tied head) and norms; with kind "adamw", everything
     muon_lr: float = 0.02  # Muon: the 2-D matrices inside the blocks
     muon_momentum: float = 0.95
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # Muon's matrices; with kind "adamw", every 2-D parameter
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8

@@ -231,7 +231,7 @@ async def test_the_launch_screen_shows_every_presets_fit_and_the_settings_values
 
         values = dict(flatten(launch.current_config()))
         settings.focus()
-        for key in ["model.n_layer", "training.activation_checkpointing", "optimizer.lr"]:  # the longest key too
+        for key in ["model.n_layer", "training.activation_checkpointing", "optimizer.lr", "optimizer.kind"]:  # the longest key too
             settings.move_cursor(row=settings.get_row_index(key))
             await pilot.pause()
             assert any(re.search(rf"│ {re.escape(key)} +{re.escape(values[key])} ", line)

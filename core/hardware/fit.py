@@ -98,14 +98,16 @@ class ParamCounts:
     def total(self) -> int:
         return self.embedding + self.norms + self.matrices
 
+    kind: str = "muon"  # optimizer.kind: with "adamw", AdamW holds every parameter
+
     @property
     def adamw(self) -> int:
-        """AdamW's share (optim.split_params): the embedding and every norm."""
-        return self.embedding + self.norms
+        """AdamW's share (optim.split_params): the embedding and every norm, or all of them."""
+        return self.total if self.kind == "adamw" else self.embedding + self.norms
 
     @property
     def muon(self) -> int:
-        return self.matrices
+        return 0 if self.kind == "adamw" else self.matrices
 
 
 def param_counts(cfg: Config) -> ParamCounts:
@@ -115,7 +117,7 @@ def param_counts(cfg: Config) -> ParamCounts:
     per_layer = d * q + 2 * d * kv + q * d + 3 * d * f  # q, k, v, o; gate, up, down
     return ParamCounts(embedding=cfg.tokenizer.vocab_size * d,
                        norms=m.n_layer * (2 * d + 2 * hd) + d,  # two block norms, q_norm and k_norm; final norm
-                       matrices=m.n_layer * per_layer)
+                       matrices=m.n_layer * per_layer, kind=cfg.optimizer.kind)
 
 
 def muon_step_bytes(cfg: Config, device_type: str) -> int:
@@ -299,7 +301,7 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
     recompute = (tokens * (layer + 2 * a * cfg.mlp_hidden) + 4 * n.embedding + (0 if grads_at_peak else 4 * block)
                  if ckpt else 0)
 
-    muon_step = muon_step_bytes(cfg, device_type)
+    muon_step = muon_step_bytes(cfg, device_type) if n.muon else 0
     held = weights + grads_at_peak + optimizer
     # Between steps: the fp32 weights and autocast's casts of every matrix (the head's too, which
     # the evaluation loss casts), the optimizer state, and the gradients only where they are kept.

@@ -22,16 +22,46 @@ def split_params(model: torch.nn.Module) -> tuple[list[tuple[str, torch.nn.Param
 
 
 def build_optimizers(model: torch.nn.Module, cfg: OptimizerConfig, device: torch.device) -> list[torch.optim.Optimizer]:
-    muon, adamw = split_params(model)
-    opts: list[torch.optim.Optimizer] = [
-        torch.optim.AdamW([p for _, p in adamw], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                          weight_decay=0.0, fused=device.type == "cuda"),
-    ]
-    if muon:
-        opts.append(Muon([p for _, p in muon], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
-                         weight_decay=cfg.weight_decay))
+    fused = device.type == "cuda"
+    if cfg.kind == "adamw":
+        opts: list[torch.optim.Optimizer] = [adamw_everything(model, cfg, fused)]
+    else:
+        muon, adamw = split_params(model)
+        opts = [torch.optim.AdamW([p for _, p in adamw], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                  weight_decay=0.0, fused=fused)]
+        if muon:
+            opts.append(Muon([p for _, p in muon], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
+                             weight_decay=cfg.weight_decay))
     set_peak_lrs(opts, cfg)
     return opts
+
+
+def adamw_everything(model: torch.nn.Module, cfg: OptimizerConfig, fused: bool) -> torch.optim.AdamW:
+    """One AdamW for every parameter. Weight decay on the 2-D ones (the embedding, which is also
+    the head, and the blocks' matrices), none on the norms' gains: what nanoGPT and transformers'
+    Trainer do, so `kind = "adamw"` is the recipe a user would otherwise write by hand."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    keep = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": keep, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                             eps=cfg.eps, fused=fused)
+
+
+def describe(opts: list[torch.optim.Optimizer], cfg: OptimizerConfig) -> str:
+    """The run header's line: which optimizer holds how many parameters, at what peak rate."""
+    def count(opt):
+        return sum(p.numel() for g in opt.param_groups for p in g["params"])
+
+    parts = []
+    for opt in opts:
+        if isinstance(opt, Muon):
+            parts.append(f"Muon {count(opt):,} (lr {cfg.muon_lr:g}, momentum {cfg.muon_momentum:g}, "
+                         f"wd {cfg.weight_decay:g})")
+        else:
+            wd = f", wd {cfg.weight_decay:g}" if cfg.kind == "adamw" else ""
+            parts.append(f"AdamW {count(opt):,} (lr {cfg.lr:g}, betas {cfg.beta1:g}/{cfg.beta2:g}{wd})")
+    return (f"optimizer: {cfg.kind}: " + " + ".join(parts) +
+            f"; {cfg.schedule} schedule, warmup {cfg.warmup_steps}")
 
 
 def set_peak_lrs(opts: list[torch.optim.Optimizer], cfg: OptimizerConfig) -> None:

@@ -35,7 +35,7 @@ from . import checkpoint, memory_fit, nan_debug
 from .group import Group
 from .loggers import Metrics, start_loggers
 from .memory_fit import OutOfMemory, oom_in
-from .optim import build_optimizers, clip_grad_norm, lr_multiplier, set_lr, set_peak_lrs
+from .optim import build_optimizers, clip_grad_norm, describe, lr_multiplier, set_lr, set_peak_lrs
 
 Emit = Callable[[object], None]
 
@@ -121,6 +121,7 @@ class Trainer:
                  f"{m.n_head} heads / {m.n_kv_head} kv heads; device {self.device}, precision {self.precision}, "
                  f"compile {'on' if cfg.training.compile else 'off'}, {cfg.tokens_per_step:,} tokens/step{procs}")
         self.log(attention_header(cfg, self.device, self.precision))
+        self.log(describe(self.optimizers, cfg.optimizer))
         if g.is_main:  # after a resume's checkpoint (its step) and the micro-batch search (the config)
             self.metrics.start(start_loggers(cfg, self.run_dir, self.step))
         devices = g.local_devices(self.device)
@@ -334,9 +335,10 @@ class Trainer:
             self.step += 1
             return
         o = self.cfg.optimizer
+        lower = f"--set optimizer.lr={o.lr / 2:g}" + (f" --set optimizer.muon_lr={o.muon_lr / 2:g}" if o.kind == "muon" else "")
         raise NonFiniteLoss(f"non-finite values at step {self.step + 1} ({what}); the weights of step "
                             f"{self.step} were kept. Resume with lower learning rates (lmcockpit --run --resume "
-                            f"{self.run_dir} --set optimizer.lr={o.lr / 2:g} --set optimizer.muon_lr={o.muon_lr / 2:g}) "
+                            f"{self.run_dir} {lower}) "
                             f"or past bad batches (--set training.on_nan='\"skip\"').")
 
     # ----------------------------------------------------------------------------- commands
