@@ -30,10 +30,10 @@ def describe() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, Python {platform.python_version()}{gpu}"
 
 
-def record(title: str, lines: list[str]) -> None:
-    """Append a dated section to bench/RESULTS.md and print it."""
+def record(title: str, lines: list[str], path: Path = RESULTS) -> None:
+    """Append a dated section to bench/RESULTS.md (or `path`) and print it."""
     body = "\n".join(lines)
     section = f"\n## {title} ({time.strftime('%Y-%m-%d')})\n\nMachine: {describe()}\n\n{body}\n"
     print(section)
-    with open(RESULTS, "a", encoding="utf-8") as fh:
+    with open(path, "a", encoding="utf-8") as fh:
         fh.write(section)

@@ -1,0 +1,316 @@
+"""Time to quality: lmcockpit's recipe against the transformers + AdamW loop a user would write.
+
+Every run trains side by side in one process, a step of each in turn, on the same batches of the
+preset's own token cache, and is scored on the same validation windows (the engine's evaluation):
+
+* lmcockpit's GPT with its optimizer (`optimizer.kind = "muon"`, the preset's settings);
+* lmcockpit's GPT with `optimizer.kind = "adamw"` (weight decay 0.1), at each learning rate of
+  `--adamw-lrs`: what Muon adds, with the model and the rest of the recipe held;
+* transformers' `Qwen3ForCausalLM` of the same shape (its own initialisation, sdpa attention),
+  with AdamW at weight decay 0.1 on the 2-D parameters, at each learning rate of `--lrs`: the
+  baseline, its best final validation loss taken as the target.
+
+The same batch, precision, compile setting, gradient clipping and schedule shape (the preset's
+warmup and cosine) for every run; the loss is the cross-entropy of float32 logits. A run's time is
+the sum of its own steps (forward, backward, clipping, the optimizer, each timed to its end), so a
+busy neighbour slows every run alike; compilation is done before the clock starts (one forward and
+backward of each compiled model, no update) and shown apart. Evaluations are not timed.
+
+Recorded in bench/RESULTS.md: each run's final validation loss, the best of each kind at equal
+steps and at equal wall time, and the wall time each needs to reach the baseline's best final
+validation loss — lmcockpit's against the baseline's is the headline (issue 23's target: ≤ 0.4×).
+
+    python bench/convergence.py [--preset cpu] [--steps N] [--lrs 1e-3,3e-3,6e-3] [--adamw-lrs ...]
+                                [--eval-every 25] [--device cpu|cuda] [--results PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from machine import RESULTS, record  # noqa: E402
+
+from lmcockpit.core.config import Config, load_config  # noqa: E402
+from lmcockpit.core.data import batches  # noqa: E402
+from lmcockpit.core.data.prepare import prepare  # noqa: E402
+from lmcockpit.core.hardware.device import autocast_dtype, expands_kv, resolve_device, resolve_precision  # noqa: E402
+from lmcockpit.core.infer.export import qwen3_config  # noqa: E402
+from lmcockpit.core.model.gpt import GPT, shape_from_config  # noqa: E402
+from lmcockpit.core.train.optim import build_optimizers, lr_multiplier, set_lr  # noqa: E402
+
+WEIGHT_DECAY = 0.1  # the AdamW runs' (the baseline's, as the transformers Trainer's docs suggest)
+MILESTONES = (0.25, 0.5, 0.75, 1.0)  # equal wall time: these shares of the baseline's best run
+
+
+@dataclass
+class Run:
+    name: str
+    kind: str  # "baseline", "adamw" or "muon": the best of each kind is compared
+    lr: str
+    model: torch.nn.Module
+    loss: Callable  # (x, y) -> mean loss, through the compiled module when compiling
+    token_losses: Callable  # (x, y) -> per-token losses, eager, for evaluation
+    opts: list
+    seconds: float = 0.0  # training time so far
+    compile_s: float = 0.0
+    evals: list[tuple[int, float, float]] = field(default_factory=list)  # (step, seconds, val loss)
+
+    @property
+    def final(self) -> float:
+        return self.evals[-1][2]
+
+
+def baseline_model(cfg: Config) -> torch.nn.Module:
+    """The model a user would build with transformers: Qwen3ForCausalLM from the config
+    `lmcockpit export` writes for this shape, with transformers' own initialisation."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    raw = qwen3_config(cfg, eos=0, dtype="float32")
+    config = Qwen3Config(**{k: v for k, v in raw.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    config._attn_implementation = "sdpa"
+    return Qwen3ForCausalLM(config)
+
+
+def baseline_adamw(model: torch.nn.Module, lr: float, cfg: Config, fused: bool) -> torch.optim.AdamW:
+    """AdamW as transformers' Trainer sets it up: decay on all but the norms (and biases, none here)."""
+    o = cfg.optimizer
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    keep = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": keep, "weight_decay": 0.0}],
+                            lr=lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused)
+    for group in opt.param_groups:
+        group["peak_lr"] = lr
+    return opt
+
+
+def build_runs(cfg: Config, device: torch.device, precision: str, lrs: list[float], adamw_lrs: list[float]) -> list[Run]:
+    compile_ = cfg.training.compile
+    runs = []
+
+    def ours(name: str, kind: str, lr: str, ocfg) -> Run:
+        torch.manual_seed(cfg.training.seed)
+        model = GPT(shape_from_config(cfg)).to(device).train()
+        model.expand_kv = expands_kv(cfg, device, precision)
+        call = torch.compile(model, dynamic=False) if compile_ else model
+        return Run(name, kind, lr, model, call, model.token_losses, build_optimizers(model, ocfg, device))
+
+    def theirs(lr: float) -> Run:
+        torch.manual_seed(cfg.training.seed)
+        model = baseline_model(cfg).to(device).train()
+        call = torch.compile(model, dynamic=False) if compile_ else model
+        V = cfg.tokenizer.vocab_size
+
+        def token_losses(x, y):
+            logits = model(input_ids=x, use_cache=False).logits.float()
+            return F.cross_entropy(logits.view(-1, V), y.reshape(-1), reduction="none").view(y.shape)
+
+        # use_cache=False: a training forward builds no key/value cache (ours builds none)
+        loss = lambda x, y: F.cross_entropy(call(input_ids=x, use_cache=False).logits.float().view(-1, V), y.reshape(-1))  # noqa: E731
+        return Run(f"transformers Qwen3 + AdamW, lr {lr:g}", "baseline", f"{lr:g}", model, loss, token_losses,
+                   [baseline_adamw(model, lr, cfg, device.type == "cuda")])
+
+    o = cfg.optimizer
+    runs.append(ours("lmcockpit, Muon + AdamW", "muon", f"{o.muon_lr:g} / {o.lr:g}", o))
+    for lr in adamw_lrs:
+        runs.append(ours(f"lmcockpit, AdamW, lr {lr:g}", "adamw", f"{lr:g}",
+                         dataclasses.replace(o, kind="adamw", lr=lr, weight_decay=WEIGHT_DECAY)))
+    runs.extend(theirs(lr) for lr in lrs)
+    return runs
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="cpu", help="the shape, batch, schedule and data (default cpu)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override, as lmcockpit's")
+    ap.add_argument("--steps", type=int, help="optimizer steps per run (default: the preset's max_steps)")
+    ap.add_argument("--lrs", default="1e-3,3e-3,6e-3", help="the baseline's learning rates (its best is taken)")
+    ap.add_argument("--adamw-lrs", help="lmcockpit AdamW's learning rates (default: --lrs)")
+    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="where the entry is appended")
+    args = ap.parse_args(argv)
+
+    overrides = list(args.set) + ([f"training.max_steps={args.steps}"] if args.steps else [])
+    cfg, _ = load_config(args.preset, overrides)
+    t = cfg.training
+    device = resolve_device(args.device)
+    precision = resolve_precision(t.precision, device)
+    amp_dtype = autocast_dtype(precision)
+    lrs = [float(v) for v in args.lrs.split(",")]
+    adamw_lrs = [float(v) for v in (args.adamw_lrs or args.lrs).split(",")]
+    if device.type == "cpu":  # as the engine trains on a CPU (trainer.setup)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+    data = prepare(cfg, lambda line: print(line, flush=True), lambda *a: None)
+    val_starts = batches.eval_windows(len(data.val), cfg.eval.batches, t.micro_batch_size, t.seq_len)
+    runs = build_runs(cfg, device, precision, lrs, adamw_lrs)
+
+    def autocast():
+        return torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else nullcontext()
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def batch(step: int, micro: int = 0):  # the engine's batches for one process
+        g = batches.global_index(step, 0, micro, 1, t.grad_accum_steps)
+        x, y = batches.get_batch(data.train, t.seed, g, t.micro_batch_size, t.seq_len)
+        return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+
+    x0, y0 = batch(0)
+    for run in runs:  # compile outside the clock: a forward and backward, no update
+        sync()
+        t0 = time.perf_counter()
+        with autocast():
+            run.loss(x0, y0).backward()
+        for opt in run.opts:
+            opt.zero_grad(set_to_none=True)
+        sync()
+        run.compile_s = time.perf_counter() - t0
+
+    @torch.no_grad()
+    def evaluate(run: Run) -> float:
+        total, n = 0.0, 0
+        for starts in val_starts:
+            x, y = (torch.from_numpy(a).to(device) for a in batches.rows_at(data.val, starts, t.seq_len))
+            with autocast():
+                losses = run.token_losses(x, y)
+            total += float(losses.float().sum())
+            n += losses.numel()
+        return total / n
+
+    print(f"{len(runs)} runs of {t.max_steps} steps side by side, precision {precision}, "
+          f"compile {'on' if t.compile else 'off'}, on {device}", flush=True)
+    for step in range(t.max_steps):
+        micro_batches = [batch(step, micro) for micro in range(t.grad_accum_steps)]
+        multiplier = lr_multiplier(step, t.max_steps, cfg.optimizer)
+        for run in runs:
+            sync()
+            t0 = time.perf_counter()
+            set_lr(run.opts, multiplier)
+            for x, y in micro_batches:
+                with autocast():
+                    loss = run.loss(x, y) / t.grad_accum_steps
+                loss.backward()
+            if t.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(run.model.parameters(), t.grad_clip)
+            for opt in run.opts:
+                opt.step()
+            for opt in run.opts:
+                opt.zero_grad(set_to_none=True)
+            sync()
+            run.seconds += time.perf_counter() - t0
+        if (step + 1) % args.eval_every == 0 or step + 1 == t.max_steps:
+            for run in runs:
+                run.evals.append((step + 1, run.seconds, evaluate(run)))
+            print(f"step {step + 1}: " + ", ".join(f"{r.evals[-1][2]:.3f}" for r in runs), flush=True)
+
+    report(args, cfg, device, precision, runs)
+
+
+def seconds_to_reach(run: Run, target: float) -> float | None:
+    """When the validation loss first reaches `target`, interpolated linearly between evaluations
+    (from the first step's, the initial loss, assumed above any target)."""
+    prev_s, prev_v = 0.0, math.inf
+    for _, s, v in run.evals:
+        if v <= target:
+            if math.isinf(prev_v):
+                return s
+            return prev_s + (s - prev_s) * (prev_v - target) / (prev_v - v)
+        prev_s, prev_v = s, v
+    return None
+
+
+def loss_at(run: Run, seconds: float) -> float | None:
+    """The validation loss at `seconds` of training, interpolated between evaluations; the final
+    one past the run's end; None before its first evaluation."""
+    prev = None
+    for _, s, v in run.evals:
+        if s >= seconds:
+            if prev is None:
+                return v if s == seconds else None
+            return prev[1] + (v - prev[1]) * (seconds - prev[0]) / (s - prev[0])
+        prev = (s, v)
+    return run.final
+
+
+def best(runs: list[Run], kind: str) -> Run:
+    return min((r for r in runs if r.kind == kind), key=lambda r: r.final)
+
+
+def fmt(v: float | None, spec: str = ".3f") -> str:
+    return "–" if v is None else format(v, spec)
+
+
+def secs(v: float | None) -> str:
+    return "–" if v is None else f"{v:.{1 if v < 100 else 0}f} s"
+
+
+def report(args, cfg: Config, device: torch.device, precision: str, runs: list[Run]) -> None:
+    t, m = cfg.training, cfg.model
+    base, adamw, muon = best(runs, "baseline"), best(runs, "adamw"), best(runs, "muon")
+    target = base.final
+    threads = f" with {torch.get_num_threads()} threads" if device.type == "cpu" else ""
+    lines = [
+        f"Preset `{args.preset}`{' with ' + ', '.join(args.set) if args.set else ''}: {m.n_layer} layers, "
+        f"d_model {m.d_model}, {m.n_head}/{m.n_kv_head} heads, vocab {cfg.tokenizer.vocab_size}, "
+        f"{runs[0].model.num_params() / 1e6:.2f}M parameters; batch {t.micro_batch_size}×{t.seq_len} tokens"
+        f"{f' × {t.grad_accum_steps} micro-batches' if t.grad_accum_steps > 1 else ''}, "
+        f"{t.max_steps} steps, {cfg.optimizer.schedule} schedule with {cfg.optimizer.warmup_steps} warmup steps, "
+        f"grad clip {t.grad_clip:g}; {precision}, compile {'on' if t.compile else 'off'}, on {device}{threads}; "
+        f"torch {torch.__version__}, transformers {__import__('transformers').__version__}. Validation: "
+        f"{cfg.eval.batches} batches of held-out tokens, every {args.eval_every} steps. AdamW runs: weight decay "
+        f"{WEIGHT_DECAY:g} on the 2-D parameters. Times: training steps only, every run stepped in turn "
+        "(compilation apart, evaluation untimed).",
+        "",
+        "| run | lr | final val loss | train time | tokens/s | compile |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    tokens = t.max_steps * cfg.tokens_per_step
+    for r in runs:
+        star = " **(best of its kind)**" if r in (base, adamw) and sum(x.kind == r.kind for x in runs) > 1 else ""
+        lines.append(f"| {r.name}{star} | {r.lr} | {r.final:.3f} | {secs(r.seconds)} | {tokens / r.seconds:,.0f} "
+                     f"| {secs(r.compile_s)} |")
+    trio = [("transformers + AdamW (best lr)", base), ("lmcockpit AdamW (best lr)", adamw),
+            ("lmcockpit Muon + AdamW", muon)]
+    lines += ["", "Validation loss at equal steps:", "",
+              "| step | " + " | ".join(n for n, _ in trio) + " |", "| ---: |" + " ---: |" * len(trio)]
+    marks = sorted({s for s, _, _ in base.evals if s % max(args.eval_every, t.max_steps // 8) == 0} | {t.max_steps})
+    for step in marks:
+        vals = [next((v for s, _, v in r.evals if s == step), None) for _, r in trio]
+        lines.append(f"| {step} | " + " | ".join(fmt(v) for v in vals) + " |")
+    lines += ["", "Validation loss at equal wall time (shares of the baseline's best run):", "",
+              "| training time | " + " | ".join(n for n, _ in trio) + " |", "| ---: |" + " ---: |" * len(trio)]
+    for share in MILESTONES:
+        s = share * base.seconds
+        lines.append(f"| {secs(s)} ({share:.0%}) | " + " | ".join(fmt(loss_at(r, s)) for _, r in trio) + " |")
+    lines += ["", f"Time to reach the baseline's best final validation loss, {target:.3f}:", "",
+              "| run | training time | vs the baseline |", "| --- | ---: | ---: |"]
+    base_s = seconds_to_reach(base, target)
+    for name, r in trio:
+        s = seconds_to_reach(r, target)
+        ratio = fmt(s / base_s, ".2f") + "×" if s is not None and base_s else "not reached"
+        lines.append(f"| {name} | {secs(s)} | {ratio} |")
+    ours_s = seconds_to_reach(muon, target)
+    verdict = (f"lmcockpit reaches it in {ours_s / base_s:.2f}× the baseline's time (target ≤ 0.4×)"
+               if ours_s is not None and base_s else "lmcockpit does not reach it")
+    lines += ["", f"**Headline: {verdict}.**"]
+    record("convergence: time to quality against transformers + AdamW", lines, args.results)
+
+
+if __name__ == "__main__":
+    main()
