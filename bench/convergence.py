@@ -45,6 +45,7 @@ from machine import RESULTS, record  # noqa: E402
 from lmcockpit.core.config import Config, load_config  # noqa: E402
 from lmcockpit.core.data import batches  # noqa: E402
 from lmcockpit.core.data.prepare import prepare  # noqa: E402
+from lmcockpit.core.hardware import cpu_precision  # noqa: E402
 from lmcockpit.core.hardware.device import autocast_dtype, expands_kv, resolve_device, resolve_precision  # noqa: E402
 from lmcockpit.core.infer.export import qwen3_config  # noqa: E402
 from lmcockpit.core.model.gpt import GPT, shape_from_config  # noqa: E402
@@ -104,7 +105,7 @@ def build_runs(cfg: Config, device: torch.device, precision: str, lrs: list[floa
         model = GPT(shape_from_config(cfg)).to(device).train()
         model.expand_kv = expands_kv(cfg, device, precision)
         call = torch.compile(model, dynamic=False) if compile_ else model
-        return Run(name, kind, lr, model, call, model.token_losses, build_optimizers(model, ocfg, device))
+        return Run(name, kind, lr, model, call, model.token_losses, build_optimizers(model, ocfg, device, precision))
 
     def theirs(lr: float) -> Run:
         torch.manual_seed(cfg.training.seed)
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg, _ = load_config(args.preset, overrides)
     t = cfg.training
     device = resolve_device(args.device)
-    precision = resolve_precision(t.precision, device)
+    verdict = cpu_precision.choose(cfg, print) if device.type == "cpu" and t.precision == "auto" else None
+    precision = resolve_precision(t.precision, device, verdict)  # what the engine would train in
     amp_dtype = autocast_dtype(precision)
     lrs = [float(v) for v in args.lrs.split(",")]
     adamw_lrs = [float(v) for v in (args.adamw_lrs or args.lrs).split(",")]

@@ -49,7 +49,7 @@ def measure(preset: str, device: torch.device, steps: int, warmup: int, override
     torch.manual_seed(0)
     model = GPT(shape_from_config(cfg)).to(device)
     model.activation_checkpointing = t.activation_checkpointing
-    opts = build_optimizers(model, cfg.optimizer, device)
+    opts = build_optimizers(model, cfg.optimizer, device, precision)
     run = torch.compile(model, mode=t.compile_mode, dynamic=False) if t.compile else model
     V = model.shape.vocab_size
     gen = torch.Generator().manual_seed(1)

@@ -89,7 +89,7 @@ def main() -> None:
         ("transformers Qwen3ForCausalLM, AdamW", theirs, hf_loss, adamw),
         ("lmcockpit GPT, AdamW", ours_adamw, ours_loss, adamw),
         ("lmcockpit GPT, Muon + AdamW", ours_muon, ours_loss,
-         lambda m: build_optimizers(m, cfg.optimizer, device)),
+         lambda m: build_optimizers(m, cfg.optimizer, device, args.precision)),
     ]:
         model.to(device).train()
         opts = opts_of(model)

@@ -15,6 +15,7 @@ import pytest
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import Config, load_config
+from lmcockpit.core.hardware import cpu_precision
 from lmcockpit.core.run.folder import create_run_dir
 
 # Small everywhere: a 1 MB slice of the stdlib, a 512-token BPE, a 2-layer model of width 64.
@@ -31,7 +32,29 @@ def isolated_cache(tmp_path_factory) -> Path:
     os.environ["XDG_CACHE_HOME"] = str(cache)
     # The registry of runs training in the background (core/process/live.py): the tests' own.
     os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("xdg-state"))
+    # precision "auto" on a CPU is what a probe measured on it (cpu_precision): the suite pins
+    # fp32, so every test trains the same on any CPU; tests/test_cpu_precision.py probes for real.
+    cpu_precision.store(PINNED_FP32)
     return cache / "lmcockpit"
+
+
+PINNED_FP32 = cpu_precision.Verdict("fp32", why="pinned by the test suite")
+
+
+@contextlib.contextmanager
+def cpu_verdict(verdict: cpu_precision.Verdict | None):
+    """This CPU's cached verdict is `verdict` (None: none, so the next "auto" run probes) for the
+    block, the suite's pinned fp32 again after it."""
+    path = cpu_precision.cache_path()
+    if verdict is None:
+        path.unlink(missing_ok=True)
+    else:
+        cpu_precision.store(verdict)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        cpu_precision.store(PINNED_FP32)
 
 
 @pytest.fixture(autouse=True)

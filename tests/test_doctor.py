@@ -39,6 +39,7 @@ def test_doctor_on_a_machine_without_a_gpu_says_so_and_exits_0():
     assert "expandable_segments:True" in found["allocator"]
     assert found["disk (runs)"].startswith(("ok ", "warn ")) and "GiB free at" in found["disk (cache)"]
     assert {"NVML", "Triton", "flash attention", "lmcockpit"} <= set(found)
+    assert found["CPU precision"] == "info fp32 (pinned by the test suite)"  # conftest's verdict, read
     assert proc.stdout.rstrip().endswith("ready: runs can start on the CPU (no GPU here)")
 
 

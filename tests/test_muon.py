@@ -14,7 +14,8 @@ def tiny_model() -> GPT:
                         mlp_hidden=64, max_seq_len=16))
 
 
-def test_singular_values_land_in_the_quintic_band():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # a CPU run's fp32, or its measured bf16
+def test_singular_values_land_in_the_quintic_band(dtype):
     torch.manual_seed(0)
     for shape in [(64, 64), (32, 96), (96, 32)]:
         # singular values spread over two orders of magnitude, none tiny
@@ -23,7 +24,9 @@ def test_singular_values_land_in_the_quintic_band():
         k = min(shape)
         s = torch.logspace(-1, 1, k)
         G = u[:, :k] @ torch.diag(s) @ v[:, :k].T
-        sv = torch.linalg.svdvals(newton_schulz(G).float())
+        ortho = newton_schulz(G, dtype=dtype)
+        assert ortho.dtype == dtype
+        sv = torch.linalg.svdvals(ortho.float())
         assert sv.min() > 0.65 and sv.max() < 1.25, (shape, sv.min(), sv.max())
 
 
@@ -42,9 +45,9 @@ def test_step_orthogonalises_once_per_shape(monkeypatch):
     calls = []
     real = muon_mod.newton_schulz
 
-    def counting(G, steps=5):
+    def counting(G, steps=5, dtype=None):
         calls.append(tuple(G.shape))
-        return real(G, steps)
+        return real(G, steps, dtype)
 
     monkeypatch.setattr(muon_mod, "newton_schulz", counting)
     opt = Muon(muon_params, lr=0.02)
@@ -113,6 +116,27 @@ def test_muon_step_iterating_in_fp16_matches_fp32(monkeypatch):
         assert all(c.dtype == torch.float32 for c in copies)
     for ref, u in zip(updates[torch.float32], updates[torch.float16]):
         assert relative(u, ref) < 3e-3
+
+
+def test_a_cpu_run_in_bf16_iterates_in_bf16_and_updates_as_fp32_does():
+    """On a CPU Newton–Schulz follows the run's precision: bf16 where the probe chose it (half the
+    time of fp32 on an AVX512-BF16 EPYC), with updates within 2% of fp32's."""
+    model = tiny_model()
+    grads = {n: torch.randn_like(p) for n, p in model.named_parameters()}
+    updates = {}
+    for precision in ("fp32", "bf16"):
+        copy = tiny_model()
+        _, muon = build_optimizers(copy, OptimizerConfig(), torch.device("cpu"), precision)
+        assert muon.ns_dtype == (torch.bfloat16 if precision == "bf16" else None)
+        for n, p in copy.named_parameters():
+            p.grad = grads[n].clone()
+        before = {n: p.detach().clone() for n, p in copy.named_parameters()}
+        muon.step()
+        updates[precision] = {n: before[n] - p.detach() for n, p in copy.named_parameters() if p.ndim == 2
+                              and n.startswith("layers.")}
+        assert all(p.dtype == torch.float32 for p in copy.parameters())
+    for n, ref in updates["fp32"].items():
+        assert 0 < relative(updates["bf16"][n], ref) < 0.02, n
 
 
 def test_parameter_grouping():

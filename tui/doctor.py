@@ -27,6 +27,7 @@ from lmcockpit import __version__
 from lmcockpit.core.config import Config
 from lmcockpit.core.data.store import cache_root
 from lmcockpit.core.hardware import gpu_env
+from lmcockpit.core.hardware.cpu_precision import MARGIN
 from lmcockpit.tui.usage import Parser, UsageError, error
 
 TORCH_CHECK_TIMEOUT = 600  # a cold compile smoke test on a slow machine takes well under a minute
@@ -139,6 +140,7 @@ def checks() -> list[Check]:
     else:
         out.append(Check("info", "flash attention", "a GPU kernel: not used on the CPU"
                                                     + ("" if facts["flash_built"] else " (not in this build)")))
+        out.append(cpu_precision_check(facts["cpu_precision"]))
 
     expandable = facts.get("expandable_segments")
     if cuda and expandable is False and "expandable_segments:true" in allocator.value.lower():
@@ -147,6 +149,17 @@ def checks() -> list[Check]:
     else:
         out.append(Check("ok", "allocator", allocator.describe()))
     return out + disk_checks()
+
+
+def cpu_precision_check(v: dict) -> Check:
+    """precision "auto" on this CPU, with what was measured (cpu_precision.Verdict's fields)."""
+    if v["speedup"] is None:
+        return Check("info", "CPU precision", f"{v['precision']} ({v['why']})")
+    how = "measured now" if v["probed"] else "measured before"
+    return Check("ok", "CPU precision", f"precision \"auto\" trains in {v['precision']}: a block's forward and "
+                                        f"backward took {v['fp32_ms']:.0f} ms in fp32, {v['bf16_ms']:.0f} ms in bf16 "
+                                        f"({v['speedup']:.2f}×; bf16 from {MARGIN:g}×), {how} ({v['probe']}); "
+                                        f"kept in {v['cache']}")
 
 
 def gpu_lines_from_nvml(nvml: gpu_env.NvmlInfo) -> list[Check]:

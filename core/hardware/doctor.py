@@ -8,6 +8,7 @@ allocator check reports what a run really gets.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import traceback
@@ -97,7 +98,20 @@ def facts() -> dict:
     if cuda:
         out["flash"] = flash_attention(device, gpus[0]["bf16"])
         out["expandable_segments"] = expandable_segments(device)
+    else:
+        out["cpu_precision"] = cpu_precision_facts()
     return out
+
+
+def cpu_precision_facts() -> dict:
+    """What precision "auto" trains in on this CPU: the cached verdict, or the probe at the cpu
+    preset's shape (then cached, as a first run would)."""
+    from ..config import load_config
+    from .cpu_precision import cache_path, choose, known
+
+    probed = known() is None
+    verdict = choose(load_config("cpu")[0])
+    return {**dataclasses.asdict(verdict), "probed": probed, "cache": str(cache_path())}
 
 
 def main() -> None:

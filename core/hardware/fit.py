@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..config import CUDA_GRAPH_MODES, Config
-from . import attention
+from . import attention, cpu_precision
 
 GiB = 1024**3
 
@@ -128,7 +128,7 @@ def muon_step_bytes(cfg: Config, device_type: str) -> int:
     k × k Gram products per matrix, k its shorter side."""
     m, d, hd = cfg.model, cfg.model.d_model, cfg.head_dim
     q, kv, f = m.n_head * hd, m.n_kv_head * hd, cfg.mlp_hidden
-    s = 2 if device_type == "cuda" else 4
+    s = 2 if device_type == "cuda" or amp_bytes(cfg, device_type) == 2 else 4  # optim.build_optimizers
     groups: Counter = Counter()  # shape: how many matrices of it
     for shape in [(q, d), (kv, d), (kv, d), (d, q), (f, d), (f, d), (d, f)]:
         groups[shape] += m.n_layer
@@ -136,10 +136,14 @@ def muon_step_bytes(cfg: Config, device_type: str) -> int:
 
 
 def amp_bytes(cfg: Config, device_type: str) -> int:
-    """Bytes per element of what autocast computes in: precision "auto" is bf16/fp16 on a GPU, fp32 on CPU."""
+    """Bytes per element of what autocast computes in: precision "auto" is bf16/fp16 on a GPU; on
+    a CPU, bf16 where this CPU's cached verdict says so (cpu_precision; no probe here), else fp32."""
     p = cfg.training.precision
     if p == "auto":
-        return 2 if device_type == "cuda" else 4
+        if device_type == "cuda":
+            return 2
+        verdict = cpu_precision.known()
+        return 2 if verdict is not None and verdict.precision == "bf16" else 4
     return 4 if p == "fp32" else 2
 
 

@@ -64,8 +64,8 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = N
 
     The quintic's coefficients trade exactness for speed: singular values land roughly in
     [0.7, 1.2] rather than at 1, which training does not mind. bf16 is the fast path on a GPU's
-    tensor cores; a CPU without AMX multiplies bf16 matrices slower than float32 (1.6x slower at
-    the cpu preset's shapes on the benchmark machine), so there float32 is both faster and exact.
+    tensor cores. On a CPU it depends on the CPU (cpu_precision): a run in bf16 there iterates in
+    bf16 (the optimizer is given the dtype), one in fp32 in fp32.
     """
     a, b, c = NS_COEFFS
     X = normalised(G, dtype or device_iteration_dtype(G.device))
@@ -84,11 +84,13 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = N
 
 class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
-                 ns_steps: int = 5):
+                 ns_steps: int = 5, ns_dtype: torch.dtype | None = None):
+        """`ns_dtype`: what Newton–Schulz iterates in; None: `iteration_dtype`'s choice for the device."""
         params = list(params)
         if any(p.ndim != 2 for p in params):
             raise ValueError("Muon takes 2-D matrices only; give vectors and embeddings to AdamW")
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps))
+        self.ns_dtype = ns_dtype
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -115,7 +117,7 @@ class Muon(torch.optim.Optimizer):
             if stacked is None:
                 stacked = update.new_empty((len(params), *update.shape))
             stacked[i] = update
-        ortho = newton_schulz(stacked, group["ns_steps"])
+        ortho = newton_schulz(stacked, group["ns_steps"], self.ns_dtype)
         del stacked
         scale = max(1.0, shape[0] / shape[1]) ** 0.5
         for p, u in zip(params, ortho):

@@ -21,7 +21,10 @@ def split_params(model: torch.nn.Module) -> tuple[list[tuple[str, torch.nn.Param
     return muon, adamw
 
 
-def build_optimizers(model: torch.nn.Module, cfg: OptimizerConfig, device: torch.device) -> list[torch.optim.Optimizer]:
+def build_optimizers(model: torch.nn.Module, cfg: OptimizerConfig, device: torch.device,
+                     precision: str = "fp32") -> list[torch.optim.Optimizer]:
+    """`precision`, the run's: on a CPU, Muon's Newton–Schulz iterates in bf16 when the run trains
+    in bf16 (cpu_precision measured bf16 faster there), else in fp32; on a GPU by its capability."""
     fused = device.type == "cuda"
     if cfg.kind == "adamw":
         opts: list[torch.optim.Optimizer] = [adamw_everything(model, cfg, fused)]
@@ -30,8 +33,9 @@ def build_optimizers(model: torch.nn.Module, cfg: OptimizerConfig, device: torch
         opts = [torch.optim.AdamW([p for _, p in adamw], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                   weight_decay=0.0, fused=fused)]
         if muon:
+            ns_dtype = torch.bfloat16 if device.type == "cpu" and precision == "bf16" else None
             opts.append(Muon([p for _, p in muon], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
-                             weight_decay=cfg.weight_decay))
+                             weight_decay=cfg.weight_decay, ns_dtype=ns_dtype))
     set_peak_lrs(opts, cfg)
     return opts
 

@@ -24,7 +24,7 @@ from ..config import Config, ConfigError
 from ..data import batches, budget as data_budget
 from ..data.cache import TokenData
 from ..data.prepare import prepare
-from ..hardware import fit
+from ..hardware import cpu_precision, fit
 from ..hardware.device import autocast_dtype, device_uuids, memory_stats, peak_flops, resolve_device, resolve_precision
 from ..hardware.device import attention_header, expands_kv
 from ..model import sampling
@@ -76,7 +76,8 @@ class Trainer:
         self.emit(P.StateChanged(P.PREPARING))
         self.device = resolve_device(self.group.device_spec(cfg.hardware.device))
         self.group.connect(self.device)
-        self.precision = resolve_precision(cfg.training.precision, self.device)
+        self.cpu_verdict = self.agreed_cpu_verdict() if self.device.type == "cpu" and cfg.training.precision == "auto" else None
+        self.precision = resolve_precision(cfg.training.precision, self.device, self.cpu_verdict)
         self.amp_dtype = autocast_dtype(self.precision)
         if self.device.type == "cpu":
             # Compiled CPU training otherwise differs from run to run (inductor scatters the
@@ -101,7 +102,7 @@ class Trainer:
         # DDP or FSDP around the model (itself for one process); sharding comes before the
         # optimizers, which must hold the sharded parameters.
         self.wrapped = self.group.wrap(self.model)
-        self.optimizers = build_optimizers(self.model, cfg.optimizer, self.device)
+        self.optimizers = build_optimizers(self.model, cfg.optimizer, self.device, self.precision)
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
         if self.resume_from:
             self.load_checkpoint(self.resume_from)
@@ -118,7 +119,8 @@ class Trainer:
         g = self.group
         procs = f"; {g.world} processes ({g.strategy})" if g.distributed else ""
         self.log(f"model: {self.n_params:,} parameters, {m.n_layer} layers, d_model {m.d_model}, "
-                 f"{m.n_head} heads / {m.n_kv_head} kv heads; device {self.device}, precision {self.precision}, "
+                 f"{m.n_head} heads / {m.n_kv_head} kv heads; device {self.device}, precision {self.precision}"
+                 f"{f' ({self.cpu_verdict.note()})' if self.cpu_verdict else ''}, "
                  f"compile {'on' if cfg.training.compile else 'off'}, {cfg.tokens_per_step:,} tokens/step{procs}")
         self.log(attention_header(cfg, self.device, self.precision))
         self.log(describe(self.optimizers, cfg.optimizer))
@@ -128,6 +130,20 @@ class Trainer:
         self.emit(P.RunStarted(str(self.run_dir), cfg.to_dict(), self.n_params, str(self.device),
                                self.precision, self.step, cfg.training.max_steps, cfg.tokens_per_step,
                                g.world, devices, device_uuids(devices)))
+
+    def agreed_cpu_verdict(self) -> cpu_precision.Verdict:
+        """What "auto" means on this CPU (cpu_precision), the same for every process: each machine's
+        first process probes if need be while the others wait, then they read its verdict; bf16
+        only if every machine's verdict is bf16."""
+        g = self.group
+        verdict = cpu_precision.choose(self.cfg, self.log) if g.local_rank == 0 else None
+        g.barrier()
+        verdict = verdict or cpu_precision.known() or cpu_precision.Verdict(
+            "fp32", why="this machine's first process left no verdict to read")
+        verdicts = g.gather(verdict)
+        if verdicts[0].precision == "fp32" or all(v.precision == "bf16" for v in verdicts):
+            return verdicts[0]
+        return cpu_precision.Verdict("fp32", why="bf16 measured faster on some of the run's machines, not all")
 
     def prepare_data(self) -> TokenData:
         """The token cache, tokenised once: the first process of each machine builds it while the

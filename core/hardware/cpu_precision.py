@@ -1,0 +1,173 @@
+"""precision = "auto" on a CPU: bf16 autocast where a short probe measures it clearly faster.
+
+No flag tells whether bf16 pays on a CPU. Measured at the cpu preset's shape, a compiled step in
+bf16 against fp32 was 2.4× faster on a Xeon with AMX-BF16, 1.5–1.6× on an AMD EPYC with
+AVX512-BF16, and 0.66× (slower) on a Xeon with AVX512-BF16 but no AMX. So the first CPU run with
+"auto" times forward and backward of a one-block model of its own shape in both precisions (a
+second or two), takes bf16 only when it is at least MARGIN faster, and keeps the verdict in the
+cache folder under the CPU model and the torch version: later runs, `lmcockpit presets` and the
+launch screen read it without probing. A CPU without bf16 instructions is not probed (autocast
+would emulate bf16, slowly).
+
+No torch at import: the front-end reads cached verdicts (the memory estimate) without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Callable
+
+MARGIN = 1.15  # bf16 must be this much faster: a closer call is within run-to-run noise
+PROBE_TOKENS = 4096  # a micro-batch's tokens at most: enough to time matmuls at their real width
+PROBE_SECONDS = 1.5  # the timed rounds stop once both precisions have had this long in all
+BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}  # x86's flags, and aarch64's Features word
+CACHE_FILE = "cpu-precision.json"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    precision: str  # "bf16" or "fp32"
+    speedup: float | None = None  # fp32 time over bf16 time, as measured; None: not measured
+    fp32_ms: float | None = None
+    bf16_ms: float | None = None
+    why: str = ""  # why nothing was measured
+    probe: str = ""  # the shape it was measured at, and the threads
+
+    def note(self) -> str:
+        """What the run header puts after the precision: "auto: 1.58× fp32 on this CPU"."""
+        if self.speedup is None:
+            return f"auto: {self.why}"
+        if self.precision == "bf16":
+            return f"auto: {self.speedup:.2f}× fp32 on this CPU"
+        return f"auto: bf16 measured {self.speedup:.2f}× fp32 on this CPU, under {MARGIN:g}×"
+
+
+def decide(fp32_s: float, bf16_s: float, probe: str = "", margin: float = MARGIN) -> Verdict:
+    """bf16 when the fp32 step takes at least `margin` times as long as the bf16 one."""
+    speedup = fp32_s / bf16_s
+    return Verdict("bf16" if speedup >= margin else "fp32", round(speedup, 3), round(fp32_s * 1e3, 2),
+                   round(bf16_s * 1e3, 2), probe=probe)
+
+
+def cpu_model() -> str:
+    for line in _cpuinfo():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def has_bf16() -> bool | None:
+    """Whether the CPU has bf16 instructions; None where its flags cannot be read (not Linux)."""
+    for line in _cpuinfo():
+        if line.startswith(("flags", "Features")):
+            return bool(BF16_FLAGS & set(line.split(":", 1)[1].split()))
+    return None
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def torch_version() -> str:
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def cache_key(cpu: str | None = None, torch: str | None = None) -> str:
+    return f"{cpu or cpu_model()} | torch {torch or torch_version()}"
+
+
+def cache_path() -> Path:
+    """In the cache folder the token caches default to ($XDG_CACHE_HOME/lmcockpit)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lmcockpit" / CACHE_FILE
+
+
+def cached(key: str | None = None) -> Verdict | None:
+    """This CPU's and torch's verdict, if one was measured; a damaged file counts as none."""
+    try:
+        entry = json.loads(cache_path().read_text())[key or cache_key()]
+        return Verdict(**entry)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(verdict: Verdict, key: str | None = None) -> None:
+    """Add the verdict to the cache file (written whole to a temporary file, then renamed, so a
+    reader never sees half of it); a cache folder that cannot be written only costs a probe."""
+    path = cache_path()
+    try:
+        entries = json.loads(path.read_text())
+        if not isinstance(entries, dict):
+            entries = {}
+    except (OSError, ValueError):
+        entries = {}
+    entries[key or cache_key()] = asdict(verdict)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(entries, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def known() -> Verdict | None:
+    """What "auto" means on this CPU without probing: the cached verdict, fp32 on a CPU without
+    bf16 instructions, None where it is still to be measured."""
+    if has_bf16() is False:
+        return Verdict("fp32", why="no bf16 instructions in this CPU")
+    return cached()
+
+
+def choose(cfg, log: Callable[[str], None] = lambda line: None) -> Verdict:
+    """`known`, or a probe at `cfg`'s shape whose verdict is cached for the next runs."""
+    verdict = known()
+    if verdict is None:
+        log(f"precision: timing fp32 against bf16 on this CPU (once; the verdict is kept in {cache_path()})")
+        verdict = measure(cfg)
+        store(verdict)
+    return verdict
+
+
+def measure(cfg) -> Verdict:
+    """Forward and backward of a one-block model of `cfg`'s shape (the head and its loss included)
+    on up to PROBE_TOKENS tokens, in fp32 and in bf16 autocast, in turn; the median of each."""
+    import torch
+
+    from ..model.gpt import GPT, shape_from_config
+
+    shape = shape_from_config(cfg)
+    one_block = GPT(type(shape)(**{**asdict(shape), "n_layer": 1}))
+    T = min(cfg.training.seq_len, PROBE_TOKENS)
+    B = max(1, min(cfg.training.micro_batch_size, PROBE_TOKENS // T))
+    gen = torch.Generator().manual_seed(0)
+    x, y = (torch.randint(0, shape.vocab_size, (B, T), generator=gen) for _ in range(2))
+
+    def step(dtype) -> float:
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            loss = one_block(x, y)
+        loss.backward()
+        one_block.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    step("fp32"), step("bf16")  # warm-up: the allocator, oneDNN's kernel choice
+    start = time.perf_counter()
+    while len(times["fp32"]) < 3 or (time.perf_counter() - start < PROBE_SECONDS and len(times["fp32"]) < 20):
+        for dtype in times:
+            times[dtype].append(step(dtype))
+    probe = f"1 block, {B}×{T} tokens, d_model {shape.d_model}, vocab {shape.vocab_size}, {torch.get_num_threads()} threads"
+    return decide(statistics.median(times["fp32"]), statistics.median(times["bf16"]), probe)

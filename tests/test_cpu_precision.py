@@ -1,0 +1,135 @@
+"""precision = "auto" on a CPU: a probe's verdict, cached per CPU model and torch version."""
+
+import json
+import math
+
+import pytest
+
+from lmcockpit.core import protocol as P
+from lmcockpit.core.hardware import cpu_precision as cp
+from lmcockpit.core.hardware import fit
+from lmcockpit.core.hardware.device import choose_precision
+from lmcockpit.core.run.folder import read_metrics
+
+from .conftest import cli, cpu_verdict, drive_engine, losses, tiny_config
+
+
+@pytest.mark.parametrize("fp32_ms, bf16_ms, chosen", [
+    (921, 582, "bf16"),  # AMD EPYC, AVX512-BF16: 1.58×
+    (1150, 720, "bf16"),
+    (720, 1150, "fp32"),  # Xeon with AVX512-BF16, no AMX: bf16 slower
+    (110, 100, "fp32"),  # 1.10×: within noise, not worth bf16's rounding
+    (115, 100, "bf16"),  # the margin itself takes bf16
+])
+def test_bf16_only_when_it_is_clearly_faster(fp32_ms, bf16_ms, chosen):
+    v = cp.decide(fp32_ms / 1e3, bf16_ms / 1e3)
+    assert v.precision == chosen
+    assert v.speedup == pytest.approx(fp32_ms / bf16_ms, abs=1e-3)
+    assert (v.fp32_ms, v.bf16_ms) == (pytest.approx(fp32_ms), pytest.approx(bf16_ms))
+    assert choose_precision("auto", "cpu", False, v.precision == "bf16") == chosen
+    assert choose_precision("fp32", "cpu", False, True) == "fp32"  # an explicit precision stays
+
+
+def test_the_verdict_says_what_was_measured():
+    assert cp.decide(0.921, 0.582).note() == "auto: 1.58× fp32 on this CPU"
+    assert cp.decide(0.720, 1.150).note() == "auto: bf16 measured 0.63× fp32 on this CPU, under 1.15×"
+    assert cp.Verdict("fp32", why="no bf16 instructions in this CPU").note() == "auto: no bf16 instructions in this CPU"
+
+
+def test_the_cache_is_kept_per_cpu_model_and_torch_version(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cp.cached() is None
+    epyc = cp.cache_key("AMD EPYC", "2.13.0+cpu")
+    verdict = cp.decide(0.921, 0.582, "1 block")
+    cp.store(verdict, epyc)
+    assert cp.cache_path() == tmp_path / "lmcockpit" / "cpu-precision.json"
+    assert cp.cached(epyc) == verdict
+    assert cp.cached(cp.cache_key("Intel(R) Xeon(R) Processor", "2.13.0+cpu")) is None  # another CPU
+    assert cp.cached(cp.cache_key("AMD EPYC", "2.14.0+cpu")) is None  # another torch
+    xeon = cp.cache_key("Intel(R) Xeon(R) Processor", "2.13.0+cpu")
+    cp.store(cp.decide(0.72, 1.15), xeon)
+    assert cp.cached(epyc) == verdict and cp.cached(xeon).precision == "fp32"  # both kept
+    assert set(json.loads(cp.cache_path().read_text())) == {epyc, xeon}
+    cp.cache_path().write_text("{half a file")  # damaged: measured again, and written whole
+    assert cp.cached(epyc) is None
+    cp.store(verdict, epyc)
+    assert cp.cached(epyc) == verdict
+
+
+def test_a_first_run_probes_once_and_later_ones_read_the_verdict(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cfg = tiny_config()
+    log = []
+    first = cp.choose(cfg, log.append)
+    if cp.has_bf16() is False:  # nothing to measure on this CPU
+        assert first == cp.Verdict("fp32", why="no bf16 instructions in this CPU") and not log
+        return
+    assert len(log) == 1 and "timing fp32 against bf16 on this CPU" in log[0]
+    assert first.speedup == pytest.approx(first.fp32_ms / first.bf16_ms, rel=1e-2)
+    assert first.precision == ("bf16" if first.speedup >= cp.MARGIN else "fp32")
+    assert "1 block, 8×64 tokens, d_model 64, vocab 512" in first.probe
+    again = []
+    assert cp.choose(cfg, again.append) == first and not again  # read, not measured
+    assert cp.cached() == first
+
+
+def test_the_memory_estimate_follows_the_cached_verdict():
+    cfg = tiny_config()
+    with cpu_verdict(cp.decide(0.921, 0.582)):
+        assert fit.amp_bytes(cfg, "cpu") == 2
+        bf16 = fit.estimate(cfg, "cpu")
+    with cpu_verdict(cp.decide(0.72, 1.15)):
+        assert fit.amp_bytes(cfg, "cpu") == 4
+        assert fit.estimate(cfg, "cpu") != bf16
+    assert fit.amp_bytes(tiny_config('training.precision="bf16"'), "cpu") == 2
+
+
+def test_auto_trains_in_bf16_where_measured_faster_and_the_header_says_so(tmp_path):
+    measured = cp.decide(0.921, 0.582, "1 block, 16×256 tokens")
+    logs = []
+    with cpu_verdict(measured):
+        engine, events = drive_engine(tiny_config("training.max_steps=30", "eval.every=10"), tmp_path / "run",
+                                      on_event=lambda e, ev: logs.append(ev.text) if isinstance(ev, P.LogLine) else None)
+    assert engine.final_state == P.FINISHED
+    started = next(e for e in events if isinstance(e, P.RunStarted))
+    assert started.precision == "bf16"
+    header = next(line for line in logs if line.startswith("model:"))
+    assert "device cpu, precision bf16 (auto: 1.58× fp32 on this CPU)," in header
+    curve = losses(events)
+    assert all(math.isfinite(v) for v in curve) and sum(curve[-5:]) / 5 < curve[0] - 1.0, curve
+    vals = [r["val_loss"] for r in read_metrics(tmp_path / "run", "eval")]
+    assert len(vals) == 3 and all(math.isfinite(v) for v in vals) and vals[-1] < vals[0]
+
+
+def test_a_run_with_nothing_cached_probes_and_says_what_it_chose(tmp_path):
+    with cpu_verdict(None):
+        proc = cli("--run", "debug", "--out", str(tmp_path / "run"), "--set", "training.max_steps=2",
+                   "--set", "eval.every=0", "--set", "sample.prompts=[]", "--set", 'hardware.device="cpu"')
+        verdict = cp.known()
+    assert proc.returncode == 0, proc.stderr
+    header = next(line for line in proc.stdout.splitlines() if "model:" in line)
+    assert f"precision {verdict.precision} ({verdict.note()})," in header
+    if verdict.speedup is not None:
+        assert "timing fp32 against bf16 on this CPU" in proc.stdout
+
+
+def test_doctor_says_what_was_measured_and_chosen():
+    from .conftest import NO_GPU
+    from .test_doctor import lines
+
+    with cpu_verdict(cp.decide(0.921, 0.582, "1 block, 16×256 tokens, d_model 256, vocab 8192, 2 threads")):
+        proc = cli("doctor", env=NO_GPU)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert lines(proc)["CPU precision"] == (
+        'ok precision "auto" trains in bf16: a block\'s forward and backward took 921 ms in fp32, 582 ms in bf16 '
+        "(1.58×; bf16 from 1.15×), measured before (1 block, 16×256 tokens, d_model 256, vocab 8192, 2 threads); "
+        f"kept in {cp.cache_path()}")
+    with cpu_verdict(None):  # nothing cached: the doctor probes at the cpu preset's shape, as a first run would
+        proc = cli("doctor", env=NO_GPU)
+        verdict = cp.known()
+    line = lines(proc)["CPU precision"]
+    if verdict.speedup is None:
+        assert line == f"info fp32 ({verdict.why})"
+    else:
+        assert line.startswith(f'ok precision "auto" trains in {verdict.precision}:') and "measured now" in line
+        assert "16×256 tokens, d_model 256, vocab 8192" in line
