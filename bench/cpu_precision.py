@@ -1,5 +1,7 @@
-"""Why `precision = "auto"` is fp32 on CPU: the cpu preset's training step in fp32 and in bf16
-autocast, eager and compiled, timed side by side in one process.
+"""CPU precision: the cpu preset's training step in fp32 and in bf16 autocast, eager and compiled,
+timed side by side in one process, beside what `precision = "auto"`'s probe (core/hardware/
+cpu_precision.py) measures on the same machine: whether a one-block probe of a second or two
+predicts the whole compiled step's ratio. Muon iterates in the step's precision, as in a run.
 
     python bench/cpu_precision.py [--steps 8]
 """
@@ -18,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from machine import record  # noqa: E402
 
 from lmcockpit.core.config import load_config  # noqa: E402
+from lmcockpit.core.hardware import cpu_precision  # noqa: E402
 from lmcockpit.core.model.gpt import GPT, GPTShape  # noqa: E402
 from lmcockpit.core.train.optim import build_optimizers  # noqa: E402
 
@@ -27,7 +30,7 @@ def step_times(cfg, precision: str, compiled: bool, steps: int) -> tuple[float, 
     m = cfg.model
     model = GPT(GPTShape(cfg.tokenizer.vocab_size, m.n_layer, m.d_model, m.n_head, m.n_kv_head, cfg.head_dim,
                          cfg.mlp_hidden, cfg.max_seq_len))
-    opts = build_optimizers(model, cfg.optimizer, torch.device("cpu"))
+    opts = build_optimizers(model, cfg.optimizer, torch.device("cpu"), precision)
     fwd = torch.compile(model) if compiled else model
     B, T = cfg.training.micro_batch_size, cfg.training.seq_len
     x = torch.randint(0, cfg.tokenizer.vocab_size, (B, T))
@@ -51,6 +54,7 @@ if __name__ == "__main__":
     cfg, _ = load_config("cpu")
     flags = open("/proc/cpuinfo").read()
     native = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
+    probe = cpu_precision.measure(cfg)
     rows = {}
     for compiled in (False, True):
         for precision in ("fp32", "bf16"):
@@ -61,4 +65,7 @@ if __name__ == "__main__":
     for (precision, compiled), (first, med) in rows.items():
         ref = rows[("fp32", compiled)][1]
         lines.append(f"| {precision} | {'on' if compiled else 'off'} | {first:.1f} s | {med:.3f} s | {ref / med:.2f}× |")
+    lines += ["", f"The probe, the same run ({probe.probe}): fp32 {probe.fp32_ms:.0f} ms, bf16 {probe.bf16_ms:.0f} ms, "
+              f"{probe.speedup:.2f}×: precision \"auto\" would train in **{probe.precision}** (bf16 from "
+              f"{cpu_precision.MARGIN:g}×)."]
     record("CPU precision: fp32 against bf16 autocast", lines)

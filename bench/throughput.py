@@ -10,7 +10,11 @@ Prints a table with ratios against the transformers row and appends it, with the
 machine, to bench/RESULTS.md.
 
     python bench/throughput.py [--preset cpu] [--micro-batch N] [--steps 4] [--rounds 3] [--device cpu]
-                               [--precision fp32|bf16] [--compile]
+                               [--precision fp32,bf16] [--compile]
+
+Each precision listed gets its three rows, every model in the same precision (like with like), and
+its ratios against the transformers row of that precision; Muon iterates in the row's precision on
+a CPU, as a run does.
 
 On a GPU, issue 9's case is the h100 preset's shape: three models and their optimizer state share
 the card, so give a smaller micro-batch than the preset's 24, e.g.
@@ -50,22 +54,9 @@ def hf_model(cfg, ours: GPT):
     return model
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="cpu", help="whose model shape and batch to time (default cpu)")
-    ap.add_argument("--micro-batch", type=int, help="sequences per step instead of the preset's micro-batch")
-    ap.add_argument("--steps", type=int, default=4, help="timed optimizer steps per row per round")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    ap.add_argument("--compile", action="store_true", help="torch.compile every model (default mode)")
-    args = ap.parse_args()
-
-    cfg, _ = load_config(args.preset)
-    device = torch.device(args.device)
+def measure(cfg, args, device: torch.device, precision: str, B: int, T: int) -> list[dict]:
+    """The three rows in `precision`, each with its best tokens/s ("best")."""
     shape = shape_from_config(cfg)
-    B, T = args.micro_batch or cfg.training.micro_batch_size, cfg.training.seq_len
     torch.manual_seed(0)
     ours_adamw = GPT(shape)
     ours_muon = GPT(shape)
@@ -89,14 +80,14 @@ def main() -> None:
         ("transformers Qwen3ForCausalLM, AdamW", theirs, hf_loss, adamw),
         ("lmcockpit GPT, AdamW", ours_adamw, ours_loss, adamw),
         ("lmcockpit GPT, Muon + AdamW", ours_muon, ours_loss,
-         lambda m: build_optimizers(m, cfg.optimizer, device, args.precision)),
+         lambda m: build_optimizers(m, cfg.optimizer, device, precision)),
     ]:
         model.to(device).train()
         opts = opts_of(model)
         run = torch.compile(model) if args.compile else model
         rows.append({"name": name, "model": model, "loss": loss_of(run), "opts": opts, "best": 0.0})
 
-    amp = (torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext())
+    amp = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext())
     gen = torch.Generator().manual_seed(1)
     batches = []
     for _ in range(args.steps):
@@ -129,17 +120,43 @@ def main() -> None:
             dt = steps(row, args.steps)
             row["best"] = max(row["best"], args.steps * B * T / dt)
 
-    base = rows[0]["best"]
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="cpu", help="whose model shape and batch to time (default cpu)")
+    ap.add_argument("--micro-batch", type=int, help="sequences per step instead of the preset's micro-batch")
+    ap.add_argument("--steps", type=int, default=4, help="timed optimizer steps per row per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", default="fp32", help="fp32, bf16, or both: fp32,bf16")
+    ap.add_argument("--compile", action="store_true", help="torch.compile every model (default mode)")
+    args = ap.parse_args()
+
+    cfg, _ = load_config(args.preset)
+    device = torch.device(args.device)
+    precisions = args.precision.split(",")
+    if not set(precisions) <= {"fp32", "bf16"}:
+        ap.error(f"--precision {args.precision!r}: expected fp32, bf16 or fp32,bf16")
+    shape = shape_from_config(cfg)
+    B, T = args.micro_batch or cfg.training.micro_batch_size, cfg.training.seq_len
+    table = [(p, measure(cfg, args, device, p, B, T)) for p in precisions]
+    n_params = GPT(shape).num_params()
+    V = shape.vocab_size
     threads = f" with {torch.get_num_threads()} threads" if device.type == "cpu" else ""
     setup = (f"Preset `{args.preset}` shape ({shape.n_layer} layers, d_model {shape.d_model}, "
              f"{shape.n_head}/{shape.n_kv_head} heads, head_dim {shape.head_dim}, MLP {shape.mlp_hidden}, "
-             f"vocab {V}, tied, {ours_adamw.num_params() / 1e6:.2f}M parameters), batch {B}×{T} tokens, "
-             f"{args.precision}, compile {'on' if args.compile else 'off'}, on {args.device}{threads}; "
+             f"vocab {V}, tied, {n_params / 1e6:.2f}M parameters), batch {B}×{T} tokens, "
+             f"{' and '.join(precisions)}, compile {'on' if args.compile else 'off'}, on {args.device}{threads}; "
              f"torch {torch.__version__}, transformers {__import__('transformers').__version__} (sdpa attention). "
              f"Same loss on every row (cross-entropy of float32 logits), no clipping; best of {args.rounds} rounds "
              f"of {args.steps} steps after {args.warmup} warm-up steps, rows interleaved.")
-    lines = [setup, "", "| training step | tokens/s | vs transformers |", "| --- | ---: | ---: |"]
-    lines += [f"| {r['name']} | {r['best']:,.0f} | {r['best'] / base:.2f}x |" for r in rows]
+    lines = [setup, "", "| precision | training step | tokens/s | vs transformers |", "| --- | --- | ---: | ---: |"]
+    for precision, rows in table:
+        base = rows[0]["best"]
+        lines += [f"| {precision} | {r['name']} | {r['best']:,.0f} | {r['best'] / base:.2f}x |" for r in rows]
     record("throughput: lmcockpit against transformers' Qwen3ForCausalLM", lines)
 
 
