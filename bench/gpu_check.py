@@ -56,14 +56,24 @@ Parts, in the order they run (each appends its own section, so they can also run
   `bench/data.py` (no GPU needed) prepares 500 MB and 1 GB corpora with the default worker count;
   prepare's speed against tokenizers' `encode_batch_fast` on every core, and the whole process
   tree's peak against the 1.5 GB bound. It records its own tables.
+* gpt2: issue 23's reference run, only when named (it takes hours and needs the Hub): the
+  `gpt2-fineweb` preset through the real CLI, FineWeb and GPT-2's tokenizer fetched as the preset
+  says (or `--set data.source=DIR` and `--set tokenizer.kind=DIR` where they were downloaded
+  elsewhere). From its metrics.jsonl: the step whose evaluation first reached validation loss 3.28
+  (`--target`), the training time to it (the steps' own time, compilation included, evaluations
+  not), the wall time from the first step's start to that evaluation, and the last and best
+  validation loss; it passes when the target was reached. `--stop-at-target` ends the run there
+  (SIGTERM: a checkpoint, exit 130) instead of training out the preset's 9.9B tokens.
 
     python bench/gpu_check.py [--part doctor h100 torchrun memory saved graphs modes inference resume ddp search
-                                      attention allocator muon nvml glance data] [--steps 300] [--out DIR]
+                                      attention allocator muon nvml glance data gpt2] [--steps 300] [--out DIR]
+                              [--target 3.28] [--stop-at-target] [--set KEY=VALUE ...]
 
 Exit 0 when every check passed, 1 otherwise (or without a CUDA GPU). On the lent GPU each part
-fits one 10-minute call; the data cache built by the first run is reused by the others.
-`--device cpu` rehearses the graphs, saved and attention parts on a CPU (compiled, no CUDA graphs),
-printing their tables without recording them.
+but gpt2 fits one 10-minute call; the data cache built by the first run is reused by the others.
+`--device cpu` rehearses the graphs, saved, attention and gpt2 parts on a CPU (compiled, no CUDA
+graphs), printing their tables without recording them; gpt2 there is the preset at the debug
+preset's size on the standard library, with a BPE of its own and a target such a run reaches.
 """
 
 from __future__ import annotations
@@ -71,6 +81,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -89,11 +101,13 @@ from machine import record  # noqa: E402
 
 from lmcockpit.core.hardware import fit  # noqa: E402
 from lmcockpit.core.config import load_config  # noqa: E402
+from lmcockpit.core.run.compare import load_run  # noqa: E402
 from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402
 
 PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes", "inference", "resume", "ddp", "search",
-         "attention", "allocator", "muon", "nvml", "glance", "data")
-CPU_PARTS = ("saved", "graphs", "attention")
+         "attention", "allocator", "muon", "nvml", "glance", "data", "gpt2")
+ONLY_NAMED = ("gpt2",)  # not in the default list: hours of training
+CPU_PARTS = ("saved", "graphs", "attention", "gpt2")
 MEMORY_PRESETS = ("h100", "3090", "4090", "4070ti")
 MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 TOLERANCE = 0.15  # the issue's ±15% between estimate and measurement
@@ -429,6 +443,83 @@ def part_search(out: Path) -> tuple[bool, list[str]]:
                 f"| {trial / GiB:.2f} GiB | {peak / GiB:.2f} GiB | {est / GiB:.2f} GiB | {peak / est:.2f} |"]
 
 
+GPT2_PRESET, GPT2_TARGET = "gpt2-fineweb", 3.28
+# The rehearsal: the preset at the debug preset's size, on what every machine has (the Hub's FineWeb
+# and GPT-2 tokenizer are not), with a target such a run passes about halfway.
+GPT2_CPU = ['data.source="python-stdlib"', "data.max_bytes=1_000_000", 'tokenizer.kind="bpe"',
+            "tokenizer.vocab_size=512", "tokenizer.train_bytes=300_000", "model.n_layer=2", "model.d_model=64",
+            "model.n_head=4", "model.n_kv_head=4", "model.max_seq_len=64", "training.seq_len=64",
+            "training.micro_batch_size=8", "training.grad_accum_steps=1", "training.max_steps=60",
+            "training.compile=false", "optimizer.warmup_steps=5", "eval.every=5", "eval.batches=4",
+            "checkpoint.every=0", "sample.every=0", "sample.prompts=[]", 'hardware.device="cpu"']
+GPT2_CPU_TARGET = 5.0
+
+
+def part_gpt2(out: Path, target: float, overrides: list[str], stop_at_target: bool) -> tuple[bool, list[str]]:
+    """The reference run, and when its validation loss first reached `target`."""
+    run = out / "gpt2"
+    flags = [a for o in overrides for a in ("--set", o)]
+    command = shlex.join(["lmcockpit", "--run", GPT2_PRESET, *flags])
+    env = {k: v for k, v in os.environ.items() if ALLOCATOR.by_user or k != ALLOCATOR.name}
+    # To files, not pipes: hours of progress lines would fill a pipe read only at the end, and a
+    # front-end blocked on its output stops the run it reports.
+    said = {name: out / f"gpt2.{name}" for name in ("stdout", "stderr")}
+    out.mkdir(parents=True, exist_ok=True)
+    with open(said["stdout"], "w") as stdout, open(said["stderr"], "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "--run", GPT2_PRESET, *flags,
+                                 "--out", str(run)], stdout=stdout, stderr=stderr, text=True, env=env)
+    stopped = False
+    if stop_at_target:
+        # Polled, not waited on: the run's own metrics are the only signal there is, and they
+        # come every eval.every steps (minutes apart on the GPU).
+        while proc.poll() is None:
+            if not stopped and (run / "metrics.jsonl").is_file() and any(
+                    r["val_loss"] <= target for r in read_metrics(run, "eval")):
+                proc.send_signal(signal.SIGTERM)  # as a user's: the step ends, a checkpoint, exit 130
+                stopped = True
+            time.sleep(2)
+    proc.wait()
+    if proc.returncode not in (0, 130) or not (run / "metrics.jsonl").is_file():
+        return False, [f"`{command}` failed (exit {proc.returncode}):", "", "```",
+                       tail(said["stderr"].read_text() or said["stdout"].read_text()), "```"]
+    curves, steps = load_run(run), read_metrics(run, "step")
+    first = next((i for i, v in enumerate(curves.val_losses) if v <= target), None)
+    dt = statistics.median(r["dt"] for r in steps[10:] or steps)
+    started = steps[0]["time"] - steps[0]["dt"]  # the first step's start: data preparation left out
+    best = curves.best_val
+    if first is None:
+        step, tokens, train_s, wall_s = "not reached", "–", "–", "–"
+    else:
+        at = curves.val_steps[first]
+        when = next(r["time"] for r in read_metrics(run, "eval") if r["step"] == at)
+        step, tokens = f"{at:,}", fmt_count(at * curves.tokens_per_step)
+        train_s, wall_s = fmt_s(curves.val_x("time")[first]), fmt_s(when - started)
+    mfus = [r["mfu"] for r in steps[10:] or steps if r["mfu"]]
+    mfu = f"{statistics.median(mfus):.1%}" if mfus else "–"  # none on a CPU
+    compile_s = max(0.0, steps[0]["dt"] - dt)
+    cfg, _ = load_config(run / "config.toml")
+    return first is not None, [
+        f"`{command}`{' --stop-at-target' if stop_at_target else ''} ({fit.param_counts(cfg).total / 1e6:.1f}M "
+        f"parameters, {cfg.tokens_per_step:,} tokens/step, evaluated every {cfg.eval.every} steps on "
+        f"{cfg.eval.batches * cfg.training.micro_batch_size * cfg.training.seq_len:,} held-out tokens; "
+        f"{'stopped at the target' if stopped else f'exit {proc.returncode}'}):", "",
+        f"| target val loss | first reached at step | tokens then | training time to it | wall time to it | "
+        f"compile (step 1 − median) | steps run | last val loss | best val loss (step) | tokens/s | MFU |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| {target:g} | {step} | {tokens} | {train_s} | {wall_s} | {compile_s:.0f} s | {len(steps):,} | "
+        f"{curves.val_losses[-1]:.4f} | {best[0]:.4f} ({best[1]:,}) | {curves.median_tokens_per_s:,.0f} | "
+        f"{mfu} |" if curves.val_losses else "| | no evaluation was made |",
+    ]
+
+
+def fmt_s(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def fmt_count(n: float) -> str:
+    return next((f"{n / unit:.2f}{suffix}" for unit, suffix in ((1e9, "B"), (1e6, "M")) if n >= unit), f"{n:,.0f}")
+
+
 def part_data() -> tuple[bool, list[str]]:
     """Token-cache preparation where there are many cores: bench/data.py, which records its own
     entry (throughput, ratios, peak memory by process); here, its exit code and its last lines."""
@@ -684,14 +775,20 @@ def attention_pass_peak(cfg, dev: torch.device, amp: torch.dtype | None, expand_
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--part", nargs="+", choices=PARTS, default=list(PARTS))
+    ap.add_argument("--part", nargs="+", choices=PARTS, default=[p for p in PARTS if p not in ONLY_NAMED])
     ap.add_argument("--steps", type=int, default=300, help="steps of the h100 run (the issue asks for at least 300)")
     ap.add_argument("--presets", nargs="+", default=list(MEMORY_PRESETS), help="the memory part's presets")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="the modes part's compile modes")
     ap.add_argument("--out", type=Path, help="where the runs go (default: a new temporary folder)")
     ap.add_argument("--measure", metavar="PRESET", help=argparse.SUPPRESS)  # part_memory's child process
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                    help="cpu: rehearse the saved and graphs parts without a GPU (printed, not recorded)")
+                    help="cpu: rehearse the saved, graphs, attention and gpt2 parts without a GPU (printed, "
+                         "not recorded)")
+    ap.add_argument("--target", type=float, help=f"the gpt2 part's validation loss (default {GPT2_TARGET}; on the "
+                                                 f"CPU {GPT2_CPU_TARGET})")
+    ap.add_argument("--stop-at-target", action="store_true", help="end the gpt2 run when it reaches the target")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="the gpt2 run's own --set (after the rehearsal's, on the CPU)")
     args = ap.parse_args()
     if args.device == "cpu":
         out = args.out or Path(tempfile.mkdtemp(prefix="gpu_check-"))
@@ -699,7 +796,9 @@ def main() -> int:
         for part in (p for p in args.part if p in CPU_PARTS):
             good, lines = {"graphs": lambda: part_graphs(out, args.modes, "cpu"),
                            "saved": lambda: part_saved(args.presets, "cpu"),
-                           "attention": lambda: part_attention("cpu")}[part]()
+                           "attention": lambda: part_attention("cpu"),
+                           "gpt2": lambda: part_gpt2(out, args.target or GPT2_CPU_TARGET,
+                                                     [*GPT2_CPU, *args.overrides], args.stop_at_target)}[part]()
             print("\n".join(lines) + "\n")
             ok &= good
         return 0 if ok else 1
@@ -723,7 +822,9 @@ def main() -> int:
                      "inference": part_inference, "resume": lambda: part_resume(out),
                      "ddp": lambda: part_ddp(out), "search": lambda: part_search(out),
                      "allocator": part_allocator, "muon": part_muon, "nvml": part_nvml, "attention": part_attention,
-                     "glance": lambda: part_glance(out), "data": part_data}[part]()
+                     "glance": lambda: part_glance(out), "data": part_data,
+                     "gpt2": lambda: part_gpt2(out, args.target or GPT2_TARGET, args.overrides,
+                                               args.stop_at_target)}[part]()
         record(f"gpu_check: {part} ({'pass' if ok else 'FAIL'})",
                [*lines, "", f"torch {torch.__version__}; allocator {ALLOCATOR.describe()}"])
         results[part] = ok

@@ -68,7 +68,11 @@ class DataConfig:
 
 @dataclass
 class TokenizerConfig:
-    kind: str = "bpe"  # "bpe": a byte-level BPE trained on the source; else a local tokenizer folder
+    # "bpe": a byte-level BPE trained on the source; a local folder holding tokenizer.json; or
+    # "hf:OWNER/NAME", a model repo on the Hub whose tokenizer files are fetched (hf:openai-community/gpt2).
+    kind: str = "bpe"
+    # The BPE's size; with a pretrained tokenizer, the model's embedding rows: its vocabulary or more
+    # (GPT-2's 50,257 padded to 50,304, a multiple of 128).
     vocab_size: int = 8192
     train_bytes: int = 8_000_000  # how much training text the BPE learns merges from
 
@@ -368,6 +372,7 @@ def _check_type(key: str, value: Any, hint: Any, source: str) -> Any:
 
 
 WANDB_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")  # wandb.init refuses these: said here, before a run
+HUB_TOKENIZER = re.compile(r"hf:([A-Za-z0-9][\w.-]*/[\w.-]+)")  # tokenizer.kind naming a Hub model repo
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
@@ -417,6 +422,9 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
     need(cfg.head_dim % 2 == 0, f"the head dimension ({cfg.head_dim}) must be even for rotary embeddings")
     need(t.seq_len <= cfg.max_seq_len,
          f"training.seq_len = {t.seq_len} is above the model's context, model.max_seq_len = {m.max_seq_len}")
+    kind = cfg.tokenizer.kind
+    need(not kind.startswith("hf:") or HUB_TOKENIZER.fullmatch(kind) is not None,
+         f"tokenizer.kind = {kind!r}: expected hf:OWNER/NAME, a model repo on the Hub (e.g. hf:openai-community/gpt2)")
     need(cfg.tokenizer.vocab_size >= 260 or cfg.tokenizer.kind != "bpe",
          f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} must be at least 260 (256 bytes + specials)")
     need(0 < cfg.data.val_fraction < 1, f"data.val_fraction = {cfg.data.val_fraction} must be between 0 and 1")

@@ -1,10 +1,14 @@
-"""A Hugging Face Hub on 127.0.0.1 for tests: dataset repos served from local folders, answering
-the few endpoints `huggingface_hub` uses to list and download them, and recording every request.
+"""A Hugging Face Hub on 127.0.0.1 for tests: dataset and model repos served from local folders,
+answering the few endpoints `huggingface_hub` uses to list and download them, and recording every
+request.
 
     GET  /api/datasets/OWNER/NAME[/revision/REV]         the commit main or REV is at (repo_info)
     GET  /api/datasets/OWNER/NAME/tree/REV[/PATH]        files with sizes (list_repo_tree)
     HEAD /datasets/OWNER/NAME/resolve/REV/PATH           ETag, X-Repo-Commit, Content-Length
     GET  /datasets/OWNER/NAME/resolve/REV/PATH           the bytes, a Range of them with 206
+
+and a model repo's the same, under /api/models/OWNER/NAME... and /OWNER/NAME/resolve/REV/PATH
+(a model's files are addressed without a type prefix).
 
 Files are served as the Hub serves a regular (non-Xet) file: no X-Xet-* header and no Xet hash in
 the listing, so the client downloads them over plain HTTP. Anything else is a 404.
@@ -32,18 +36,33 @@ class Request:
     @property
     def file(self) -> str | None:
         """The repo file a resolve request is for (OWNER/NAME:PATH), else None."""
-        m = re.fullmatch(r"/datasets/([^/]+/[^/]+)/resolve/[^/]+/(.+)", self.path)
-        return f"{m[1]}:{m[2]}" if m else None
+        m = RESOLVE.fullmatch(self.path)
+        return f"{m[2]}:{m[3]}" if m else None
+
+    @property
+    def repo_type(self) -> str | None:
+        """"datasets" or "models": the kind of repo an API or resolve request is for."""
+        if m := re.match(r"/api/(datasets|models)/", self.path):
+            return m[1]
+        if m := RESOLVE.fullmatch(self.path):
+            return m[1] or "models"
+        return None
+
+
+RESOLVE = re.compile(r"/(?:(datasets)/)?([^/]+/[^/]+)/resolve/[^/]+/(.+)")
 
 
 class FakeHub:
-    """`repos`: "OWNER/NAME" → the folder whose files are the repo's, at one commit.
+    """`repos`: "OWNER/NAME" → the folder whose files are the dataset repo's, at one commit;
+    `models` the same for model repos.
 
     `drop_once`: "OWNER/NAME:PATH" → how many bytes of that file the first GET of it sends before
     the connection is closed under it (a download cut midway); later GETs are answered whole."""
 
-    def __init__(self, repos: dict[str, Path], drop_once: dict[str, int] | None = None):
+    def __init__(self, repos: dict[str, Path], drop_once: dict[str, int] | None = None,
+                 models: dict[str, Path] | None = None):
         self.repos = {name: self._index(folder) for name, folder in repos.items()}
+        self.models = {name: self._index(folder) for name, folder in (models or {}).items()}
         self.drop_once = dict(drop_once or {})
         self.requests: list[Request] = []
         self.lock = threading.Lock()
@@ -83,7 +102,7 @@ class FakeHub:
         self.thread.join(timeout=10)
 
     def commit(self, repo: str) -> str:
-        return self.repos[repo]["commit"]
+        return {**self.models, **self.repos}[repo]["commit"]
 
     def got(self, repo: str) -> list[str]:
         """The paths in `repo` whose bytes were asked for (GET, not HEAD), in the order asked."""
@@ -91,17 +110,21 @@ class FakeHub:
             return [r.file.split(":", 1)[1] for r in self.requests
                     if r.method == "GET" and r.file and r.file.startswith(repo + ":")]
 
+    def _table(self, req: Request) -> dict:
+        return self.models if req.repo_type == "models" else self.repos
+
     # ------------------------------------------------------------------------------ answers
     def _answer(self, h: BaseHTTPRequestHandler, body: bool) -> None:
         url = urlsplit(h.path)
         req = Request(h.command, unquote(url.path), {k.lower(): v for k, v in h.headers.items()})
         with self.lock:
             self.requests.append(req)
-        api = re.fullmatch(r"/api/datasets/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+)(?:/(.*))?)?", req.path)
-        if api and api[1] not in self.repos:  # as the Hub answers for a missing, private or gated repo
+        table = self._table(req)
+        api = re.fullmatch(r"/api/(?:datasets|models)/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+)(?:/(.*))?)?", req.path)
+        if api and api[1] not in table:  # as the Hub answers for a missing, private or gated repo
             return self._json(h, 404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
-        if api and body and api[1] in self.repos:
-            repo = self.repos[api[1]]
+        if api and body and api[1] in table:
+            repo = table[api[1]]
             if api[3] not in (None, "main", repo["commit"]):
                 return self._json(h, 404, {"error": "Revision not found"}, {"X-Error-Code": "RevisionNotFound"})
             if api[2] in (None, "revision"):
@@ -111,7 +134,7 @@ class FakeHub:
             return self._json(h, 200, self._tree(repo, (api[4] or "").strip("/"), recursive))
         if req.file:
             name, path = req.file.split(":", 1)
-            repo = self.repos.get(name)
+            repo = table.get(name)
             if repo and path in repo["files"]:
                 return self._file(h, repo, req.file, path, body)
             return self._json(h, 404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})

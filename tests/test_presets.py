@@ -9,10 +9,12 @@ from lmcockpit.core.hardware import fit
 from .conftest import cli
 
 GPU_PRESETS = {"3060": 12, "4070ti": 12, "3090": 24, "4090": 24, "a100-40gb": 40, "a100-80gb": 80, "h100": 80}
+# Reference runs sized to a known result, not to fill a card (tests/test_gpt2_preset.py).
+REFERENCE_PRESETS = {"gpt2-fineweb"}
 
 
 def test_every_gpu_class_has_a_preset():
-    assert set(GPU_PRESETS) | {"cpu", "debug"} == set(shipped_presets())
+    assert set(GPU_PRESETS) | {"cpu", "debug"} | REFERENCE_PRESETS == set(shipped_presets())
 
 
 @pytest.mark.parametrize("name", sorted(GPU_PRESETS))

@@ -7,8 +7,9 @@
 Beside them: tokenizer (train a BPE, its end token, bytes per token), encoder (a corpus's ids
 by tiktoken where it gives the tokenizer's own, checked), children (the build's processes: how
 many, Ctrl-C, dying with it), store (where caches are, their keys, listing and removing), budget
-(what a run's steps make of its source), hub (hf: sources).
+(what a run's steps make of its source), hub (hf: sources), pretrained (a pretrained tokenizer:
+a local folder, or an hf: model repo's tokenizer files fetched).
 
 Torch: never. numpy and tokenizers at import in `cache`, `tokenizer`, `encoder`, `batches`,
-`build` and `prepare`; `sources`, `readers`, `split`, `children`, `store`, `budget` and `hub`
-import neither, and the front-end reads them."""
+`build` and `prepare`; `sources`, `readers`, `split`, `children`, `store`, `budget`, `hub` and
+`pretrained` import neither, and the front-end reads them."""

@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..config import Config, ConfigError
-from . import children, encoder, readers, sources, split, tokenizer
+from . import children, encoder, pretrained, readers, sources, split, tokenizer
 from .cache import token_dtype
 
 ProgressFn = Callable[[str, int, int, str], None]
@@ -203,9 +203,11 @@ def train_bpe_folder(cfg: Config, samples: list[tuple[object, Plan, int]], folde
 
 def save_tokenizer(tok, origin: Path | None, folder: Path, cfg: Config, log) -> None:
     """`tok` saved as a transformers folder, written aside and renamed into `folder` when whole."""
-    if tok.get_vocab_size() > cfg.tokenizer.vocab_size:
+    if (size := tok.get_vocab_size()) > cfg.tokenizer.vocab_size:
+        # The model's embedding has tokenizer.vocab_size rows; a multiple of 128 keeps its matmuls
+        # on whole tensor-core tiles (GPT-2's 50,257 tokens: 50,304 rows).
         raise ConfigError(f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} is smaller than the "
-                          f"tokenizer's {tok.get_vocab_size()} tokens")
+                          f"tokenizer's {size} tokens: set it to {size} or more, e.g. {-(-size // 128) * 128}")
     eos_name = tokenizer.eos_token(tok, origin)
     if eos_name is None:
         log(f"data: warning: tokenizer {cfg.tokenizer.kind} has no end-of-text token (its tokenizer_config.json "
@@ -293,7 +295,7 @@ class Build:
             save_tokenizer(Tokenizer.from_file(str(self.tokenizer_file)), self.tokenizer_file.parent, folder,
                            self.cfg, self.log)
         elif t.kind != "bpe":
-            save_tokenizer(tokenizer.load_tokenizer(t.kind, None), Path(t.kind).expanduser(), folder, self.cfg,
+            save_tokenizer(tokenizer.load_tokenizer(t.kind, None), pretrained.folder(t.kind), folder, self.cfg,
                            self.log)
         else:
             budget = min(t.train_bytes or int(planned.kept_bytes), int(planned.kept_bytes)) or 1

@@ -66,7 +66,13 @@ def unreachable_errors() -> tuple[type[Exception], ...]:
     return tuple(errors)
 
 
-def _has_token() -> bool:
+def offline_reason() -> str:
+    """Why huggingface_hub is offline, as an error says it (it reads transformers' older name too)."""
+    return next((f"{name} is set" for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+                 if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")), "offline mode is set")
+
+
+def has_token() -> bool:
     from huggingface_hub import get_token
 
     return get_token() is not None
@@ -80,9 +86,7 @@ def local_folder(spec: str, budget_tokens: int = 0) -> Path:
     repo, path = parse(spec)
     prefix = f"{path}/" if path else ""
     offline = constants.HF_HUB_OFFLINE
-    # huggingface_hub reads transformers' older name for it too
-    reason = next((f"{name} is set" for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-                   if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")), "offline mode is set")
+    reason = offline_reason()
     if not offline:
         try:
             api = HfApi()
@@ -98,7 +102,7 @@ def local_folder(spec: str, budget_tokens: int = 0) -> Path:
                                   f"{prefix or 'the dataset'}")
             return Path(snapshot_download(repo, repo_type="dataset", allow_patterns=chosen)) / path
         except RepositoryNotFoundError:  # the Hub answers so for a private or gated one too
-            token = "this machine's token cannot read it" if _has_token() else "set HF_TOKEN to a token that can"
+            token = "this machine's token cannot read it" if has_token() else "set HF_TOKEN to a token that can"
             raise ConfigError(f"data.source = {spec!r}: the Hub has no dataset {repo} that this machine may read "
                               f"(a typo in the name? private or gated: {token})") from None
         except unreachable_errors() as e:

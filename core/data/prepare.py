@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import Config, ConfigError
-from . import sources
+from . import pretrained, sources
 from .batches import Mixture
 from .build import Build, ProgressFn, plan, train_bpe_folder
 from .children import in_child
@@ -38,6 +38,10 @@ def prepare(cfg: Config, log: Callable[[str], None], progress: ProgressFn,
     passes its own `tokenizer_file`: its weights know those ids and no others. A cache for its
     data serves if it was made with that very tokenizer; if not (the source changed since the run
     started, so a new BPE would differ, or the cache was deleted), the data is tokenised with it."""
+    if tokenizer_file is None and pretrained.is_hub(cfg.tokenizer.kind):
+        # Before the data: its files are kilobytes to a source's gigabytes, and its absence is
+        # better said before those are fetched. The cache's key is read from what lands here.
+        log(f"data: tokenizer {cfg.tokenizer.kind} from {pretrained.fetch(cfg.tokenizer.kind)}")
     if cfg.data.sources:
         return prepare_mixture(cfg, log, progress, tokenizer_file)
     return prepare_source(cfg, log, progress, tokenizer_file, RUN_OWN)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Config, ConfigError
+from . import pretrained
 from .sources import Source
 
 FORMAT_VERSION = 2
@@ -44,11 +45,8 @@ def _tokenizer_material(cfg: Config, tokenizer_file: Path | None) -> dict:
     if tokenizer_file is not None:
         return {"tokenizer": ["file", hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()]}
     material: dict = {"tokenizer": [t.kind, t.vocab_size, t.train_bytes]}
-    if t.kind != "bpe":  # a pretrained tokenizer's files decide the tokens as much as its path does
-        folder = Path(t.kind).expanduser()
-        material["tokenizer_files"] = [(f.name, f.stat().st_size, f.stat().st_mtime_ns)
-                                       for f in (folder / "tokenizer.json", folder / "tokenizer_config.json")
-                                       if f.is_file()]
+    if t.kind != "bpe":  # a pretrained tokenizer's files decide the tokens as much as its name does
+        material |= pretrained.material(t.kind)
     return material
 
 

@@ -14,6 +14,7 @@ from typing import Iterable
 import numpy as np
 
 from ..config import ConfigError, TokenizerConfig
+from . import pretrained
 
 EOS = "<|endoftext|>"
 # End-of-text by the names tokenizer families give it, for a folder whose tokenizer_config.json does
@@ -49,14 +50,16 @@ def _budgeted(texts: Iterable[str], budget: int) -> Iterable[str]:
 
 
 def load_tokenizer(kind: str, trained_dir: Path | None):
-    """The raw `tokenizers.Tokenizer` of a cache folder or of a local pretrained folder."""
+    """The raw `tokenizers.Tokenizer` of a cache folder or of a pretrained one (a local folder, or
+    a Hub repo's fetched before: pretrained.fetch)."""
     from tokenizers import Tokenizer
 
-    folder = trained_dir if kind == "bpe" else Path(kind).expanduser()
-    path = folder / "tokenizer.json"
-    if not path.is_file():
-        raise ConfigError(f"tokenizer.kind = {kind!r}: expected \"bpe\" or a local folder holding "
-                          f"tokenizer.json; {path} does not exist")
+    folder = trained_dir if kind == "bpe" else pretrained.folder(kind)
+    path = folder / "tokenizer.json" if folder is not None else None
+    if path is None or not path.is_file():
+        where = f"{path} does not exist" if path is not None else "it is not fetched from the Hub yet"
+        raise ConfigError(f"tokenizer.kind = {kind!r}: expected \"bpe\", a local folder holding tokenizer.json "
+                          f"or hf:OWNER/NAME; {where}")
     return Tokenizer.from_file(str(path))
 
 
@@ -83,16 +86,21 @@ def eos_id(tok, folder: Path | None) -> int | None:
 
 
 def _configured_eos(folder: Path | None) -> str | None:
-    path = folder / "tokenizer_config.json" if folder is not None else None
-    if path is None or not path.is_file():
-        return None
-    try:
-        value = json.loads(path.read_text()).get("eos_token")
-    except (OSError, ValueError, AttributeError):
-        return None  # an unreadable config names nothing; the known names still apply
-    if isinstance(value, dict):  # transformers writes AddedToken as {"content": ..., ...}
-        value = value.get("content")
-    return value if isinstance(value, str) else None
+    """The eos_token tokenizer_config.json names, else special_tokens_map.json (where older
+    transformers folders keep it)."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        path = folder / name if folder is not None else None
+        if path is None or not path.is_file():
+            continue
+        try:
+            value = json.loads(path.read_text()).get("eos_token")
+        except (OSError, ValueError, AttributeError):
+            continue  # an unreadable file names nothing; the known names still apply
+        if isinstance(value, dict):  # transformers writes AddedToken as {"content": ..., ...}
+            value = value.get("content")
+        if isinstance(value, str):
+            return value
+    return None
 
 
 def token_byte_lengths(tok, vocab_size: int) -> np.ndarray:

@@ -63,9 +63,11 @@ def checkpoint_config(ckpt: Path) -> Config:
 
 def tokenizer_file(ckpt: Path, cfg: Config) -> Path:
     """The run folder's tokenizer (a checkpoint lives in RUN/checkpoints/), else a pretrained one's."""
+    from ..data import pretrained
+
     candidates = [ckpt.parent.parent / TOKENIZER / "tokenizer.json"]
-    if cfg.tokenizer.kind != "bpe":
-        candidates.append(Path(cfg.tokenizer.kind).expanduser() / "tokenizer.json")
+    if cfg.tokenizer.kind != "bpe" and (folder := pretrained.folder(cfg.tokenizer.kind)) is not None:
+        candidates.append(folder / "tokenizer.json")
     for path in candidates:
         if path.is_file():
             return path
