@@ -56,6 +56,12 @@ Parts, in the order they run (each appends its own section, so they can also run
   `bench/data.py` (no GPU needed) prepares 500 MB and 1 GB corpora with the default worker count;
   prepare's speed against tokenizers' `encode_batch_fast` on every core, and the whole process
   tree's peak against the 1.5 GB bound. It records its own tables.
+* recipe: issue 23's speed and time to quality on the GPU shapes, through the two benches that
+  record their own entries: `bench/throughput.py` (the h100 preset's shape, micro-batch 8, bf16,
+  compiled: lmcockpit with AdamW and with Muon + AdamW against transformers' Qwen3ForCausalLM,
+  target ≥ 1.3× each) and `bench/convergence.py` (the h100 preset's shape on the standard library,
+  micro-batch 8, 300 steps: Muon, AdamW and the transformers baseline at three learning rates,
+  the time to the baseline's best final loss, target ≤ 0.4×);
 * gpt2: issue 23's reference run, only when named (it takes hours and needs the Hub): the
   `gpt2-fineweb` preset through the real CLI, FineWeb and GPT-2's tokenizer fetched as the preset
   says (or `--set data.source=DIR` and `--set tokenizer.kind=DIR` where they were downloaded
@@ -66,7 +72,7 @@ Parts, in the order they run (each appends its own section, so they can also run
   (SIGTERM: a checkpoint, exit 130) instead of training out the preset's 9.9B tokens.
 
     python bench/gpu_check.py [--part doctor h100 torchrun memory saved graphs modes inference resume ddp search
-                                      attention allocator muon nvml glance data gpt2] [--steps 300] [--out DIR]
+                                      attention allocator muon nvml glance data recipe gpt2] [--steps 300] [--out DIR]
                               [--target 3.28] [--stop-at-target] [--set KEY=VALUE ...]
 
 Exit 0 when every check passed, 1 otherwise (or without a CUDA GPU). On the lent GPU each part
@@ -105,7 +111,7 @@ from lmcockpit.core.run.compare import load_run  # noqa: E402
 from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402
 
 PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes", "inference", "resume", "ddp", "search",
-         "attention", "allocator", "muon", "nvml", "glance", "data", "gpt2")
+         "attention", "allocator", "muon", "nvml", "glance", "data", "recipe", "gpt2")
 ONLY_NAMED = ("gpt2",)  # not in the default list: hours of training
 CPU_PARTS = ("saved", "graphs", "attention", "gpt2")
 MEMORY_PRESETS = ("h100", "3090", "4090", "4070ti")
@@ -531,6 +537,26 @@ def part_data() -> tuple[bool, list[str]]:
                                   "entry it wrote above):", "", "```", tail(proc.stdout + proc.stderr), "```"]
 
 
+def part_recipe() -> tuple[bool, list[str]]:
+    """Issue 23 on the GPU shapes: throughput and time to quality, each bench recording its own
+    entry; here, their exit codes and last lines (the headline ratios)."""
+    commands = [
+        ["bench/throughput.py", "--device", "cuda", "--precision", "bf16", "--compile", "--preset", "h100",
+         "--micro-batch", "8", "--steps", "10", "--warmup", "3"],
+        ["bench/convergence.py", "--device", "cuda", "--preset", "h100", "--steps", "300", "--eval-every", "25",
+         "--adamw-lrs", "3e-3", "--set", OFFLINE_DATA, "--set", "training.micro_batch_size=8",
+         "--set", "training.grad_accum_steps=1", "--set", "optimizer.warmup_steps=20", "--set", "eval.batches=8"],
+    ]
+    ok, lines = True, []
+    for command in commands:
+        proc = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=3600,
+                              cwd=Path(__file__).parents[1])
+        ok &= proc.returncode == 0
+        lines += [f"`python {' '.join(command)}` exit code {proc.returncode} (its tables: the entry it wrote above):",
+                  "", "```", tail(proc.stdout + proc.stderr, 6), "```", ""]
+    return ok, lines
+
+
 # The allocator part's child: a fresh process, as torch reads the variables once, when CUDA starts.
 ALLOCATOR_PROBE = """
 import json, torch
@@ -822,7 +848,7 @@ def main() -> int:
                      "inference": part_inference, "resume": lambda: part_resume(out),
                      "ddp": lambda: part_ddp(out), "search": lambda: part_search(out),
                      "allocator": part_allocator, "muon": part_muon, "nvml": part_nvml, "attention": part_attention,
-                     "glance": lambda: part_glance(out), "data": part_data,
+                     "glance": lambda: part_glance(out), "data": part_data, "recipe": part_recipe,
                      "gpt2": lambda: part_gpt2(out, args.target or GPT2_TARGET, args.overrides,
                                                args.stop_at_target)}[part]()
         record(f"gpu_check: {part} ({'pass' if ok else 'FAIL'})",
