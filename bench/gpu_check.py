@@ -509,8 +509,8 @@ def part_gpt2(out: Path, target: float, overrides: list[str], stop_at_target: bo
         f"parameters, {cfg.tokens_per_step:,} tokens/step, evaluated every {cfg.eval.every} steps on "
         f"{cfg.eval.batches * cfg.training.micro_batch_size * cfg.training.seq_len:,} held-out tokens; "
         f"{'stopped at the target' if stopped else f'exit {proc.returncode}'}):", "",
-        f"| target val loss | first reached at step | tokens then | training time to it | wall time to it | "
-        f"compile (step 1 − median) | steps run | last val loss | best val loss (step) | tokens/s | MFU |",
+        "| target val loss | first reached at step | tokens then | training time to it | wall time to it | "
+        "compile (step 1 − median) | steps run | last val loss | best val loss (step) | tokens/s | MFU |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         f"| {target:g} | {step} | {tokens} | {train_s} | {wall_s} | {compile_s:.0f} s | {len(steps):,} | "
         f"{curves.val_losses[-1]:.4f} | {best[0]:.4f} ({best[1]:,}) | {curves.median_tokens_per_s:,.0f} | "
