@@ -55,7 +55,7 @@ WEIGHT_DECAY = 0.1  # the AdamW runs' (the baseline's, as the transformers Train
 MILESTONES = (0.25, 0.5, 0.75, 1.0)  # equal wall time: these shares of the baseline's best run
 
 
-@dataclass
+@dataclass(eq=False)  # a run is itself: compared by identity
 class Run:
     name: str
     kind: str  # "baseline", "adamw" or "muon": the best of each kind is compared
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override, as lmcockpit's")
     ap.add_argument("--steps", type=int, help="optimizer steps per run (default: the preset's max_steps)")
     ap.add_argument("--lrs", default="1e-3,3e-3,6e-3", help="the baseline's learning rates (its best is taken)")
-    ap.add_argument("--adamw-lrs", help="lmcockpit AdamW's learning rates (default: --lrs)")
+    ap.add_argument("--adamw-lrs", help="lmcockpit AdamW's learning rates (default: --lrs; \"\": none)")
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--results", type=Path, default=RESULTS, help="where the entry is appended")
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     precision = resolve_precision(t.precision, device, verdict)  # what the engine would train in
     amp_dtype = autocast_dtype(precision)
     lrs = [float(v) for v in args.lrs.split(",")]
-    adamw_lrs = [float(v) for v in (args.adamw_lrs or args.lrs).split(",")]
+    adamw_lrs = [float(v) for v in (args.lrs if args.adamw_lrs is None else args.adamw_lrs).split(",") if v]
     if device.type == "cpu":  # as the engine trains on a CPU (trainer.setup)
         torch.use_deterministic_algorithms(True, warn_only=True)
     if device.type == "cuda":
@@ -264,7 +264,8 @@ def secs(v: float | None) -> str:
 
 def report(args, cfg: Config, device: torch.device, precision: str, runs: list[Run]) -> None:
     t, m = cfg.training, cfg.model
-    base, adamw, muon = best(runs, "baseline"), best(runs, "adamw"), best(runs, "muon")
+    base, muon = best(runs, "baseline"), best(runs, "muon")
+    adamw = best(runs, "adamw") if any(r.kind == "adamw" for r in runs) else None
     target = base.final
     threads = f" with {torch.get_num_threads()} threads" if device.type == "cpu" else ""
     lines = [
@@ -284,11 +285,13 @@ def report(args, cfg: Config, device: torch.device, precision: str, runs: list[R
     ]
     tokens = t.max_steps * cfg.tokens_per_step
     for r in runs:
-        star = " **(best of its kind)**" if r in (base, adamw) and sum(x.kind == r.kind for x in runs) > 1 else ""
+        star = (" **(best of its kind)**" if (r is base or r is adamw) and sum(x.kind == r.kind for x in runs) > 1
+                else "")
         lines.append(f"| {r.name}{star} | {r.lr} | {r.final:.3f} | {secs(r.seconds)} | {tokens / r.seconds:,.0f} "
                      f"| {secs(r.compile_s)} |")
     trio = [("transformers + AdamW (best lr)", base), ("lmcockpit AdamW (best lr)", adamw),
             ("lmcockpit Muon + AdamW", muon)]
+    trio = [(name, r) for name, r in trio if r is not None]
     lines += ["", "Validation loss at equal steps:", "",
               "| step | " + " | ".join(n for n, _ in trio) + " |", "| ---: |" + " ---: |" * len(trio)]
     marks = sorted({s for s, _, _ in base.evals if s % max(args.eval_every, t.max_steps // 8) == 0} | {t.max_steps})

@@ -37,7 +37,7 @@ def test_shipped_presets_load_and_are_named():
     cpu, _ = load_config("cpu")
     assert fit.param_counts(cpu).total == 5_245_696 and cpu.tokens_per_step == 4096
     assert (cpu.model.n_layer, cpu.model.d_model, cpu.model.n_head, cpu.model.n_kv_head) == (4, 256, 4, 2)
-    assert (cpu.training.max_steps, cpu.training.compile, cpu.hardware.device) == (400, True, "auto")
+    assert (cpu.training.max_steps, cpu.training.compile, cpu.hardware.device) == (300, True, "auto")
 
 
 def test_preset_by_relative_path_works_from_any_folder(tmp_path, monkeypatch):

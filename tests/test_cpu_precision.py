@@ -84,21 +84,29 @@ def test_the_memory_estimate_follows_the_cached_verdict():
     assert fit.amp_bytes(tiny_config('training.precision="bf16"'), "cpu") == 2
 
 
-def test_auto_trains_in_bf16_where_measured_faster_and_the_header_says_so(tmp_path):
-    measured = cp.decide(0.921, 0.582, "1 block, 16×256 tokens")
-    logs = []
-    with cpu_verdict(measured):
-        engine, events = drive_engine(tiny_config("training.max_steps=30", "eval.every=10"), tmp_path / "run",
-                                      on_event=lambda e, ev: logs.append(ev.text) if isinstance(ev, P.LogLine) else None)
+def header_of(events) -> str:
+    return next(e.text for e in events if isinstance(e, P.LogLine) and e.text.startswith("model:"))
+
+
+def test_auto_trains_in_bf16_where_measured_faster_and_a_resume_keeps_it(tmp_path):
+    from lmcockpit.core.run.resume import plan_resume
+
+    run = tmp_path / "run"
+    with cpu_verdict(cp.decide(0.921, 0.582, "1 block, 16×256 tokens")):
+        engine, events = drive_engine(tiny_config("training.max_steps=30", "eval.every=10", "checkpoint.every=30"), run)
     assert engine.final_state == P.FINISHED
-    started = next(e for e in events if isinstance(e, P.RunStarted))
-    assert started.precision == "bf16"
-    header = next(line for line in logs if line.startswith("model:"))
-    assert "device cpu, precision bf16 (auto: 1.58× fp32 on this CPU)," in header
+    assert next(e for e in events if isinstance(e, P.RunStarted)).precision == "bf16"
+    assert "device cpu, precision bf16 (auto: 1.58× fp32 on this CPU)," in header_of(events)
     curve = losses(events)
     assert all(math.isfinite(v) for v in curve) and sum(curve[-5:]) / 5 < curve[0] - 1.0, curve
-    vals = [r["val_loss"] for r in read_metrics(tmp_path / "run", "eval")]
+    vals = [r["val_loss"] for r in read_metrics(run, "eval")]
     assert len(vals) == 3 and all(math.isfinite(v) for v in vals) and vals[-1] < vals[0]
+    # Measured again, now fp32 (another CPU, a deleted cache): the run goes on in what it trained in.
+    with cpu_verdict(cp.decide(0.72, 1.15)):
+        engine, events = drive_engine(None, None, resume=plan_resume(str(run), ["training.max_steps=34"], None))
+    assert engine.final_state == P.FINISHED
+    assert next(e for e in events if isinstance(e, P.RunStarted)).precision == "bf16"
+    assert "precision bf16 (auto: kept from the checkpoint)," in header_of(events)
 
 
 def test_a_run_with_nothing_cached_probes_and_says_what_it_chose(tmp_path):

@@ -14,6 +14,7 @@ No torch at import: the front-end reads cached verdicts (the memory estimate) wi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -56,6 +57,7 @@ def decide(fp32_s: float, bf16_s: float, probe: str = "", margin: float = MARGIN
                    round(bf16_s * 1e3, 2), probe=probe)
 
 
+@functools.cache  # a many-core machine's /proc/cpuinfo is hundreds of KB; the CPU does not change
 def cpu_model() -> str:
     for line in _cpuinfo():
         if line.startswith("model name"):
@@ -63,6 +65,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+@functools.cache
 def has_bf16() -> bool | None:
     """Whether the CPU has bf16 instructions; None where its flags cannot be read (not Linux)."""
     for line in _cpuinfo():

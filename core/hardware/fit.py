@@ -93,12 +93,11 @@ class ParamCounts:
     embedding: int  # tied with the LM head: counted once
     norms: int
     matrices: int  # the 2-D matrices inside the blocks
+    kind: str = "muon"  # optimizer.kind: with "adamw", AdamW holds every parameter
 
     @property
     def total(self) -> int:
         return self.embedding + self.norms + self.matrices
-
-    kind: str = "muon"  # optimizer.kind: with "adamw", AdamW holds every parameter
 
     @property
     def adamw(self) -> int:

@@ -11,6 +11,7 @@ step) is taken on values all ranks share, so the ranks never part ways.
 from __future__ import annotations
 
 import gc
+import json
 import math
 import shutil
 import time
@@ -29,7 +30,7 @@ from ..hardware.device import autocast_dtype, device_uuids, memory_stats, peak_f
 from ..hardware.device import attention_header, expands_kv
 from ..model import sampling
 from ..model.gpt import GPT, shape_from_config
-from ..run.checkpoints import checkpoint_config, tokenizer_file
+from ..run.checkpoints import STATE, checkpoint_config, tokenizer_file
 from ..run.folder import CHECKPOINTS, METRICS, MetricsLog, TOKENIZER, list_checkpoints
 from . import checkpoint, memory_fit, nan_debug
 from .group import Group
@@ -76,7 +77,8 @@ class Trainer:
         self.emit(P.StateChanged(P.PREPARING))
         self.device = resolve_device(self.group.device_spec(cfg.hardware.device))
         self.group.connect(self.device)
-        self.cpu_verdict = self.agreed_cpu_verdict() if self.device.type == "cpu" and cfg.training.precision == "auto" else None
+        self.cpu_verdict = (self.resumed_cpu_verdict() or self.agreed_cpu_verdict()
+                            if self.device.type == "cpu" and cfg.training.precision == "auto" else None)
         self.precision = resolve_precision(cfg.training.precision, self.device, self.cpu_verdict)
         self.amp_dtype = autocast_dtype(self.precision)
         if self.device.type == "cpu":
@@ -130,6 +132,18 @@ class Trainer:
         self.emit(P.RunStarted(str(self.run_dir), cfg.to_dict(), self.n_params, str(self.device),
                                self.precision, self.step, cfg.training.max_steps, cfg.tokens_per_step,
                                g.world, devices, device_uuids(devices)))
+
+    def resumed_cpu_verdict(self) -> cpu_precision.Verdict | None:
+        """A run resumed on a CPU keeps the precision its checkpoint's steps were taken in (so a
+        verdict measured again, or another CPU, does not change a run half way); None for a new
+        run, or a checkpoint that does not say (written on a GPU, or before the key existed)."""
+        if not self.resume_from:
+            return None
+        try:
+            kept = json.loads((Path(self.resume_from) / STATE).read_text()).get("cpu_precision")
+        except (OSError, ValueError, AttributeError):
+            return None  # load_checkpoint says what is wrong with it
+        return cpu_precision.Verdict(kept, why="kept from the checkpoint") if kept in ("fp32", "bf16") else None
 
     def agreed_cpu_verdict(self) -> cpu_precision.Verdict:
         """What "auto" means on this CPU (cpu_precision), the same for every process: each machine's
@@ -438,6 +452,8 @@ class Trainer:
         self.emit(P.StateChanged(P.CHECKPOINTING))
         state = {"tokens_seen": self.tokens_seen, "nan_skips": self.nan_skips, "world": self.group.world,
                  "config_hash": self.cfg.hash(),
+                 # what precision "auto" chose on a CPU: a resume keeps it (resumed_cpu_verdict)
+                 "cpu_precision": self.precision if self.device.type == "cpu" else None,
                  # fp16's loss scale: a resumed run that restarted at 65536 would skip steps
                  "grad_scaler": self.scaler.state_dict() if self.scaler else None}
         path = checkpoint.save(self.run_dir / CHECKPOINTS, self.step, self.model, self.optimizers, state,
