@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 from pathlib import Path
+from typing import Callable
 
 from ..config import ConfigError
 
@@ -78,41 +79,57 @@ def has_token() -> bool:
     return get_token() is not None
 
 
-def local_folder(spec: str, budget_tokens: int = 0) -> Path:
-    """The folder holding the source's files: fetched (those the budget needs) or fetched before."""
-    from huggingface_hub import HfApi, constants, snapshot_download
+def fetch_or_cached(key: str, repo: str, repo_word: str, online: Callable[[], Path],
+                    cached: Callable[[], Path | None], missing: str) -> Path:
+    """What `online()` fetches; offline, or the Hub out of reach, what `cached()` finds from an
+    earlier fetch; with neither, a ConfigError: `key` (the setting, as the user wrote it), that
+    the Hub has no such `repo_word` `repo` when it says so, or `missing` (what is not downloaded
+    and how to get it elsewhere) with the reason the Hub was not asked."""
+    from huggingface_hub import constants
     from huggingface_hub.errors import RepositoryNotFoundError
 
-    repo, path = parse(spec)
-    prefix = f"{path}/" if path else ""
-    offline = constants.HF_HUB_OFFLINE
     reason = offline_reason()
-    if not offline:
+    if not constants.HF_HUB_OFFLINE:
         try:
-            api = HfApi()
-            # One request that is not retried first: the listing retries a refused connection with
-            # backoff, 23 s before it gives up, and a machine without a network has its files cached.
-            commit = api.repo_info(repo, repo_type="dataset").sha
-            listing = [(f.path, f.size) for f in api.list_repo_tree(repo, path or None, recursive=True,
-                                                                    revision=commit, repo_type="dataset")
-                       if hasattr(f, "size")]
-            chosen = choose_files(listing, int(budget_tokens * FILE_BYTES_PER_TOKEN))
-            if not chosen:
-                raise ConfigError(f"data.source = {spec!r}: no data files ({', '.join(DATA_SUFFIXES)}) under "
-                                  f"{prefix or 'the dataset'}")
-            return Path(snapshot_download(repo, repo_type="dataset", allow_patterns=chosen)) / path
-        except RepositoryNotFoundError:  # the Hub answers so for a private or gated one too
+            return online()
+        except RepositoryNotFoundError:  # the Hub answers so for a private or gated repo too
             token = "this machine's token cannot read it" if has_token() else "set HF_TOKEN to a token that can"
-            raise ConfigError(f"data.source = {spec!r}: the Hub has no dataset {repo} that this machine may read "
+            raise ConfigError(f"{key}: the Hub has no {repo_word} {repo} that this machine may read "
                               f"(a typo in the name? private or gated: {token})") from None
         except unreachable_errors() as e:
             reason = f"the Hub could not be reached ({type(e).__name__})"
-    if (folder := fetched_folder(spec)) is not None:
-        return folder
-    raise ConfigError(
-        f"data.source = {spec!r}: not downloaded yet, and {reason}. Download it on a machine with a network:\n"
+    if (found := cached()) is not None:
+        return found
+    raise ConfigError(missing.replace("{reason}", reason))
+
+
+def local_folder(spec: str, budget_tokens: int = 0) -> Path:
+    """The folder holding the source's files: fetched (those the budget needs) or fetched before."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    repo, path = parse(spec)
+    prefix = f"{path}/" if path else ""
+
+    def online() -> Path:
+        api = HfApi()
+        # One request that is not retried first: the listing retries a refused connection with
+        # backoff, 23 s before it gives up, and a machine without a network has its files cached.
+        commit = api.repo_info(repo, repo_type="dataset").sha
+        listing = [(f.path, f.size) for f in api.list_repo_tree(repo, path or None, recursive=True,
+                                                                revision=commit, repo_type="dataset")
+                   if hasattr(f, "size")]
+        chosen = choose_files(listing, int(budget_tokens * FILE_BYTES_PER_TOKEN))
+        if not chosen:
+            raise ConfigError(f"data.source = {spec!r}: no data files ({', '.join(DATA_SUFFIXES)}) under "
+                              f"{prefix or 'the dataset'}")
+        return Path(snapshot_download(repo, repo_type="dataset", allow_patterns=chosen)) / path
+
+    use = "DIR/" + path if path else "DIR"
+    return fetch_or_cached(
+        f"data.source = {spec!r}", repo, "dataset", online, lambda: fetched_folder(spec),
+        f"data.source = {spec!r}: not downloaded yet, and {{reason}}. Download it on a machine with a network:\n"
         f"  {download_command(repo, path)}\n"
-        f"then train on it with --set data.source='\"{'DIR/' + path if path else 'DIR'}\"'")
+        f"then train on it with --set data.source='\"{use}\"'")
 
 
 def fetched_folder(spec: str) -> Path | None:

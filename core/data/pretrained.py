@@ -53,35 +53,26 @@ def fetch(kind: str) -> Path:
     (a cached copy when offline or out of reach); a ConfigError when there is none to be had."""
     if not is_hub(kind):
         return Path(kind).expanduser()
-    from huggingface_hub import HfApi, constants, snapshot_download
-    from huggingface_hub.errors import RepositoryNotFoundError
+    from huggingface_hub import HfApi, snapshot_download
 
-    from .hub import has_token, offline_reason, unreachable_errors
+    from .hub import fetch_or_cached
 
     repo = repo_of(kind)
-    reason = offline_reason()
-    if not constants.HF_HUB_OFFLINE:
-        try:
-            # Not retried, unlike the download: a machine without a network fails here at once
-            # and goes on to the cached copy (hub.py says why).
-            info = HfApi().model_info(repo)
-            names = {s.rfilename for s in info.siblings or ()}
-            if names and "tokenizer.json" not in names:
-                raise ConfigError(no_tokenizer_json(kind, repo, names))
-            got = Path(snapshot_download(repo, allow_patterns=list(TOKENIZER_FILES)))
-            if not (got / "tokenizer.json").is_file():
-                raise ConfigError(no_tokenizer_json(kind, repo, set()))
-            return got
-        except RepositoryNotFoundError:  # the Hub answers so for a private or gated repo too
-            token = "this machine's token cannot read it" if has_token() else "set HF_TOKEN to a token that can"
-            raise ConfigError(f"tokenizer.kind = {kind!r}: the Hub has no model {repo} that this machine may "
-                              f"read (a typo in the name? private or gated: {token})") from None
-        except unreachable_errors() as e:
-            reason = f"the Hub could not be reached ({type(e).__name__})"
-    if (cached := folder(kind)) is not None:
-        return cached
-    raise ConfigError(
-        f"tokenizer.kind = {kind!r}: the tokenizer of {repo} is not downloaded yet, and {reason}. "
+
+    def online() -> Path:
+        # Not retried, unlike the download: a machine without a network fails here at once and
+        # goes on to the cached copy (hub.py says why).
+        names = {s.rfilename for s in HfApi().model_info(repo).siblings or ()}
+        if names and "tokenizer.json" not in names:
+            raise ConfigError(no_tokenizer_json(kind, repo, names))
+        got = Path(snapshot_download(repo, allow_patterns=list(TOKENIZER_FILES)))
+        if not (got / "tokenizer.json").is_file():
+            raise ConfigError(no_tokenizer_json(kind, repo, set()))
+        return got
+
+    return fetch_or_cached(
+        f"tokenizer.kind = {kind!r}", repo, "model", online, lambda: folder(kind),
+        f"tokenizer.kind = {kind!r}: the tokenizer of {repo} is not downloaded yet, and {{reason}}. "
         f"Download it on a machine with a network:\n  {download_command(repo)}\n"
         f"then copy DIR here and train with --set tokenizer.kind='\"DIR\"'")
 
