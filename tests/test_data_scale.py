@@ -510,3 +510,26 @@ def test_a_damaged_shard_is_named_with_the_command_that_mends_it(tmp_path):
     with pytest.raises(ConfigError, match=rf"{shard.name}: .* bytes, expected .*damaged: `lmcockpit data rm "
                                           rf"{data.dir.name}`"):
         prepare(cfg, lambda line: None, lambda *a: None)
+
+
+def test_the_first_child_a_build_spawns_is_born_deaf_to_ctrl_c_too():
+    """multiprocessing starts its resource tracker with the first spawn and unblocks SIGINT on its
+    way out: the BPE's child, a build's first, was born hearing Ctrl-C, and one that landed while
+    its interpreter started printed a "Fatal Python error" traceback. In a fresh interpreter (no
+    tracker yet): the parent keeps SIGINT blocked through the spawn, and the child is born with it
+    blocked (its SigBlk in /proc)."""
+    script = """
+import multiprocessing as mp, pathlib, signal, time
+from lmcockpit.core.data import children
+with children._deaf_children():
+    child = mp.get_context("spawn").Process(target=time.sleep, args=(60,), daemon=True)
+    child.start()
+    parent = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+status = pathlib.Path(f"/proc/{child.pid}/status").read_text()
+blocked = int(next(l for l in status.splitlines() if l.startswith("SigBlk")).split()[1], 16)
+child.kill()
+print(parent, bool(blocked & (1 << (signal.SIGINT - 1))))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "True"]

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing as mp
+from multiprocessing import resource_tracker
 import os
 import signal
+import threading
 from contextlib import contextmanager
 from typing import Callable
 
@@ -61,11 +63,11 @@ def in_child(fn, *args):
     never comes (as a Pool's would be)."""
     ctx = mp.get_context("spawn")
     answer, send = ctx.Pipe(duplex=False)
-    with _deaf_children():
-        child = ctx.Process(target=_answer, args=(send, fn, args), daemon=True)
-        child.start()
-    send.close()
+    child = ctx.Process(target=_answer, args=(send, fn, args), daemon=True)
     try:
+        with _deaf_children():
+            child.start()
+        send.close()
         ok, value = answer.recv()
     except EOFError:
         child.join()
@@ -73,8 +75,9 @@ def in_child(fn, *args):
                           f"{': killed, out of memory?' if child.exitcode == -signal.SIGKILL else ''}); "
                           "a smaller tokenizer.train_bytes needs less memory") from None
     finally:
-        child.kill()
-        child.join()
+        if child.pid is not None:  # started (a Ctrl-C is kept until it is: _deaf_children)
+            child.kill()
+            child.join()
     if not ok:
         raise value
     return value
@@ -99,12 +102,30 @@ def quiet_child() -> None:
 @contextmanager
 def _deaf_children():
     """Children started inside are born with SIGINT blocked (a signal mask survives fork and exec),
-    until quiet_child ignores it; this process gets a Ctrl-C sent meanwhile when the block ends."""
+    until quiet_child ignores it; a Ctrl-C meanwhile is this process's once the block ends.
+
+    Two things make that hold. multiprocessing's resource tracker is started first: the first
+    spawn starts it, and starting it unblocks SIGINT on its way out, so the first child would be
+    born hearing Ctrl-C (one during its interpreter's start printed a "Fatal Python error"). And in
+    the main thread a Ctrl-C is held by a handler of this block and raised at its end: blocking it
+    in this thread does not stop another thread from taking the signal, and Python would then raise
+    KeyboardInterrupt here, half way through writing a child's start-up data (its EOFError
+    traceback on the terminal)."""
+    resource_tracker.ensure_running()
+    held: list = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, lambda *frame: held.append(frame)) if main else None
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if main:
+            signal.signal(signal.SIGINT, previous)
+            if held and callable(previous):
+                previous(*held[0])  # Python's own: KeyboardInterrupt, now that the children are started
+            elif held and previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGINT)
 
 
 def _die_with_parent() -> None:
