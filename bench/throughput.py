@@ -33,21 +33,17 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
+from convergence import baseline_model  # noqa: E402
 from machine import record  # noqa: E402
 
 from lmcockpit.core.config import load_config  # noqa: E402
-from lmcockpit.core.infer.export import qwen3_config  # noqa: E402
 from lmcockpit.core.model.gpt import GPT, shape_from_config  # noqa: E402
 from lmcockpit.core.train.optim import build_optimizers  # noqa: E402
 
 
 def hf_model(cfg, ours: GPT):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    raw = qwen3_config(cfg, eos=0, dtype="float32")
-    config = Qwen3Config(**{k: v for k, v in raw.items() if k not in ("architectures", "model_type", "torch_dtype")})
-    config._attn_implementation = "sdpa"
-    model = Qwen3ForCausalLM(config)
+    """transformers' Qwen3ForCausalLM of the same shape (convergence.baseline_model), with our weights."""
+    model = baseline_model(cfg)
     missing, unexpected = model.load_state_dict({"model." + k: v for k, v in ours.state_dict().items()}, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     model.tie_weights()
