@@ -4,8 +4,10 @@ Three rows measured side by side in one process, on the same batches: transforme
 `Qwen3ForCausalLM` (built from the config.json `lmcockpit export` would write, sdpa attention)
 with AdamW, lmcockpit's GPT with AdamW, and lmcockpit's GPT with its own Muon + AdamW. Same batch,
 same precision, same compile setting, the same loss (cross-entropy of float32 logits over every
-position), no gradient clipping on any row. The rows run in turn, round after round, and each
-keeps its best round, so a noisy neighbour on a shared machine hurts all of them alike.
+position), no gradient clipping on any row. The rows run in turn, round after round, so a noisy
+neighbour on a shared machine hurts all of them alike. Each row reports its best round and the
+median of its rounds' ratios to the transformers row of the same round: on a shared 2-core VM the
+best rounds of different rows can come from different moments, while a round's rows share one.
 Prints a table with ratios against the transformers row and appends it, with the date and the
 machine, to bench/RESULTS.md.
 
@@ -24,6 +26,7 @@ the card, so give a smaller micro-batch than the preset's 24, e.g.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from contextlib import nullcontext
@@ -50,8 +53,9 @@ def hf_model(cfg, ours: GPT):
     return model
 
 
-def measure(cfg, args, device: torch.device, precision: str, B: int, T: int) -> list[dict]:
-    """The three rows in `precision`, each with its best tokens/s ("best")."""
+def build_rows(cfg, device: torch.device, precision: str, compile: bool) -> list[dict]:
+    """The three training steps compared, from the same initial weights: each a name, its model,
+    its loss of (inputs, targets) (through torch.compile when `compile`) and its optimizers."""
     shape = shape_from_config(cfg)
     torch.manual_seed(0)
     ours_adamw = GPT(shape)
@@ -71,7 +75,7 @@ def measure(cfg, args, device: torch.device, precision: str, B: int, T: int) -> 
         # use_cache=False: a training forward builds no key/value cache, as ours builds none
         return lambda x, y: F.cross_entropy(model(input_ids=x, use_cache=False).logits.float().view(-1, V), y.view(-1))
 
-    rows = []
+    out = []
     for name, model, loss_of, opts_of in [
         ("transformers Qwen3ForCausalLM, AdamW", theirs, hf_loss, adamw),
         ("lmcockpit GPT, AdamW", ours_adamw, ours_loss, adamw),
@@ -80,8 +84,16 @@ def measure(cfg, args, device: torch.device, precision: str, B: int, T: int) -> 
     ]:
         model.to(device).train()
         opts = opts_of(model)
-        run = torch.compile(model) if args.compile else model
-        rows.append({"name": name, "model": model, "loss": loss_of(run), "opts": opts, "best": 0.0})
+        run = torch.compile(model) if compile else model
+        out.append({"name": name, "model": model, "loss": loss_of(run), "opts": opts, "best": 0.0, "ratios": []})
+    return out
+
+
+def measure(cfg, args, device: torch.device, precision: str, B: int, T: int) -> list[dict]:
+    """The three rows in `precision`, each with its best tokens/s ("best") and, round by round, its
+    tokens/s over the transformers row's in the same round ("ratios")."""
+    rows = build_rows(cfg, device, precision, args.compile)
+    V = shape_from_config(cfg).vocab_size
 
     amp = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext())
     gen = torch.Generator().manual_seed(1)
@@ -112,9 +124,10 @@ def measure(cfg, args, device: torch.device, precision: str, B: int, T: int) -> 
     for row in rows:  # warm-up: allocator, optimizer state, compiled graphs
         steps(row, args.warmup)
     for _ in range(args.rounds):
-        for row in rows:
-            dt = steps(row, args.steps)
+        seconds = [steps(row, args.steps) for row in rows]
+        for row, dt in zip(rows, seconds):
             row["best"] = max(row["best"], args.steps * B * T / dt)
+            row["ratios"].append(seconds[0] / dt)
 
     return rows
 
@@ -148,11 +161,16 @@ def main() -> None:
              f"{' and '.join(precisions)}, compile {'on' if args.compile else 'off'}, on {args.device}{threads}; "
              f"torch {torch.__version__}, transformers {__import__('transformers').__version__} (sdpa attention). "
              f"Same loss on every row (cross-entropy of float32 logits), no clipping; best of {args.rounds} rounds "
-             f"of {args.steps} steps after {args.warmup} warm-up steps, rows interleaved.")
-    lines = [setup, "", "| precision | training step | tokens/s | vs transformers |", "| --- | --- | ---: | ---: |"]
+             f"of {args.steps} steps after {args.warmup} warm-up steps, rows interleaved. The last columns: the "
+             f"median of each round's ratio to the transformers row of that round (a neighbour's load slows the rows "
+             f"of one round alike), and the lowest and highest of them.")
+    lines = [setup, "", "| precision | training step | best tokens/s | best vs transformers | median ratio of rounds "
+             "| range |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for precision, rows in table:
         base = rows[0]["best"]
-        lines += [f"| {precision} | {r['name']} | {r['best']:,.0f} | {r['best'] / base:.2f}x |" for r in rows]
+        lines += [f"| {precision} | {r['name']} | {r['best']:,.0f} | {r['best'] / base:.2f}x "
+                  f"| {statistics.median(r['ratios']):.2f}x | {min(r['ratios']):.2f}–{max(r['ratios']):.2f} |"
+                  for r in rows]
     record("throughput: lmcockpit against transformers' Qwen3ForCausalLM", lines)
 
 
