@@ -12,7 +12,7 @@ Prints a table with ratios against the transformers row and appends it, with the
 machine, to bench/RESULTS.md.
 
     python bench/throughput.py [--preset cpu] [--micro-batch N] [--steps 4] [--rounds 3] [--device cpu]
-                               [--precision fp32,bf16] [--compile]
+                               [--precision fp32,bf16] [--compile] [--results PATH]
 
 Each precision listed gets its three rows, every model in the same precision (like with like), and
 its ratios against the transformers row of that precision; Muon iterates in the row's precision on
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 from convergence import baseline_model  # noqa: E402
-from machine import record  # noqa: E402
+from machine import RESULTS, record  # noqa: E402
 
 from lmcockpit.core.config import load_config  # noqa: E402
 from lmcockpit.core.model.gpt import GPT, shape_from_config  # noqa: E402
@@ -142,6 +142,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", default="fp32", help="fp32, bf16, or both: fp32,bf16")
     ap.add_argument("--compile", action="store_true", help="torch.compile every model (default mode)")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="where the entry is appended")
     args = ap.parse_args()
 
     cfg, _ = load_config(args.preset)
@@ -171,7 +172,7 @@ def main() -> None:
         lines += [f"| {precision} | {r['name']} | {r['best']:,.0f} | {r['best'] / base:.2f}x "
                   f"| {statistics.median(r['ratios']):.2f}x | {min(r['ratios']):.2f}–{max(r['ratios']):.2f} |"
                   for r in rows]
-    record("throughput: lmcockpit against transformers' Qwen3ForCausalLM", lines)
+    record("throughput: lmcockpit against transformers' Qwen3ForCausalLM", lines, args.results)
 
 
 if __name__ == "__main__":
