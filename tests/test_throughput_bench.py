@@ -19,7 +19,7 @@ def bench(*args: str) -> str:
 
 def test_throughput_records_each_precision_s_three_rows_with_their_ratios(tmp_path):
     results = tmp_path / "RESULTS.md"
-    bench("throughput.py", "--preset", "debug", "--precision", "fp32,bf16", "--steps", "2", "--rounds", "3",
+    bench("throughput.py", "--preset", "debug", "--precision", "fp32,bf16", "--steps", "1", "--rounds", "2",
           "--warmup", "1", "--results", str(results))
     text = results.read_text()
     assert "## throughput: lmcockpit against transformers' Qwen3ForCausalLM" in text
