@@ -80,11 +80,11 @@ def has_token() -> bool:
 
 
 def fetch_or_cached(key: str, repo: str, repo_word: str, online: Callable[[], Path],
-                    cached: Callable[[], Path | None], missing: str) -> Path:
+                    cached: Callable[[], Path | None], missing: Callable[[str], str]) -> Path:
     """What `online()` fetches; offline, or the Hub out of reach, what `cached()` finds from an
     earlier fetch; with neither, a ConfigError: `key` (the setting, as the user wrote it), that
-    the Hub has no such `repo_word` `repo` when it says so, or `missing` (what is not downloaded
-    and how to get it elsewhere) with the reason the Hub was not asked."""
+    the Hub has no such `repo_word` `repo` when it says so, or `missing(reason)` (what is not
+    downloaded and how to get it elsewhere, given why the Hub was not asked)."""
     from huggingface_hub import constants
     from huggingface_hub.errors import RepositoryNotFoundError
 
@@ -100,7 +100,7 @@ def fetch_or_cached(key: str, repo: str, repo_word: str, online: Callable[[], Pa
             reason = f"the Hub could not be reached ({type(e).__name__})"
     if (found := cached()) is not None:
         return found
-    raise ConfigError(missing.replace("{reason}", reason))
+    raise ConfigError(missing(reason))
 
 
 def local_folder(spec: str, budget_tokens: int = 0) -> Path:
@@ -127,9 +127,9 @@ def local_folder(spec: str, budget_tokens: int = 0) -> Path:
     use = "DIR/" + path if path else "DIR"
     return fetch_or_cached(
         f"data.source = {spec!r}", repo, "dataset", online, lambda: fetched_folder(spec),
-        f"data.source = {spec!r}: not downloaded yet, and {{reason}}. Download it on a machine with a network:\n"
-        f"  {download_command(repo, path)}\n"
-        f"then train on it with --set data.source='\"{use}\"'")
+        lambda reason: f"data.source = {spec!r}: not downloaded yet, and {reason}. Download it on a machine "
+                       f"with a network:\n  {download_command(repo, path)}\n"
+                       f"then train on it with --set data.source='\"{use}\"'")
 
 
 def fetched_folder(spec: str) -> Path | None:

@@ -72,9 +72,9 @@ def fetch(kind: str) -> Path:
 
     return fetch_or_cached(
         f"tokenizer.kind = {kind!r}", repo, "model", online, lambda: folder(kind),
-        f"tokenizer.kind = {kind!r}: the tokenizer of {repo} is not downloaded yet, and {{reason}}. "
-        f"Download it on a machine with a network:\n  {download_command(repo)}\n"
-        f"then copy DIR here and train with --set tokenizer.kind='\"DIR\"'")
+        lambda reason: f"tokenizer.kind = {kind!r}: the tokenizer of {repo} is not downloaded yet, and {reason}. "
+                       f"Download it on a machine with a network:\n  {download_command(repo)}\n"
+                       f"then copy DIR here and train with --set tokenizer.kind='\"DIR\"'")
 
 
 def no_tokenizer_json(kind: str, repo: str, names: set[str]) -> str:
