@@ -32,31 +32,32 @@ from lmcockpit.core.train.group import Group  # noqa: E402
 from lmcockpit.core.train.optim import build_optimizers, clip_grad_norm  # noqa: E402
 
 MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
-# the kinds of work a step's operators fall in, in the order the table lists them
-KINDS = ["matmuls", "attention", "loss outside the compiled graph", "compiled kernels (inductor)",
-         "other forward and backward", "optimizer matmuls (Newton–Schulz)", "optimizer, the rest", "clip"]
+# the kinds of work a step's operators fall in
+MATMUL, ATTENTION, EAGER_LOSS, INDUCTOR, OTHER = ("matmuls", "attention", "loss outside the compiled graph",
+                                                  "compiled kernels (inductor)", "other forward and backward")
+NEWTON_SCHULZ, OPTIMIZER, CLIP = "optimizer matmuls (Newton–Schulz)", "optimizer, the rest", "clip"
+SCOPES = ("step", "clip", "optimizer")  # the record_function blocks of step_of
+KINDS = [MATMUL, ATTENTION, EAGER_LOSS, INDUCTOR, OTHER, NEWTON_SCHULZ, OPTIMIZER, CLIP]  # the table's order
 
 
 def kind_of(name: str, scope: str) -> str:
     if scope == "optimizer":
-        return KINDS[5] if name in MATMULS else KINDS[6]
+        return NEWTON_SCHULZ if name in MATMULS else OPTIMIZER
     if scope == "clip":
-        return "clip"
+        return CLIP
     if name in MATMULS:
-        return "matmuls"
+        return MATMUL
     if "scaled_dot_product" in name:
-        return "attention"
+        return ATTENTION
     if "log_softmax" in name or "nll_loss" in name or "cross_entropy" in name:
-        return KINDS[2]
-    if "CompiledFxGraph" in name:
-        return KINDS[3]
-    return KINDS[4]
+        return EAGER_LOSS
+    return INDUCTOR if "CompiledFxGraph" in name else OTHER
 
 
 def scope_of(event) -> str | None:
     """The record_function scope ("step", "optimizer" or "clip") an operator ran under, innermost first."""
     while event is not None:
-        if event.name in ("optimizer", "clip", "step"):
+        if event.name in SCOPES:
             return event.name
         event = event.cpu_parent
     return None
@@ -67,7 +68,7 @@ def breakdown(prof, steps: int) -> dict[str, float]:
     ms = defaultdict(float)
     for ev in prof.events():
         scope = scope_of(ev)
-        if scope is None or ev.name in ("optimizer", "clip", "step"):
+        if scope is None or ev.name in SCOPES:
             continue
         ms[kind_of(ev.name, scope)] += ev.self_cpu_time_total / 1e3 / steps
     return ms
