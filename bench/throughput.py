@@ -89,6 +89,11 @@ def build_rows(cfg, device: torch.device, precision: str, compile: bool) -> list
     return out
 
 
+def speedups(seconds: list[float]) -> list[float]:
+    """Each row's tokens/s over the first (transformers) row's, from one round's times for equal work."""
+    return [seconds[0] / s for s in seconds]
+
+
 def measure(cfg, args, device: torch.device, precision: str, B: int, T: int) -> list[dict]:
     """The three rows in `precision`, each with its best tokens/s ("best") and, round by round, its
     tokens/s over the transformers row's in the same round ("ratios")."""
@@ -127,7 +132,8 @@ def measure(cfg, args, device: torch.device, precision: str, B: int, T: int) -> 
         seconds = [steps(row, args.steps) for row in rows]
         for row, dt in zip(rows, seconds):
             row["best"] = max(row["best"], args.steps * B * T / dt)
-            row["ratios"].append(seconds[0] / dt)
+        for row, ratio in zip(rows, speedups(seconds)):
+            row["ratios"].append(ratio)
 
     return rows
 

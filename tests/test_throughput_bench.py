@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+import throughput  # noqa: E402
+
 NAMES = ["transformers Qwen3ForCausalLM, AdamW", "lmcockpit GPT, AdamW", "lmcockpit GPT, Muon + AdamW"]
 
 
@@ -15,6 +18,11 @@ def bench(*args: str) -> str:
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+def test_a_round_s_ratio_is_tokens_per_second_over_the_baseline_s():
+    # equal work per row: half the time is twice the tokens/s
+    assert throughput.speedups([2.0, 1.0, 4.0]) == [1.0, 2.0, 0.5]
 
 
 def test_throughput_records_each_precision_s_three_rows_with_their_ratios(tmp_path):
