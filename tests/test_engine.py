@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -32,6 +34,42 @@ def test_engine_runs_in_its_own_process_and_fills_the_run_folder(tmp_path):
     assert states[0] == P.PREPARING and states[-1] == P.FINISHED
     assert any(isinstance(e, P.LogLine) and "parameters" in e.text for e in events)
     assert any(isinstance(e, P.LogLine) and e.text == "attention: flash (CPU), GQA native" for e in events)
+
+
+EXIT_NOW = """
+import atexit, os, sys, threading
+from lmcockpit.core.process.child import exit_now
+
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+class FreedAtTeardown:
+    def __del__(self, write=os.write):
+        write(fd, b"teardown\\n")
+
+kept = FreedAtTeardown()
+atexit.register(lambda: os.write(fd, b"atexit\\n"))
+def busy():  # still looping when exit_now is called (a loop of bytecodes lets the main thread run)
+    for _ in range(3_000_000):
+        pass
+    os.write(fd, b"thread\\n")
+
+threading.Thread(target=busy).start()
+print("buffered in sys.stdout", end="")
+exit_now(3)
+"""
+
+
+def test_exit_now_skips_the_interpreters_teardown_but_not_what_matters(tmp_path):
+    """The engine's and the chat engine's last call. Teardown freed torch's modules one by one, 0.9 s
+    after every engine's last event; what of it matters still happens: the threads it would wait for
+    finish, exit handlers run, and sys.stdout is flushed. The exit code is the one given."""
+    log = tmp_path / "log"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe's stdout: block-buffered
+    proc = subprocess.run([sys.executable, "-c", EXIT_NOW, str(log)], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == "buffered in sys.stdout"
+    assert log.read_text().splitlines() == ["thread", "atexit"]
 
 
 def test_same_seed_same_losses_other_seed_other_losses(tmp_path):

@@ -20,7 +20,6 @@ drops it (its `done` marker is sent too); one of a request already answered is i
 from __future__ import annotations
 
 import os
-import sys
 import traceback
 from collections import deque
 from pathlib import Path
@@ -89,7 +88,7 @@ def drop_waiting(request_id: str, pending: deque, step: int, events) -> None:
 
 def main(checkpoint: str, device: str, events, commands) -> None:
     """Spawn target. Exit code 0 after an Abort, 1 when the checkpoint could not be loaded."""
-    from ..process.child import Commands, LogPump, flush_events
+    from ..process.child import Commands, LogPump, exit_now, flush_events
 
     pump = LogPump(Path(os.devnull), events)
     cmds = Commands(commands)
@@ -118,4 +117,4 @@ def main(checkpoint: str, device: str, events, commands) -> None:
         events.put(failure)
     events.put(P.StateChanged(P.FAILED if failure else P.FINISHED, failure.message if failure else ""))
     flush_events(events)
-    sys.exit(1 if failure is not None else 0)
+    exit_now(1 if failure is not None else 0)

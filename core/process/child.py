@@ -6,6 +6,7 @@ and the last events handed over. Importing this module imports no torch.
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import platform
@@ -17,6 +18,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 from .. import protocol as P
 from ..config import ConfigError, config_from_dict
@@ -165,3 +167,23 @@ def flush_events(events, timeout: float = 30.0) -> bool:
         events.cancel_join_thread()
         return False
     return True
+
+
+def exit_now(code: int) -> NoReturn:
+    """End this process without the interpreter's teardown, once its events are flushed and the
+    files it wrote are closed. What teardown would still do is free torch's modules object by object:
+    0.9 s after the last event of every engine on 2 CPU cores, and a run's end, the chat window's
+    close and each test that starts an engine waited for it. What teardown does that matters is
+    done here first: the threads it would wait for are joined, and the exit handlers Python code
+    registered run (multiprocessing ends the workers it started, the compiler its pool, W&B its
+    run)."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed stream: nothing left in it to lose
+            pass
+    os._exit(code)

@@ -18,7 +18,7 @@ from .. import protocol as P
 from ..config import ConfigError
 from ..hardware import gpu_env
 from ..run.folder import TRAIN_LOG, hold_run_dir
-from .child import Commands, LogPump, flush_events, hold_signals, run_header, train
+from .child import Commands, LogPump, exit_now, flush_events, hold_signals, run_header, train
 
 
 def main(run_dir: str, config: dict, resume_from: str | None, rendezvous, events, commands) -> None:
@@ -57,7 +57,7 @@ def finish(events, final: str, failure: P.Failure | None) -> None:
         events.put(failure)
     events.put(P.StateChanged(final, failure.message if failure else ""))
     flush_events(events)
-    sys.exit(1 if failure is not None else 0)
+    exit_now(1 if failure is not None else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover - only ever started through runner.EngineProcess
