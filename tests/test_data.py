@@ -246,3 +246,26 @@ def test_a_killed_cache_build_is_cleaned_up_by_the_next(tmp_path):
         (p / "train.bin").write_bytes(b"\0" * 1024)
     prepare(tiny_config(f"data.cache_dir=\"{root}\""))
     assert not abandoned.exists() and running.exists() and elsewhere.exists()
+
+
+def test_the_stdlib_source_is_its_py_files_without_site_packages(tmp_path):
+    """python-stdlib's files, listed at every run's start to find its token cache: no walk into
+    what is installed under the stdlib (site-packages), links to folders not followed (as
+    Path.rglob, which listed them before), a link to a file taken like the file."""
+    from lmcockpit.core.data import sources
+
+    root, elsewhere = tmp_path / "lib", tmp_path / "elsewhere"
+    for rel in ["a.py", "pkg/b.py", "pkg/notes.txt", "pkg/__pycache__/b.cpython-311.pyc",
+                "site-packages/numpy/c.py", "pkg/site-packages/d.py", "g.py/h.txt"]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x = 1\n")
+    (elsewhere / "e.py").parent.mkdir(parents=True)
+    (elsewhere / "e.py").write_text("x = 1\n")
+    (root / "linked").symlink_to(elsewhere, target_is_directory=True)
+    (root / "f.py").symlink_to(elsewhere / "e.py")
+    assert sorted(p.relative_to(root).as_posix() for p in sources.stdlib_files(root)) == ["a.py", "f.py", "pkg/b.py"]
+
+    real = sources.stdlib_root()
+    listed = sources.stdlib_files(real)
+    assert real / "os.py" in listed and real / "json" / "decoder.py" in listed
+    assert not [p for p in listed if "site-packages" in p.parts]

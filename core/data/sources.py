@@ -16,6 +16,7 @@ No torch, no numpy: readers.py does the reading.
 
 from __future__ import annotations
 
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,18 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
+def stdlib_files(root: Path) -> list[Path]:
+    """The standard library's .py files under `root`, not what is installed into its site-packages.
+    Listed on every start of a run to find its token cache, so os.walk, which leaves site-packages
+    and __pycache__ unvisited: Path.rglob walked them all, 13,000 paths in 0.5 s on a 2-core VM.
+    Like rglob it does not follow links to folders."""
+    out = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in ("site-packages", "__pycache__")]
+        out += [p for name in names if name.endswith(".py") and (p := Path(folder, name)).is_file()]
+    return out
+
+
 def file_kind(path: Path) -> tuple[str, str] | None:
     """(kind, compression) by the file's suffixes; None for what is skipped."""
     suffixes = [s.lower() for s in path.suffixes]
@@ -106,7 +119,7 @@ def list_source(cfg: DataConfig, budget_tokens: int = 0, fetch: bool = True) -> 
     what was fetched before, or a ConfigError saying it is NOT_FETCHED, without the network."""
     if cfg.source == STDLIB:
         root = stdlib_root()
-        paths = [p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file()]
+        paths = stdlib_files(root)
         desc = f"{STDLIB}:{root}"
     else:
         if cfg.source.startswith("hf:"):
