@@ -175,8 +175,7 @@ def exit_now(code: int) -> NoReturn:
     0.9 s after the last event of every engine on 2 CPU cores, and a run's end, the chat window's
     close and each test that starts an engine waited for it. What teardown does that matters is
     done here first: the threads it would wait for are joined, and the exit handlers Python code
-    registered run (multiprocessing ends the workers it started, the compiler its pool, W&B its
-    run)."""
+    registered run (multiprocessing ends the workers it started, inductor its compile workers)."""
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
