@@ -38,6 +38,7 @@ def test_engine_runs_in_its_own_process_and_fills_the_run_folder(tmp_path):
 
 EXIT_NOW = """
 import atexit, os, sys, threading
+from concurrent.futures import ThreadPoolExecutor
 from lmcockpit.core.process.child import exit_now
 
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
@@ -54,6 +55,9 @@ def busy():  # still looping when exit_now is called (a loop of bytecodes lets t
     os.write(fd, b"thread\\n")
 
 threading.Thread(target=busy).start()
+# a pool never shut down, as inductor leaves its own: its idle worker waits for work until told to go
+pool = ThreadPoolExecutor(1)
+pool.submit(int).result()
 print("buffered in sys.stdout", end="")
 exit_now(3)
 """
@@ -62,7 +66,8 @@ exit_now(3)
 def test_exit_now_skips_the_interpreters_teardown_but_not_what_matters(tmp_path):
     """The engine's and the chat engine's last call. Teardown freed torch's modules one by one, 0.9 s
     after every engine's last event; what of it matters still happens: the threads it would wait for
-    finish, exit handlers run, and sys.stdout is flushed. The exit code is the one given."""
+    finish (an idle pool's worker let go first, or the exit never ends), exit handlers run, and
+    sys.stdout is flushed. The exit code is the one given."""
     log = tmp_path / "log"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe's stdout: block-buffered
     proc = subprocess.run([sys.executable, "-c", EXIT_NOW, str(log)], capture_output=True, text=True, env=env,

@@ -175,10 +175,13 @@ def exit_now(code: int) -> NoReturn:
     0.9 s after the last event of every engine on 2 CPU cores, and a run's end, the chat window's
     close and each test that starts an engine waited for it. What teardown does that matters is
     done here first: the threads it would wait for are joined, and the exit handlers Python code
-    registered run (multiprocessing ends the workers it started, inductor its compile workers)."""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    registered run (multiprocessing ends the workers it started, inductor its compile workers).
+
+    The threads are joined by threading._shutdown, what the interpreter calls at exit (and
+    multiprocessing at the end of each process it starts): it first tells thread pools to let their
+    idle workers go. A plain join of every thread waited forever for inductor's, idle after a
+    compiled run's samples."""
+    threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
