@@ -130,9 +130,8 @@ def measure(cfg, args, device: torch.device, precision: str, B: int, T: int) -> 
         steps(row, args.warmup)
     for _ in range(args.rounds):
         seconds = [steps(row, args.steps) for row in rows]
-        for row, dt in zip(rows, seconds):
+        for row, dt, ratio in zip(rows, seconds, speedups(seconds)):
             row["best"] = max(row["best"], args.steps * B * T / dt)
-        for row, ratio in zip(rows, speedups(seconds)):
             row["ratios"].append(ratio)
 
     return rows
