@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -16,7 +17,16 @@ from .conftest import drive_engine, losses, tiny_config
 
 def test_engine_runs_in_its_own_process_and_fills_the_run_folder(tmp_path):
     cfg = tiny_config()
-    engine, events = drive_engine(cfg, tmp_path / "run")
+    last_event_at = []
+
+    def note_the_end(engine, event):
+        if isinstance(event, P.StateChanged) and event.state in P.TERMINAL_STATES:
+            last_event_at.append(time.monotonic())
+
+    engine, events = drive_engine(cfg, tmp_path / "run", on_event=note_the_end)
+    # gone at once after its last event (exit_now): with the interpreter's teardown it took 0.9 s
+    # here, and lmcockpit --run, the cockpit's next launch and every test waited that long
+    assert time.monotonic() - last_event_at[0] < 0.5
     assert engine.pid != os.getpid()
     assert engine.final_state == P.FINISHED and engine.process.exitcode == 0
     run = tmp_path / "run"
