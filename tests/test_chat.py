@@ -167,7 +167,11 @@ def test_chat_engine_answers_streamed_samples_until_aborted(run):
         events_until(engine, done, lambda e: isinstance(e, P.LogLine) and "refused" in e.text and "top_p" in e.text)
         engine.send(P.Abort(save=False))
         events_until(engine, state(*P.TERMINAL_STATES))
+        ended = time.monotonic()
         engine.process.join(timeout=30)
+        # gone at once (exit_now: 0.02 s here): the interpreter's teardown took 0.5 s, which the
+        # chat window's close waited for
+        assert time.monotonic() - ended < 0.25
         assert engine.final_state == P.FINISHED and engine.process.exitcode == 0
     finally:
         engine.close()
