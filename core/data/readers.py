@@ -9,6 +9,7 @@ cannot be read is a ConfigError naming the file, the line or row group, and what
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
 import json
@@ -42,6 +43,8 @@ def open_binary(raw: BinaryIO | Path, compression: str) -> BinaryIO:
         return gzip.open(raw, "rb")
     if compression == "xz":
         return lzma.open(raw, "rb")
+    if compression == "bzip2":
+        return bz2.open(raw, "rb")
     if compression == "zstd":
         import zstandard
 

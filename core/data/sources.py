@@ -2,9 +2,10 @@
 
 A source is the interpreter's standard library (`python-stdlib`), a file, or a folder read
 recursively with mixed formats: text; JSON lines (`.jsonl`, `.json`, `.ndjson`), also compressed
-(`.gz`, `.zst`, `.xz`); Parquet (`.parquet`, by row group); and folders written by
+(`.gz`, `.zst`, `.xz`, `.bz2`); Parquet (`.parquet`, by row group); and folders written by
 `datasets.Dataset.save_to_disk` (their Arrow files). `hf:OWNER/NAME[/PATH]` is a Hub dataset, fetched
-first (hub.py) and then read as a local folder.
+first (hub.py) and then read as a local folder. Archives and compressions it cannot read are refused
+by name, wherever they are; known binary files are skipped in a folder and refused as the source.
 
 The files are listed with sizes and mtimes (the cache key) and planned into pieces of about
 `data.shard_bytes` of selected text each: several small files, one byte range of a large text or
@@ -26,9 +27,21 @@ from ..config import ConfigError, DataConfig
 STDLIB = "python-stdlib"
 NOT_FETCHED = "not fetched yet"  # a Hub source with nothing of it in the Hub's cache
 JSON_SUFFIXES = {".jsonl", ".json", ".ndjson"}
-COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".xz": "xz"}
-SKIPPED_SUFFIXES = {".pyc", ".so", ".png", ".jpg", ".jpeg", ".gif", ".zip", ".bin", ".exe", ".pdf", ".lock",
-                    ".tar", ".whl", ".npy", ".pt", ".safetensors", ".incomplete"}
+TEXT_SUFFIXES = {".txt", ".md", ".text"}
+# lzma.open reads .lzma (LZMA "alone") files as well as .xz ones.
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".xz": "xz", ".lzma": "xz", ".bz2": "bzip2"}
+# Read as text, these would be tokenised as bytes of noise: refused, naming the format.
+UNREAD_COMPRESSIONS = {".lz4": "LZ4", ".br": "Brotli", ".lzo": "LZO", ".sz": "Snappy", ".snappy": "Snappy",
+                       ".lz": "lzip", ".z": "compress (.Z)"}
+ARCHIVES = {".zip": "ZIP", ".tar": "tar", ".tgz": "tar", ".tbz2": "tar", ".txz": "tar", ".tzst": "tar",
+            ".7z": "7-Zip", ".rar": "RAR", ".jar": "JAR"}
+SKIPPED_SUFFIXES = {".pyc", ".so", ".png", ".jpg", ".jpeg", ".gif", ".bin", ".exe", ".pdf", ".lock",
+                    ".whl", ".npy", ".pt", ".safetensors", ".incomplete",
+                    ".npz", ".pkl", ".pickle", ".gguf", ".pth", ".ckpt", ".h5", ".onnx", ".msgpack", ".tfrecord",
+                    ".db", ".sqlite", ".dll", ".dylib", ".pyd", ".class", ".bmp", ".tif", ".tiff", ".webp",
+                    ".ico", ".mp3", ".wav", ".flac", ".ogg", ".mp4", ".ttf", ".otf", ".woff", ".woff2"}
+READ_FORMATS = ("text, JSON lines (.jsonl, .json, .ndjson; plain or .gz, .zst, .xz, .bz2), .parquet, "
+                "and folders of those or written by datasets' save_to_disk")
 SAVE_TO_DISK_FILES = {"state.json", "dataset_info.json"}  # a save_to_disk folder's metadata, not data
 
 
@@ -39,7 +52,7 @@ class SourceFile:
     size: int
     mtime_ns: int
     kind: str  # "text", "jsonl", "parquet" or "arrow"
-    compression: str = ""  # "", "gzip", "zstd" or "xz"
+    compression: str = ""  # "", "gzip", "zstd", "xz" or "bzip2"
 
 
 @dataclass(frozen=True)
@@ -77,12 +90,21 @@ def stdlib_files(root: Path) -> list[Path]:
 
 
 def file_kind(path: Path) -> tuple[str, str] | None:
-    """(kind, compression) by the file's suffixes; None for what is skipped."""
+    """(kind, compression) by the file's suffixes; None for what is skipped (a known binary file,
+    something compressed that is neither text nor JSON); a ConfigError naming an archive or a
+    compression this does not read."""
     suffixes = [s.lower() for s in path.suffixes]
-    compression = COMPRESSIONS.get(suffixes[-1], "") if suffixes else ""
-    inner = suffixes[-2] if compression and len(suffixes) > 1 else (suffixes[-1] if suffixes else "")
-    if compression and inner not in JSON_SUFFIXES and inner not in {".txt", ".md", ".text"}:
-        return None  # a compressed archive of something else (.tar.gz, .bin.gz)
+    last = suffixes[-1] if suffixes else ""
+    if last in UNREAD_COMPRESSIONS:
+        raise ConfigError(f"{path}: {UNREAD_COMPRESSIONS[last]}-compressed, which lmcockpit does not read: "
+                          f"decompress it, or recompress it as .gz, .zst, .xz or .bz2 (it reads {READ_FORMATS})")
+    compression = COMPRESSIONS.get(last, "")
+    inner = suffixes[-2] if compression and len(suffixes) > 1 else last
+    if inner in ARCHIVES:
+        raise ConfigError(f"{path}: a {ARCHIVES[inner]} archive, which lmcockpit does not read: unpack it and "
+                          f"move the archive out of the source (it reads {READ_FORMATS})")
+    if compression and inner not in JSON_SUFFIXES and inner not in TEXT_SUFFIXES:
+        return None  # compressed something else (.bin.gz, .npy.xz)
     if inner in JSON_SUFFIXES:
         return "jsonl", compression
     if inner == ".parquet" and not compression:
@@ -117,6 +139,7 @@ def list_source(cfg: DataConfig, budget_tokens: int = 0, fetch: bool = True) -> 
     """The source's files with sizes and mtimes; a ConfigError naming the source otherwise. A Hub
     source fetches the files a run of `budget_tokens` needs (0: all of them); with `fetch` False,
     what was fetched before, or a ConfigError saying it is NOT_FETCHED, without the network."""
+    single = False
     if cfg.source == STDLIB:
         root = stdlib_root()
         paths = stdlib_files(root)
@@ -132,15 +155,16 @@ def list_source(cfg: DataConfig, budget_tokens: int = 0, fetch: bool = True) -> 
             root = Path(cfg.source).expanduser().resolve()
         if not root.exists():
             raise ConfigError(f"data.source = {cfg.source!r}: no such file or folder")
-        if root.is_dir():
-            paths = _walk(root)
-        else:
-            paths, root = [root], root.parent
+        single = not root.is_dir()
+        paths, root = ([root], root.parent) if single else (_walk(root), root)
         desc = cfg.source if cfg.source.startswith("hf:") else str(Path(cfg.source).expanduser().resolve())
     files = []
     for p in sorted(paths):
         kind = file_kind(p)
         if kind is None:
+            if single:  # the source itself: skipping it would only say it is empty
+                raise ConfigError(f"data.source = {cfg.source!r}: not a format lmcockpit reads "
+                                  f"(it reads {READ_FORMATS})")
             continue
         st = p.stat()
         files.append(SourceFile(p, str(p.relative_to(root)), st.st_size, st.st_mtime_ns, *kind))

@@ -1,0 +1,93 @@
+"""Inputs a user may point data.source at that are not what they seem: formats this does not
+read, damaged files, odd bytes and odd layouts. Each is read, skipped or refused by name; none
+is tokenised as noise, ends in a traceback, or hangs a build."""
+
+from __future__ import annotations
+
+import bz2
+import io
+import pickle
+import zipfile
+
+import numpy as np
+import pytest
+import zstandard
+
+from lmcockpit.core.config import ConfigError, DataConfig
+from lmcockpit.core.data import sources
+
+from .test_data_scale import records, texts_of, write_jsonl
+
+
+# ------------------------------------------------------------------------------------- formats
+def test_bz2_zstd_and_lzma_json_lines_read_like_their_plain_twin(tmp_path):
+    import lzma
+
+    texts = records(50)
+    raw = write_jsonl(tmp_path / "twin.jsonl", texts).read_bytes()
+    (tmp_path / "data.jsonl.bz2").write_bytes(bz2.compress(raw))
+    (tmp_path / "c4.json.zstd").write_bytes(zstandard.ZstdCompressor().compress(raw))
+    (tmp_path / "old.jsonl.lzma").write_bytes(lzma.compress(raw, format=lzma.FORMAT_ALONE))
+    (tmp_path / "notes.txt.bz2").write_bytes(bz2.compress(b"a line of text\n"))
+    for name in ("data.jsonl.bz2", "c4.json.zstd", "old.jsonl.lzma"):
+        assert texts_of(tmp_path / name) == texts, name
+    assert texts_of(tmp_path / "notes.txt.bz2") == ["a line of text\n"]
+
+
+def zip_bytes() -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr("corpus.jsonl", '{"text": "inside"}\n')
+    return out.getvalue()
+
+
+# Real bytes of each format: what a reader would have tokenised as text.
+UNREAD = {
+    "corpus.tgz": lambda: bz2.compress(b"not really tar, but named so"),
+    "dump.7z": lambda: b"7z\xbc\xaf\x27\x1c\x00\x04" + bytes(range(256)),
+    "x.zip": zip_bytes,
+    "data.tar.gz": lambda: bz2.compress(b"archive"),
+    "shard.jsonl.lz4": lambda: b"\x04\x22\x4d\x18" + bytes(range(256)),
+    "page.txt.br": lambda: bytes(range(256)),
+}
+
+
+@pytest.mark.parametrize("name, what", [
+    ("corpus.tgz", "a tar archive"), ("dump.7z", "a 7-Zip archive"), ("x.zip", "a ZIP archive"),
+    ("data.tar.gz", "a tar archive"), ("shard.jsonl.lz4", "LZ4-compressed"), ("page.txt.br", "Brotli-compressed"),
+])
+def test_an_archive_or_an_unread_compression_is_refused_by_name_alone_or_in_a_folder(tmp_path, name, what):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    write_jsonl(folder / "fine.jsonl", records(5))
+    (folder / name).write_bytes(UNREAD[name]())
+    for source in (folder / name, folder):
+        with pytest.raises(ConfigError, match=rf"{name}: {what}, which lmcockpit does not read: .*it reads text, "
+                                              r"JSON lines .*\.bz2\), \.parquet"):
+            sources.list_source(DataConfig(source=str(source)))
+
+
+BINARY = {
+    "x.npz": lambda p: np.savez(p, a=np.arange(1000)),
+    "data.pkl": lambda p: p.write_bytes(pickle.dumps({"weights": list(range(1000))})),
+    "model.gguf": lambda p: p.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(range(256)) * 4),
+    "vectors.npy.gz": lambda p: p.write_bytes(bz2.compress(bytes(range(256)))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_a_binary_file_is_skipped_in_a_folder_and_refused_as_the_source(tmp_path, name):
+    texts = records(5)
+    write_jsonl(tmp_path / "fine.jsonl", texts)
+    BINARY[name](tmp_path / name)
+    assert (tmp_path / name).is_file()
+    listed = sources.list_source(DataConfig(source=str(tmp_path)))
+    assert [f.rel for f in listed.files] == ["fine.jsonl"]
+    assert texts_of(tmp_path) == texts
+    with pytest.raises(ConfigError, match=rf"{name}'?: not a format lmcockpit reads \(it reads text, JSON lines"):
+        sources.list_source(DataConfig(source=str(tmp_path / name)))
+
+
+def test_a_file_of_an_unknown_suffix_is_still_text(tmp_path):
+    (tmp_path / "wiki.train.tokens").write_text("plain text\n")
+    assert texts_of(tmp_path / "wiki.train.tokens") == ["plain text\n"]
