@@ -391,6 +391,29 @@ def test_resume_takes_on_nan_skip_past_a_spike(reference, tmp_path):
     assert "non-finite values" in proc.stderr and "Traceback" not in proc.stdout + proc.stderr
 
 
+def test_a_resumed_compiled_run_leaves_compiling_at_its_first_step(reference, tmp_path):
+    """A compiled run says COMPILING until its first step has compiled the model; resumed, that
+    step is not step 1, and with no evaluation or checkpoint on the way it was never said at all:
+    the progress line stayed on 'Compiling the model' for the whole run."""
+    import dataclasses
+
+    from lmcockpit.core.run.resume import plan_resume
+
+    plan = plan_resume(str(reference / "checkpoints" / "step_000040"), ["training.max_steps=41"],
+                       str(tmp_path / "continued"))
+    # The checkpoint was trained eagerly (cheaper) and a resume may not switch the compiler on:
+    # this plan does, since what is tested is the engine's states, not plan_resume.
+    t = dataclasses.replace(plan.cfg.training, compile=True)
+    plan = dataclasses.replace(plan, cfg=dataclasses.replace(plan.cfg, training=t))
+    engine, events = drive_engine(None, None, resume=plan)
+    assert engine.final_state == P.FINISHED, engine.failure
+    seen = [e for e in events if isinstance(e, (P.StateChanged, P.StepMetrics))]
+    first = next(i for i, e in enumerate(seen) if isinstance(e, P.StepMetrics))
+    assert seen[first].step == 41
+    states = [e.state for e in seen[:first] if isinstance(e, P.StateChanged)]
+    assert P.COMPILING in states and states[-1] == P.RUNNING, states
+
+
 # ---------------------------------------------------------------------------- bad --resume input
 def test_resume_refuses_unsafe_changes_by_name(reference, tmp_path):
     proc = cli("--run", "--resume", str(reference / "checkpoints" / "step_000020"), "--out", str(tmp_path / "x"),

@@ -70,6 +70,7 @@ class Trainer:
         self.tokens_seen = 0
         self.nan_skips = 0
         self.saved_step: int | None = None  # the newest checkpoint on disk
+        self.compiling = False  # until the first step this process trains has compiled the model
 
     # ------------------------------------------------------------------------------- set-up
     def setup(self) -> None:
@@ -242,6 +243,7 @@ class Trainer:
         """Train to max_steps or until told to stop; returns the final state."""
         self.setup()
         t = self.cfg.training
+        self.compiling = t.compile
         self.emit(P.StateChanged(P.COMPILING if t.compile else P.RUNNING))
         while self.step < t.max_steps:
             self.handle_commands()
@@ -252,8 +254,6 @@ class Trainer:
             except NonFiniteLoss:
                 self.save_last_good()
                 raise
-            if self.step == 1 and t.compile:
-                self.emit(P.StateChanged(P.RUNNING))
             every = self.cfg.eval.every
             if every and self.step % every == 0 and self.step < t.max_steps:
                 self.within_memory("evaluation", self.evaluate)
@@ -300,6 +300,7 @@ class Trainer:
         # One sync per step: the loss is needed on the host anyway, and a non-finite value must
         # be caught before any optimizer touches the weights.
         loss_val, norm_val = (float(v) for v in torch.stack([loss_sum, grad_norm.float()]).tolist())
+        self.compiled()
         if not (math.isfinite(loss_val) and math.isfinite(norm_val)) and not self.scaler:
             self.on_non_finite(loss_val, norm_val, step_batches)
             return
@@ -323,6 +324,13 @@ class Trainer:
         self.metrics.write("step", step=self.step, loss=loss_val, lr=lr, grad_norm=norm_val,
                            tokens_per_s=tps, mfu=mfu, dt=dt, mem=mem or None)
         self.emit(P.StepMetrics(self.step, loss_val, lr, norm_val, tps, mfu, dt, self.tokens_seen, mem))
+
+    def compiled(self) -> None:
+        """RUNNING once the first step this process trains has compiled the model: a resumed run's
+        first is not step 1, and until then the front-ends show compiling, not the steps."""
+        if self.compiling:
+            self.compiling = False
+            self.emit(P.StateChanged(P.RUNNING))
 
     def within_memory(self, doing: str, work: Callable[[], object]) -> object:
         """`work`, with an out-of-memory error in it made a RunFailure that says where, how much and
