@@ -391,10 +391,13 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
     """Ranges and consistency between keys; each message names the key and what was expected."""
     def need(cond: bool, msg: str) -> None:
         if not cond:  # blame --set when a key the message names came from there
-            named = set(re.findall(r"\b[a-z_]+\.[a-z_]+\b", msg))
+            named = set(re.findall(r"\b[a-z_]+\.[a-z_][a-z0-9_]*\b", msg))  # optimizer.beta1 too
             raise ConfigError(f"{'--set' if named & set(from_set) else source}: {msg}")
 
     m, t, o = cfg.model, cfg.training, cfg.optimizer
+    # TOML reads inf and nan as floats, and every range check below lets one of them through.
+    for key, value in _float_values(cfg):
+        need(math.isfinite(value), f"{key} = {value} must be a finite number")
     for key, value in [
         ("model.n_layer", m.n_layer), ("model.d_model", m.d_model), ("model.n_head", m.n_head),
         ("model.n_kv_head", m.n_kv_head),
@@ -435,7 +438,13 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
         need(bool(part.source), f"data.sources[{i}].source is missing: each part names its source")
         need(math.isfinite(part.weight) and part.weight > 0,
              f"data.sources[{i}].weight = {part.weight} must be a positive number")
-    for key, value in [("optimizer.lr", o.lr), ("optimizer.muon_lr", o.muon_lr)]:
+    for key, value in [("optimizer.lr", o.lr), ("optimizer.muon_lr", o.muon_lr),
+                       # AdamW divides by sqrt(v) + eps, and v is 0 for a parameter no gradient reached
+                       ("optimizer.eps", o.eps),
+                       ("model.init_std", m.init_std),
+                       # RMSNorm divides by sqrt(mean(x²) + eps): at 0 or below a zero row is NaN
+                       ("model.norm_eps", m.norm_eps),
+                       ("model.rope_theta", m.rope_theta)]:
         need(value > 0, f"{key} = {value} must be positive")
     for key, value in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2),
                        ("optimizer.muon_momentum", o.muon_momentum)]:
@@ -466,6 +475,22 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
     need(cfg.distributed.nproc == 1 or not dev.startswith("cuda:"),
          f"hardware.device = {dev!r} names one GPU, but distributed.nproc = {cfg.distributed.nproc} processes "
          "each take their own (process i uses GPU i); use \"auto\" or \"cuda\", and CUDA_VISIBLE_DEVICES to choose GPUs")
+
+
+def _float_values(cfg: Config):
+    """(key, value) of every float in the config, the mixture's parts' included."""
+    def of(prefix: str, obj):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if isinstance(value, float):
+                yield f"{prefix}.{f.name}", value
+            elif isinstance(value, list):
+                for i, item in enumerate(value):
+                    if dataclasses.is_dataclass(item):
+                        yield from of(f"{prefix}.{f.name}[{i}]", item)
+
+    for section in dataclasses.fields(cfg):
+        yield from of(section.name, getattr(cfg, section.name))
 
 
 def toml_value(value) -> str:

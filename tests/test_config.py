@@ -96,10 +96,32 @@ def test_toml_syntax_error_has_line_and_column(tmp_path):
     ("hardware.device=\"gpu\"", "hardware.device = 'gpu' must be"),
     ("distributed.nnodes=0", "distributed.nnodes = 0 must be a positive integer"),
     ("distributed.strategy=\"zero\"", "distributed.strategy = 'zero' is not one of"),
+    # each once crashed the run, or trained it to NaN, instead of being refused here
+    ("model.init_std=-0.02", "model.init_std = -0.02 must be positive"),
+    ("model.norm_eps=-1e-6", "model.norm_eps = -1e-06 must be positive"),
+    ("model.rope_theta=0", "model.rope_theta = 0.0 must be positive"),
+    ("optimizer.eps=-1e-8", "optimizer.eps = -1e-08 must be positive"),
+    ("optimizer.eps=nan", "optimizer.eps = nan must be a finite number"),
+    ("optimizer.lr=inf", "optimizer.lr = inf must be a finite number"),
+    ("data.sources=[{source=\"a\", weight=inf}]", "data.sources[0].weight = inf must be a finite number"),
 ])
 def test_bad_values_are_named(override, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         load_config("debug", [override])
+
+
+def test_every_float_key_must_be_finite():
+    import dataclasses
+    import typing
+
+    floats = [f"{section.name}.{f.name}" for section in dataclasses.fields(Config)
+              for f in dataclasses.fields(section.default_factory())
+              if typing.get_type_hints(section.default_factory)[f.name] is float]
+    assert len(floats) == 17 and "optimizer.eps" in floats and "model.rope_theta" in floats
+    for key in floats:
+        for value in ("inf", "-inf", "nan"):
+            with pytest.raises(ConfigError, match=rf"^--set: {key} = {value} must be a finite number"):
+                load_config("debug", [f"{key}={value}"])
 
 
 @pytest.mark.parametrize("overrides, message", [
