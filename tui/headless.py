@@ -111,7 +111,10 @@ class Headless:
     # -------------------------------------------------------------------------------- loop
     def run(self) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, self._on_signal)
+            # Started with SIGHUP ignored (`nohup lmcockpit --run ... &`): a hang-up is to change
+            # nothing, here or in the engine, which inherits the same disposition.
+            if not (sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN):
+                signal.signal(sig, self._on_signal)
         self.engine.start()
         try:
             if self.interactive:

@@ -27,11 +27,20 @@ _EOF = "\x00lmcockpit-log-eof\x00"
 _EARLY_SIGNALS: list[str] = []
 
 
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """The signals that stop the run in order: SIGTERM, and SIGHUP unless this process started with
+    it ignored. `nohup lmcockpit --run ...` asks that a hang-up change nothing; the front-end
+    leaves it ignored, each process of the run inherits that, and none may undo it."""
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        return (signal.SIGTERM,)
+    return signal.SIGTERM, signal.SIGHUP
+
+
 def hold_signals() -> None:
     """First thing in the engine: the log pump and torch's import take a second or more, and a
     SIGTERM or SIGHUP in that time must still stop the run in order (Commands takes it over)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in stop_signals():
         signal.signal(sig, lambda signum, frame: _EARLY_SIGNALS.append(signal.Signals(signum).name))
 
 
@@ -100,7 +109,7 @@ class Commands:
         self.stop_signal = self.signalled  # the last signal received, kept
         self.parent = mp.parent_process()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+        for sig in stop_signals():
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:

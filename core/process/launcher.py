@@ -35,7 +35,7 @@ from pathlib import Path
 from .. import protocol as P
 from ..config import config_from_dict
 from ..run.folder import METRICS, MetricsLog, TRAIN_LOG, tail_rows
-from .child import Commands, LogPump, early_signal, flush_events, run_header, train
+from .child import Commands, LogPump, early_signal, flush_events, run_header, stop_signals, train
 from .rendezvous import Rendezvous
 
 SHUTDOWN_GRACE = 15  # s from torchrun's SIGTERM to its SIGKILL, when one rank failed
@@ -103,7 +103,7 @@ def _forward_stops(commands) -> None:
         print(f"launcher: {why}; the ranks write a checkpoint and stop")
         commands.put(P.Abort(save=True, interrupted=True))
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in stop_signals():
         signal.signal(sig, lambda signum, frame: stop(f"{signal.Signals(signum).name} received"))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the front-end's to turn into a command
     if (early := early_signal()) is not None:
