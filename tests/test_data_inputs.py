@@ -7,6 +7,7 @@ from __future__ import annotations
 import bz2
 import io
 import pickle
+import re
 import zipfile
 
 import numpy as np
@@ -91,3 +92,97 @@ def test_a_binary_file_is_skipped_in_a_folder_and_refused_as_the_source(tmp_path
 def test_a_file_of_an_unknown_suffix_is_still_text(tmp_path):
     (tmp_path / "wiki.train.tokens").write_text("plain text\n")
     assert texts_of(tmp_path / "wiki.train.tokens") == ["plain text\n"]
+
+
+# ------------------------------------------------------------------------------ damaged files
+def compressed(name: str, raw: bytes) -> bytes:
+    import gzip
+    import lzma
+
+    if name.endswith(".gz"):
+        return gzip.compress(raw)
+    if name.endswith(".xz"):
+        return lzma.compress(raw)
+    if name.endswith(".bz2"):
+        return bz2.compress(raw)
+    return zstandard.ZstdCompressor().compress(raw)
+
+
+def damage(name: str, how: str, raw: bytes) -> bytes:
+    packed = compressed(name, raw)
+    if how == "truncated":  # a download that stopped half way
+        return packed[:len(packed) // 2]
+    if how == "not compressed":  # a plain file given the suffix
+        return raw
+    flipped = bytearray(packed)  # bytes changed in the middle
+    for i in range(len(flipped) // 2, len(flipped) // 2 + 16):
+        flipped[i] ^= 0xFF
+    return bytes(flipped)
+
+
+@pytest.mark.parametrize("name, how", [
+    ("a.jsonl.gz", "truncated"), ("a.jsonl.gz", "not compressed"),
+    ("a.jsonl.xz", "truncated"), ("a.jsonl.xz", "corrupt"), ("a.jsonl.bz2", "truncated"),
+    ("a.jsonl.bz2", "not compressed"), ("a.jsonl.zst", "not compressed"), ("a.jsonl.zst", "corrupt"),
+    ("a.txt.gz", "truncated"),
+])
+def test_a_damaged_compressed_file_is_named_where_it_is_planned_and_where_it_is_read(tmp_path, name, how):
+    from lmcockpit.core.data import budget, build, readers
+
+    from .conftest import tiny_config
+
+    path = tmp_path / name
+    path.write_bytes(damage(name, how, write_jsonl(tmp_path / "twin", records(300)).read_bytes()))
+    said = rf"{name}: damaged or truncated (gzip|xz|bzip2|zstd) file \(an interrupted download\? fetch it again\)"
+    cfg = DataConfig(source=str(path))
+    listed = sources.list_source(cfg)
+    with pytest.raises(ConfigError, match=said):  # planning reads a compressed file's start for its size
+        build.plan(cfg, listed)
+    with pytest.raises(ConfigError, match=said):  # a worker reads it all
+        [d for p in sources.plan_pieces(listed, cfg, 1.0) for d in readers.read_piece(p, "text", lambda _: True)]
+    # The launch screen's budget says it as the source's problem rather than raise it.
+    [part] = budget.parts(tiny_config(f"data.source=\"{path}\""))
+    assert part.budget.epochs is None and re.search(said, part.problem)
+
+
+def test_a_truncated_parquet_file_is_named_when_the_build_is_planned(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lmcockpit.core.data import budget, build
+
+    from .conftest import tiny_config
+
+    whole = tmp_path / "whole.parquet"
+    pq.write_table(pa.table({"text": records(300)}), whole, row_group_size=100)
+    path = tmp_path / "train-00000.parquet"
+    path.write_bytes(whole.read_bytes()[:whole.stat().st_size * 2 // 3])
+    said = r"train-00000.parquet: not a readable Parquet file, damaged or truncated \(an interrupted download\?"
+    cfg = DataConfig(source=str(path))
+    with pytest.raises(ConfigError, match=said):
+        build.plan(cfg, sources.list_source(cfg))
+    [part] = budget.parts(tiny_config(f"data.source=\"{path}\""))
+    assert re.search(said, part.problem)
+
+
+@pytest.mark.parametrize("name", ["a.jsonl", "a.jsonl.zst"])
+def test_json_lines_cut_inside_a_record_say_the_file_looks_truncated(tmp_path, name):
+    """A .zst cut short says nothing itself: its decoder stops at its last whole block."""
+    raw = write_jsonl(tmp_path / "twin", records(3000)).read_bytes()
+    packed = compressed(name, raw) if name.endswith(".zst") else raw
+    (tmp_path / name).write_bytes(packed[:len(packed) // 2])
+    with pytest.raises(ConfigError, match=rf"{name}:\d+: not valid JSON \(.*\), and the file ends inside it: "
+                                          r"truncated\? \(an interrupted download"):
+        texts_of(tmp_path / name)
+
+
+def test_a_damaged_file_stops_a_build_with_its_name_not_a_traceback(tmp_path):
+    from lmcockpit.core.data.prepare import prepare
+
+    from .conftest import tiny_config
+
+    write_jsonl(tmp_path / "fine.jsonl", records(100))
+    (tmp_path / "part.jsonl.gz").write_bytes(damage("x.gz", "truncated", (tmp_path / "fine.jsonl").read_bytes()))
+    cfg = tiny_config(f"data.source=\"{tmp_path}\"", f"data.cache_dir=\"{tmp_path / 'cache'}\"")
+    with pytest.raises(ConfigError, match=r"part.jsonl.gz: damaged or truncated gzip file"):
+        prepare(cfg, lambda line: None, lambda *a: None)

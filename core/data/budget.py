@@ -204,7 +204,10 @@ def _held(cfg: Config) -> list[_Held]:
         elif cache is not None:
             out.append(_Held(read_meta(cache)["train_tokens"], True, cache.name))
         else:
-            out.append(_Held(_estimated_tokens(part, source), False))
+            try:
+                out.append(_Held(_estimated_tokens(part, source), False))
+            except ConfigError as e:  # a damaged file, a missing column: said, as a missing source is
+                out.append(_Held(None, False, problem=str(e)))
     return out
 
 

@@ -4,7 +4,8 @@ Each document has an id that is stable across machines, worker counts and runs (
 `max_bytes` selection hash it): a whole text file's id is its path in the source; a text cut at
 line boundaries is `path@offset`; a JSON line is `path@offset` of its first byte (in the
 decompressed stream for a compressed file); a Parquet or Arrow row is `path#row`. A record that
-cannot be read is a ConfigError naming the file, the line or row group, and what was expected.
+cannot be read is a ConfigError naming the file, the line or row group, and what was expected; so
+is a damaged or truncated file (an interrupted download), wherever it is first read.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import gzip
 import io
 import json
 import lzma
+import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -54,6 +57,21 @@ def open_binary(raw: BinaryIO | Path, compression: str) -> BinaryIO:
     return open(raw, "rb") if isinstance(raw, Path) else raw
 
 
+@contextmanager
+def damaged_as_config_error(f: SourceFile):
+    """A decompressor's complaint about `f` as a ConfigError that names it: a traceback of EOFError
+    or BadGzipFile says neither which file nor that downloading it again is the cure."""
+    import zstandard
+
+    try:
+        yield
+    except (EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError, OSError) as e:
+        if isinstance(e, OSError) and e.errno is not None:  # the disk's or the system's, not the file's
+            raise
+        raise ConfigError(f"{f.path}: damaged or truncated {f.compression + ' ' if f.compression else ''}file "
+                          f"(an interrupted download? fetch it again): {e}") from None
+
+
 def text_bytes(f: SourceFile, text_field: str) -> int:
     """About how many bytes of text `f` holds: its size; a compressed file's size times the
     ratio of its first ESTIMATE_OUTPUT bytes of text; a Parquet file's text column, uncompressed."""
@@ -61,7 +79,7 @@ def text_bytes(f: SourceFile, text_field: str) -> int:
         return sum(parquet_row_group_bytes(f, text_field))
     if not f.compression:
         return f.size
-    with open(f.path, "rb") as raw:
+    with open(f.path, "rb") as raw, damaged_as_config_error(f):
         counted = _Counting(raw)
         with open_binary(counted, f.compression) as stream:
             out = len(stream.read(ESTIMATE_OUTPUT)) if f.size else 0
@@ -100,7 +118,7 @@ def read_piece(piece: Piece, text_field: str, wanted: Wanted) -> Iterator[Docume
 
 def _lines(f: SourceFile, start: int, end: int) -> Iterator[tuple[int, bytes]]:
     """(offset, line) for each line whose first byte lies in [start, end); end -1: to the end."""
-    with open_binary(f.path, f.compression) as fh:
+    with damaged_as_config_error(f), open_binary(f.path, f.compression) as fh:
         offset = 0
         if start > 0:
             fh.seek(start - 1)
@@ -138,7 +156,11 @@ def _jsonl(f: SourceFile, start: int, end: int, field: str, wanted: Wanted) -> I
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ConfigError(f"{f.path}:{_line_number(f, offset)}: not valid JSON ({e.msg})") from None
+            # A line with no end is the file's last: a download cut short, or a .zst cut short (its
+            # decoder stops at the last whole block and says nothing).
+            cut = "" if line.endswith(b"\n") else (", and the file ends inside it: truncated? (an interrupted "
+                                                   "download: fetch it again)")
+            raise ConfigError(f"{f.path}:{_line_number(f, offset)}: not valid JSON ({e.msg}){cut}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{f.path}:{_line_number(f, offset)}: not UTF-8 text") from None
         text = record.get(field) if isinstance(record, dict) else None
@@ -153,7 +175,7 @@ def _jsonl(f: SourceFile, start: int, end: int, field: str, wanted: Wanted) -> I
 def _line_number(f: SourceFile, offset: int) -> int:
     """The 1-based line at `offset`: counted only when an error needs it."""
     n = 1
-    with open_binary(f.path, f.compression) as fh:
+    with damaged_as_config_error(f), open_binary(f.path, f.compression) as fh:
         while offset > 0:
             block = fh.read(min(offset, 1 << 20))
             if not block:

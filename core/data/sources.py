@@ -176,9 +176,17 @@ def list_source(cfg: DataConfig, budget_tokens: int = 0, fetch: bool = True) -> 
 # ---------------------------------------------------------------------------------- estimates
 def parquet_row_group_bytes(f: SourceFile, text_field: str, meta=None) -> list[int]:
     """The text column's uncompressed bytes in each row group; `meta`: the file's footer, if read."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    meta = meta if meta is not None else pq.ParquetFile(f.path).metadata
+    if meta is None:
+        try:
+            meta = pq.ParquetFile(f.path).metadata
+        except (pa.ArrowException, OSError) as e:  # the footer is the file's last bytes: the first lost
+            if isinstance(e, OSError) and e.errno is not None:  # the disk's or the system's, not the file's
+                raise
+            raise ConfigError(f"{f.path}: not a readable Parquet file, damaged or truncated (an interrupted "
+                              f"download? fetch it again): {e}") from None
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
     if text_field not in names:
         raise ConfigError(f"{f.path}: no column {text_field!r} (data.text_field); it has {', '.join(names)}")
