@@ -186,3 +186,17 @@ def test_a_damaged_file_stops_a_build_with_its_name_not_a_traceback(tmp_path):
     cfg = tiny_config(f"data.source=\"{tmp_path}\"", f"data.cache_dir=\"{tmp_path / 'cache'}\"")
     with pytest.raises(ConfigError, match=r"part.jsonl.gz: damaged or truncated gzip file"):
         prepare(cfg, lambda line: None, lambda *a: None)
+
+
+# ----------------------------------------------------------------------------------- odd bytes
+def test_raw_surrogate_bytes_in_a_json_line_are_mended_like_escaped_ones(tmp_path):
+    """CESU-8 / WTF-8 writes a surrogate as three bytes (ED A0..BF xx): json.loads takes them in,
+    and the str they make has no UTF-8."""
+    lone, pair = "\ud800".encode("utf-8", "surrogatepass"), "\ud83d\ude00".encode("utf-16-be", "surrogatepass")
+    cesu_pair = b"".join(chr(int.from_bytes(pair[i:i + 2], "big")).encode("utf-8", "surrogatepass") for i in (0, 2))
+    assert lone == b"\xed\xa0\x80" and cesu_pair == b"\xed\xa0\xbd\xed\xb8\x80"
+    (tmp_path / "s.jsonl").write_bytes(b'{"text": "a ' + lone + b' b"}\n{"text": "smile ' + cesu_pair + b'"}\n'
+                                       + '{"text": "한국어 \\ud83d\\ude00"}\n'.encode())
+    texts = texts_of(tmp_path / "s.jsonl")
+    assert texts == ["a \ufffd b", "smile \U0001F600", "한국어 \U0001F600"]
+    assert all(t.encode() for t in texts)

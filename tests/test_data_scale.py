@@ -121,11 +121,14 @@ def test_a_parquet_file_without_the_text_column_names_its_columns(tmp_path):
         documents(tmp_path / "x.parquet")
 
 
-def test_a_lone_surrogate_in_a_json_line_is_replaced_not_fatal(tmp_path):
+@pytest.mark.parametrize("surrogate", [rb"\ud800", b"\xed\xa0\x80"])  # escaped; raw bytes (CESU-8, WTF-8)
+def test_a_lone_surrogate_in_a_json_line_is_replaced_not_fatal(tmp_path, surrogate):
     texts = records(300)
     source = tmp_path / "s.jsonl"
-    # "\\ud800" is valid JSON that decodes to a lone surrogate: no UTF-8, and tokenizers refuses it.
-    source.write_text("".join(json.dumps({"text": t}).replace('"}', ' \\ud800 tail"}') + "\n" for t in texts))
+    # Either decodes to a lone surrogate (json.loads reads bytes with "surrogatepass"): no UTF-8, so
+    # tokenizers refuses it and encoding its size raises, in a worker, ending the build.
+    source.write_bytes(b"".join(json.dumps({"text": t}).encode().replace(b'"}', b" " + surrogate + b' tail"}') + b"\n"
+                                for t in texts))
     cfg = tiny_config(f"data.source=\"{source}\"", f"data.cache_dir=\"{tmp_path / 'cache'}\"", "data.max_bytes=0",
                       "tokenizer.vocab_size=300", "tokenizer.train_bytes=50_000")
     data = prepare(cfg, lambda line: None, lambda *a: None)

@@ -15,6 +15,7 @@ import gzip
 import io
 import json
 import lzma
+import re
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ WHOLE_TEXT_BYTES = 2 * CHUNK_BYTES  # a text file up to this size is one documen
 BATCH_ROWS = 4096
 BATCH_TEXT_BYTES = 1 << 20  # text a Parquet record batch holds, about
 ESTIMATE_OUTPUT = 8 << 20  # decompressed bytes read to estimate a compressed file's text size
+# A surrogate in a JSON line, escaped ("\\ud800") or as raw bytes (CESU-8, WTF-8: json.loads reads
+# bytes with "surrogatepass"): either decodes to a str that has no UTF-8.
+SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]|\xed[\xa0-\xbf]")
 
 
 @dataclass(frozen=True)
@@ -167,7 +171,7 @@ def _jsonl(f: SourceFile, start: int, end: int, field: str, wanted: Wanted) -> I
         if not isinstance(text, str):
             raise ConfigError(f"{f.path}:{_line_number(f, offset)}: expected an object with a string field "
                               f"{field!r} (data.text_field)")
-        if b"\\ud" in line or b"\\uD" in line:  # an escaped surrogate: a lone one has no UTF-8, no tokens
+        if SURROGATE.search(line):  # a lone one has no UTF-8, no tokens: replaced; a pair joined
             text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         yield Document(doc_id, text)
 
