@@ -6,11 +6,15 @@ wait for, with deadlines."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
-from .conftest import TINY, as_flags
+import pytest
+
+from .conftest import NO_GPU, TINY, as_flags, cli
 
 
 def cli_popen(*args: str, **kwargs) -> subprocess.Popen:
@@ -47,3 +51,36 @@ def test_a_run_started_with_hang_ups_ignored_trains_on_through_one(tmp_path):
     assert proc.returncode == 130, err
     assert "SIGHUP" not in rest + err + (out / "train.log").read_text()
     assert "SIGTERM: finishing this step" in rest
+
+
+# ------------------------------------------------------------- runs refused at their start
+def damage_weights(ckpt: Path) -> None:
+    (ckpt / "train_state" / "__0_0.distcp").write_bytes(b"\x00" * 64)
+
+
+@pytest.mark.parametrize("damage, flags, message", [
+    (None, ["--gpu", "0"], "no usable CUDA GPU"),  # refused before the data is prepared
+    (damage_weights, [], "does not fit this model or is damaged"),  # after: the tokenizer was copied
+])
+def test_a_checkpoint_continued_into_a_new_folder_and_refused_leaves_no_folder(trained_run, tmp_path, damage,
+                                                                              flags, message):
+    """The folder --out made for the continuation is removed, so the corrected command can have it."""
+    run, _ = trained_run
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(run / "checkpoints" / "step_000006", ckpt)
+    if damage:
+        damage(ckpt)
+    out = tmp_path / "rb"
+    proc = cli("--run", "--resume", str(ckpt), "--out", str(out), *flags, env=NO_GPU)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stdout + proc.stderr
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
+def test_a_run_resumed_in_place_and_refused_is_left_as_it_was(trained_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run[0], run)
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    proc = cli("--run", "--resume", str(run), "--set", "training.max_steps=14", "--gpu", "0", env=NO_GPU)
+    assert proc.returncode == 2 and "no usable CUDA GPU" in proc.stderr, proc.stderr
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before

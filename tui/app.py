@@ -139,7 +139,7 @@ class CockpitApp(App):
         except ConfigError as e:
             self.notify(str(e), severity="error")
             return
-        self.start_run(RunPlan(plan.cfg, plan.run_dir, plan.checkpoint, Path(run).name))
+        self.start_run(RunPlan(plan.cfg, plan.run_dir, plan.checkpoint, Path(run).name, in_place=plan.in_place))
 
     def on_unmount(self) -> None:
         """However the app ends, the runs go on (their hosts serve them): it only lets go of them."""

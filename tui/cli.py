@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from lmcockpit import __version__
 from lmcockpit.core.config import ConfigError, load_config, shipped_presets
 from lmcockpit.core.process import live
 from lmcockpit.core.process.rendezvous import Rendezvous
-from lmcockpit.core.run.folder import CONFIG, LOCK, METRICS, TRAIN_LOG, create_run_dir
+from lmcockpit.core.run.folder import CONFIG, LOCK, METRICS, TOKENIZER, TRAIN_LOG, create_run_dir
 from lmcockpit.core.run.resume import plan_resume
 from lmcockpit.tui import completers
 from lmcockpit.tui.commands import COMMANDS, GROUPS, nearest, similarity
@@ -117,6 +118,7 @@ def plan_run(args: argparse.Namespace, preset: str | None) -> RunPlan:
                              "(change the step budget or cadence with --set)")
         plan = plan_resume(args.resume, overrides_of(args), args.out)
         cfg, run_dir, resume_from, title = plan.cfg, plan.run_dir, plan.checkpoint, plan.run_dir.name
+        in_place = plan.in_place
     else:
         if not preset:
             raise UsageError("--run needs a preset (a TOML path or a shipped name such as `cpu`)")
@@ -125,7 +127,8 @@ def plan_run(args: argparse.Namespace, preset: str | None) -> RunPlan:
         if rendezvous is not None:  # before a run folder exists for a run that cannot start
             rendezvous.check(cfg)
         run_dir, resume_from, title = create_run_dir(cfg, Path(path).stem, args.out), None, Path(path).stem
-    return RunPlan(cfg, run_dir, resume_from, title, rendezvous_of(args))
+        in_place = False
+    return RunPlan(cfg, run_dir, resume_from, title, rendezvous_of(args), in_place)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -136,19 +139,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     live.forget(plan.run_dir)  # a run whose host died, resumed here: no longer listed as dead
     engine = EngineProcess(plan.cfg, plan.run_dir, plan.resume_from, plan.rendezvous)
     code = Headless(engine, plan.cfg.training.log_every).run()
-    if code == 2 and plan.resume_from is None and plan.cfg.distributed.nnodes == 1:
-        discard_unstarted_run(plan.run_dir)
+    if code == 2:
+        discard_unstarted_run(plan)
     return code
 
 
-def discard_unstarted_run(run_dir: Path) -> None:
-    """A new run that the engine refused (a GPU that is not there, data it cannot read) holds only
+def discard_unstarted_run(plan: RunPlan) -> None:
+    """A run folder made for a run that the engine refused (a GPU that is not there, data it cannot
+    read, a checkpoint that does not fit), a new run's or a checkpoint's continuation's, holds only
     the attempt's own files: left behind, they would block the same --out next time and list a
-    failed run among the recent ones. A run with anything more is left as it is."""
-    ours = {CONFIG, METRICS, TRAIN_LOG, LOCK}
+    failed run among the recent ones. A run folder resumed in place was there before, and one
+    that several machines share is not this machine's to remove; a folder with anything more
+    than the attempt's files is left as it is."""
+    run_dir = plan.run_dir
+    if plan.in_place or plan.cfg.distributed.nnodes > 1:
+        return
+    # the tokenizer is a copy of the token cache's, made before the checkpoint is loaded
+    ours = {CONFIG, METRICS, TRAIN_LOG, LOCK, TOKENIZER}
     if not run_dir.is_dir() or any(p.name not in ours for p in run_dir.iterdir()):
         return
-    for name in ours:
+    shutil.rmtree(run_dir / TOKENIZER, ignore_errors=True)
+    for name in ours - {TOKENIZER}:
         (run_dir / name).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         run_dir.rmdir()

@@ -16,3 +16,4 @@ class RunPlan:
     resume_from: Path | None
     title: str
     rendezvous: Rendezvous | None = None  # torchrun's settings; None: decided by the config
+    in_place: bool = False  # an existing run folder resumed in place; else a folder made for this run
