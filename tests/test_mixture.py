@@ -119,3 +119,22 @@ def test_bad_mixtures_are_named(override, message):
         tiny_config(override)
     with pytest.raises(ConfigError, match="with \\[\\[data.sources\\]\\] each part names its own"):
         tiny_config('data.sources=[{source="a"}]', 'data.source="b"')
+
+
+def test_a_mixture_s_bpe_learns_from_all_of_each_part_when_train_bytes_is_0(tmp_path):
+    """tokenizer.train_bytes = 0 means all of the text, for a mixture's parts as for a single source
+    (it was a budget of one byte a part: a BPE of no merges, logged as a full vocabulary)."""
+    from lmcockpit.core.data import build, sources
+    from lmcockpit.core.data.prepare import mixture_tokenizer
+
+    cfg = mixture(tmp_path, "tokenizer.train_bytes=0")
+    parts = cfg.data_parts()
+    listed = [sources.list_source(part.data) for part in parts]
+    logs, said = [], []
+    path = mixture_tokenizer(cfg, parts, listed, logs.append, lambda *a: said.append(a))
+    every_byte = sum(int(build.plan(part.data, s).kept_bytes) for part, s in zip(parts, listed))
+    assert said[0] == ("training tokenizer", 0, every_byte, "bytes")
+    tok = Tokenizer.from_file(str(path))
+    assert len(tok.encode("apple zebra").ids) == 2  # each part's word learned whole
+    [line] = [line for line in logs if "trained the mixture's byte-level BPE" in line]
+    assert f"BPE of {tok.get_vocab_size()} tokens on {every_byte / 1e6:.1f} MB from 2 sources" in line

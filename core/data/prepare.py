@@ -25,6 +25,7 @@ from .build import Build, ProgressFn, plan, train_bpe_folder
 from .children import in_child
 from .cache import TokenData, TokenStream, open_cache
 from .store import BUILD_PREFIX, cache_key, cache_root, find_cache, lock_path, mixture_tokenizer_key, read_meta
+from .tokenizer import load_tokenizer
 
 # What a given tokenizer is, said when a cache is tokenised with it ({file}: its tokenizer.json).
 RUN_OWN = ("the run's own tokenizer ({file}): no token cache for this data was made with it (the source changed "
@@ -101,14 +102,17 @@ def mixture_tokenizer(cfg: Config, parts: list[Config], listed: list[sources.Sou
             if not (folder / "tokenizer.json").is_file():
                 t0, total = time.time(), sum(part.weight for part in cfg.data.sources)
                 planned = [plan(part.data, s) for part, s in zip(parts, listed)]
-                budgets = [max(1, int(cfg.tokenizer.train_bytes * part.weight / total)) for part in cfg.data.sources]
-                samples = [(part.data, p, min(b, int(p.kept_bytes))) for part, p, b in zip(parts, planned, budgets)]
+                train_bytes = cfg.tokenizer.train_bytes  # 0: all of each part, as of a single source (build.py)
+                budgets = [int(train_bytes * part.weight / total) if train_bytes else int(p.kept_bytes)
+                           for part, p in zip(cfg.data.sources, planned)]
+                samples = [(part.data, p, max(1, min(b, int(p.kept_bytes))))
+                           for part, p, b in zip(parts, planned, budgets)]
                 budget = sum(b for _, _, b in samples)
                 progress("training tokenizer", 0, budget, "bytes")
                 in_child(train_bpe_folder, cfg, samples, folder)
                 progress("training tokenizer", budget, budget, "bytes")
-                log(f"data: trained the mixture's byte-level BPE of {cfg.tokenizer.vocab_size} tokens on "
-                    f"{budget / 1e6:.1f} MB from {len(parts)} sources in {time.time() - t0:.1f}s")
+                log(f"data: trained the mixture's byte-level BPE of {load_tokenizer('bpe', folder).get_vocab_size()} "
+                    f"tokens on {budget / 1e6:.1f} MB from {len(parts)} sources in {time.time() - t0:.1f}s")
     return folder / "tokenizer.json"
 
 
