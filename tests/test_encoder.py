@@ -119,3 +119,22 @@ def offset(texts: list[str], text: str) -> int:
             return at
         at += len((json.dumps({"text": t, "id": i}) + "\n").encode())
     raise ValueError(text)
+
+
+def test_a_bpe_with_added_tokens_that_are_not_special_is_encoded_by_tokenizers(trained, tmp_path):
+    """CodeGen and phi-2 add runs of spaces as tokens that are not special: tokenizers finds them
+    in the text before the BPE runs, tiktoken (which took every added token for a special one)
+    would split those spaces by its merges instead."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(trained / "tokenizer.json"))
+    tok.add_tokens(["    ", "\t\t"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    spec = json.loads((tmp_path / "tokenizer.json").read_text())
+    assert encoder.tiktoken_shape(spec) == "it has added tokens that are not special"
+    enc = encoder.Encoder(str(tmp_path / "tokenizer.json"), eos=0)
+    assert enc.name == "tokenizers"
+    texts = TEXTS + ["def f():\n    return 1\n", "x\t\ty    z"] + varied_texts(100)
+    expected = [i for ids in enc.reference_ids(texts) for i in (*ids, 0)]
+    assert enc.encode(texts).tolist() == expected
+    assert tok.token_to_id("    ") in expected  # the added token is used

@@ -5,8 +5,9 @@ The BPE is trained and saved with `tokenizers` (sampling, chat and export read t
 byte-level BPE encodes a corpus 3.6× faster on one core in tiktoken (bench/RESULTS.md), as nanochat
 encodes with its own BPE. The two agree by construction when the BPE has tiktoken's shape: GPT-2's
 split pattern (ByteLevel's regex), no normaliser, one merge per token, and merges ranked in the
-order of their tokens' ids (what `tokenizers`' BpeTrainer writes). Then ranks are ids. Anything
-else (a SentencePiece vocabulary, another pre-tokenizer, a normaliser) is encoded by `tokenizers`.
+order of their tokens' ids (what `tokenizers`' BpeTrainer writes), and added tokens only special
+ones (a corpus's are text). Then ranks are ids. Anything else (a SentencePiece vocabulary, another
+pre-tokenizer, a normaliser, an added token that is not special) is encoded by `tokenizers`.
 
 Agreement by construction is still checked on real text: build.py compares a share of every
 piece's documents, and a piece where the two differ is encoded again by `tokenizers` alone.
@@ -55,6 +56,10 @@ def tiktoken_shape(spec: dict) -> str | None:
         return "it has a normaliser"
     if pre.get("type") != "ByteLevel" or pre.get("add_prefix_space") or not pre.get("use_regex", True):
         return "its pre-tokenizer is not GPT-2's byte-level split"
+    # tokenizers finds an added token that is not special in the text before the BPE (CodeGen's and
+    # phi-2's runs of spaces); tiktoken's encode_ordinary never would.
+    if any(not t.get("special", False) for t in spec.get("added_tokens") or []):
+        return "it has added tokens that are not special"
     vocab, last = model.get("vocab") or {}, -1
     made: set[str] = set()
     for merge in model.get("merges") or []:
