@@ -9,6 +9,7 @@ import io
 import pickle
 import re
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -200,3 +201,74 @@ def test_raw_surrogate_bytes_in_a_json_line_are_mended_like_escaped_ones(tmp_pat
     texts = texts_of(tmp_path / "s.jsonl")
     assert texts == ["a \ufffd b", "smile \U0001F600", "한국어 \U0001F600"]
     assert all(t.encode() for t in texts)
+
+
+# ------------------------------------------------------------------------------- dying workers
+def worker_build(tmp_path: Path, lines: list[str]):
+    """A build of `lines` (JSON lines) by two workers in pieces of 30 kB, with a BPE given rather
+    than trained (the tests here are about the workers)."""
+    from lmcockpit.core.config import TokenizerConfig
+    from lmcockpit.core.data import tokenizer
+
+    from .conftest import tiny_config
+
+    source = tmp_path / "c.jsonl"
+    source.write_text("".join(line + "\n" for line in lines))
+    bpe = tmp_path / "bpe"
+    if not bpe.is_dir():
+        tokenizer.save_hf_tokenizer(tokenizer.train_bpe(records(100), TokenizerConfig(vocab_size=300)), bpe,
+                                    tokenizer.EOS)
+    return tiny_config(f"data.source=\"{source}\"", f"data.cache_dir=\"{tmp_path / 'cache'}\"", "data.max_bytes=0",
+                       f"tokenizer.kind=\"{bpe}\"", "tokenizer.vocab_size=300", "data.shard_bytes=30_000",
+                       "data.workers=2")
+
+
+def test_a_worker_killed_mid_build_stops_it_naming_its_piece_and_preparing_again_resumes(tmp_path):
+    """The OOM killer's SIGKILL on one tokenizing worker, from outside, as it comes: the build stops
+    at once naming the piece and the cause (a Pool put a new worker in its place and waited for
+    ever for that piece, the bar frozen), and what was finished serves the next build."""
+    import json
+    import time
+
+    import psutil
+
+    from lmcockpit.core.data import tokenizer
+    from lmcockpit.core.data.prepare import prepare
+
+    texts = records(1200)
+    cfg = worker_build(tmp_path, [json.dumps({"text": t}) for t in texts])
+    killed: list[float] = []
+
+    def progress(stage, done, total, unit):
+        if stage != "tokenizing" or not (pieces := list(tmp_path.glob("cache/.build-*/pieces/*.json"))):
+            return
+        if not killed:  # a piece is finished, and each worker is on another of the 13
+            workers = [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
+            assert len(workers) == 2 and len(pieces) < 10
+            workers[0].kill()
+            killed.append(time.monotonic())
+        assert time.monotonic() - killed[0] < 30, "the build went on waiting for the dead worker's piece"
+
+    with pytest.raises(ConfigError, match=r"^data: a tokenizing process died \(exit code -9: killed, out of "
+                                          r"memory\?\) on piece \d+ \(c\.jsonl, bytes \d+-\d+\); the pieces "
+                                          r"finished are kept, and preparing again goes on from them"):
+        prepare(cfg, lambda line: None, progress)
+    assert killed
+    logs: list[str] = []
+    data = prepare(cfg, logs.append, lambda *a: None)
+    assert any(line.startswith("data: resuming an interrupted preparation: ") for line in logs), logs
+    tok = tokenizer.load_tokenizer("bpe", data.dir / "tokenizer")
+    assert tok.decode(np.asarray(data.train[0:len(data.train)]).tolist()).count("record ") + \
+        tok.decode(np.asarray(data.val[0:len(data.val)]).tolist()).count("record ") == len(texts)
+
+
+def test_an_error_in_a_worker_is_raised_by_the_build(tmp_path):
+    import json
+
+    from lmcockpit.core.data.prepare import prepare
+
+    lines = [json.dumps({"text": t}) for t in records(1200)]
+    lines[700] = "not json"
+    with pytest.raises(ConfigError, match=r"c\.jsonl:701: not valid JSON") as raised:
+        prepare(worker_build(tmp_path, lines), lambda line: None, lambda *a: None)
+    assert any("Traceback" in note and "_jsonl" in note for note in raised.value.__notes__)  # the worker's

@@ -158,6 +158,18 @@ def _pool_piece(job: PieceJob) -> dict:
     return build_piece(job, _count)
 
 
+def piece_name(piece: sources.Piece) -> str:
+    """A piece as an error names it: its number and where its text is."""
+    f = piece.files[0]
+    if piece.row_group >= 0:
+        where = f"{f.rel}, row group {piece.row_group}"
+    elif piece.end >= 0:
+        where = f"{f.rel}, bytes {piece.start}-{piece.end}"
+    else:
+        where = f.rel + (f" and {len(piece.files) - 1} more files" if len(piece.files) > 1 else "")
+    return f"piece {piece.index} ({where})"
+
+
 # --------------------------------------------------------------------------------- the plan
 @dataclass(frozen=True)
 class Plan:
@@ -321,17 +333,15 @@ class Build:
                     self.progress("tokenizing", finished, total, "bytes")
                 done[job.piece.index] = build_piece(job, tick)
         else:
-            ctx = mp.get_context("spawn")
-            tokenised = ctx.Value("q", 0)
-            with children.pool(workers, _worker_init, tokenised) as pool:
-                results, waiting = pool.imap_unordered(_pool_piece, jobs), len(jobs)
-                while waiting:
-                    try:  # a piece takes seconds: the bar moves with every batch a worker encodes
-                        summary = results.next(timeout=0.5)
-                        done[summary["piece"]], waiting = summary, waiting - 1
-                    except mp.TimeoutError:
-                        pass
-                    self.progress("tokenizing", finished + tokenised.value, total, "bytes")
+            tokenised = mp.get_context("spawn").Value("q", 0)
+
+            def piece_done(summary: dict) -> None:
+                done[summary["piece"]] = summary
+
+            # A piece takes seconds: the bar moves with every batch a worker encodes.
+            children.each_in_workers(_pool_piece, jobs, workers, _worker_init, (tokenised,), piece_done,
+                                     lambda: self.progress("tokenizing", finished + tokenised.value, total, "bytes"),
+                                     lambda job: piece_name(job.piece))
             finished += tokenised.value
         # The total was an estimate (a JSON line's syntax, a compressed file's ratio): done is done.
         self.progress("tokenizing", finished, finished, "bytes")

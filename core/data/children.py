@@ -1,5 +1,9 @@
 """The processes a cache build starts: the tokenizing workers and the BPE's own process.
 
+* Workers are processes of their own, each handed a piece at a time over its own pipe, rather
+  than a multiprocessing Pool: a Pool replaces a worker that dies and waits for ever for its
+  piece, where here the build stops and names it (each_in_workers).
+
 * How many workers: one per core, as many as keep the build's whole process tree under
   TREE_BYTES (the issue's bound, whatever the corpus), from the per-worker peaks measured.
 * Each is born with SIGINT blocked and ignores it: Ctrl-C reaches the whole process group, and the
@@ -16,10 +20,11 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing as mp
-from multiprocessing import resource_tracker
+from multiprocessing import connection, resource_tracker
 import os
 import signal
 import threading
+import traceback
 from contextlib import contextmanager
 from typing import Callable
 
@@ -35,6 +40,7 @@ WORKER_BYTES = 90_000_000
 COLUMNAR_WORKER_BYTES = 170_000_000
 MAIN_BYTES = 110_000_000
 TREE_BYTES = 1_500_000_000
+TICK_S = 0.5  # how often a build's progress is said while its workers tokenise
 
 
 def default_workers(source: Source, log: Callable[[str], None] = lambda line: None) -> int:
@@ -48,10 +54,92 @@ def default_workers(source: Source, log: Callable[[str], None] = lambda line: No
     return min(cores, fit)
 
 
-def pool(workers: int, initializer, *initargs):
-    """A spawn Pool of `workers`, born deaf to Ctrl-C; its initializer calls quiet_child()."""
-    with _deaf_children():
-        return mp.get_context("spawn").Pool(workers, initializer=initializer, initargs=initargs)
+def each_in_workers(fn, jobs: list, workers: int, initializer, initargs: tuple, done: Callable[[object], None],
+                    tick: Callable[[], None], what: Callable[[object], str]) -> None:
+    """`fn(job)` for every job in `workers` spawned processes, born deaf to Ctrl-C (`initializer`
+    calls quiet_child()), a job at a time each: `done(result)` as each job ends, in any order, and
+    `tick()` about every TICK_S meanwhile. A job's error is raised here, its worker's traceback as a
+    note. A worker that dies (the OOM killer's SIGKILL, a crash in pyarrow) is a ConfigError naming
+    the job it was on (`what(job)`), and the others are killed: a Pool started another in its place
+    and waited for ever for the answer. On any error or Ctrl-C, every worker is killed at once."""
+    ctx = mp.get_context("spawn")
+    procs, conns = [], []
+    todo, held = list(reversed(jobs)), {}  # held: a worker's index → the job it is on
+
+    def died(i: int) -> ConfigError:
+        procs[i].join()
+        on = f"on {what(held[i])}" if i in held else "between pieces"
+        return ConfigError(f"data: a tokenizing process died ({_how(procs[i].exitcode)}) {on}; the pieces "
+                           "finished are kept, and preparing again goes on from them"
+                           + (" (fewer data.workers need less memory)" if procs[i].exitcode == -signal.SIGKILL
+                              else ""))
+
+    def hand(i: int) -> None:
+        if todo:
+            held[i] = todo.pop()
+            try:
+                conns[i].send(held[i])
+            except OSError:  # its end of the pipe closed: it is dead
+                raise died(i) from None
+
+    try:
+        with _deaf_children():
+            for _ in range(workers):
+                mine, theirs = ctx.Pipe()
+                procs.append(ctx.Process(target=_work, args=(theirs, fn, initializer, initargs), daemon=True))
+                procs[-1].start()
+                theirs.close()
+                conns.append(mine)
+        for i in range(workers):
+            hand(i)
+        while held:
+            # A dead worker's end of its pipe is closed by the system: its pipe reads as ready, then EOF.
+            ready = connection.wait(conns, TICK_S)
+            for i, conn in enumerate(conns):
+                if conn not in ready:
+                    continue
+                try:
+                    ok, value, trace = conn.recv()
+                except (EOFError, OSError):
+                    raise died(i) from None
+                if not ok:
+                    value.add_note(trace)
+                    raise value
+                del held[i]
+                done(value)
+                hand(i)
+            tick()
+    finally:
+        for proc in procs:
+            if proc.pid is not None:
+                proc.kill()
+                proc.join()
+
+
+def _how(exitcode: int | None) -> str:
+    if exitcode == -signal.SIGKILL:
+        return f"exit code {exitcode}: killed, out of memory?"
+    if exitcode is not None and exitcode < 0 and -exitcode in signal.valid_signals():
+        return f"exit code {exitcode}: {signal.Signals(-exitcode).name}"
+    return f"exit code {exitcode}"
+
+
+def _work(conn, fn, initializer, initargs) -> None:
+    """A worker: jobs from `conn`, one at a time, each answered (ok, result or error, traceback)."""
+    initializer(*initargs)
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:  # the build is gone (it kills its workers when done)
+            return
+        try:
+            answer = (True, fn(job), "")
+        except Exception as e:
+            answer = (False, e, traceback.format_exc())
+        try:
+            conn.send(answer)
+        except Exception as e:  # an error that does not pickle: said as text
+            conn.send((False, RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}"), answer[2] or str(e)))
 
 
 def in_child(fn, *args):
