@@ -8,11 +8,15 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from lmcockpit.core.process import host, live
+from lmcockpit.core.process.viewer import RunViewer
 
 from .conftest import NO_GPU, TINY, as_flags, cli
 
@@ -84,3 +88,26 @@ def test_a_run_resumed_in_place_and_refused_is_left_as_it_was(trained_run, tmp_p
     proc = cli("--run", "--resume", str(run), "--set", "training.max_steps=14", "--gpu", "0", env=NO_GPU)
     assert proc.returncode == 2 and "no usable CUDA GPU" in proc.stderr, proc.stderr
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
+# ---------------------------------------------------------------------------------- attach
+def serve(run: Path) -> host.RunServer:
+    """A run host's server on `run`, with the live.json that points viewers to it: the host's
+    socket and handshake for real, without an engine behind them."""
+    (run / "train.log").touch()
+    server = host.RunServer(run, on_command=lambda c: None, log=lambda text: None)
+    live.LiveRecord(str(run.resolve()), os.getpid(), socket.gethostname(), str(server.path)).write()
+    return server
+
+
+def test_attaching_again_right_after_detaching_finds_the_handshake_whole(tmp_path):
+    """`lmcockpit attach` checks the run with one connection, closes it and opens the cockpit's:
+    the first one's receiving thread, still reading the catch-up's history, must not take the
+    second one's handshake."""
+    (tmp_path / "train.log").write_text("a log line of a long run\n" * 20000)  # a catch-up that takes a while
+    server = serve(tmp_path)
+    try:
+        for _ in range(30):
+            RunViewer(tmp_path).close()
+    finally:
+        server.close(grace=1)

@@ -13,7 +13,9 @@ sends the step's event, so every step is in the file or still to come, and none 
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
+import socket
 import subprocess
 import threading
 import time
@@ -88,12 +90,14 @@ class RunViewer:
         while True:
             try:
                 event = self.conn.recv()
-            except (EOFError, OSError, TypeError):  # TypeError: closed by `close` under our feet
+            except (EOFError, OSError):  # the host is gone, or `close` shut the connection down
                 break
             if isinstance(event, P.Catchup):
                 self._catch_up(event)
             else:
                 self.inbox.put(event)
+        with self._lock:  # not while `send` writes to it
+            self.conn.close()
         self.inbox.put(_GONE)
 
     def _catch_up(self, catchup: P.Catchup) -> None:
@@ -190,9 +194,18 @@ class RunViewer:
                 pass  # the host is gone: poll (or host_alive) says so
 
     def close(self) -> None:
-        """Detach: the run goes on."""
-        self.closed = True
-        self.conn.close()
+        """Detach: the run goes on. The connection is shut down here and closed by the receiving
+        thread once its read returns. Closed here, its descriptor's number could go to the next
+        connection this process makes while that thread is between two reads of the number: its
+        next read would take that connection's bytes (an attach right after a detach failed its
+        handshake with "bad message length")."""
+        with self._lock:
+            self.closed = True
+            try:
+                with socket.socket(fileno=os.dup(self.conn.fileno())) as both_ends:
+                    both_ends.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed already: the host went first
 
 
 _GONE = object()
