@@ -17,8 +17,10 @@ import pytest
 
 from lmcockpit.core.process import host, live
 from lmcockpit.core.process.viewer import RunViewer
+from lmcockpit.core.run.folder import create_run_dir
 
-from .conftest import NO_GPU, TINY, as_flags, cli
+from .conftest import NO_GPU, TINY, as_flags, cli, tiny_config
+from .test_attach import last_step, stop, wait_until
 
 
 def cli_popen(*args: str, **kwargs) -> subprocess.Popen:
@@ -88,6 +90,38 @@ def test_a_run_resumed_in_place_and_refused_is_left_as_it_was(trained_run, tmp_p
     proc = cli("--run", "--resume", str(run), "--set", "training.max_steps=14", "--gpu", "0", env=NO_GPU)
     assert proc.returncode == 2 and "no usable CUDA GPU" in proc.stderr, proc.stderr
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
+# ------------------------------------------------------------------------- detached runs
+def test_a_detached_run_that_fails_at_its_start_says_why_and_leaves_nothing(tmp_path):
+    """A mistyped data source: the engine's own message and exit 2, as in the foreground, not
+    'training in the background' for a run that is gone; the same --out is free again."""
+    out = tmp_path / "run"
+    proc = cli("debug", "--detach", *as_flags([*TINY, 'data.source="./typo.txt"']), "--out", str(out), timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "error: data.source = './typo.txt': no such file or folder" in proc.stderr
+    assert "training in the background" not in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
+def test_a_host_whose_starter_is_gone_before_it_serves_runs_on_and_can_be_attached(tmp_path):
+    """Ctrl-C while --detach starts the host: nobody reads the host's report any more. The run
+    goes on, listed live and attachable, rather than a host dead of a broken pipe whose run `ps`
+    lists as dead."""
+    run = create_run_dir(tiny_config("training.max_steps=100000", "eval.every=0"), "debug", str(tmp_path / "run"))
+    r, w = os.pipe()
+    os.close(r)  # as the front-end's Ctrl-C left it
+    proc = host.spawn(run, None, None, "debug", w)
+    os.close(w)
+    try:
+        wait_until(lambda: last_step(run) >= 2 or proc.poll() is not None, what="steps, or the host's end")
+        assert proc.poll() is None, (run / host.HOST_LOG).read_text()
+        assert live.is_live(live.LiveRecord.read(run))
+        viewer = RunViewer(run)
+        viewer.close()
+    finally:
+        stop(run)
+        proc.wait(timeout=60)
 
 
 # ---------------------------------------------------------------------------------- attach

@@ -10,9 +10,7 @@ module is the bare command (the cockpit and `--run`) and the dispatch to them.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -20,11 +18,11 @@ from lmcockpit import __version__
 from lmcockpit.core.config import ConfigError, load_config, shipped_presets
 from lmcockpit.core.process import live
 from lmcockpit.core.process.rendezvous import Rendezvous
-from lmcockpit.core.run.folder import CONFIG, LOCK, METRICS, TOKENIZER, TRAIN_LOG, create_run_dir
+from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.core.run.resume import plan_resume
 from lmcockpit.tui import completers
 from lmcockpit.tui.commands import COMMANDS, GROUPS, nearest, similarity
-from lmcockpit.tui.runplan import RunPlan
+from lmcockpit.tui.runplan import RunPlan, discard_unstarted_run
 from lmcockpit.tui.usage import Parser, UsageError, error
 
 # The bare command's two forms, listed in `--help` under "train" before that group's commands.
@@ -144,27 +142,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def discard_unstarted_run(plan: RunPlan) -> None:
-    """A run folder made for a run that the engine refused (a GPU that is not there, data it cannot
-    read, a checkpoint that does not fit), a new run's or a checkpoint's continuation's, holds only
-    the attempt's own files: left behind, they would block the same --out next time and list a
-    failed run among the recent ones. A run folder resumed in place was there before, and one
-    that several machines share is not this machine's to remove; a folder with anything more
-    than the attempt's files is left as it is."""
-    run_dir = plan.run_dir
-    if plan.in_place or plan.cfg.distributed.nnodes > 1:
-        return
-    # the tokenizer is a copy of the token cache's, made before the checkpoint is loaded
-    ours = {CONFIG, METRICS, TRAIN_LOG, LOCK, TOKENIZER}
-    if not run_dir.is_dir() or any(p.name not in ours for p in run_dir.iterdir()):
-        return
-    shutil.rmtree(run_dir / TOKENIZER, ignore_errors=True)
-    for name in ours - {TOKENIZER}:
-        (run_dir / name).unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        run_dir.rmdir()
-
-
 def cmd_cockpit(args: argparse.Namespace) -> int:
     from lmcockpit.tui.app import CockpitApp
 
@@ -179,17 +156,11 @@ def cmd_cockpit(args: argparse.Namespace) -> int:
 
 
 def start_detached(plan: RunPlan | None) -> int:
-    from lmcockpit.core.process import host
+    from lmcockpit.tui import detach
 
     if plan is None:
         raise UsageError("--detach starts a run: give a preset (or --resume RUN)")
-    try:
-        host.start(plan.run_dir, plan.resume_from, plan.rendezvous, plan.title)
-    except host.HostError as e:
-        return error(str(e))
-    print(f"run folder: {plan.run_dir}\ntraining in the background: `lmcockpit attach {plan.run_dir}` shows it, "
-          "`lmcockpit ps` lists every run")
-    return 0
+    return detach.start_detached(plan)
 
 
 def refuse_mistyped_command(word: str) -> None:

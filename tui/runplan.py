@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from lmcockpit.core.config import Config
 from lmcockpit.core.process.rendezvous import Rendezvous
+from lmcockpit.core.run.folder import CONFIG, LOCK, METRICS, TOKENIZER, TRAIN_LOG
 
 
 @dataclass(frozen=True)
@@ -17,3 +20,26 @@ class RunPlan:
     title: str
     rendezvous: Rendezvous | None = None  # torchrun's settings; None: decided by the config
     in_place: bool = False  # an existing run folder resumed in place; else a folder made for this run
+
+
+def discard_unstarted_run(plan: RunPlan) -> None:
+    """A run folder made for a run that the engine refused (a GPU that is not there, data it cannot
+    read, a checkpoint that does not fit), a new run's or a checkpoint's continuation's, holds only
+    the attempt's own files: left behind, they would block the same --out next time and list a
+    failed run among the recent ones. A run folder resumed in place was there before, and one
+    that several machines share is not this machine's to remove; a folder with anything more
+    than the attempt's files is left as it is."""
+    run_dir = plan.run_dir
+    if plan.in_place or plan.cfg.distributed.nnodes > 1:
+        return
+    from lmcockpit.core.process.host import HOST_LOG  # here: a command that starts no run needs none of its imports
+
+    # the tokenizer is a copy of the token cache's, made before the checkpoint is loaded
+    ours = {CONFIG, METRICS, TRAIN_LOG, LOCK, HOST_LOG, TOKENIZER}
+    if not run_dir.is_dir() or any(p.name not in ours for p in run_dir.iterdir()):
+        return
+    shutil.rmtree(run_dir / TOKENIZER, ignore_errors=True)
+    for name in ours - {TOKENIZER}:
+        (run_dir / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        run_dir.rmdir()

@@ -16,7 +16,8 @@ proves it may attach):
 * a connection that does not present the run's key is refused, and the refusal logged.
 
 The handshake runs in the connection's own thread: a client that connects and says nothing holds
-up no one. Nothing listens on a network port.
+up no one. Nothing listens on a network port. The front-end that started the host learns how the
+run's start went through a pipe of its own (report.py).
 
 Headless `--run` keeps owning its engine directly: a signal there still checkpoints and stops.
 """
@@ -27,7 +28,6 @@ import argparse
 import json
 import os
 import queue
-import select
 import signal
 import socket
 import subprocess
@@ -43,6 +43,7 @@ from ..config import config_from_dict, read_toml
 from ..run.folder import CONFIG, TRAIN_LOG
 from . import live
 from .rendezvous import Rendezvous
+from .report import Reports, StartReport
 from .runner import EngineProcess
 
 VIEWER_QUEUE = 4096  # events held for one viewer before it counts as fallen behind
@@ -246,9 +247,8 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
     summary.write(0, force=True)
     live.register(run_dir)
     engine.start()
-    if ready_fd is not None:  # serving: the front-end that started us may connect
-        os.write(ready_fd, b"ready\n")
-        os.close(ready_fd)
+    report = StartReport(ready_fd)
+    report.ready()  # serving: the front-end that started us may connect
     stopping = False
     while not engine.done:
         if stop.is_set() and not stopping:
@@ -258,19 +258,17 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
         if event is not None:
             summary.apply(event)
             server.broadcast(event)
+            report.event(event)
         summary.write(server.count)
+    report.ended(engine.final_state or P.FAILED, engine.failure)
     server.close()
     live.forget(run_dir)
     return 0 if engine.failure is None else 1
 
 
-def start(run_dir: Path, resume_from: Path | None = None, rendezvous: Rendezvous | None = None,
-          label: str = "", timeout: float = 60) -> subprocess.Popen:
-    """Start a host for `run_dir` (its config.toml already written) in a session of its own, and
-    return it once it serves. One that fails first is reported with the last it printed. `label`:
-    what listings call the run (its preset)."""
-    run_dir = Path(run_dir)
-    ready_r, ready_w = os.pipe()  # the host writes "ready" into it once it serves, or dies closing it
+def spawn(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None, label: str,
+          ready_w: int) -> subprocess.Popen:
+    """A host for `run_dir` in a session of its own, reporting on `ready_w` (StartReport)."""
     args = [sys.executable, "-m", "lmcockpit.core.process.host", str(run_dir), "--ready-fd", str(ready_w)]
     if resume_from is not None:
         args += ["--resume", str(resume_from)]
@@ -278,20 +276,45 @@ def start(run_dir: Path, resume_from: Path | None = None, rendezvous: Rendezvous
         args += ["--rendezvous", json.dumps(asdict(rendezvous))]
     if label:
         args += ["--label", label]
+    with open(Path(run_dir) / HOST_LOG, "ab") as out:
+        return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, pass_fds=(ready_w,))
+
+
+def launch(run_dir: Path, resume_from: Path | None = None, rendezvous: Rendezvous | None = None,
+           label: str = "", timeout: float = 60) -> tuple[subprocess.Popen, Reports]:
+    """Start a host for `run_dir` (its config.toml already written) and return it once it serves,
+    with what it goes on to report about the run's start. One that fails first is reported with
+    the last it printed. `label`: what listings call the run (its preset)."""
+    run_dir = Path(run_dir)
+    ready_r, ready_w = os.pipe()  # the host writes "ready" into it once it serves, or dies closing it
+    reports = Reports(ready_r)
     try:
-        with open(run_dir / HOST_LOG, "ab") as out:
-            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, pass_fds=(ready_w,))
-        os.close(ready_w)
-        ready, _, _ = select.select([ready_r], [], [], timeout)
-        said = os.read(ready_r, 64) if ready else b""
-    finally:
-        os.close(ready_r)
-    if said.startswith(b"ready"):
-        return proc
+        try:
+            proc = spawn(run_dir, resume_from, rendezvous, label, ready_w)
+        finally:
+            os.close(ready_w)
+        try:
+            said = reports.next(timeout)
+        except EOFError:
+            said = None
+    except BaseException:  # Ctrl-C included: the host, if started, goes on (StartReport)
+        reports.close()
+        raise
+    if said == "ready":
+        return proc, reports
+    reports.close()
     proc.kill()
     last = (run_dir / HOST_LOG).read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
     raise HostError(f"the run host for {run_dir} did not start: " + (" | ".join(last) or "it said nothing"))
+
+
+def start(run_dir: Path, resume_from: Path | None = None, rendezvous: Rendezvous | None = None,
+          label: str = "", timeout: float = 60) -> subprocess.Popen:
+    """`launch`, for a front-end that attaches at once and so needs no more of its reports."""
+    proc, reports = launch(run_dir, resume_from, rendezvous, label, timeout)
+    reports.close()
+    return proc
 
 
 def main(argv: list[str] | None = None) -> int:
