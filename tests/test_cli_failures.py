@@ -5,14 +5,17 @@ wait for, with deadlines."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from lmcockpit.core.process import host, live
@@ -145,3 +148,34 @@ def test_attaching_again_right_after_detaching_finds_the_handshake_whole(tmp_pat
             RunViewer(tmp_path).close()
     finally:
         server.close(grace=1)
+
+
+# ------------------------------------------------------------------------------------ chat
+def session_processes(sid: int) -> list[psutil.Process]:
+    """The processes still in session `sid`: what a command started in a session of its own left."""
+    left = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p)
+    return left
+
+
+def test_chat_whose_reader_is_gone_stops_quietly_and_leaves_no_engine(trained_run):
+    """`lmcockpit chat RUN --prompt X | head -c 20`: the reader is gone (here, before the first
+    word): no traceback, the interrupted exit, and the chat engine ends with the command."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "chat", str(trained_run[0]), "--prompt",
+                                 "def f(", "--max-new-tokens", "400"], stdout=write, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True, env={**os.environ, **NO_GPU})
+    finally:
+        os.close(write)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    deadline = time.monotonic() + 30
+    while left := session_processes(proc.pid):
+        assert time.monotonic() < deadline, f"left running: {[p.cmdline() for p in left]}"
+        time.sleep(0.05)  # polling the processes waited for, not standing in for it

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import signal
 import sys
 import threading
@@ -274,6 +275,15 @@ def main(argv: list[str]) -> int:
         return 1
     except KeyboardInterrupt:
         engine.kill()  # a chat engine holds nothing to save: no waiting on a generation or a load
+        return 130
+    except BrokenPipeError:
+        # The reader is gone (`| head -c 20`): what is left to generate has nowhere to go. Stopped
+        # as an interrupt is; stdout goes to /dev/null so that the interpreter's last flush of
+        # what was buffered for the gone reader does not fail in turn.
+        engine.kill()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         return 130
     finally:
         engine.close()
