@@ -7,6 +7,7 @@ from __future__ import annotations
 import bz2
 import io
 import pickle
+import random
 import re
 import zipfile
 from pathlib import Path
@@ -16,9 +17,9 @@ import pytest
 import zstandard
 
 from lmcockpit.core.config import ConfigError, DataConfig
-from lmcockpit.core.data import sources
+from lmcockpit.core.data import readers, sources
 
-from .test_data_scale import records, texts_of, write_jsonl
+from .test_data_scale import WORDS, records, texts_of, write_jsonl
 
 
 # ------------------------------------------------------------------------------------- formats
@@ -272,3 +273,56 @@ def test_an_error_in_a_worker_is_raised_by_the_build(tmp_path):
     with pytest.raises(ConfigError, match=r"c\.jsonl:701: not valid JSON") as raised:
         prepare(worker_build(tmp_path, lines), lambda line: None, lambda *a: None)
     assert any("Traceback" in note and "_jsonl" in note for note in raised.value.__notes__)  # the worker's
+
+
+# -------------------------------------------------------------------------------- long lines
+def one_line_text(n_words: int, seed: int = 0) -> str:
+    """text8's shape: words and single spaces, no line end at all."""
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+def test_a_text_on_one_line_is_cut_at_spaces_into_bounded_documents(tmp_path):
+    text = one_line_text(400_000)  # 2.7 MB
+    (tmp_path / "text8").write_text(text)
+    docs = texts_of(tmp_path / "text8", shard_bytes=500_000)
+    assert "".join(docs) == text  # nothing lost, nothing twice, across the pieces' cuts
+    assert len(docs) > len(text.encode()) // (readers.CHUNK_BYTES + readers.LINE_BYTES)
+    assert max(len(d.encode()) for d in docs) <= readers.CHUNK_BYTES + readers.LINE_BYTES
+    assert all(d.endswith(" ") for d in docs[:-1])  # no word split
+
+
+def test_a_piece_of_a_one_line_text_reads_about_its_own_bytes(tmp_path):
+    """A piece after the first read the rest of the line to find where its range starts: the whole
+    remaining file, in memory, in every worker."""
+    import tracemalloc
+
+    (tmp_path / "text8").write_text(one_line_text(600_000))  # 3.4 MB
+    cfg = DataConfig(source=str(tmp_path / "text8"), shard_bytes=400_000)
+    pieces = sources.plan_pieces(sources.list_source(cfg), cfg, 1.0)
+    assert len(pieces) > 5
+    tracemalloc.start()
+    try:
+        n = sum(len(d.text) for d in readers.read_piece(pieces[1], "text", lambda _: True))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert abs(n - 400_000) < 2 * readers.CUT_WINDOW
+    assert peak < 1_000_000, peak
+
+
+@pytest.mark.parametrize("shard_bytes", [9_000, 40_000, 65_536, 100_000, 333_333])
+def test_long_lines_among_short_ones_are_read_once_whatever_the_pieces(tmp_path, shard_bytes):
+    """Every cut of every range meets the next one's: long lines with spaces, a CR-only text, and
+    a long line without a space (CJK: three bytes a character, never split)."""
+    rng = random.Random(shard_bytes)
+    lines = [one_line_text(rng.randint(1, 30), seed=i) + "\n" for i in range(300)]
+    lines[40] = one_line_text(40_000, seed=1) + "\n"
+    lines[41] = one_line_text(20_000, seed=2).replace(" ", "\r") + "\n"
+    lines[42] = "".join(chr(rng.randint(0x4E00, 0x9FFF)) for _ in range(90_000)) + "\n"
+    lines[200] = "é" * 70_000 + "\n"
+    text = "".join(lines)
+    (tmp_path / "mixed.txt").write_text(text)
+    docs = texts_of(tmp_path / "mixed.txt", shard_bytes=shard_bytes)
+    assert "".join(docs) == text
+    assert max(len(d.encode()) for d in docs) <= readers.CHUNK_BYTES + readers.LINE_BYTES

@@ -2,7 +2,7 @@
 
 Each document has an id that is stable across machines, worker counts and runs (the split and the
 `max_bytes` selection hash it): a whole text file's id is its path in the source; a text cut at
-line boundaries is `path@offset`; a JSON line is `path@offset` of its first byte (in the
+line boundaries (a line longer than LINE_BYTES at whitespace within it) is `path@offset`; a JSON line is `path@offset` of its first byte (in the
 decompressed stream for a compressed file); a Parquet or Arrow row is `path#row`. A record that
 cannot be read is a ConfigError naming the file, the line or row group, and what was expected; so
 is a damaged or truncated file (an interrupted download), wherever it is first read.
@@ -27,6 +27,8 @@ from .sources import Piece, SourceFile, parquet_row_group_bytes
 
 CHUNK_BYTES = 64 * 1024  # a long text is cut into documents of about this size
 WHOLE_TEXT_BYTES = 2 * CHUNK_BYTES  # a text file up to this size is one document
+LINE_BYTES = CHUNK_BYTES  # a text's line longer than this is cut in segments (a JSON line never is)
+CUT_WINDOW = 4096  # where a long line is cut: after its last whitespace among these last bytes
 BATCH_ROWS = 4096
 BATCH_TEXT_BYTES = 1 << 20  # text a Parquet record batch holds, about
 ESTIMATE_OUTPUT = 8 << 20  # decompressed bytes read to estimate a compressed file's text size
@@ -121,12 +123,17 @@ def read_piece(piece: Piece, text_field: str, wanted: Wanted) -> Iterator[Docume
 
 
 def _lines(f: SourceFile, start: int, end: int) -> Iterator[tuple[int, bytes]]:
-    """(offset, line) for each line whose first byte lies in [start, end); end -1: to the end."""
+    """(offset, line) for each JSON line whose first byte lies in [start, end); end -1: to the end.
+    A record is never cut: the line under way at `end` is read to its end."""
     with damaged_as_config_error(f), open_binary(f.path, f.compression) as fh:
         offset = 0
-        if start > 0:
+        if start > 0:  # the line under way belongs to the range before: skipped a block at a time
             fh.seek(start - 1)
-            offset = start - 1 + len(fh.readline())  # the line under way belongs to the range before
+            offset = start - 1
+            while (block := fh.read(1 << 20)) and (at := block.find(b"\n")) < 0:
+                offset += len(block)
+            offset += at + 1 if block else 0
+            fh.seek(offset)
         for line in fh:
             if end >= 0 and offset >= end:
                 return
@@ -134,11 +141,69 @@ def _lines(f: SourceFile, start: int, end: int) -> Iterator[tuple[int, bytes]]:
             offset += len(line)
 
 
+def _segments(f: SourceFile, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+    """(offset, segment) for a text's byte range [start, end) (end -1: to the end), its cuts moved by
+    _text_cut: its lines, each line longer than LINE_BYTES cut in segments of at most that (text8
+    is 100 MB on one line, an old Mac's text has only CRs): memory held and bytes read stay bounded,
+    a range after the first reading no more than LINE_BYTES before its own."""
+    with damaged_as_config_error(f), open_binary(f.path, f.compression) as fh:
+        first, stop = 0, -1
+        if end >= 0:  # a range of a plain file: seekable
+            first, stop = _text_cut(fh, start, f.size) if start > 0 else 0, _text_cut(fh, end, f.size)
+            fh.seek(first)
+        offset, carry, readline = first, b"", fh.readline
+        while True:  # by line, as a text mostly is: the loop is lean
+            segment = readline(LINE_BYTES - len(carry))
+            if carry:
+                segment, carry = carry + segment, b""
+            if stop >= 0 and offset + len(segment) >= stop:  # the range's last: it ends at its cut
+                if offset < stop:
+                    yield offset, segment[:stop - offset]
+                return
+            if not segment:
+                return
+            if len(segment) == LINE_BYTES and segment[-1] != 10:  # no "\n": a line this long is cut
+                at = _cut(segment)
+                segment, carry = segment[:at], segment[at:]
+            yield offset, segment
+            offset += len(segment)
+
+
+def _text_cut(fh: BinaryIO, x: int, size: int) -> int:
+    """Where a text's byte ranges meet near `x`, the same for the range that ends there and the one
+    that starts there: after the line under way at x, if it ends within LINE_BYTES (as for JSON
+    lines); else, in a line that long, where _cut cuts the CUT_WINDOW bytes before x."""
+    if x >= size:
+        return size
+    fh.seek(x - 1)
+    ahead = fh.read(LINE_BYTES + 1)
+    if (at := ahead.find(b"\n")) >= 0 or len(ahead) <= LINE_BYTES:
+        return x + at if at >= 0 else size
+    fh.seek(max(0, x - CUT_WINDOW))
+    behind = fh.read(x - max(0, x - CUT_WINDOW))
+    return x - len(behind) + _cut(behind)
+
+
+def _cut(block: bytes) -> int:
+    """Where a long line's `block` ends: after its last whitespace among its last CUT_WINDOW bytes
+    (a word is not split), else at its end, moved back to the start of a character it would split."""
+    at = max(block.rfind(space, max(0, len(block) - CUT_WINDOW)) for space in (b" ", b"\t", b"\r", b"\n", b"\f", b"\v"))
+    if at >= 0:
+        return at + 1
+    for back in range(1, min(4, len(block)) + 1):
+        byte = block[-back]
+        if byte < 0x80:  # ASCII: whole
+            break
+        if byte >= 0xC0:  # a UTF-8 character's first byte: the end splits it unless its bytes are all there
+            return len(block) - back if back < (2 if byte < 0xE0 else 3 if byte < 0xF0 else 4) else len(block)
+    return len(block)
+
+
 def _chunks(f: SourceFile, start: int, end: int, wanted: Wanted) -> Iterator[Document]:
-    """Consecutive lines grouped into documents of about CHUNK_BYTES."""
+    """Consecutive lines (or segments of a long line) grouped into documents of about CHUNK_BYTES."""
     parts: list[bytes] = []
     size, first = 0, start
-    for offset, line in _lines(f, start, end):
+    for offset, line in _segments(f, start, end):
         if not parts:
             first = offset
         parts.append(line)

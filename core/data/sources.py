@@ -198,7 +198,8 @@ def parquet_row_group_bytes(f: SourceFile, text_field: str, meta=None) -> list[i
 def plan_pieces(source: Source, cfg: DataConfig, keep: float) -> list[Piece]:
     """Pieces of about `cfg.shard_bytes` of *selected* text (a `keep` share of the whole), in file
     order. Large plain text and JSONL files are cut into byte ranges; their cuts move to the next
-    line ending when read, so a range is whole lines."""
+    line ending when read, so a range is whole lines (but for a text's line longer than
+    readers.LINE_BYTES, cut near the range's cut, at whitespace)."""
     target = max(1, int(cfg.shard_bytes / max(keep, 1e-9)))
     pieces: list[Piece] = []
     group: list[SourceFile] = []
