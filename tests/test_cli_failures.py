@@ -179,3 +179,30 @@ def test_chat_whose_reader_is_gone_stops_quietly_and_leaves_no_engine(trained_ru
     while left := session_processes(proc.pid):
         assert time.monotonic() < deadline, f"left running: {[p.cmdline() for p in left]}"
         time.sleep(0.05)  # polling the processes waited for, not standing in for it
+
+
+# --------------------------------------------------------------------------- damaged files
+@pytest.mark.parametrize("command", [
+    lambda ckpt, t: ["chat", str(ckpt), "--prompt", "x"],
+    lambda ckpt, t: ["export", str(ckpt), str(t / "hf")],
+    lambda ckpt, t: ["--run", "--resume", str(ckpt), "--out", str(t / "r")],
+], ids=["chat", "export", "resume"])
+def test_a_checkpoint_whose_state_is_not_text_is_named_damaged(trained_run, tmp_path, command):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(trained_run[0] / "checkpoints" / "step_000006", ckpt)
+    (ckpt / "state.json").write_bytes(b"\xff\xfe\x00garbage")
+    proc = cli(*command(ckpt, tmp_path), env=NO_GPU)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "state.json is unreadable" in proc.stderr and "the checkpoint is damaged" in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_attach_with_a_key_that_is_not_text_is_refused_with_a_message(tmp_path):
+    server = serve(tmp_path)
+    try:
+        (tmp_path / live.KEY).write_bytes(b"\xff\xfe\x00garbage")
+        proc = cli("attach", str(tmp_path), timeout=60)
+    finally:
+        server.close(grace=1)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "the run's host refused this key" in proc.stderr and "Traceback" not in proc.stderr

@@ -75,7 +75,8 @@ def new_key(run_dir: Path) -> bytes:
 
 
 def read_key(run_dir: Path) -> bytes:
-    return (Path(run_dir) / KEY).read_text(encoding="utf-8").strip().encode()
+    # bytes as they are: a key that is not text (damaged, replaced) is a key the host refuses
+    return (Path(run_dir) / KEY).read_bytes().strip()
 
 
 @dataclass

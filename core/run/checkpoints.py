@@ -29,8 +29,8 @@ def check_checkpoint(path: Path) -> int:
     if missing:
         raise ConfigError(f"{path}: not a complete lmcockpit checkpoint (missing {', '.join(missing)})")
     try:
-        state = json.loads((path / STATE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        state = json.loads((path / STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8 at all
         raise ConfigError(f"{path}: {STATE} is unreadable ({e}); the checkpoint is damaged") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION or not isinstance(state.get("step"), int):
         raise ConfigError(f"{path}: {STATE} is not an lmcockpit checkpoint of format {FORMAT_VERSION}")
