@@ -326,3 +326,49 @@ def test_long_lines_among_short_ones_are_read_once_whatever_the_pieces(tmp_path,
     docs = texts_of(tmp_path / "mixed.txt", shard_bytes=shard_bytes)
     assert "".join(docs) == text
     assert max(len(d.encode()) for d in docs) <= readers.CHUNK_BYTES + readers.LINE_BYTES
+
+
+# ------------------------------------------------------------------------------------ layouts
+def save_to_disk(folder: Path, texts: list[str]) -> None:
+    """What datasets.Dataset.save_to_disk writes: Arrow IPC streams, state.json, dataset_info.json."""
+    import json
+
+    import pyarrow as pa
+
+    folder.mkdir(parents=True)
+    table = pa.table({"text": texts})
+    with pa.OSFile(str(folder / "data-00000-of-00001.arrow"), "wb") as sink, \
+            pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    (folder / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+    (folder / "dataset_info.json").write_text(json.dumps({"features": {"text": {"dtype": "string"}}}))
+
+
+def test_a_dataset_dict_folder_reads_its_train_split(tmp_path):
+    """DatasetDict.save_to_disk: dataset_dict.json beside a save_to_disk folder per split. Its
+    dataset_dict.json was read as JSON lines (and failed), and every split was read."""
+    import json
+
+    saved = tmp_path / "saved"
+    train, test = records(40), records(10, seed=1)
+    save_to_disk(saved / "train", train)
+    save_to_disk(saved / "test", test)
+    (saved / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    listed = sources.list_source(DataConfig(source=str(saved)))
+    assert [f.rel for f in listed.files] == ["train/data-00000-of-00001.arrow"]
+    assert texts_of(saved) == train
+    (tmp_path / "more.jsonl").write_text(json.dumps({"text": "beside it"}) + "\n")
+    assert texts_of(tmp_path) == ["beside it", *train]  # found inside a folder too
+
+
+def test_a_dataset_dict_without_a_train_split_says_where_to_point(tmp_path):
+    import json
+
+    saved = tmp_path / "saved"
+    save_to_disk(saved / "validation", records(5))
+    (saved / "dataset_dict.json").write_text(json.dumps({"splits": ["validation"]}))
+    with pytest.raises(ConfigError, match=r"saved: a datasets DatasetDict of the splits validation, with no 'train' "
+                                          r"split saved there: set data.source to the folder of the split to train "
+                                          r"on, e.g. .*saved/validation"):
+        sources.list_source(DataConfig(source=str(saved)))
+    assert texts_of(saved / "validation") == records(5)

@@ -3,9 +3,10 @@
 A source is the interpreter's standard library (`python-stdlib`), a file, or a folder read
 recursively with mixed formats: text; JSON lines (`.jsonl`, `.json`, `.ndjson`), also compressed
 (`.gz`, `.zst`, `.xz`, `.bz2`); Parquet (`.parquet`, by row group); and folders written by
-`datasets.Dataset.save_to_disk` (their Arrow files). `hf:OWNER/NAME[/PATH]` is a Hub dataset, fetched
-first (hub.py) and then read as a local folder. Archives and compressions it cannot read are refused
-by name, wherever they are; known binary files are skipped in a folder and refused as the source.
+`datasets.Dataset.save_to_disk` (their Arrow files; of a DatasetDict's, its train split's).
+`hf:OWNER/NAME[/PATH]` is a Hub dataset, fetched first (hub.py) and then read as a local folder.
+Archives and compressions it cannot read are refused by name, wherever they are; known binary files
+are skipped in a folder and refused as the source.
 
 The files are listed with sizes and mtimes (the cache key) and planned into pieces of about
 `data.shard_bytes` of selected text each: several small files, one byte range of a large text or
@@ -17,6 +18,7 @@ No torch, no numpy: readers.py does the reading.
 
 from __future__ import annotations
 
+import json
 import os
 import sysconfig
 from dataclasses import dataclass
@@ -43,6 +45,7 @@ SKIPPED_SUFFIXES = {".pyc", ".so", ".png", ".jpg", ".jpeg", ".gif", ".bin", ".ex
 READ_FORMATS = ("text, JSON lines (.jsonl, .json, .ndjson; plain or .gz, .zst, .xz, .bz2), .parquet, "
                 "and folders of those or written by datasets' save_to_disk")
 SAVE_TO_DISK_FILES = {"state.json", "dataset_info.json"}  # a save_to_disk folder's metadata, not data
+DATASET_DICT = "dataset_dict.json"  # DatasetDict.save_to_disk's: {"splits": [...]}, a save_to_disk folder each
 
 
 @dataclass(frozen=True)
@@ -120,17 +123,36 @@ def _is_save_to_disk(folder: Path) -> bool:
     return (folder / "state.json").is_file() and any(folder.glob("*.arrow"))
 
 
+def _train_split(folder: Path) -> Path:
+    """A DatasetDict's folder of its train split: its other splits are the dataset's held-out text
+    (the build holds out its own validation documents)."""
+    try:
+        splits = json.loads((folder / DATASET_DICT).read_text()).get("splits")
+    except (OSError, ValueError, AttributeError):
+        splits = None
+    if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+        splits = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    if "train" in splits and _is_save_to_disk(folder / "train"):
+        return folder / "train"
+    raise ConfigError(f"{folder}: a datasets DatasetDict of the splits {', '.join(splits) or '(none)'}, with no "
+                      f"'train' split saved there: set data.source to the folder of the split to train on"
+                      + (f", e.g. {folder / splits[0]}" if splits else ""))
+
+
 def _walk(root: Path) -> list[Path]:
-    """Data files under `root`, recursively; a save_to_disk folder contributes its Arrow files."""
+    """Data files under `root`, recursively; a save_to_disk folder contributes its Arrow files, a
+    DatasetDict's those of its train split; their metadata is not data."""
     if _is_save_to_disk(root):
         return sorted(root.glob("*.arrow"))
+    if (root / DATASET_DICT).is_file():
+        return _walk(_train_split(root))
     out = []
     for p in sorted(root.iterdir()):
         if p.name.startswith(".") or p.name == "__pycache__":
             continue
         if p.is_dir():
             out += _walk(p)
-        elif p.is_file():
+        elif p.is_file() and p.name not in SAVE_TO_DISK_FILES:
             out.append(p)
     return out
 
