@@ -2,10 +2,11 @@
 
 Each document has an id that is stable across machines, worker counts and runs (the split and the
 `max_bytes` selection hash it): a whole text file's id is its path in the source; a text cut at
-line boundaries (a line longer than LINE_BYTES at whitespace within it) is `path@offset`; a JSON line is `path@offset` of its first byte (in the
-decompressed stream for a compressed file); a Parquet or Arrow row is `path#row`. A record that
-cannot be read is a ConfigError naming the file, the line or row group, and what was expected; so
-is a damaged or truncated file (an interrupted download), wherever it is first read.
+line boundaries (a line longer than LINE_BYTES at whitespace within it) is `path@offset`; a JSON
+line is `path@offset` of its first byte (in the decompressed stream for a compressed file); a
+Parquet or Arrow row is `path#row`. A record that cannot be read is a ConfigError naming the file,
+the line or row group, and what was expected; so is a damaged or truncated file (an interrupted
+download), wherever it is first read.
 """
 
 from __future__ import annotations
