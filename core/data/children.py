@@ -1,9 +1,5 @@
 """The processes a cache build starts: the tokenizing workers and the BPE's own process.
 
-* Workers are processes of their own, each handed a piece at a time over its own pipe, rather
-  than a multiprocessing Pool: a Pool replaces a worker that dies and waits for ever for its
-  piece, where here the build stops and names it (each_in_workers).
-
 * How many workers: one per core, as many as keep the build's whole process tree under
   TREE_BYTES (the issue's bound, whatever the corpus), from the per-worker peaks measured.
 * Each is born with SIGINT blocked and ignores it: Ctrl-C reaches the whole process group, and the
@@ -11,6 +7,9 @@
   traceback over the terminal).
 * Each dies with the build (PR_SET_PDEATHSIG): a SIGKILLed build leaves no orphan writing beside
   the next one.
+* Workers are processes of their own, each handed a piece at a time over its own pipe, rather
+  than a multiprocessing Pool: a Pool replaces a worker that dies and waits for ever for its
+  piece, where here the build stops and names it (each_in_workers).
 * The BPE trains in a process of its own (in_child), so the trainer's memory goes back to the
   system before the workers start.
 No numpy, no tokenizers: what the children run is imported in them.
