@@ -12,13 +12,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from lmcockpit.core.process import host, live
+from lmcockpit.core.process import host, live, viewer
 from lmcockpit.core.process.viewer import RunViewer
 from lmcockpit.core.run.folder import create_run_dir
 
@@ -206,3 +207,69 @@ def test_attach_with_a_key_that_is_not_text_is_refused_with_a_message(tmp_path):
         server.close(grace=1)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "the run's host refused this key" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def silent_host(run: Path) -> socket.socket:
+    """What a frozen host looks like from outside: live.json and live.key say where, the socket
+    accepts, and no word ever comes."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(run / live.SOCKET))
+    listener.listen()
+    (run / live.KEY).write_text("0" * 64 + "\n")
+    live.LiveRecord(str(run.resolve()), os.getpid(), socket.gethostname(), str(run / live.SOCKET)).write()
+    return listener
+
+
+def test_attaching_to_a_host_that_never_answers_gives_up_with_a_message(tmp_path, monkeypatch):
+    monkeypatch.setattr(viewer, "HANDSHAKE_TIMEOUT", 0.5)
+    listener = silent_host(tmp_path)
+    raised: list[BaseException] = []
+
+    def attach() -> None:
+        try:
+            RunViewer(tmp_path)
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+            raised.append(e)
+
+    attempt = threading.Thread(target=attach, daemon=True)
+    try:
+        attempt.start()
+        attempt.join(30)
+        assert not attempt.is_alive(), "still waiting for the handshake after 30 s"
+    finally:
+        listener.close()
+    assert len(raised) == 1 and isinstance(raised[0], viewer.NotLive), raised
+    assert "did not answer within" in str(raised[0])
+
+
+def test_ctrl_c_while_attach_waits_for_the_host_exits_130_without_a_traceback(tmp_path):
+    listener = silent_host(tmp_path)
+    listener.settimeout(60)
+    proc = cli_popen("attach", str(tmp_path))
+    try:
+        conn, _ = listener.accept()  # connected: the command now waits for the host's first word
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        conn.close()
+    finally:
+        listener.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+
+
+def test_ctrl_c_while_doctor_checks_exits_130_without_a_traceback():
+    proc = cli_popen("doctor", start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any("lmcockpit.core.hardware.doctor" in " ".join(c.cmdline())
+                      for c in psutil.Process(proc.pid).children()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the torch check never started"
+            time.sleep(0.02)  # polling the state waited for, not standing in for it
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the terminal's whole process group
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in err, err

@@ -187,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
 
         complete(build_parser)
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in COMMANDS:
-        return COMMANDS[argv[0]].main(argv[1:])
     try:
+        if argv and argv[0] in COMMANDS:
+            return COMMANDS[argv[0]].main(argv[1:])
         if argv:  # before parsing: `lmcockpit chta RUN` would otherwise fail on RUN
             refuse_mistyped_command(argv[0])
         args = build_parser().parse_args(argv)

@@ -16,6 +16,7 @@ import contextlib
 import os
 import queue
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -27,10 +28,42 @@ from ..run.folder import METRICS, TRAIN_LOG, read_metrics, tail_lines
 from . import live
 
 LOG_HISTORY_BYTES = 256 * 1024  # the end of train.log a viewer shows from before it attached: read, not the whole log
+HANDSHAKE_TIMEOUT = 5.0  # seconds a host has to answer a viewer's connection; it answers in milliseconds
 
 
 class NotLive(Exception):
     """The run is not served (ended, or its host died): the message says which, and what to do."""
+
+
+def _time_limits(conn_or_sock, seconds: float) -> None:
+    """Reads and writes on the socket fail (EAGAIN) after `seconds` without progress; 0: never."""
+    limit = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+    with socket.socket(fileno=os.dup(conn_or_sock.fileno())) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+
+
+def connect(address: str, authkey: bytes) -> connection.Connection:
+    """multiprocessing's Client, with a time limit on the connect and the handshake: a socket that
+    accepts and never answers (a host frozen, or something else at that path) would otherwise
+    hold the viewer forever. The limit is lifted once the host has answered: events come when the
+    run makes them."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        _time_limits(sock, HANDSHAKE_TIMEOUT)
+        sock.connect(address)
+    except BaseException:
+        sock.close()
+        raise
+    conn = connection.Connection(sock.detach())
+    try:
+        connection.answer_challenge(conn, authkey)
+        connection.deliver_challenge(conn, authkey)
+        _time_limits(conn, 0)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def history(run_dir: Path, tokens_per_step: int = 0) -> list[object]:
@@ -66,9 +99,12 @@ class RunViewer:
             raise NotLive(f"{self.run_dir}: its engine died at step {self.record.step} without ending the run; "
                           f"resume it with: lmcockpit --run --resume {self.run_dir}")
         try:
-            self.conn = connection.Client(self.record.socket, family="AF_UNIX", authkey=live.read_key(self.run_dir))
+            self.conn = connect(self.record.socket, live.read_key(self.run_dir))
         except AuthenticationError:
             raise NotLive(f"{self.run_dir}: the run's host refused this key ({live.KEY} was replaced?)") from None
+        except BlockingIOError:  # the time limit
+            raise NotLive(f"{self.run_dir}: the run's host at {self.record.socket} did not answer within "
+                          f"{HANDSHAKE_TIMEOUT:.0f} s") from None
         except (OSError, EOFError) as e:
             raise NotLive(f"{self.run_dir}: cannot reach the run's host at {self.record.socket} ({e})") from None
         self.closed = False
@@ -188,7 +224,7 @@ class RunViewer:
                 if not self.closed:
                     self.conn.send(command)
                     return
-                with connection.Client(self.record.socket, family="AF_UNIX", authkey=live.read_key(self.run_dir)) as c:
+                with connect(self.record.socket, live.read_key(self.run_dir)) as c:
                     c.send(command)
             except (OSError, ValueError, EOFError, AuthenticationError):
                 pass  # the host is gone: poll (or host_alive) says so
