@@ -19,12 +19,15 @@ from pathlib import Path
 import psutil
 import pytest
 
+from lmcockpit.core import protocol as P
 from lmcockpit.core.process import host, live, viewer
 from lmcockpit.core.process.viewer import RunViewer
 from lmcockpit.core.run.folder import create_run_dir
+from lmcockpit.tui.app import CockpitApp
 
 from .conftest import NO_GPU, TINY, as_flags, cli, tiny_config
 from .test_attach import last_step, stop, wait_until
+from .test_cockpit import dashboard, request, wait_for
 
 
 def cli_popen(*args: str, **kwargs) -> subprocess.Popen:
@@ -273,3 +276,34 @@ def test_ctrl_c_while_doctor_checks_exits_130_without_a_traceback():
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 130 and "Traceback" not in err, err
+
+
+# ------------------------------------------------------------------ the cockpit's exit code
+async def test_quitting_the_cockpit_after_its_run_failed_exits_1(tmp_path):
+    app = CockpitApp(request(tmp_path, "optimizer.lr=1e30", "optimizer.muon_lr=1e30", "training.grad_clip=0"),
+                     telemetry=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        dash = dashboard(app)
+        await wait_for(pilot, lambda: dash.view.state == P.FAILED, what="the run to fail")
+        await pilot.press("q")  # nothing running: q quits at once
+    assert app.exit_code == 1
+
+
+def test_a_sessions_exit_code_is_its_worst_outcome():
+    from lmcockpit.tui.app import exit_code_of
+    from lmcockpit.tui.runview import RunView
+
+    def ended(state: str, failure: P.Failure | None = None) -> RunView:
+        view = RunView()
+        if failure:
+            view.apply(failure)
+        view.apply(P.StateChanged(state))
+        return view
+
+    finished, aborted, training = ended(P.FINISHED), ended(P.ABORTED), RunView()
+    interrupted, failed = ended(P.INTERRUPTED), ended(P.FAILED, P.Failure("non-finite loss"))
+    refused = ended(P.FAILED, P.Failure("data.source: no such file", user_error=True))
+    assert exit_code_of([]) == exit_code_of([finished, aborted, training]) == 0
+    assert exit_code_of([finished, interrupted]) == 130
+    assert exit_code_of([interrupted, refused]) == 2
+    assert exit_code_of([refused, failed, finished]) == 1

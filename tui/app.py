@@ -25,8 +25,18 @@ from lmcockpit.core.process.viewer import NotLive, RunViewer
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.core.run.resume import plan_resume
 from lmcockpit.tui.runplan import RunPlan
+from lmcockpit.tui.runview import RunView
 from lmcockpit.tui.screens.dashboard import DashboardScreen
 from lmcockpit.tui.screens.launch import LaunchScreen
+
+
+def exit_code_of(views: list[RunView]) -> int:
+    """The exit code of a session that watched these runs, as `--run` says it for one: 1 if one
+    failed, else 2 if one was refused for a mistake in its input, else 130 if one was interrupted,
+    else 0 (finished, aborted, or left training)."""
+    codes = {2 if v.failure is not None and v.failure.user_error else 1 for v in views if v.state == P.FAILED}
+    codes |= {130 for v in views if v.state == P.INTERRUPTED}
+    return next((code for code in (1, 2, 130) if code in codes), 0)
 
 
 class CockpitApp(App):
@@ -52,6 +62,12 @@ class CockpitApp(App):
         finally:
             if report := self.run_report():
                 print(report, flush=True)
+
+    @property
+    def exit_code(self) -> int:
+        """What the command exits with: Textual's own code if the app itself failed, else how this
+        session's runs went (exit_code_of)."""
+        return self.return_code or exit_code_of([dash.view for dash in self.dashboards])
 
     def run_report(self) -> str:
         """A line per run started in this session: its folder and how it ended (or that it is being

@@ -57,4 +57,4 @@ def main(argv: list[str]) -> int:
 
     app = CockpitApp(attach=run_dir)
     app.run()
-    return app.return_code or 0
+    return app.exit_code

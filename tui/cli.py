@@ -152,7 +152,7 @@ def cmd_cockpit(args: argparse.Namespace) -> int:
         return start_detached(start)
     app = CockpitApp(start)
     app.run()  # runs left training go on: each has a host of its own
-    return app.return_code or 0
+    return app.exit_code
 
 
 def start_detached(plan: RunPlan | None) -> int:
