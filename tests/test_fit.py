@@ -318,6 +318,21 @@ def test_out_of_memory_message_says_where_how_much_and_what_to_change():
     assert "(a micro-batch of 1 did not fit)" in one and "a shorter training.seq_len" in one
     assert one.endswith("no checkpoint had been written yet.")
 
+    # Halved to a divisor, so the tokens per step stay; auto_micro_batch only where it can search
+    # (one process, not searched already); checkpointing only where it is off.
+    def change(*overrides):
+        cfg = tiny_config(*overrides)
+        return fit.out_of_memory_message(cfg, 3, "x", "GPU", fit.GiB, 0, 2).split("Change: ")[1]
+
+    assert change("training.micro_batch_size=6", "training.grad_accum_steps=2") == (
+        "--set training.micro_batch_size=3 --set training.grad_accum_steps=4 (the same tokens per step), or "
+        "training.auto_micro_batch=true, or training.activation_checkpointing=true; the checkpoint of step 2 is kept.")
+    assert change("training.micro_batch_size=3", "distributed.nproc=2", "training.activation_checkpointing=true") == (
+        "--set training.micro_batch_size=1 --set training.grad_accum_steps=3 (the same tokens per step); "
+        "the checkpoint of step 2 is kept.")
+    assert change("training.micro_batch_size=1", "training.activation_checkpointing=true") == (
+        "in a new run: a shorter training.seq_len or a smaller model; the checkpoint of step 2 is kept.")
+
 
 def test_an_out_of_memory_error_is_found_behind_the_compilers_wrapping():
     from lmcockpit.core.train.memory_fit import oom_in
@@ -358,3 +373,20 @@ def test_auto_micro_batch_on_cpu_keeps_the_tokens_per_step(tmp_path):
     assert (started.config["training"]["micro_batch_size"], started.config["training"]["grad_accum_steps"]) == (8, 1)
     assert started.tokens_per_step == cfg.tokens_per_step
     assert any(isinstance(e, P.LogLine) and e.text.startswith("auto micro-batch: 8 × 1") for e in events)
+
+    # The checkpoint records the search's answer as the run's micro-batch: a resume on two
+    # processes (where no search can run) takes it, split between them.
+    from lmcockpit.core.config import ConfigError
+    from lmcockpit.core.run.folder import latest_checkpoint
+    from lmcockpit.core.run.resume import plan_resume
+
+    ckpt = latest_checkpoint(tmp_path / "run")
+    saved, _ = load_config(str(ckpt / "config.toml"))
+    assert (saved.training.auto_micro_batch, saved.training.micro_batch_size, saved.training.grad_accum_steps) == \
+        (False, 8, 1)
+    plan = plan_resume(str(ckpt), ["distributed.nproc=2", "training.micro_batch_size=4", "training.max_steps=6"],
+                       str(tmp_path / "two"))
+    assert (plan.cfg.world, plan.cfg.training.micro_batch_size, plan.cfg.training.grad_accum_steps) == (2, 4, 1)
+    with pytest.raises(ConfigError, match="2 process\\(es\\) take 4 each, which training.micro_batch_size = 8 does "
+                                          "not divide: micro_batch_size × grad_accum_steps × processes must stay 8"):
+        plan_resume(str(ckpt), ["distributed.nproc=2", "training.max_steps=6"], str(tmp_path / "refused"))

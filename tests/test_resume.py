@@ -10,6 +10,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from lmcockpit.core import protocol as P
+from lmcockpit.core.config import ConfigError
 from lmcockpit.core.run.folder import latest_checkpoint, read_metrics
 
 from .conftest import as_flags, cli, drive_engine, start_cli_run, tiny_config
@@ -412,6 +413,84 @@ def test_a_resumed_compiled_run_leaves_compiling_at_its_first_step(reference, tm
     assert seen[first].step == 41
     states = [e.state for e in seen[:first] if isinstance(e, P.StateChanged)]
     assert P.COMPILING in states and states[-1] == P.RUNNING, states
+
+
+@pytest.mark.parametrize("saved, now", [
+    ((8, 1, 1), (4, 2, 1)), ((8, 1, 1), (2, 1, 4)), ((4, 2, 1), (8, 1, 1)), ((2, 3, 2), (3, 1, 4)),
+    ((2, 3, 2), (6, 2, 1)), ((4, 2, 2), (8, 2, 1)),
+])
+def test_a_step_split_otherwise_takes_the_same_sequences(saved, now):
+    """(micro-batch, accumulation, processes) as saved and as resumed: every micro-batch of every
+    rank, in order, is the step's sequences as the saved run drew them."""
+    from lmcockpit.core.data.batches import get_batch
+    from lmcockpit.core.train.trainer import DataUnit, step_rows
+
+    tokens = np.arange(5000, dtype=np.uint16)
+    unit = DataUnit(saved[0], saved[1] * saved[2])
+    draw = lambda g: get_batch(tokens, 7, g, unit.rows, 16)  # noqa: E731
+    for step in (0, 3):
+        as_saved = np.concatenate([draw(step * unit.per_step + j)[0] for j in range(unit.per_step)])
+        mb, accum, world = now
+        got = np.concatenate([step_rows(draw, unit, step, (rank * accum + micro) * mb, mb)[0]
+                              for rank in range(world) for micro in range(accum)])
+        assert got.shape == (mb * accum * world, 16) and (got == as_saved).all()
+        x, y = step_rows(draw, unit, step, mb, mb)
+        assert (x[:, 1:] == y[:, :-1]).all()  # targets stay the inputs shifted by one
+
+
+def test_out_of_memory_advice_is_what_a_resume_takes(reference, tmp_path):
+    """The out-of-memory message says the checkpoint is kept and what to change: each change it
+    names is one --resume accepts, and the continued run takes the same sequences each step."""
+    import re
+
+    from lmcockpit.core.config import load_config
+    from lmcockpit.core.hardware.fit import out_of_memory_message
+    from lmcockpit.core.run.resume import plan_resume
+
+    ckpt = reference / "checkpoints" / "step_000020"
+    cfg, _ = load_config(str(ckpt / "config.toml"))
+    message = out_of_memory_message(cfg, 21, "Tried to allocate 2.00 GiB", "GPU", 1 << 30, 1 << 29, 20)
+    advice = message.split("Change: ")[1]
+    options = [re.findall(r"training\.\w+=\w+", option) for option in advice.split(", or ")]
+    assert options == [["training.micro_batch_size=4", "training.grad_accum_steps=2"],
+                       ["training.auto_micro_batch=true"], ["training.activation_checkpointing=true"]]
+    for i, sets in enumerate(options):
+        plan = plan_resume(str(ckpt), [*sets, "training.max_steps=41"], str(tmp_path / f"plan{i}"))
+        t = plan.cfg.training
+        assert t.micro_batch_size * t.grad_accum_steps == 8
+
+    # Given alone, the micro-batch takes the accumulation that keeps a step's sequences.
+    plan = plan_resume(str(ckpt), ["training.micro_batch_size=2", "training.max_steps=41"], str(tmp_path / "p"))
+    assert (plan.cfg.training.micro_batch_size, plan.cfg.training.grad_accum_steps) == (2, 4)
+    for sets, said in [(["training.micro_batch_size=4", "training.grad_accum_steps=4"],
+                        "training.micro_batch_size × training.grad_accum_steps × processes must stay 8 "
+                        "(it is 4 × 4 × 1 = 16)"),
+                       (["training.micro_batch_size=3"], "1 process(es) take 8 each, which training.micro_batch_size "
+                                                         "= 3 does not divide")]:
+        with pytest.raises(ConfigError) as e:
+            plan_resume(str(ckpt), [*sets, "training.max_steps=41"], str(tmp_path / "refused"))
+        assert str(e.value).startswith("--resume: each of the checkpoint's steps takes 8 sequences (micro-batch 8 × "
+                                       "1 accumulation steps × 1 process(es)); ") and said in str(e.value)
+
+    # Step 21 trained 4 × 2 is step 21 trained 8 × 1: the same weights on the same sequences, and
+    # its evaluation the same windows.
+    runs = {}
+    for name, sets in [("split", ["training.micro_batch_size=4", "training.grad_accum_steps=2",
+                                  "training.activation_checkpointing=true"]), ("whole", [])]:
+        plan = plan_resume(str(ckpt), [*sets, "training.max_steps=21"], str(tmp_path / name))
+        engine, _ = drive_engine(None, None, resume=plan)
+        assert engine.final_state == P.FINISHED, engine.failure
+        runs[name] = tmp_path / name
+    said = "continuing with 2 accumulation step(s) of 4 sequences (saved: 1 of 8), the same batches"
+    assert said in (runs["split"] / "train.log").read_text()
+    assert "continuing" not in (runs["whole"] / "train.log").read_text()
+    split, whole = step_losses(runs["split"]), step_losses(runs["whole"])
+    assert list(split) == [21] and split[21] == pytest.approx(step_losses(reference)[21], rel=1e-6)
+    assert whole[21] == step_losses(reference)[21]
+    (val,), (whole_val,) = read_metrics(runs["split"], "eval"), read_metrics(runs["whole"], "eval")
+    assert val["val_loss"] == pytest.approx(whole_val["val_loss"], rel=1e-5)
+    state = json.loads((latest_checkpoint(runs["split"]) / "state.json").read_text())
+    assert state["data_unit"] == [8, 1]  # the next resume draws as the first run did
 
 
 # ---------------------------------------------------------------------------- bad --resume input

@@ -387,12 +387,21 @@ def out_of_memory_message(cfg: Config, step: int, error: str, device_name: str, 
     asked = re.search(r"Tried to allocate [\d.]+ \w+", error) or re.search(r"you tried to allocate \d+ bytes", error)
     what = asked[0].lower() if asked else error.strip().splitlines()[0]
     sized = f"sized for {hw.gpu_class} ({hw.vram_gb:g} GB)" if hw.vram_gb else f"gpu_class {hw.gpu_class!r}"
+    # Only what a resume from the kept checkpoint accepts (run/resume.py): the same sequences a
+    # step, split otherwise, and recomputation; auto_micro_batch searches in one process only.
+    changes = []
     if t.micro_batch_size > 1:
-        change = (f"--set training.micro_batch_size={t.micro_batch_size // 2} --set training.grad_accum_steps="
-                  f"{t.grad_accum_steps * 2} (the same tokens per step), or training.auto_micro_batch=true, or "
-                  "training.activation_checkpointing=true")
-    else:
-        change = "training.activation_checkpointing=true, a shorter training.seq_len or a smaller model"
+        mb = _divisor_at_most(t.micro_batch_size, t.micro_batch_size // 2)
+        changes.append(f"--set training.micro_batch_size={mb} --set training.grad_accum_steps="
+                       f"{t.grad_accum_steps * t.micro_batch_size // mb} (the same tokens per step)")
+        if not t.auto_micro_batch and cfg.world == 1:
+            changes.append("training.auto_micro_batch=true")
+    if not t.activation_checkpointing:
+        changes.append("training.activation_checkpointing=true")
+    change = ", or ".join(changes)
+    if t.micro_batch_size == 1:
+        change += "; or, in a new run, " if changes else "in a new run: "
+        change += "a shorter training.seq_len or a smaller model"
     kept = (f"the checkpoint of step {last_checkpoint} is kept" if last_checkpoint
             else "no checkpoint had been written yet")
     gpu = device_name != "CPU"

@@ -3,12 +3,15 @@
 A run folder continues in place from its latest complete checkpoint (metrics.jsonl loses the
 lines past that checkpoint's step, so no step appears twice); a checkpoint folder continues into
 a new run folder. The checkpoint's own config is used: `--set` may change the step budget, the
-eval/checkpoint/log/sample cadence, where metrics are logged ([logging]), and what gets a run past
-a loss spike (learning rates, clipping, what to do on a non-finite loss); it refuses the rest
-(model, data, batch) by name. The
-number of processes may change too (2 → 1, 1 → 2, DDP ↔ FSDP): accumulation is then rescaled so
-that every step still takes the same sequences, which is what makes the continued run the same
-run. A run folder that an engine is training in is not resumed meanwhile (runfolder.hold_run_dir).
+eval/checkpoint/log/sample cadence, where metrics are logged ([logging]), what gets a run past
+a loss spike (learning rates, clipping, what to do on a non-finite loss), and what gets it past
+an out-of-memory error (micro-batch, accumulation, auto_micro_batch, activation checkpointing);
+it refuses the rest (model, data, the sequences a step takes) by name. The number of processes
+may change too (2 → 1, 1 → 2, DDP ↔ FSDP). Whatever the split, micro-batch × accumulation ×
+processes must stay what it was: accumulation follows the other two unless given. The trainer
+draws every step's sequences in the checkpoint's own batches (trainer.DataUnit), so each step
+still takes the same sequences, which is what makes the continued run the same run. A run
+folder that an engine is training in is not resumed meanwhile (runfolder.hold_run_dir).
 Torch-free: the front-end plans the resume before the engine starts.
 """
 
@@ -32,7 +35,10 @@ SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eva
                   "distributed.strategy", "data.workers",
                   # What gets a run past a loss spike: they change the steps to come, which is the point.
                   "optimizer.lr", "optimizer.muon_lr", "training.grad_clip", "training.on_nan",
-                  "training.max_nan_skips"}
+                  "training.max_nan_skips",
+                  # What gets it past running out of memory: the same sequences a step, split otherwise.
+                  "training.micro_batch_size", "training.grad_accum_steps", "training.auto_micro_batch",
+                  "training.activation_checkpointing"}
 SAFE_SECTIONS = {"sample", "logging"}  # neither changes a step
 
 
@@ -67,14 +73,16 @@ def plan_resume(path_arg: str, overrides: list[str], out: str | None) -> ResumeP
     raw = apply_overrides(saved, overrides)
     # First whether each key exists and each value fits (a misspelt key is a misspelling), then
     # whether it may change.
-    cfg = config_from_dict(raw, source=str(ckpt / CONFIG), from_set={".".join(parse_override(o)[:2]) for o in overrides})
+    given = {".".join(parse_override(o)[:2]) for o in overrides}
+    cfg = config_from_dict(raw, source=str(ckpt / CONFIG), from_set=given)
     for item in overrides:
         section, key, _ = parse_override(item)
         if f"{section}.{key}" not in SAFE_TO_CHANGE and section not in SAFE_SECTIONS:
             allowed = ", ".join(sorted(SAFE_TO_CHANGE | {f"{s}.*" for s in SAFE_SECTIONS}))
             raise ConfigError(f"--set {section}.{key}: cannot change when resuming (it would change the run "
                               f"the checkpoint belongs to); these can: {allowed}")
-    cfg = same_sequences_per_step(config_from_dict(saved, source=str(ckpt / CONFIG)), cfg)
+    saved_cfg = config_from_dict(saved, source=str(ckpt / CONFIG))
+    cfg = same_sequences_per_step(saved_cfg, cfg, accum_given="training.grad_accum_steps" in given)
     if cfg.training.max_steps <= step:
         raise ConfigError(f"--resume {path}: the checkpoint is at step {step} and training.max_steps is "
                           f"{cfg.training.max_steps}; raise it with --set training.max_steps=N")
@@ -92,18 +100,30 @@ def plan_resume(path_arg: str, overrides: list[str], out: str | None) -> ResumeP
     return ResumePlan(cfg, run_dir, ckpt, step, in_place)
 
 
-def same_sequences_per_step(saved: Config, cfg: Config) -> Config:
-    """`cfg` with its accumulation rescaled to the process count it resumes on, so that processes ×
-    accumulation (and with them each step's batches, by the batch function) stay as saved."""
-    if cfg.world == saved.world:
-        return cfg
-    t = saved.training
-    sequences = t.grad_accum_steps * saved.world  # micro-batches a step
-    if sequences % cfg.world:
-        raise ConfigError(f"--resume: the checkpoint's steps take {sequences} micro-batches of {t.micro_batch_size} "
-                          f"({saved.world} process(es) × {t.grad_accum_steps} accumulation steps); {cfg.world} "
-                          f"process(es) cannot share them evenly: use a process count that divides {sequences}")
-    return dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, grad_accum_steps=sequences // cfg.world))
+def same_sequences_per_step(saved: Config, cfg: Config, accum_given: bool = False) -> Config:
+    """`cfg` with micro-batch × accumulation × processes (the sequences of a step, which the
+    trainer draws as the checkpoint did) as saved: accumulation follows the micro-batch and the
+    process count unless `accum_given`; refused, saying what must stay equal, where they cannot."""
+    t, new = saved.training, cfg.training
+    rows = t.micro_batch_size * t.grad_accum_steps * saved.world
+    took = (f"--resume: each of the checkpoint's steps takes {rows} sequences (micro-batch {t.micro_batch_size} × "
+            f"{t.grad_accum_steps} accumulation steps × {saved.world} process(es))")
+    if rows % cfg.world:
+        raise ConfigError(f"{took}; {cfg.world} process(es) cannot share them evenly: use a process count that "
+                          f"divides {rows}")
+    accum = new.grad_accum_steps
+    if not accum_given:
+        share = rows // cfg.world
+        if share % new.micro_batch_size:
+            raise ConfigError(f"{took}; {cfg.world} process(es) take {share} each, which training.micro_batch_size = "
+                              f"{new.micro_batch_size} does not divide: micro_batch_size × grad_accum_steps × "
+                              f"processes must stay {rows}")
+        accum = share // new.micro_batch_size
+    if new.micro_batch_size * accum * cfg.world != rows:
+        raise ConfigError(f"{took}; training.micro_batch_size × training.grad_accum_steps × processes must stay "
+                          f"{rows} (it is {new.micro_batch_size} × {accum} × {cfg.world} = "
+                          f"{new.micro_batch_size * accum * cfg.world}); leave grad_accum_steps out to have it follow")
+    return dataclasses.replace(cfg, training=dataclasses.replace(new, grad_accum_steps=accum))
 
 
 def truncate_metrics(path: Path, step: int) -> None:

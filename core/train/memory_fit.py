@@ -108,8 +108,10 @@ def fit_micro_batch(trainer: Fitting, memory: CudaMemory | HostMemory) -> int | 
     if mb is None:
         raise OutOfMemory(out_of_memory_message(trainer, "a micro-batch of 1 did not fit"))
     trial_peak = memory.take_peak()
+    # The search's answer is the run's micro-batch from here on, as if written in the config: the
+    # checkpoints' config records it, so a resume (on any number of processes) does not search again.
     trainer.cfg = dataclasses.replace(trainer.cfg, training=dataclasses.replace(
-        t, micro_batch_size=mb, grad_accum_steps=effective // mb))
+        t, micro_batch_size=mb, grad_accum_steps=effective // mb, auto_micro_batch=False))
     peak = f"; the trials peaked at {trial_peak / fit.GiB:.2f} GiB allocated" if trial_peak is not None else ""
     trainer.log(f"auto micro-batch: {mb} × {effective // mb} accumulation steps ({effective} sequences a step; "
                 f"the estimate allowed {estimated}, tried {', '.join(map(str, tried))}{peak})")

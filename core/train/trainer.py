@@ -16,8 +16,9 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 
 from .. import protocol as P
@@ -43,6 +44,28 @@ Emit = Callable[[object], None]
 
 class NonFiniteLoss(P.RunFailure):
     pass
+
+
+class DataUnit(NamedTuple):
+    """How a run draws its sequences: each step takes `per_step` batches of `rows` sequences,
+    batch g = step × per_step + j (batches.global_index's numbering over the step's micro-batches).
+    Fixed when the run starts and kept in its checkpoints: a resume that splits the step otherwise
+    (other processes, another micro-batch) still trains on the same sequences in the same order."""
+    rows: int
+    per_step: int
+
+
+def step_rows(draw: Callable[[int], tuple[np.ndarray, np.ndarray]], unit: DataUnit, step: int, first: int,
+              count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences `first` to `first + count` of step `step`'s (0-based), as (inputs, targets);
+    `draw(g)` is batch g. A micro-batch of the run's own size is one whole batch, drawn as always."""
+    xs, ys = [], []
+    for j in range(first // unit.rows, (first + count - 1) // unit.rows + 1):
+        x, y = draw(step * unit.per_step + j)
+        lo, hi = max(first - j * unit.rows, 0), min(first + count - j * unit.rows, unit.rows)
+        xs.append(x[lo:hi])
+        ys.append(y[lo:hi])
+    return (xs[0], ys[0]) if len(xs) == 1 else (np.concatenate(xs), np.concatenate(ys))
 
 
 class NoMetrics:
@@ -71,6 +94,8 @@ class Trainer:
         self.nan_skips = 0
         self.saved_step: int | None = None  # the newest checkpoint on disk
         self.compiling = False  # until the first step this process trains has compiled the model
+        self.data_unit: DataUnit | None = None  # a resumed run's, from its checkpoint
+        self.drawn: tuple[int, tuple[np.ndarray, np.ndarray]] | None = None  # the last batch drawn
 
     # ------------------------------------------------------------------------------- set-up
     def setup(self) -> None:
@@ -111,10 +136,11 @@ class Trainer:
             self.load_checkpoint(self.resume_from)
         self.train_model = self.compiled_model()
         self.keep_grads = fit.keeps_grads(cfg)
-        # A resumed run keeps the micro-batch its checkpoint's config recorded, so its data is the same.
-        if cfg.training.auto_micro_batch and not self.resume_from:
+        # Resumed too, where --set asks for it: the data is drawn in the checkpoint's own batches.
+        if cfg.training.auto_micro_batch:
             memory_fit.fit_micro_batch(self, memory_fit.device_memory(self))  # logs the trials' peak
             cfg = self.cfg
+        self.data_unit = self.agreed_data_unit()
         self.allocate_grads()
         self.flops_per_token = self.model.flops_per_token(cfg.training.seq_len)
         self.peak = peak_flops(self.device, self.log)  # says so where the GPU has no known peak
@@ -133,6 +159,20 @@ class Trainer:
         self.emit(P.RunStarted(str(self.run_dir), cfg.to_dict(), self.n_params, str(self.device),
                                self.precision, self.step, cfg.training.max_steps, cfg.tokens_per_step,
                                g.world, devices, device_uuids(devices)))
+
+    def agreed_data_unit(self) -> DataUnit:
+        """A new run draws its batches in the micro-batches it trains in; a resumed run keeps its
+        checkpoint's, which must add up to the sequences a step takes now."""
+        t, world = self.cfg.training, self.group.world
+        if self.data_unit is None:
+            return DataUnit(t.micro_batch_size, t.grad_accum_steps * world)
+        rows, unit = t.micro_batch_size * t.grad_accum_steps * world, self.data_unit
+        if unit.rows * unit.per_step != rows:
+            raise ConfigError(f"--resume {self.resume_from}: the checkpoint's steps take {unit.rows * unit.per_step} "
+                              "sequences each, and training.micro_batch_size × training.grad_accum_steps × "
+                              f"processes is {t.micro_batch_size} × {t.grad_accum_steps} × {world} = {rows}: it must "
+                              "stay equal")
+        return unit
 
     def resumed_cpu_verdict(self) -> cpu_precision.Verdict | None:
         """A run resumed on a CPU keeps the precision its checkpoint's steps were taken in (so a
@@ -219,11 +259,19 @@ class Trainer:
             self.log(f"resume: {rng_note}")
         if self.scaler and state.get("grad_scaler"):
             self.scaler.load_state_dict(state["grad_scaler"])
-        saved_world, t = state.get("world", 1), self.cfg.training
-        moved = (f"; saved by {saved_world} process(es), continuing on {self.group.world} with {t.grad_accum_steps} "
-                 "accumulation step(s), the same batches" if saved_world != self.group.world else "")
+        saved_world, t, saved = state.get("world", 1), self.cfg.training, checkpoint_config(Path(path)).training
+        # Checkpoints from before "data_unit" drew theirs in the micro-batches they trained in.
+        unit = state.get("data_unit") or (saved.micro_batch_size, saved.grad_accum_steps * saved_world)
+        self.data_unit = DataUnit(*unit)
+        moved = ""
+        if saved_world != self.group.world:
+            moved = f"; saved by {saved_world} process(es), continuing on {self.group.world}"
+        if moved or (saved.micro_batch_size, saved.grad_accum_steps) != (t.micro_batch_size, t.grad_accum_steps):
+            moved += (f"{'' if moved else '; continuing'} with {t.grad_accum_steps} accumulation step(s) of "
+                      f"{t.micro_batch_size} sequences (saved: {saved.grad_accum_steps} of {saved.micro_batch_size}), "
+                      "the same batches")
         self.log(f"resumed from {path} at step {self.step} ({self.tokens_seen:,} tokens seen{moved})")
-        self.note_schedule_change(checkpoint_config(Path(path)).training.max_steps)
+        self.note_schedule_change(saved.max_steps)
 
     def note_schedule_change(self, saved_max_steps: int) -> None:
         """A new step budget stretches (or shrinks) the schedule from here on: say so, with the rates."""
@@ -279,9 +327,9 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         step_batches = []
         for micro in range(t.grad_accum_steps):
-            g = batches.global_index(self.step, self.group.rank, micro, self.group.world, t.grad_accum_steps)
+            first = (self.group.rank * t.grad_accum_steps + micro) * t.micro_batch_size
             x, y = (torch.from_numpy(a).to(self.device, non_blocking=True)
-                    for a in batches.get_batch(self.data.train, t.seed, g, t.micro_batch_size, t.seq_len))
+                    for a in step_rows(self.draw, self.data_unit, self.step, first, t.micro_batch_size))
             step_batches.append((x, y))
             if t.compile:
                 # Each micro-batch is a whole forward and backward: nothing the graphs' pool holds
@@ -324,6 +372,13 @@ class Trainer:
         self.metrics.write("step", step=self.step, loss=loss_val, lr=lr, grad_norm=norm_val,
                            tokens_per_s=tps, mfu=mfu, dt=dt, mem=mem or None)
         self.emit(P.StepMetrics(self.step, loss_val, lr, norm_val, tps, mfu, dt, self.tokens_seen, mem))
+
+    def draw(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        """Batch g of the run's data; kept, since micro-batches smaller than it take it in parts."""
+        if self.drawn is None or self.drawn[0] != g:
+            t = self.cfg.training
+            self.drawn = g, batches.get_batch(self.data.train, t.seed, g, self.data_unit.rows, t.seq_len)
+        return self.drawn[1]
 
     def compiled(self) -> None:
         """RUNNING once the first step this process trains has compiled the model: a resumed run's
@@ -417,7 +472,10 @@ class Trainer:
     def evaluate(self) -> None:
         cfg, t = self.cfg, self.cfg.training
         self.emit(P.StateChanged(P.EVALUATING))
-        starts = batches.eval_windows(len(self.data.val), cfg.eval.batches, t.micro_batch_size, t.seq_len)
+        # The windows in the run's own batches (the same at every evaluation, whatever a resume
+        # changed of the micro-batch), evaluated a micro-batch at a time.
+        windows = batches.eval_windows(len(self.data.val), cfg.eval.batches, self.data_unit.rows, t.seq_len).ravel()
+        starts = [windows[i:i + t.micro_batch_size] for i in range(0, len(windows), t.micro_batch_size)]
         nats, n_bytes, n_tokens, loss_sum = 0.0, 0, 0, 0.0
         token_bytes = torch.from_numpy(self.data.token_bytes).to(self.device)
         g = self.group
@@ -459,6 +517,7 @@ class Trainer:
             return
         self.emit(P.StateChanged(P.CHECKPOINTING))
         state = {"tokens_seen": self.tokens_seen, "nan_skips": self.nan_skips, "world": self.group.world,
+                 "data_unit": list(self.data_unit),
                  "config_hash": self.cfg.hash(),
                  # what precision "auto" chose on a CPU: a resume keeps it (resumed_cpu_verdict)
                  "cpu_precision": self.precision if self.device.type == "cpu" else None,
