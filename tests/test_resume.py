@@ -238,6 +238,42 @@ def test_a_skipped_bad_step_keeps_the_weights_and_the_run_goes_on_healthy(tmp_pa
     assert all(np.isfinite(w).all() for w in final.values())
 
 
+def test_a_non_finite_loss_under_the_loss_scaler_is_skipped_counted_and_stops(tmp_path):
+    """fp16 trains with a loss scaler (precision "auto" on V100, T4, RTX 20xx), which skips a step
+    whose gradients overflowed and lowers its scale. A NaN loss is no overflow: it goes through
+    on_nan as without the scaler (it once trained on, NaN, to max_steps). torch's CPU scaler does
+    what the CUDA one does; steps 3 and 5 have a poisoned loss, one skip is allowed."""
+    import torch
+
+    from lmcockpit.core.run.folder import create_run_dir
+    from lmcockpit.core.train.trainer import NonFiniteLoss, Trainer
+
+    class Scaled(Trainer):
+        def setup(self):
+            super().setup()
+            self.scaler = torch.amp.GradScaler("cpu")
+
+        def compiled_model(self):
+            model = super().compiled_model()
+            return lambda x, y: model(x, y) * (float("nan") if self.step + 1 in (3, 5) else 1.0)
+
+    logs, steps = [], []
+    cfg = tiny_config("eval.every=0", "training.on_nan=\"skip\"", "training.max_nan_skips=1")
+    emit = lambda ev: steps.append(ev.step) if isinstance(ev, P.StepMetrics) else None  # noqa: E731
+    trainer = Scaled(cfg, create_run_dir(cfg, "test", str(tmp_path / "run")), emit, logs.append, lambda block: None)
+    try:
+        with pytest.raises(NonFiniteLoss, match="non-finite values at step 5"):
+            trainer.run()
+    finally:
+        trainer.close()
+        torch.use_deterministic_algorithms(False)  # the trainer set it for this whole process
+    assert steps == [1, 2, 4]  # step 4 trained after the skip: the scaler took its next step
+    assert [line for line in logs if "update skipped" in line][0].endswith("update skipped (1/1)")
+    for bad in (3, 5):
+        assert (tmp_path / "run" / "nan_debug" / f"step_{bad:06d}" / "report.txt").is_file()
+    assert latest_checkpoint(tmp_path / "run").name == "step_000004"  # the last good weights
+
+
 def copy_checkpoint(src: Path, dst: Path, step: int) -> Path:
     import shutil
 

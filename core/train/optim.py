@@ -99,6 +99,24 @@ def set_lr(opts: list[torch.optim.Optimizer], multiplier: float) -> None:
             group["lr"] = group["peak_lr"] * multiplier
 
 
+def step_optimizers(opts: list[torch.optim.Optimizer], scaler: torch.amp.GradScaler | None, grad_norm: float) -> bool:
+    """One step of every optimizer, or, with fp16's loss scaler after gradients that overflowed,
+    of none; returns whether they stepped. The scaler checks each optimizer's gradients on its
+    own and skips only those with an inf: where only Muon's matrices overflowed, AdamW would still
+    step, on gradients the clipping had just multiplied by 1/inf = 0 (moving by its momentum alone),
+    and the run's two halves would part. `grad_norm`, over every gradient, is the check for all."""
+    if scaler is None:
+        for opt in opts:
+            opt.step()
+        return True
+    stepped = math.isfinite(grad_norm)
+    if stepped:
+        for opt in opts:
+            scaler.step(opt)
+    scaler.update()  # once a step, from what unscale_ found: the scale halves after an overflow
+    return stepped
+
+
 def clip_grad_norm(params, max_norm: float, group: Group) -> torch.Tensor:
     """Scale gradients down to `max_norm` (0: no clipping); return their total norm. The squares
     are summed in float64, so a norm summed shard by shard (FSDP) and one summed whole give the

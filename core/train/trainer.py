@@ -37,7 +37,7 @@ from . import checkpoint, memory_fit, nan_debug
 from .group import Group
 from .loggers import Metrics, start_loggers
 from .memory_fit import OutOfMemory, oom_in
-from .optim import build_optimizers, clip_grad_norm, describe, lr_multiplier, set_lr, set_peak_lrs
+from .optim import build_optimizers, clip_grad_norm, describe, lr_multiplier, set_lr, set_peak_lrs, step_optimizers
 
 Emit = Callable[[object], None]
 
@@ -349,16 +349,15 @@ class Trainer:
         # be caught before any optimizer touches the weights.
         loss_val, norm_val = (float(v) for v in torch.stack([loss_sum, grad_norm.float()]).tolist())
         self.compiled()
-        if not (math.isfinite(loss_val) and math.isfinite(norm_val)) and not self.scaler:
+        # Overflowing gradients are the loss scaler's to skip (and its scale to lower); a
+        # non-finite loss is not: the scale only multiplies the backward, and skipping would go on
+        # halving it to the end of the run.
+        if not math.isfinite(loss_val) or not (self.scaler or math.isfinite(norm_val)):
             self.on_non_finite(loss_val, norm_val, step_batches)
+            if self.scaler:  # it refuses the next step's unscale_ until an update ends this one
+                self.scaler.update()
             return
-        for opt in self.optimizers:
-            if self.scaler:
-                self.scaler.step(opt)
-            else:
-                opt.step()
-        if self.scaler:
-            self.scaler.update()
+        step_optimizers(self.optimizers, self.scaler, norm_val)
         self.clear_grads()
         self.step += 1
         self.tokens_seen += cfg.tokens_per_step
