@@ -55,19 +55,33 @@ UNREAD = {
 }
 
 
-@pytest.mark.parametrize("name, what", [
-    ("corpus.tgz", "a tar archive"), ("dump.7z", "a 7-Zip archive"), ("x.zip", "a ZIP archive"),
-    ("data.tar.gz", "a tar archive"), ("shard.jsonl.lz4", "LZ4-compressed"), ("page.txt.br", "Brotli-compressed"),
-])
-def test_an_archive_or_an_unread_compression_is_refused_by_name_alone_or_in_a_folder(tmp_path, name, what):
-    folder = tmp_path / "folder"
-    folder.mkdir()
-    write_jsonl(folder / "fine.jsonl", records(5))
-    (folder / name).write_bytes(UNREAD[name]())
-    for source in (folder / name, folder):
-        with pytest.raises(ConfigError, match=rf"{name}: {what}, which lmcockpit does not read: .*it reads text, "
-                                              r"JSON lines .*\.bz2\), \.parquet"):
-            sources.list_source(DataConfig(source=str(source)))
+ARCHIVES = [("corpus.tgz", "a tar archive"), ("dump.7z", "a 7-Zip archive"), ("x.zip", "a ZIP archive"),
+            ("data.tar.gz", "a tar archive")]
+COMPRESSED = [("shard.jsonl.lz4", "LZ4-compressed"), ("page.txt.br", "Brotli-compressed")]
+
+
+def refused(source: Path, name: str, what: str):
+    with pytest.raises(ConfigError, match=rf"{name}: {what}, which lmcockpit does not read: .*it reads text, "
+                                          r"JSON lines .*\.bz2\), \.parquet"):
+        sources.list_source(DataConfig(source=str(source)))
+
+
+@pytest.mark.parametrize("name, what", COMPRESSED)
+def test_an_unread_compression_is_refused_by_name_alone_or_in_a_folder(tmp_path, name, what):
+    write_jsonl(tmp_path / "fine.jsonl", records(5))
+    (tmp_path / name).write_bytes(UNREAD[name]())
+    refused(tmp_path / name, name, what)
+    refused(tmp_path, name, what)
+
+
+@pytest.mark.parametrize("name, what", ARCHIVES)
+def test_an_archive_is_refused_as_the_source_and_skipped_beside_its_unpacked_files(tmp_path, name, what):
+    texts = records(5)
+    write_jsonl(tmp_path / "fine.jsonl", texts)
+    (tmp_path / name).write_bytes(UNREAD[name]())
+    refused(tmp_path / name, name, what)
+    assert [f.rel for f in sources.list_source(DataConfig(source=str(tmp_path))).files] == ["fine.jsonl"]
+    assert texts_of(tmp_path) == texts
 
 
 BINARY = {

@@ -92,10 +92,13 @@ def stdlib_files(root: Path) -> list[Path]:
     return out
 
 
-def file_kind(path: Path) -> tuple[str, str] | None:
+def file_kind(path: Path, alone: bool = True) -> tuple[str, str] | None:
     """(kind, compression) by the file's suffixes; None for what is skipped (a known binary file,
-    something compressed that is neither text nor JSON); a ConfigError naming an archive or a
-    compression this does not read."""
+    something compressed that is neither text nor JSON, an archive in a folder); a ConfigError
+    naming a compression this does not read, or an archive given `alone` as the source.
+
+    An archive in a folder is skipped, not refused: downloads such as wikitext keep their .zip
+    beside the files unpacked from it, and those files are the data."""
     suffixes = [s.lower() for s in path.suffixes]
     last = suffixes[-1] if suffixes else ""
     if last in UNREAD_COMPRESSIONS:
@@ -104,6 +107,8 @@ def file_kind(path: Path) -> tuple[str, str] | None:
     compression = COMPRESSIONS.get(last, "")
     inner = suffixes[-2] if compression and len(suffixes) > 1 else last
     if inner in ARCHIVES:
+        if not alone:
+            return None
         raise ConfigError(f"{path}: a {ARCHIVES[inner]} archive, which lmcockpit does not read: unpack it and "
                           f"move the archive out of the source (it reads {READ_FORMATS})")
     if compression and inner not in JSON_SUFFIXES and inner not in TEXT_SUFFIXES:
@@ -182,7 +187,7 @@ def list_source(cfg: DataConfig, budget_tokens: int = 0, fetch: bool = True) -> 
         desc = cfg.source if cfg.source.startswith("hf:") else str(Path(cfg.source).expanduser().resolve())
     files = []
     for p in sorted(paths):
-        kind = file_kind(p)
+        kind = file_kind(p, alone=single)
         if kind is None:
             if single:  # the source itself: skipping it would only say it is empty
                 raise ConfigError(f"data.source = {cfg.source!r}: not a format lmcockpit reads "
