@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lmcockpit.core.config import load_config
-from lmcockpit.core.data.hub import FILE_BYTES_PER_TOKEN
+from lmcockpit.core.data.hub import FILE_BYTES_PER_TOKEN, choose_files
 
 from .fake_hub import FakeHub
 
@@ -105,6 +105,15 @@ def fetched(tmp_path_factory):
         env = hub_env(tmp / "hf", hub.url)
         proc = prepare(env, tmp / "tokens", f"training.max_steps={steps}")
         yield hub, env, tmp, steps, proc
+
+
+def test_every_format_a_build_reads_is_fetched_and_a_readme_is_not():
+    listing = [("README.md", 10), (".gitattributes", 10), ("en/c4-train.00000-of-01024.json.gz", 10),
+               ("dump/part-0.jsonl.bz2", 10), ("dump/part-1.jsonl.xz", 10), ("wiki/a.txt", 10),
+               ("sample/000.parquet", 10), ("data/train.arrow", 10), ("dataset_infos.json.lock", 10)]
+    assert choose_files(listing, 0) == sorted(["en/c4-train.00000-of-01024.json.gz", "dump/part-0.jsonl.bz2",
+                                               "dump/part-1.jsonl.xz", "wiki/a.txt", "sample/000.parquet",
+                                               "data/train.arrow"])
 
 
 def test_prepare_fetches_only_the_shards_its_budget_needs(fetched):

@@ -18,8 +18,12 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import ConfigError
+from .sources import COMPRESSIONS, JSON_SUFFIXES
 
-DATA_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".arrow", ".txt")
+# What a build reads (sources.py), plain and compressed (C4's shards are .json.gz); of text only
+# .txt: a dataset's README.md is not its data.
+DATA_SUFFIXES = (".parquet", ".arrow") + tuple(
+    kind + comp for kind in (*sorted(JSON_SUFFIXES), ".txt") for comp in ("", *COMPRESSIONS))
 # Compressed bytes a token takes at most in a Parquet text shard (FineWeb-Edu: about 2.7 per GPT-2
 # token), with the margin a budget gets: what is fetched covers the run, rarely much more.
 FILE_BYTES_PER_TOKEN = 4.0
@@ -120,8 +124,8 @@ def local_folder(spec: str, budget_tokens: int = 0) -> Path:
                    if hasattr(f, "size")]
         chosen = choose_files(listing, int(budget_tokens * FILE_BYTES_PER_TOKEN))
         if not chosen:
-            raise ConfigError(f"data.source = {spec!r}: no data files ({', '.join(DATA_SUFFIXES)}) under "
-                              f"{prefix or 'the dataset'}")
+            raise ConfigError(f"data.source = {spec!r}: no data files (.parquet, .arrow, JSON lines or .txt, "
+                              f"plain or compressed) under {prefix or 'the dataset'}")
         return Path(snapshot_download(repo, repo_type="dataset", allow_patterns=chosen)) / path
 
     use = "DIR/" + path if path else "DIR"
