@@ -307,3 +307,34 @@ def test_a_sessions_exit_code_is_its_worst_outcome():
     assert exit_code_of([finished, interrupted]) == 130
     assert exit_code_of([interrupted, refused]) == 2
     assert exit_code_of([refused, failed, finished]) == 1
+
+
+# --------------------------------------------------------------- a host ending as a resume starts
+def test_a_host_ending_leaves_the_files_of_a_run_resumed_meanwhile(tmp_path):
+    """The old host removes its socket, live.json, live.key and registry pointer as its engine
+    ends; a resume started then has written its own at the same places, and must stay listed and
+    attachable."""
+    old = serve(tmp_path)
+    live.register(tmp_path)
+    new = host.RunServer(tmp_path, on_command=lambda c: None, log=lambda text: None)  # a new key, a new socket
+    resumed = live.LiveRecord(str(tmp_path.resolve()), os.getppid(), socket.gethostname(), str(new.path))
+    resumed.write()
+    live.register(tmp_path)
+    try:
+        host.stop_serving(tmp_path, old)
+        assert live.LiveRecord.read(tmp_path) == resumed
+        assert live.read_key(tmp_path) == new.key
+        RunViewer(tmp_path).close()  # the resumed run's host answers, at the same path
+        assert [r.live for r in live.live_runs() if r.run_dir == tmp_path.resolve()] == [True]
+    finally:
+        new.close(grace=1)
+        live.forget(tmp_path)
+
+
+def test_a_host_ending_alone_removes_all_it_wrote(tmp_path):
+    server = serve(tmp_path)
+    live.register(tmp_path)
+    host.stop_serving(tmp_path, server)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("live.")]
+    assert all(r.run_dir != tmp_path.resolve() for r in live.live_runs())
+    assert not list(live.state_home().glob(f"{live.run_key(tmp_path)}.json"))

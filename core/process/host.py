@@ -120,11 +120,16 @@ class RunServer:
         self.key = live.new_key(self.run_dir)
         self.path = live.socket_path(self.run_dir)
         self.path.unlink(missing_ok=True)  # a dead host's
+        # A socket of our own, not multiprocessing's Listener: closing that one unlinks its path,
+        # which by then may be a resumed run's host's socket (close).
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         saved = os.umask(0o177)  # the socket file is 0600 from its first instant
         try:
-            self.listener = connection.Listener(str(self.path), family="AF_UNIX")
+            self.listener.bind(str(self.path))
         finally:
             os.umask(saved)
+        self.listener.listen()
+        self.inode = _inode(self.path)  # which socket file at that path is ours
         self.viewers: list[Viewer] = []
         self.lock = threading.Lock()
         self.snapshot: dict[type, object] = {}  # the latest RunStarted, StateChanged, Progress
@@ -134,7 +139,9 @@ class RunServer:
     def _accept(self) -> None:
         while not self.closing:
             try:
-                conn = self.listener.accept()
+                sock, _ = self.listener.accept()
+                sock.setblocking(True)
+                conn = connection.Connection(sock.detach())
             except OSError:
                 break
             threading.Thread(target=self._admit, args=(conn,), name="handshake", daemon=True).start()
@@ -195,7 +202,20 @@ class RunServer:
         for viewer in viewers:
             viewer.sender.join(max(0.0, deadline - time.monotonic()))
         self.listener.close()
-        self.path.unlink(missing_ok=True)
+        # A host started on this run meanwhile (a resume) has put its own socket at the same path
+        # and then written its live.json (this host's went as its engine ended). The inode alone
+        # cannot tell: the new socket file may get the number the old one freed.
+        record = live.LiveRecord.read(self.run_dir)
+        if _inode(self.path) == self.inode and (record is None or record.pid == os.getpid()):
+            self.path.unlink(missing_ok=True)
+
+
+def _inode(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 class Summary:
@@ -261,9 +281,16 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
             report.event(event)
         summary.write(server.count)
     report.ended(engine.final_state or P.FAILED, engine.failure)
-    server.close()
-    live.forget(run_dir)
+    stop_serving(run_dir, server)
     return 0 if engine.failure is None else 1
+
+
+def stop_serving(run_dir: Path, server: RunServer) -> None:
+    """Once the engine has ended. Its run folder is free from that moment and a resume may start
+    a host of its own on it, writing the same files: live.json and live.key go at once, not after
+    the viewers' grace, and each file this host leaves is removed only if it is still its own."""
+    live.release(run_dir, os.getpid(), server.key)
+    server.close()
 
 
 def spawn(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None, label: str,

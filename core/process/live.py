@@ -14,8 +14,9 @@ in three places:
 
 The socket lives in the run folder when its path fits a Unix socket's 108 bytes, else under
 `$XDG_RUNTIME_DIR` (or a 0700 folder of the user's in /tmp): the kernel's limit, not a choice.
-An orderly host removes all three when its engine ends. One that died leaves them: its run is
-listed as dead, with the command that resumes it.
+An orderly host removes all three when its engine ends, those that are still its own (a run
+resumed at that moment has written its own). One that died leaves them: its run is listed as
+dead, with the command that resumes it.
 """
 
 from __future__ import annotations
@@ -157,6 +158,23 @@ def forget(run_dir: Path) -> None:
     unregister(run_dir)
     for name in (RECORD, KEY):
         (Path(run_dir) / name).unlink(missing_ok=True)
+
+
+def release(run_dir: Path, pid: int, key: bytes) -> None:
+    """What an ended host removes: live.json and live.key while they are still its own (its pid,
+    its key), and the registry's pointer unless another host's live.json is there. A run resumed
+    as this host ends writes the same files: they are that run's, and it must stay listed and
+    attachable."""
+    record = LiveRecord.read(run_dir)
+    if record is not None and record.pid == pid and record.machine == socket.gethostname():
+        (Path(run_dir) / RECORD).unlink(missing_ok=True)
+    try:
+        if read_key(run_dir) == key:
+            (Path(run_dir) / KEY).unlink(missing_ok=True)
+    except OSError:
+        pass  # none: nothing to remove
+    if LiveRecord.read(run_dir) is None:
+        unregister(run_dir)
 
 
 def live_runs() -> list[LiveRun]:
