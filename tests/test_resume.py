@@ -1,5 +1,6 @@
 """Runs that survive: exact resume in both forms, kills (also mid-checkpoint), signals, NaNs."""
 
+import contextlib
 import json
 import os
 import signal
@@ -304,6 +305,40 @@ def test_checkpoints_are_ordered_by_step_number_not_by_name(reference, tmp_path)
     assert (run / "checkpoints" / "step_999990").exists()
     _prune(run / "checkpoints", keep=1)
     assert [p.name for p in (run / "checkpoints").glob("step_*")] == ["step_1000000"]
+
+
+def test_a_kill_while_a_checkpoint_is_pruned_leaves_none_half_deleted(reference, tmp_path):
+    """Pruning deleted step_N/ in place: a kill part way left a checkpoint listed as complete with
+    its shards gone, or with its state.json gone first, unlisted and so never pruned. It is now
+    renamed out of sight first; the process is killed just after that rename, the earliest point
+    where deleting could begin."""
+    import shutil
+    import subprocess
+    import sys
+
+    from lmcockpit.core.run.folder import list_checkpoints
+    from lmcockpit.core.train.checkpoint import _prune
+
+    root = tmp_path / "run" / "checkpoints"
+    shutil.copytree(reference / "checkpoints", root)
+    prune = ("import sys, pathlib; from lmcockpit.core.train.checkpoint import _prune; "
+             "_prune(pathlib.Path(sys.argv[1]), 1)")
+    proc = subprocess.Popen([sys.executable, "-c", prune, str(root)],
+                            env={**os.environ, "LMCOCKPIT_TEST_HOLD_PRUNE": "step_000020"})
+    held = tmp_path / "run" / "prune-held"
+    try:
+        while not held.exists() and proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert held.read_text() == "step_000020"
+    assert [p.name for p in list_checkpoints(root)] == ["step_000040"]
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [".pruned-step_000020", "step_000040"]
+
+    _prune(root, 1)  # the next prune deletes what the kill left
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["step_000040"]
 
 
 def test_a_stop_at_a_saved_step_keeps_that_checkpoint_as_it_is(reference, tmp_path):

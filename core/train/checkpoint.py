@@ -10,8 +10,10 @@
 Everything is written into a temporary folder, fsynced, and the folder renamed into place; only
 then is the `latest` pointer replaced (atomically, by rename). A kill at any point leaves either
 the new checkpoint complete or the previous one untouched; leftover `.tmp-*` folders are ignored
-and cleaned up by the next writer. Every rank calls `save` and `load`; rank 0 alone touches the
-folders.
+and cleaned up by the next writer. Pruning works the other way round: a checkpoint is renamed out
+of sight (`.pruned-*`) before it is deleted, so a kill never leaves one that looks complete but
+has lost files, nor one whose state.json went first (unlisted, so never pruned). Every rank
+calls `save` and `load`; rank 0 alone touches the folders.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ..run.folder import CONFIG, list_checkpoints
 from .group import Group
 
 LATEST = "latest"
+PRUNED = ".pruned-"  # a checkpoint being deleted (list_checkpoints sees only step_N folders)
 
 
 class CheckpointError(RuntimeError):
@@ -215,8 +218,24 @@ def _clean_partial(ckpt_root: Path) -> None:
 
 
 def _prune(ckpt_root: Path, keep: int) -> None:
+    for left in ckpt_root.glob(f"{PRUNED}*"):  # a kill cut an earlier deletion short
+        shutil.rmtree(left, ignore_errors=True)
     for old in list_checkpoints(ckpt_root)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        doomed = old.with_name(f"{PRUNED}{old.name}")
+        try:
+            os.rename(old, doomed)
+        except OSError:  # a leftover of that name the loop above could not delete: keep this one whole
+            continue
+        _test_hold_prune(ckpt_root, old.name)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _test_hold_prune(ckpt_root: Path, name: str) -> None:
+    """Tests only: with LMCOCKPIT_TEST_HOLD_PRUNE=step_N, the deletion of that checkpoint announces
+    that it is renamed out of sight but not yet deleted, and waits there, for a kill."""
+    if os.environ.get("LMCOCKPIT_TEST_HOLD_PRUNE") == name:
+        (ckpt_root.parent / "prune-held").write_text(name)
+        threading.Event().wait()
 
 
 def _distributed() -> bool:
