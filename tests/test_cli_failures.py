@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -338,3 +339,34 @@ def test_a_host_ending_alone_removes_all_it_wrote(tmp_path):
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("live.")]
     assert all(r.run_dir != tmp_path.resolve() for r in live.live_runs())
     assert not list(live.state_home().glob(f"{live.run_key(tmp_path)}.json"))
+
+
+# ------------------------------------------------------------------ Ctrl-C before the first step
+def test_ctrl_c_while_the_run_prepares_says_when_it_will_stop(tmp_path):
+    """The engine hears commands between steps only: a Ctrl-C while it prepares is answered once
+    the preparation is done, before any step, and the user is told so rather than promised a
+    checkpoint."""
+    def engine_started() -> bool:
+        """The engine exists and the front-end takes SIGINT again: it ignores it while it starts
+        the engine (runner._sigint_ignored), and a Ctrl-C then is lost to both."""
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        ignored = int(re.search(r"^SigIgn:\s*([0-9a-f]+)", status, re.M).group(1), 16)
+        return (not ignored & 1 << (signal.SIGINT - 1)
+                and any("spawn_main" in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children()))
+
+    out = tmp_path / "run"
+    proc = cli_popen("--run", "debug", *as_flags(TINY), "--out", str(out))
+    try:
+        deadline = time.monotonic() + 60
+        while not engine_started():  # and only just: it prepares for seconds (torch's import alone)
+            assert proc.poll() is None and time.monotonic() < deadline, "the engine never started"
+            time.sleep(0.02)  # polling the state waited for, not standing in for it
+        proc.send_signal(signal.SIGINT)
+        out_text, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "SIGINT: the run stops once its preparation (data, model) is done, before its first step" in out_text
+    assert "step 1/" not in out_text and "interrupted at step 0" in out_text

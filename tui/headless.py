@@ -85,8 +85,14 @@ class Headless:
         self.interrupts += 1
         if self.interrupts == 1:
             self.engine.send(P.Abort(save=True, interrupted=True))
-            self.say(f"{signal.Signals(signum).name}: finishing this step and writing a checkpoint "
-                     "(Ctrl-C again to stop at once)")
+            if self.view.state == P.PREPARING:
+                # The engine hears commands between steps only: preparing the data, building the
+                # model and searching the micro-batch run to their end first.
+                self.say(f"{signal.Signals(signum).name}: the run stops once its preparation (data, model) is "
+                         "done, before its first step (Ctrl-C again to stop at once)")
+            else:
+                self.say(f"{signal.Signals(signum).name}: finishing this step and writing a checkpoint "
+                         "(Ctrl-C again to stop at once)")
         elif signum == signal.SIGINT:
             # The checkpoint being written (if any) is in a temporary folder: killing the engine
             # now leaves the previous checkpoint untouched.
