@@ -15,6 +15,7 @@ which goes on in the background as asked (its host ignores a reader that is gone
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 from rich.console import Console
@@ -49,21 +50,22 @@ def start_detached(plan: RunPlan) -> int:
     finally:
         reports.close()
     attach = f"`lmcockpit attach {plan.run_dir}` shows it, `lmcockpit ps` lists every run"
-    if outcome.get("started"):
-        print(f"run folder: {plan.run_dir}\ntraining in the background: {attach}")
-        return 0
     if outcome.get("waiting"):
         print(f"run folder: {plan.run_dir}\nstill starting after {START_WAIT:.0f} s ({outcome['waiting']}); it goes "
               f"on in the background: {attach}")
         return 0
+    if outcome.get("gone") and not ended(proc, 10):  # the pipe closed, but the host serves: it goes on
+        outcome = {"started": True}
+    if outcome.get("started"):
+        print(f"run folder: {plan.run_dir}\ntraining in the background: {attach}")
+        return 0
     if outcome.get("gone"):
-        proc.wait()
         last = (plan.run_dir / host.HOST_LOG).read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
         Console(stderr=True, highlight=False, soft_wrap=True).print(
             Text(f"run failed: its host ended without a word: {' | '.join(last) or 'it said nothing'}"), style="bold red")
         print(f"run folder: {plan.run_dir}")
         return 1
-    proc.wait(timeout=60)  # its files in the run folder (the socket, live.json) are gone with it
+    ended(proc, 60)  # its files in the run folder (the socket, live.json) are gone with it
     if outcome.get("user_error"):
         code = error(outcome["message"])
         discard_unstarted_run(plan)
@@ -76,6 +78,15 @@ def start_detached(plan: RunPlan) -> int:
         print(f"{state} before training started")
     print(f"run folder: {plan.run_dir}")
     return 1 if outcome.get("message") else EXIT_CODES.get(state, 1)
+
+
+def ended(proc: subprocess.Popen, timeout: float) -> bool:
+    """Whether the host has exited, waiting `timeout` seconds at most."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def wait_for_start(reports: Reports) -> dict:
