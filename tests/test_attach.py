@@ -350,3 +350,17 @@ def test_a_row_being_written_is_not_read_as_a_row(tmp_path):
     assert [e.step for e in history(tmp_path, 4) if isinstance(e, P.StepMetrics)] == [1]
     (tmp_path / "metrics.jsonl").write_text(whole + json.dumps({**step, "step": 2}) + "\n")
     assert [r["step"] for r in read_metrics(tmp_path, "step")] == [1, 2]
+
+
+def test_a_row_cut_by_a_kill_and_written_on_is_passed_over(tmp_path):
+    """An engine killed mid-row leaves half a line; the front-end's failure row is appended to it."""
+    from lmcockpit.core.process.viewer import history
+
+    step = {"kind": "step", "time": 1.0, "step": 1, "loss": 5.0, "lr": 1e-3, "grad_norm": 1.0,
+            "tokens_per_s": 10.0, "mfu": None, "dt": 0.1, "mem": None}
+    cut = json.dumps({**step, "step": 2})[:40]
+    failure = json.dumps({"kind": "failure", "time": 2.0, "step": 2, "message": "killed"})
+    (tmp_path / "metrics.jsonl").write_bytes(
+        (json.dumps(step) + "\n" + cut).encode() + b"\xff" + (failure + "\n" + json.dumps({**step, "step": 3}) + "\n").encode())
+    assert [r["step"] for r in read_metrics(tmp_path, "step")] == [1, 3]
+    assert [e.step for e in history(tmp_path, 4) if isinstance(e, P.StepMetrics)] == [1, 3]

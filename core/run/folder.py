@@ -143,9 +143,22 @@ def read_metrics(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]
         return []
     # Every row ends with a newline: what follows the last one is a row the engine is writing now
     # (a viewer attaching, a comparison of a live run), not yet a row.
-    whole = path.read_text().rpartition("\n")[0]
-    rows = [json.loads(line) for line in whole.splitlines() if line.strip()]
-    return [r for r in rows if kind is None or r["kind"] == kind]
+    whole = path.read_text(encoding="utf-8", errors="replace").rpartition("\n")[0]
+    return [r for r in _rows(whole.splitlines()) if kind is None or r.get("kind") == kind]
+
+
+def _rows(lines: list[str]) -> list[dict[str, Any]]:
+    """The rows of these lines, past those that are not one: an engine killed mid-row leaves half
+    a line, and whoever writes next (the front-end's failure row, a resumed run) goes on from it."""
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def tail_lines(path: Path, max_bytes: int = 65536) -> list[str]:
@@ -162,13 +175,7 @@ def tail_lines(path: Path, max_bytes: int = 65536) -> list[str]:
 
 def tail_rows(path: Path, max_bytes: int = 65536) -> list[dict[str, Any]]:
     """The last metrics rows."""
-    rows = []
-    for line in tail_lines(path, max_bytes):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    return _rows(tail_lines(path, max_bytes))
 
 
 def run_summary(run_dir: Path) -> dict[str, Any]:
