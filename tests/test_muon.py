@@ -154,9 +154,9 @@ def test_parameter_grouping():
 
 def test_schedules():
     cos = OptimizerConfig(warmup_steps=10, min_lr_ratio=0.1, schedule="cosine")
-    assert lr_multiplier(0, 100, cos) == 0.1 and lr_multiplier(9, 100, cos) == 1.0
-    assert abs(lr_multiplier(55, 100, cos) - 0.55) < 1e-9  # half way down: floor + (1 - floor)/2
-    assert abs(lr_multiplier(100, 100, cos) - 0.1) < 1e-9
+    assert lr_multiplier(0, 101, cos) == 0.1 and lr_multiplier(9, 101, cos) == 1.0
+    assert abs(lr_multiplier(55, 101, cos) - 0.55) < 1e-9  # half way down: floor + (1 - floor)/2
+    assert abs(lr_multiplier(100, 101, cos) - 0.1) < 1e-9
     wsd = OptimizerConfig(warmup_steps=10, min_lr_ratio=0.0, schedule="wsd", decay_fraction=0.2)
-    assert lr_multiplier(50, 100, wsd) == 1.0 and lr_multiplier(79, 100, wsd) == 1.0
-    assert abs(lr_multiplier(90, 100, wsd) - 0.5) < 1e-9 and lr_multiplier(100, 100, wsd) == 0.0
+    assert lr_multiplier(50, 101, wsd) == 1.0 and lr_multiplier(79, 101, wsd) == 1.0
+    assert abs(lr_multiplier(90, 101, wsd) - 0.5) < 1e-9 and lr_multiplier(100, 101, wsd) == 0.0

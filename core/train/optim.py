@@ -78,19 +78,23 @@ def set_peak_lrs(opts: list[torch.optim.Optimizer], cfg: OptimizerConfig) -> Non
 
 def lr_multiplier(step: int, max_steps: int, cfg: OptimizerConfig) -> float:
     """Share of the peak learning rate at `step` (0-based): linear warmup, then cosine decay to
-    `min_lr_ratio`, or warmup-stable-decay with a linear decay over the last `decay_fraction`."""
+    `min_lr_ratio`, or warmup-stable-decay with a linear decay over the last `decay_fraction`.
+    The decay ends on the last step trained, max_steps - 1: spread to max_steps, it never
+    reached its floor (0.111, not 0.1, at the end of 400 WSD steps)."""
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
-    floor = cfg.min_lr_ratio
+    floor, last = cfg.min_lr_ratio, max_steps - 1
     if cfg.schedule == "cosine":
-        span = max(1, max_steps - cfg.warmup_steps)
-        progress = min(1.0, (step - cfg.warmup_steps) / span)
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * _progress(step, cfg.warmup_steps, last)))
     decay_start = max(cfg.warmup_steps, int(max_steps * (1 - cfg.decay_fraction)))
     if step < decay_start:
         return 1.0
-    progress = min(1.0, (step - decay_start) / max(1, max_steps - decay_start))
-    return 1.0 - (1 - floor) * progress
+    return floor + (1 - floor) * (1 - _progress(step, decay_start, last))
+
+
+def _progress(step: int, start: int, end: int) -> float:
+    """How far `step` is from `start` (0) to `end` (1); a decay of one step is already at its end."""
+    return 1.0 if end <= start else min(1.0, (step - start) / (end - start))
 
 
 def set_lr(opts: list[torch.optim.Optimizer], multiplier: float) -> None:
