@@ -6,8 +6,10 @@ wait for, with deadlines."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -370,3 +372,19 @@ def test_ctrl_c_while_the_run_prepares_says_when_it_will_stop(tmp_path):
     assert proc.returncode == 130, err
     assert "SIGINT: the run stops once its preparation (data, model) is done, before its first step" in out_text
     assert "step 1/" not in out_text and "interrupted at step 0" in out_text
+
+
+def test_a_long_failure_reaches_detach_as_one_whole_line():
+    """The host's last word is one write into a non-blocking pipe: past PIPE_BUF it could be cut
+    midway, and --detach would read half a JSON object. A long message is shortened to fit."""
+    from lmcockpit.core.process.report import StartReport
+
+    r, w = os.pipe()
+    message = "data.source = '" + "ü" * 3000 + "': no such file or folder"  # JSON: 6 bytes per ü
+    StartReport(w).ended(P.FAILED, P.Failure(message, user_error=True))
+    with os.fdopen(r, encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    said = json.loads(lines[-1])
+    assert said["ended"] == P.FAILED and said["user_error"] is True
+    assert message.startswith(said["message"]) and len(said["message"]) > 400
+    assert len(lines[-1]) + 1 <= select.PIPE_BUF

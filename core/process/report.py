@@ -53,13 +53,21 @@ class StartReport:
 
     def ended(self, state: str, failure: P.Failure | None) -> None:
         """The engine ended before it started training (after, the pipe is closed already)."""
-        # a message of a few lines at most: cut to stay a line that one write puts whole
-        self._say(ended=state, message=failure.message[:2000] if failure else "",
-                  user_error=bool(failure and failure.user_error))
+        message = failure.message if failure else ""
+        # A line one write puts whole (PIPE_BUF, 4096 bytes on Linux): a message of a few lines
+        # fits; a longer one, or one that JSON escapes 6 bytes a character, is cut to fit.
+        while len(line := self._line(ended=state, message=message,
+                                     user_error=bool(failure and failure.user_error))) > select.PIPE_BUF:
+            message = message[:len(message) * 3 // 4]
+        self._write(line)
         self.close()
 
     def _say(self, **what) -> None:
-        self._write(json.dumps(what) + "\n")
+        self._write(self._line(**what))
+
+    @staticmethod
+    def _line(**what) -> str:
+        return json.dumps(what) + "\n"
 
     def close(self) -> None:
         if self.fd is not None:
