@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import select
 import shutil
@@ -370,8 +371,53 @@ def test_ctrl_c_while_the_run_prepares_says_when_it_will_stop(tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, err
-    assert "SIGINT: the run stops once its preparation (data, model) is done, before its first step" in out_text
+    assert "SIGINT: stopping before the first step; the data prepared so far is kept" in out_text
     assert "step 1/" not in out_text and "interrupted at step 0" in out_text
+
+
+def test_a_stop_while_the_data_is_tokenised_ends_the_run_there_and_the_next_resumes_it(tmp_path):
+    """Preparing a real corpus takes minutes to hours: an Abort (Ctrl-C, SIGTERM, the cockpit's
+    stop) is heard at the build's next progress tick, not after it. The real Trainer, its real
+    build, told to stop by the same callable the engine's command queue is, once tokenising began."""
+    import json as _json
+
+    import torch
+
+    from lmcockpit.core.data.prepare import prepare
+    from lmcockpit.core.train.trainer import Trainer
+
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(2000)]
+    with open(tmp_path / "corpus.jsonl", "w") as fh:
+        for _ in range(3000):
+            fh.write(_json.dumps({"text": " ".join(rng.choice(words) for _ in range(120))}) + "\n")
+    cfg = tiny_config(f'data.source="{tmp_path / "corpus.jsonl"}"', "data.workers=1", "data.shard_bytes=100_000",
+                      "data.max_bytes=0", "tokenizer.train_bytes=200_000")
+    events, lines, told = [], [], []
+
+    def next_command(block: bool):  # a queue's: the Abort is taken once
+        tokenising = [e for e in events if isinstance(e, P.Progress) and e.phase == "tokenizing" and e.done > 0]
+        if tokenising and not told:
+            told.append(True)
+            return P.Abort(save=True, interrupted=True)
+        return None
+
+    trainer = Trainer(cfg, create_run_dir(cfg, "test", str(tmp_path / "run")), events.append, lines.append,
+                      next_command)
+    try:
+        assert trainer.run() == P.INTERRUPTED
+    finally:
+        trainer.close()
+        torch.use_deterministic_algorithms(False)  # the trainer set it for this whole process
+    done = [e for e in events if isinstance(e, P.Progress) and e.phase == "tokenizing"]
+    assert done[-1].done < done[-1].total, "stopped only once the data was prepared"
+    assert not hasattr(trainer, "model") and not any(isinstance(e, P.RunStarted) for e in events)
+    assert "stopped while setting up, before the first step: nothing to save" in lines
+
+    again = []
+    prepare(cfg, again.append, lambda *a: None)
+    resumed = [line for line in again if "resuming an interrupted preparation" in line]
+    assert resumed and not resumed[0].startswith("data: resuming an interrupted preparation: 0 of"), again
 
 
 def test_a_long_failure_reaches_detach_as_one_whole_line():

@@ -86,10 +86,9 @@ class Headless:
         if self.interrupts == 1:
             self.engine.send(P.Abort(save=True, interrupted=True))
             if self.view.state == P.PREPARING:
-                # The engine hears commands between steps only: preparing the data, building the
-                # model and searching the micro-batch run to their end first.
-                self.say(f"{signal.Signals(signum).name}: the run stops once its preparation (data, model) is "
-                         "done, before its first step (Ctrl-C again to stop at once)")
+                # Heard at the data's next progress tick, or once the model is built.
+                self.say(f"{signal.Signals(signum).name}: stopping before the first step; the data prepared so "
+                         "far is kept for the next run (Ctrl-C again to stop at once)")
             else:
                 self.say(f"{signal.Signals(signum).name}: finishing this step and writing a checkpoint "
                          "(Ctrl-C again to stop at once)")

@@ -42,6 +42,10 @@ from .optim import build_optimizers, clip_grad_norm, describe, lr_multiplier, se
 Emit = Callable[[object], None]
 
 
+class StoppedInSetup(Exception):
+    """An Abort heard while the run was still being set up: it ends there, with no step to save."""
+
+
 class NonFiniteLoss(P.RunFailure):
     pass
 
@@ -96,6 +100,8 @@ class Trainer:
         self.compiling = False  # until the first step this process trains has compiled the model
         self.data_unit: DataUnit | None = None  # a resumed run's, from its checkpoint
         self.drawn: tuple[int, tuple[np.ndarray, np.ndarray]] | None = None  # the last batch drawn
+        self.deferred: list = []  # commands heard during set-up, for the first step
+        self.polled_at = 0.0
 
     # ------------------------------------------------------------------------------- set-up
     def setup(self) -> None:
@@ -111,7 +117,10 @@ class Trainer:
             # Compiled CPU training otherwise differs from run to run (inductor scatters the
             # embedding gradient with atomic adds): same seed, same losses, exact resume.
             torch.use_deterministic_algorithms(True, warn_only=True)
+        self.stop_if_told()
         self.data = self.prepare_data()
+        self.polled_at = 0.0
+        self.stop_if_told()
         if self.group.is_main:
             for line in data_budget.header(cfg, self.data.train):
                 self.log(line)
@@ -203,7 +212,10 @@ class Trainer:
     def prepare_data(self) -> TokenData:
         """The token cache, tokenised once: the first process of each machine builds it while the
         others wait, then they all map the same files."""
-        progress = lambda *a: self.emit(P.Progress(*a))  # noqa: E731
+        def progress(*a) -> None:
+            self.emit(P.Progress(*a))
+            self.stop_if_told()
+
         own = self.own_tokenizer()
         data = prepare(self.cfg, self.log, progress, own) if self.group.local_rank == 0 else None
         self.group.barrier()
@@ -213,6 +225,21 @@ class Trainer:
         if self.group.is_main and not tok_dst.exists():
             shutil.copytree(data.tokenizer_dir, tok_dst)
         return data
+
+    def stop_if_told(self) -> None:
+        """During set-up, at the data's progress ticks and between its stages: an Abort (Ctrl-C,
+        SIGTERM, the cockpit's stop, a front-end gone) ends the run here rather than after a
+        preparation of minutes or hours; what the build finished is kept for the next run. Other
+        commands wait for the first step. One process only: ranks agree on commands between steps,
+        and one rank leaving set-up alone would leave the others waiting at its barrier."""
+        if self.group.world > 1 or time.monotonic() - self.polled_at < 0.2:
+            return
+        self.polled_at = time.monotonic()
+        while (cmd := self.next_command(False)) is not None:
+            if isinstance(cmd, P.Abort):
+                self.stop = cmd
+                raise StoppedInSetup
+            self.deferred.append(cmd)
 
     def own_tokenizer(self) -> Path | None:
         """A resumed run's tokenizer.json (its run folder's): the one its weights were trained on."""
@@ -289,7 +316,11 @@ class Trainer:
     # -------------------------------------------------------------------------------- loop
     def run(self) -> str:
         """Train to max_steps or until told to stop; returns the final state."""
-        self.setup()
+        try:
+            self.setup()
+        except StoppedInSetup:
+            self.log("stopped while setting up, before the first step: nothing to save")
+            return P.INTERRUPTED if self.stop.interrupted else P.ABORTED
         t = self.cfg.training
         self.compiling = t.compile
         self.emit(P.StateChanged(P.COMPILING if t.compile else P.RUNNING))
@@ -445,7 +476,8 @@ class Trainer:
                 return
 
     def pending_commands(self) -> list:
-        cmds, block = [], self.paused  # paused: wait a moment for the first, then take what is queued
+        cmds, block = self.deferred, self.paused  # paused: wait a moment for the first, then take what is queued
+        self.deferred = []
         while (cmd := self.next_command(block)) is not None:
             cmds.append(cmd)
             block = False
