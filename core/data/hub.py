@@ -18,12 +18,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import ConfigError
-from .sources import COMPRESSIONS, JSON_SUFFIXES
+from .formats import DATA_SUFFIXES
 
-# What a build reads (sources.py), plain and compressed (C4's shards are .json.gz); of text only
-# .txt: a dataset's README.md is not its data.
-DATA_SUFFIXES = (".parquet", ".arrow") + tuple(
-    kind + comp for kind in (*sorted(JSON_SUFFIXES), ".txt") for comp in ("", *COMPRESSIONS))
 # Compressed bytes a token takes at most in a Parquet text shard (FineWeb-Edu: about 2.7 per GPT-2
 # token), with the margin a budget gets: what is fetched covers the run, rarely much more.
 FILE_BYTES_PER_TOKEN = 4.0

@@ -25,25 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ConfigError, DataConfig
+from .formats import (ARCHIVES, COMPRESSIONS, JSON_SUFFIXES, READ_FORMATS, SKIPPED_SUFFIXES, TEXT_SUFFIXES,
+                      UNREAD_COMPRESSIONS)
 
 STDLIB = "python-stdlib"
 NOT_FETCHED = "not fetched yet"  # a Hub source with nothing of it in the Hub's cache
-JSON_SUFFIXES = {".jsonl", ".json", ".ndjson"}
-TEXT_SUFFIXES = {".txt", ".md", ".text"}
-# lzma.open reads .lzma (LZMA "alone") files as well as .xz ones.
-COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".xz": "xz", ".lzma": "xz", ".bz2": "bzip2"}
-# Read as text, these would be tokenised as bytes of noise: refused, naming the format.
-UNREAD_COMPRESSIONS = {".lz4": "LZ4", ".br": "Brotli", ".lzo": "LZO", ".sz": "Snappy", ".snappy": "Snappy",
-                       ".lz": "lzip", ".z": "compress (.Z)"}
-ARCHIVES = {".zip": "ZIP", ".tar": "tar", ".tgz": "tar", ".tbz2": "tar", ".txz": "tar", ".tzst": "tar",
-            ".7z": "7-Zip", ".rar": "RAR", ".jar": "JAR"}
-SKIPPED_SUFFIXES = {".pyc", ".so", ".png", ".jpg", ".jpeg", ".gif", ".bin", ".exe", ".pdf", ".lock",
-                    ".whl", ".npy", ".pt", ".safetensors", ".incomplete",
-                    ".npz", ".pkl", ".pickle", ".gguf", ".pth", ".ckpt", ".h5", ".onnx", ".msgpack", ".tfrecord",
-                    ".db", ".sqlite", ".dll", ".dylib", ".pyd", ".class", ".bmp", ".tif", ".tiff", ".webp",
-                    ".ico", ".mp3", ".wav", ".flac", ".ogg", ".mp4", ".ttf", ".otf", ".woff", ".woff2"}
-READ_FORMATS = ("text, JSON lines (.jsonl, .json, .ndjson; plain or .gz, .zst, .xz, .bz2), .parquet, "
-                "and folders of those or written by datasets' save_to_disk")
 SAVE_TO_DISK_FILES = {"state.json", "dataset_info.json"}  # a save_to_disk folder's metadata, not data
 DATASET_DICT = "dataset_dict.json"  # DatasetDict.save_to_disk's: {"splits": [...]}, a save_to_disk folder each
 
