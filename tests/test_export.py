@@ -176,13 +176,15 @@ def test_refuses_tensors_that_do_not_match_the_config(run_copy, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("key, value", [("rope_theta", "-10000.0"), ("norm_eps", "nan")])
-def test_refuses_what_qwen3_cannot_express(run_copy, tmp_path, key, value):
+@pytest.mark.parametrize("key, value, expected", [("rope_theta", "-10000.0", "must be positive"),
+                                                  ("norm_eps", "nan", "must be a finite number")])
+def test_refuses_a_checkpoint_config_qwen3_cannot_express(run_copy, tmp_path, key, value, expected):
+    """A rotary base or an RMSNorm epsilon that is not a finite positive number: the checkpoint's
+    config.toml is refused as any config is, naming the file and the key."""
     config = _latest(run_copy) / "config.toml"
     lines = [f"{key} = {value}" if line.startswith(f"{key} = ") else line for line in config.read_text().splitlines()]
     config.write_text("\n".join(lines) + "\n")
-    _refused(cli("export", str(run_copy), str(tmp_path / "out")), "cannot be expressed as a Qwen3ForCausalLM",
-             f"model.{key}")
+    _refused(cli("export", str(run_copy), str(tmp_path / "out")), str(config), f"model.{key} = {value}", expected)
 
 
 def test_usage_errors_exit_2(tmp_path):
