@@ -84,11 +84,14 @@ def tiny_config(*overrides: str) -> Config:
 
 
 def drive_engine(cfg: Config, run_dir: Path, on_event=None, timeout: float = 300, resume=None, queued=(),
-                 on_start=None):
+                 on_start=None, set_up_then=()):
     """Run the real engine process to its end; returns (engine, every event in order).
     `on_event(engine, event)` may send commands as events arrive; `queued` commands wait for the
-    engine before it starts, so it takes them before its first step; `on_start(engine)` runs the
-    moment it has started. `resume`: a resume.ResumePlan, whose run folder and checkpoint are used."""
+    engine before it starts: it takes them before its first step, but an Abort among them ends the
+    run while it is set up (the data prepared, the model built); `set_up_then` commands reach it once
+    it is set up, before its first step (a Pause queued, then these when it says it paused).
+    `on_start(engine)` runs the moment it has started. `resume`: a resume.ResumePlan, whose run
+    folder and checkpoint are used."""
     from lmcockpit.core.process.runner import EngineProcess
 
     if resume is not None:
@@ -96,7 +99,7 @@ def drive_engine(cfg: Config, run_dir: Path, on_event=None, timeout: float = 300
     else:
         run_dir = create_run_dir(cfg, "test", str(run_dir))
     engine = EngineProcess(cfg, run_dir, resume.checkpoint if resume is not None else None)
-    for command in queued:
+    for command in [*queued, *([P.Pause()] if set_up_then else [])]:
         engine.commands.put(command)
     engine.start()
     if on_start:
@@ -109,6 +112,10 @@ def drive_engine(cfg: Config, run_dir: Path, on_event=None, timeout: float = 300
             ev = engine.poll(timeout=0.5)
             if ev is not None:
                 events.append(ev)
+                if set_up_then and isinstance(ev, P.StateChanged) and ev.state == P.PAUSED:
+                    for command in set_up_then:
+                        engine.send(command)
+                    set_up_then = ()
                 if on_event:
                     on_event(engine, ev)
     finally:

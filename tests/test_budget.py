@@ -33,7 +33,7 @@ def test_many_epochs_warn_and_say_what_to_do():
 
 def test_a_run_says_its_budget_and_warns_when_it_repeats_its_source(tmp_path):
     cfg = tiny_config("data.max_bytes=40_000", "training.max_steps=500")
-    _, events = drive_engine(cfg, tmp_path / "run", queued=(P.Abort(save=False),))
+    _, events = drive_engine(cfg, tmp_path / "run", set_up_then=[P.Abort(save=False)])
     lines = [e.text for e in events if isinstance(e, P.LogLine)]
     [line] = [line for line in lines if line.startswith("token budget: ")]
     assert "256k tokens" in line and " epochs" in line

@@ -61,7 +61,7 @@ def test_a_mixture_draws_each_part_by_its_weight(tmp_path):
 
 def test_a_mixture_run_says_each_part_s_budget(tmp_path):
     cfg = mixture(tmp_path, "training.max_steps=2000")
-    _, events = drive_engine(cfg, tmp_path / "run", queued=(P.Abort(save=False),))
+    _, events = drive_engine(cfg, tmp_path / "run", set_up_then=[P.Abort(save=False)])
     lines = [e.text for e in events if isinstance(e, P.LogLine)]
     budget = lines.index(next(line for line in lines if line.startswith("token budget: ")))
     apples, apples_warning, zebras, zebras_warning = lines[budget + 1:budget + 5]

@@ -353,7 +353,7 @@ def test_a_stop_at_a_saved_step_keeps_that_checkpoint_as_it_is(reference, tmp_pa
     ckpt = run / "checkpoints" / "step_000040"
     written = (ckpt / "state.json").stat().st_mtime_ns
     plan = plan_resume(str(run), ["training.max_steps=50"], None)
-    engine, events = drive_engine(None, run, resume=plan, queued=[P.Abort(save=True)])
+    engine, events = drive_engine(None, run, resume=plan, set_up_then=[P.Abort(save=True)])
     assert engine.final_state == P.ABORTED, engine.failure
     assert [e.step for e in events if isinstance(e, P.CheckpointWritten)] == [40]
     assert (ckpt / "state.json").stat().st_mtime_ns == written
@@ -361,7 +361,7 @@ def test_a_stop_at_a_saved_step_keeps_that_checkpoint_as_it_is(reference, tmp_pa
 
     # From another run's checkpoint, the new run has none of its own yet: the stop writes one.
     plan = plan_resume(str(ckpt), ["training.max_steps=50"], str(tmp_path / "new"))
-    engine, events = drive_engine(None, None, resume=plan, queued=[P.Abort(save=True)])
+    engine, events = drive_engine(None, None, resume=plan, set_up_then=[P.Abort(save=True)])
     assert engine.final_state == P.ABORTED, engine.failure
     assert latest_checkpoint(tmp_path / "new").name == "step_000040"
 
