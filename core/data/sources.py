@@ -96,7 +96,7 @@ def file_kind(path: Path, alone: bool = True) -> tuple[str, str] | None:
         if not alone:
             return None
         raise ConfigError(f"{path}: a {ARCHIVES[inner]} archive, which lmcockpit does not read: unpack it and "
-                          f"move the archive out of the source (it reads {READ_FORMATS})")
+                          f"set data.source to what it holds (it reads {READ_FORMATS})")
     if compression and inner not in JSON_SUFFIXES and inner not in TEXT_SUFFIXES:
         return None  # compressed something else (.bin.gz, .npy.xz)
     if inner in JSON_SUFFIXES:
