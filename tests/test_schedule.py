@@ -3,7 +3,7 @@
 import pytest
 
 from lmcockpit.core.config import OptimizerConfig
-from lmcockpit.core.train.optim import lr_multiplier
+from lmcockpit.core.train.optim import lr_multiplier, schedule_warning
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "wsd"])
@@ -23,3 +23,12 @@ def test_wsd_holds_the_peak_until_its_last_fifth():
     rates = [lr_multiplier(step, 400, cfg) for step in range(400)]
     assert rates[19:321] == [1.0] * 302 and rates[321] < 1.0
     assert rates[399] == 0.1 and rates[398] == pytest.approx(0.1 + 0.9 / 79)
+
+
+def test_a_warmup_as_long_as_the_run_is_said_in_the_header():
+    cfg = OptimizerConfig(schedule="cosine", warmup_steps=100)
+    assert schedule_warning(cfg, 101) is None
+    assert schedule_warning(cfg, 50) == (
+        "warning: optimizer.warmup_steps = 100 is not below training.max_steps = 50: the learning rate rises to "
+        "0.50 of its peak at the last step and never decays; lower optimizer.warmup_steps for a schedule")
+    assert "rises to 1.00 of its peak" in schedule_warning(cfg, 100)

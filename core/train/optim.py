@@ -68,6 +68,17 @@ def describe(opts: list[torch.optim.Optimizer], cfg: OptimizerConfig) -> str:
             f"; {cfg.schedule} schedule, warmup {cfg.warmup_steps}")
 
 
+def schedule_warning(cfg: OptimizerConfig, max_steps: int) -> str | None:
+    """The run header's warning for a warmup as long as the run (a preset's warmup kept through
+    `--set training.max_steps=50`): the rate never reaches its peak and never decays. Not refused:
+    a run of a few steps to try something out is fine, as long as it says what it trains at."""
+    if cfg.warmup_steps < max_steps:
+        return None
+    return (f"warning: optimizer.warmup_steps = {cfg.warmup_steps} is not below training.max_steps = {max_steps}: "
+            f"the learning rate rises to {lr_multiplier(max_steps - 1, max_steps, cfg):.2f} of its peak at the "
+            "last step and never decays; lower optimizer.warmup_steps for a schedule")
+
+
 def set_peak_lrs(opts: list[torch.optim.Optimizer], cfg: OptimizerConfig) -> None:
     """The config's peak rates into every group, which the schedule scales. Loading a checkpoint
     brings back the rates it was saved with, and a resume may have lowered them (resume.py)."""

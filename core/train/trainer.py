@@ -37,7 +37,8 @@ from . import checkpoint, memory_fit, nan_debug
 from .group import Group
 from .loggers import Metrics, start_loggers
 from .memory_fit import OutOfMemory, oom_in
-from .optim import build_optimizers, clip_grad_norm, describe, lr_multiplier, set_lr, set_peak_lrs, step_optimizers
+from .optim import (build_optimizers, clip_grad_norm, describe, lr_multiplier, schedule_warning, set_lr, set_peak_lrs,
+                    step_optimizers)
 
 Emit = Callable[[object], None]
 
@@ -162,6 +163,8 @@ class Trainer:
                  f"compile {'on' if cfg.training.compile else 'off'}, {cfg.tokens_per_step:,} tokens/step{procs}")
         self.log(attention_header(cfg, self.device, self.precision))
         self.log(describe(self.optimizers, cfg.optimizer))
+        if warning := schedule_warning(cfg.optimizer, cfg.training.max_steps):
+            self.log(warning)
         if g.is_main:  # after a resume's checkpoint (its step) and the micro-batch search (the config)
             self.metrics.start(start_loggers(cfg, self.run_dir, self.step))
         devices = g.local_devices(self.device)
