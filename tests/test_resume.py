@@ -297,11 +297,13 @@ def test_checkpoints_are_ordered_by_step_number_not_by_name(reference, tmp_path)
         copy_checkpoint(ref, run / "checkpoints" / f"step_{step:06d}", step)
     (run / "checkpoints" / "latest").write_text("step_999990\n")  # killed before the pointer moved
     (run / "checkpoints" / "step_1000010").mkdir()  # killed before its state.json: not a checkpoint
+    (run / "checkpoints" / ".pruned-step_999980").mkdir()  # killed while it was deleted
     assert latest_checkpoint(run).name == "step_1000000"
 
     plan = plan_resume(str(run), ["training.max_steps=1000020"], None)
     assert plan.step == 1_000_000
-    assert not (run / "checkpoints" / "step_1000010").exists()  # the future being redone
+    # the future being redone, deleted out of sight as a prune does, and what a kill left of one
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == ["step_1000000", "step_999990"]
     assert (run / "checkpoints" / "step_999990").exists()
     _prune(run / "checkpoints", keep=1)
     assert [p.name for p in (run / "checkpoints").glob("step_*")] == ["step_1000000"]

@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ TRAIN_LOG = "train.log"
 TOKENIZER = "tokenizer"
 CHECKPOINTS = "checkpoints"
 STEP_DIR = re.compile(r"step_(\d+)")
+PRUNED = ".pruned-"  # a checkpoint being deleted (list_checkpoints sees only step_N folders)
 LOCK = ".training"  # flock'ed by the engine while it trains here; holds its pid
 
 
@@ -109,6 +111,24 @@ def step_dirs(ckpt_root: Path) -> list[tuple[int, Path]]:
     step_999999 as text."""
     found = [(int(m[1]), p) for p in ckpt_root.glob("step_*") if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir()]
     return sorted(found)
+
+
+def remove_checkpoints(ckpt_root: Path, doomed: list[Path], hold=None) -> None:
+    """Delete these checkpoint folders of `ckpt_root`, each renamed out of sight (`.pruned-*`)
+    first: a kill part way never leaves one listed as complete with files lost, nor one whose
+    state.json went first (unlisted, so never deleted). What a kill left is deleted first.
+    `hold(name)`: a test's pause between a rename and its deletion."""
+    for left in ckpt_root.glob(f"{PRUNED}*"):
+        shutil.rmtree(left, ignore_errors=True)
+    for path in doomed:
+        hidden = path.with_name(f"{PRUNED}{path.name}")
+        try:
+            os.rename(path, hidden)
+        except OSError:  # a leftover of that name the loop above could not delete: keep this one whole
+            continue
+        if hold:
+            hold(path.name)
+        shutil.rmtree(hidden, ignore_errors=True)
 
 
 def list_checkpoints(ckpt_root: Path) -> list[Path]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from ..config import Config, ConfigError, apply_overrides, config_from_dict, par
 from .checkpoints import check_checkpoint, is_run_dir
 from .extras import require_logger_packages
 from .folder import (CHECKPOINTS, CONFIG, METRICS, check_not_training, create_run_dir, latest_checkpoint,
-                        step_dirs)
+                        remove_checkpoints, step_dirs)
 
 SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eval.batches", "checkpoint.every",
                   "checkpoint.keep", "hardware.device", "distributed.nproc", "distributed.nnodes",
@@ -91,10 +90,9 @@ def plan_resume(path_arg: str, overrides: list[str], out: str | None) -> ResumeP
         run_dir = path
         write_config(cfg, run_dir / CONFIG)
         truncate_metrics(run_dir / METRICS, step)
-        for later_step, later in step_dirs(path / CHECKPOINTS):
-            # Checkpoints past the one we continue from belong to a future that is being redone.
-            if later_step > step:
-                shutil.rmtree(later, ignore_errors=True)
+        # Checkpoints past the one we continue from belong to a future that is being redone.
+        remove_checkpoints(path / CHECKPOINTS, [later for later_step, later in step_dirs(path / CHECKPOINTS)
+                                                if later_step > step])
     else:
         run_dir = create_run_dir(cfg, ckpt.parent.parent.name or "resumed", out)
     return ResumePlan(cfg, run_dir, ckpt, step, in_place)

@@ -12,7 +12,8 @@ then is the `latest` pointer replaced (atomically, by rename). A kill at any poi
 the new checkpoint complete or the previous one untouched; leftover `.tmp-*` folders are ignored
 and cleaned up by the next writer. Pruning works the other way round: a checkpoint is renamed out
 of sight (`.pruned-*`) before it is deleted, so a kill never leaves one that looks complete but
-has lost files, nor one whose state.json went first (unlisted, so never pruned). Every rank
+has lost files, nor one whose state.json went first (unlisted, so never pruned); a resume in
+place deletes the checkpoints past its own the same way (run.folder.remove_checkpoints). Every rank
 calls `save` and `load`; rank 0 alone touches the folders.
 """
 
@@ -38,11 +39,10 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_state_dict)
 
 from ..run.checkpoints import FORMAT_VERSION, TRAIN_STATE
-from ..run.folder import CONFIG, list_checkpoints
+from ..run.folder import CONFIG, list_checkpoints, remove_checkpoints
 from .group import Group
 
 LATEST = "latest"
-PRUNED = ".pruned-"  # a checkpoint being deleted (list_checkpoints sees only step_N folders)
 
 
 class CheckpointError(RuntimeError):
@@ -218,16 +218,8 @@ def _clean_partial(ckpt_root: Path) -> None:
 
 
 def _prune(ckpt_root: Path, keep: int) -> None:
-    for left in ckpt_root.glob(f"{PRUNED}*"):  # a kill cut an earlier deletion short
-        shutil.rmtree(left, ignore_errors=True)
-    for old in list_checkpoints(ckpt_root)[:-keep]:
-        doomed = old.with_name(f"{PRUNED}{old.name}")
-        try:
-            os.rename(old, doomed)
-        except OSError:  # a leftover of that name the loop above could not delete: keep this one whole
-            continue
-        _test_hold_prune(ckpt_root, old.name)
-        shutil.rmtree(doomed, ignore_errors=True)
+    remove_checkpoints(ckpt_root, list_checkpoints(ckpt_root)[:-keep],
+                       hold=lambda name: _test_hold_prune(ckpt_root, name))
 
 
 def _test_hold_prune(ckpt_root: Path, name: str) -> None:
