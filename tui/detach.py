@@ -60,9 +60,7 @@ def start_detached(plan: RunPlan) -> int:
         print(f"run folder: {plan.run_dir}\ntraining in the background: {attach}")
         return 0
     if outcome.get("gone"):
-        last = (plan.run_dir / host.HOST_LOG).read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
-        Console(stderr=True, highlight=False, soft_wrap=True).print(
-            Text(f"run failed: its host ended without a word: {' | '.join(last) or 'it said nothing'}"), style="bold red")
+        failed(f"its host ended without a word: {host.last_words(plan.run_dir)}")
         print(f"run folder: {plan.run_dir}")
         return 1
     ended(proc, 60)  # its files in the run folder (the socket, live.json) are gone with it
@@ -72,12 +70,15 @@ def start_detached(plan: RunPlan) -> int:
         return code
     state = outcome.get("ended") or P.FAILED
     if outcome.get("message"):
-        Console(stderr=True, highlight=False, soft_wrap=True).print(Text(f"run failed: {outcome['message']}"),
-                                                                    style="bold red")
+        failed(outcome["message"])
     else:
         print(f"{state} before training started")
     print(f"run folder: {plan.run_dir}")
     return 1 if outcome.get("message") else EXIT_CODES.get(state, 1)
+
+
+def failed(why: str) -> None:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(Text(f"run failed: {why}"), style="bold red")
 
 
 def ended(proc: subprocess.Popen, timeout: float) -> bool:

@@ -332,8 +332,13 @@ def launch(run_dir: Path, resume_from: Path | None = None, rendezvous: Rendezvou
         return proc, reports
     reports.close()
     proc.kill()
-    last = (run_dir / HOST_LOG).read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
-    raise HostError(f"the run host for {run_dir} did not start: " + (" | ".join(last) or "it said nothing"))
+    raise HostError(f"the run host for {run_dir} did not start: {last_words(run_dir)}")
+
+
+def last_words(run_dir: Path) -> str:
+    """The end of a host's log, on one line: what a host that died before it reported printed."""
+    last = (Path(run_dir) / HOST_LOG).read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
+    return " | ".join(last) or "it said nothing"
 
 
 def start(run_dir: Path, resume_from: Path | None = None, rendezvous: Rendezvous | None = None,
