@@ -118,10 +118,9 @@ class Trainer:
             # Compiled CPU training otherwise differs from run to run (inductor scatters the
             # embedding gradient with atomic adds): same seed, same losses, exact resume.
             torch.use_deterministic_algorithms(True, warn_only=True)
-        self.stop_if_told()
+        self.stop_if_told(every=0)
         self.data = self.prepare_data()
-        self.polled_at = 0.0
-        self.stop_if_told()
+        self.stop_if_told(every=0)
         if self.group.is_main:
             for line in data_budget.header(cfg, self.data.train):
                 self.log(line)
@@ -229,13 +228,13 @@ class Trainer:
             shutil.copytree(data.tokenizer_dir, tok_dst)
         return data
 
-    def stop_if_told(self) -> None:
+    def stop_if_told(self, every: float = 0.2) -> None:
         """During set-up, at the data's progress ticks and between its stages: an Abort (Ctrl-C,
         SIGTERM, the cockpit's stop, a front-end gone) ends the run here rather than after a
         preparation of minutes or hours; what the build finished is kept for the next run. Other
         commands wait for the first step. One process only: ranks agree on commands between steps,
         and one rank leaving set-up alone would leave the others waiting at its barrier."""
-        if self.group.world > 1 or time.monotonic() - self.polled_at < 0.2:
+        if self.group.world > 1 or time.monotonic() - self.polled_at < every:  # ticks come many a second
             return
         self.polled_at = time.monotonic()
         while (cmd := self.next_command(False)) is not None:
