@@ -169,7 +169,10 @@ def test_a_viewer_that_never_reads_does_not_slow_training(background):
         finally:
             frozen.close()
         wait_until(lambda: live.LiveRecord.read(background).viewers == 0, what="the frozen viewer to be gone")
-    assert max(with_frozen) >= 0.8 * max(alone), (alone, with_frozen)
+    # Each round's pace against the pace alone just before it: one fast burst of the machine in a
+    # round alone (64 against 47 steps/s, seen on CI) fails a comparison of the two sides' best,
+    # while a frozen viewer that held training up would slow every round.
+    assert max(w / a for w, a in zip(with_frozen, alone)) >= 0.8, (alone, with_frozen)
 
 
 def test_a_viewer_behind_by_a_whole_queue_is_told_to_catch_up(tmp_path, monkeypatch):
