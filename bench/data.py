@@ -11,7 +11,7 @@ under `--workdir` and reused.
 
 Measured, each `prepare` in a subprocess of its own with a fresh cache folder (cpu preset's
 tokenizer: vocab 8192, train_bytes default; `data.workers` 0, one worker per core up to the 1.5 GB
-bound of build.default_workers):
+bound of children.default_workers):
 * throughput: wall time, MB/s of text and tokens/s of each format, the BPE training and the
   tokenising phase apart, against two raw speeds of the same tokenizer over the same documents (or
   the first `--raw-mb` of them), read into memory in 8 MB batches first (the read is not timed), in
@@ -32,7 +32,7 @@ bound of build.default_workers):
 * memory: peak RSS (and PSS) of prepare's whole process tree (psutil, summed over the tree every
   0.1 s from a thread here) at `--size-mb` and `--large-mb`, and each process's own peak RSS (the
   kernel's VmHWM, read at each sample): the main process, the BPE's spawned child, the resource
-  tracker, each worker, the workers against build.WORKER_BYTES (JSON lines) and
+  tracker, each worker, the workers against children.WORKER_BYTES (JSON lines) and
   COLUMNAR_WORKER_BYTES (Parquet), the per-worker bounds behind the default worker count;
 * tiktoken (`--tiktoken`): the product's Encoder (its tiktoken Encoding, built by
   encoder.tiktoken_encoding) against tokenizers on `--tiktoken-mb` of the same documents: same ids
@@ -591,7 +591,7 @@ def mbs(n_bytes: float, seconds: float) -> str:
 
 
 def mem(n: int | None) -> str:
-    """Bytes as MB of 10^6 bytes, as the product's bounds (build.WORKER_BYTES, TREE_BYTES) are."""
+    """Bytes as MB of 10^6 bytes, as the product's bounds (children.WORKER_BYTES, TREE_BYTES) are."""
     return "–" if n is None else f"{n / MB:,.0f} MB"
 
 
@@ -648,7 +648,7 @@ def main() -> None:
                     help="text the raw rows encode each round: the corpus's first documents (default 0: all of it)")
     ap.add_argument("--no-record", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = ap.parse_args()
-    from lmcockpit.core.data import build
+    from lmcockpit.core.data import children
 
     load = Load()
     load.start()
@@ -661,7 +661,7 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     base_fmt = formats[0]
     label = {"jsonl": "`.jsonl.zst`", "parquet": "Parquet"}
-    bound = {"jsonl": ("WORKER_BYTES", build.WORKER_BYTES), "parquet": ("COLUMNAR_WORKER_BYTES", build.COLUMNAR_WORKER_BYTES)}
+    bound = {"jsonl": ("WORKER_BYTES", children.WORKER_BYTES), "parquet": ("COLUMNAR_WORKER_BYTES", children.COLUMNAR_WORKER_BYTES)}
     marks: dict[str, int] = {"start": len(load.samples)}
 
     # 1-3. prepare per format, its tokenizer's raw speed, one worker: in turn, round after round
@@ -788,7 +788,7 @@ def main() -> None:
         marks["large corpus made"] = len(load.samples)
         mem_lines = ["| peak memory of prepare | text | pieces | wall | BPE | MB/s | RSS, tree (sum) | PSS, tree (sum) | "
                      "RSS, tree, tokenising phase | main | BPE child | resource tracker | each worker | "
-                     "a worker's bound (build.py) |",
+                     "a worker's bound (children.py) |",
                      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
         ratios = []
         for fmt in large_formats:
@@ -822,7 +822,7 @@ def main() -> None:
         for fmt, big in bigs.items():
             notes.append(f"Encoder, {fmt} at {args.large_mb} MB: " + encoder_note(big["encoded"]))
         mem_lines += ["", f"Peak RSS of the tree, {big_stats['bytes'] / stats['bytes']:.1f}× the text against 1×: "
-                      + "; ".join(ratios) + f". The bound: build.TREE_BYTES {mem(build.TREE_BYTES)}. Tree: summed "
+                      + "; ".join(ratios) + f". The bound: children.TREE_BYTES {mem(children.TREE_BYTES)}. Tree: summed "
                       "over prepare's processes every 0.1 s (psutil, from a thread of the bench); RSS summed counts a "
                       "shared page (libraries) once per process, PSS once in all; its tokenising phase: the samples from "
                       "the first tokenising progress on (the BPE's child has ended). Each process: its own peak RSS "

@@ -19,7 +19,7 @@ import zstandard
 from lmcockpit.core.config import ConfigError, DataConfig
 from lmcockpit.core.data import readers, sources
 
-from .test_data_scale import WORDS, records, texts_of, write_jsonl
+from .test_data_scale import WORDS, documents, records, texts_of, write_jsonl
 
 
 # ------------------------------------------------------------------------------------- formats
@@ -337,9 +337,13 @@ def test_long_lines_among_short_ones_are_read_once_whatever_the_pieces(tmp_path,
     lines[200] = "é" * 70_000 + "\n"
     text = "".join(lines)
     (tmp_path / "mixed.txt").write_text(text)
-    docs = texts_of(tmp_path / "mixed.txt", shard_bytes=shard_bytes)
-    assert "".join(docs) == text
-    assert max(len(d.encode()) for d in docs) <= readers.CHUNK_BYTES + readers.LINE_BYTES
+    docs = documents(tmp_path / "mixed.txt", shard_bytes=shard_bytes)
+    assert "".join(d.text for d in docs) == text
+    assert max(len(d.text.encode()) for d in docs) <= readers.CHUNK_BYTES + readers.LINE_BYTES
+    # Compressed, it is cut at the same places in its decompressed text, read through spools.
+    (tmp_path / "mixed.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(text.encode()))
+    assert [(d.id.replace(".zst", ""), d.text) for d in documents(tmp_path / "mixed.txt.zst", shard_bytes=shard_bytes)
+            ] == [(d.id, d.text) for d in docs]
 
 
 # ------------------------------------------------------------------------------------ layouts

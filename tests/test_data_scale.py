@@ -12,6 +12,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 from lmcockpit.core.config import ConfigError, DataConfig
-from lmcockpit.core.data import cache, readers, sources, store
+from lmcockpit.core.data import build, cache, readers, sources, spool, store
 from lmcockpit.core.data.prepare import prepare
 
 from .conftest import tiny_config
@@ -41,10 +42,13 @@ def write_jsonl(path: Path, texts: list[str], field: str = "text") -> Path:
 
 
 def documents(source: str | Path, **data) -> list[readers.Document]:
+    """Every document of the source's pieces as a build plans and reads them (a large compressed
+    file's through spools)."""
     cfg = DataConfig(source=str(source), **data)
-    src = sources.list_source(cfg)
-    return [d for p in sources.plan_pieces(src, cfg, 1.0) for d in readers.read_piece(p, cfg.text_field,
-                                                                                     lambda _: True)]
+    planned = build.plan(cfg, sources.list_source(cfg))
+    with tempfile.TemporaryDirectory() as spools:
+        return [d for p, s in spool.spooled(planned.pieces, lambda p: p, Path(spools))
+                for d in readers.read_piece(p, cfg.text_field, lambda _: True, s)]
 
 
 def texts_of(source, **data) -> list[str]:
@@ -99,6 +103,78 @@ def test_a_large_text_file_is_cut_into_pieces_and_documents_at_line_ends(tmp_pat
     # The same file in a JSONL twin cut into byte ranges: every record once.
     jl = write_jsonl(tmp_path / "big.jsonl", [line.rstrip("\n") for line in lines])
     assert texts_of(jl, shard_bytes=100_000) == [line.rstrip("\n") for line in lines]
+
+
+def long_records(n: int = 2500) -> list[str]:
+    """Records of a few words to a few hundred, and two longer than the pieces they are read in."""
+    texts = records(n, words=40)
+    texts[300] = " ".join(records(400, seed=1))  # 150 kB
+    texts[1800] = "ü" * 70_000
+    return texts
+
+
+@pytest.mark.parametrize("suffix", [".zst", ".gz", ".bz2"])
+def test_a_large_compressed_file_is_cut_into_pieces_that_read_as_its_plain_twin(tmp_path, suffix):
+    """A compressed file is cut like a plain one, by its decompressed text, rather than read whole
+    by one worker: the same documents, ids (offsets) and texts, as its plain twin cut at the same
+    places; a record longer than a piece is read once, by the piece it starts in."""
+    texts = long_records()
+    plain = write_jsonl(tmp_path / "big.jsonl", texts)
+    packed = tmp_path / f"big.jsonl{suffix}"
+    packed.write_bytes(compress(suffix, plain.read_bytes()))
+    cfg = DataConfig(source=str(packed), shard_bytes=40_000)
+    pieces = build.plan(cfg, sources.list_source(cfg)).pieces
+    assert len(pieces) > plain.stat().st_size // 40_000 and pieces[-1].end == -1
+    twin = [(d.id.split("@")[1], d.text) for d in documents(plain, shard_bytes=40_000)]
+    assert [(d.id.split("@")[1], d.text) for d in documents(packed, shard_bytes=40_000)] == twin
+    assert [text for _, text in twin] == texts
+
+
+def compress(suffix: str, raw: bytes) -> bytes:
+    import bz2
+
+    import zstandard
+
+    return {".zst": zstandard.ZstdCompressor().compress, ".gz": lambda b: gzip.compress(b, compresslevel=1),
+            ".bz2": bz2.compress, ".xz": lzma.compress}[suffix](raw)
+
+
+def test_a_compressed_file_s_spools_are_written_only_as_asked_for_and_removed(tmp_path):
+    """The pieces of a compressed file are decompressed once, in order, a spool at a time: on disk,
+    only the spools given out and the next one being written; none left by a reader that stops;
+    a resumed build's pieces (the rest of the plan) read as they would have in a whole one."""
+    packed = tmp_path / "big.jsonl.zst"
+    packed.write_bytes(compress(".zst", write_jsonl(tmp_path / "big.jsonl", records(3000, words=40)).read_bytes()))
+    cfg = DataConfig(source=str(packed), shard_bytes=80_000)
+    pieces = build.plan(cfg, sources.list_source(cfg)).pieces
+    folder = tmp_path / "spools"
+    on_disk, whole = [], []
+    for piece, spooled in spool.spooled(pieces, lambda p: p, folder):
+        on_disk.append(len(list(folder.iterdir())))
+        whole.append([(d.id, d.text) for d in readers.read_piece(piece, "text", lambda _: True, spooled)])
+        spool.remove(spooled)
+    assert len(whole) == len(pieces) > 8 and max(on_disk) == 2 and not list(folder.iterdir())
+    rest = spool.spooled(pieces[5:], lambda p: p, folder)
+    skipped = [[(d.id, d.text) for d in readers.read_piece(p, "text", lambda _: True, s)] for p, s in
+               (next(rest), next(rest))]
+    assert skipped == whole[5:7] and len(list(folder.iterdir())) == 3
+    rest.close()  # the one it was writing is its own to remove
+    assert sorted(p.name for p in folder.iterdir()) == ["00005.spool", "00006.spool"]
+
+
+def test_a_compressed_file_damaged_past_its_estimate_is_named_by_the_piece_that_reads_it(tmp_path):
+    raw = write_jsonl(tmp_path / "big.jsonl", records(40_000, words=50)).read_bytes()
+    assert len(raw) > readers.ESTIMATE_OUTPUT
+    packed = tmp_path / "big.jsonl.gz"
+    whole = compress(".gz", raw)
+    packed.write_bytes(whole[:len(whole) * 9 // 10])
+    cfg = DataConfig(source=str(packed), shard_bytes=1_000_000)
+    pieces = build.plan(cfg, sources.list_source(cfg)).pieces  # its first 8 MB: whole
+    folder = tmp_path / "spools"
+    with pytest.raises(ConfigError, match=r"big.jsonl.gz: damaged or truncated gzip file \(an interrupted download"):
+        for piece, spooled in spool.spooled(pieces, lambda p: p, folder):
+            spool.remove(spooled)
+    assert not list(folder.iterdir())
 
 
 @pytest.mark.parametrize("content, field, message", [
@@ -196,8 +272,15 @@ def test_the_split_and_selection_are_the_same_whatever_the_worker_count(tmp_path
     assert 0.7 * 120_000 < meta["bytes"] < 1.3 * 120_000
 
 
-def test_a_killed_build_resumes_and_the_cache_is_byte_identical(tmp_path):
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_killed_build_resumes_and_the_cache_is_byte_identical(tmp_path, compressed):
+    """Also for one large compressed file: its pieces spooled as the build reaches them, the BPE's
+    sample read through spools of its own, and a resumed build reading through the pieces done."""
     source = corpus(tmp_path)
+    if compressed:
+        packed = source.with_suffix(".jsonl.zst")
+        packed.write_bytes(compress(".zst", source.read_bytes()))
+        source = packed
     killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
     overrides = [f"data.source=\"{source}\"", f"data.cache_dir=\"{killed_dir}\"", "data.max_bytes=0",
                  "data.val_fraction=0.05", "tokenizer.vocab_size=300", "tokenizer.train_bytes=100_000",
@@ -231,6 +314,19 @@ def test_a_killed_build_resumes_and_the_cache_is_byte_identical(tmp_path):
     assert resumed.dir.name == whole.dir.name
     assert folder_bytes(resumed.dir) == folder_bytes(whole.dir)
     assert not [p for p in killed_dir.glob(".build-*") if p.is_dir()]
+    assert not list(resumed.dir.parent.rglob("*spool*"))
+
+
+def test_a_compressed_file_s_piece_sent_to_validation_is_read_again_from_a_spool(tmp_path):
+    """A corpus whose hash sent no document to validation sends the training document nearest to
+    it, tokenising its piece again: a compressed file's piece, from a spool of its own."""
+    source = tmp_path / "book.txt.gz"
+    source.write_bytes(compress(".gz", "".join(t + "\n" for t in records(1500)).encode()))
+    data = prepare(scale_config(tmp_path, source, tmp_path / "cache", "data.val_fraction=0.000001"),
+                   lambda line: None, lambda *a: None)
+    meta = store.read_meta(data.dir)
+    assert len(meta["shards"]) > 2 and meta["documents"]["val"] == 1 and len(data.val) > 0
+    assert not list(data.dir.parent.rglob("*spool*"))
 
 
 def start_bpe_training(tmp_path: Path):

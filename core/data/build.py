@@ -5,6 +5,8 @@
 
 * Memory does not grow with the corpus: a worker holds one batch of documents (about a
   megabyte of text) at a time; the main process holds the plan and a count per piece.
+* A large compressed file is cut into pieces too: the main process decompresses it once, in order,
+  writing each piece's text to a spool file as a worker takes the piece (spool.py).
 * Every piece's shards are written under temporary names and renamed when whole, then its summary
   (`pieces/NNNNN.json`); the build folder (`.build-KEY`) stays where it is when the build is
   killed, and the next build keeps every finished piece and does only the rest. What a piece
@@ -14,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -26,7 +29,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..config import Config, ConfigError
-from . import children, encoder, pretrained, readers, sources, split, tokenizer
+from . import children, encoder, pretrained, readers, sources, split, spool, tokenizer
 from .cache import token_dtype
 
 ProgressFn = Callable[[str, int, int, str], None]
@@ -52,6 +55,7 @@ class PieceJob:
     eos: int | None
     dtype: str
     folder: str  # the build folder
+    spool: readers.Spool | None = None  # where a compressed file's piece is read from (spool.py)
 
 
 _ENCODERS: dict[str, encoder.Encoder] = {}
@@ -81,6 +85,7 @@ def build_piece(job: PieceJob, on_bytes: Callable[[int], None] = lambda n: None)
         summary["disagreed"] = e.doc_id
     _write_atomic(Path(job.folder) / "pieces" / f"{job.piece.index:05d}.json",
                   json.dumps(summary, sort_keys=True).encode())
+    spool.remove(job.spool)
     return summary
 
 
@@ -107,7 +112,7 @@ def _encode_piece(job: PieceJob, enc: encoder.Encoder, on_bytes: Callable[[int],
 
     try:
         sel = job.selection
-        for doc in readers.read_piece(job.piece, job.text_field, sel.kept):
+        for doc in readers.read_piece(job.piece, job.text_field, sel.kept, job.spool):
             if not doc.text:
                 continue
             side = "val" if sel.is_val(doc.id) else "train"
@@ -163,8 +168,9 @@ def piece_name(piece: sources.Piece) -> str:
     f = piece.files[0]
     if piece.row_group >= 0:
         where = f"{f.rel}, row group {piece.row_group}"
-    elif piece.end >= 0:
-        where = f"{f.rel}, bytes {piece.start}-{piece.end}"
+    elif piece.end >= 0 or piece.start > 0:
+        where = (f"{f.rel}, {'decompressed ' if f.compression else ''}bytes {piece.start}-"
+                 f"{piece.end if piece.end >= 0 else 'its end'}")
     else:
         where = f.rel + (f" and {len(piece.files) - 1} more files" if len(piece.files) > 1 else "")
     return f"piece {piece.index} ({where})"
@@ -184,33 +190,44 @@ class Plan:
 
 
 def plan(d, source: sources.Source) -> Plan:
-    text = sum(readers.text_bytes(f, d.text_field) for f in source.files)
-    keep = split.keep_share(d.max_bytes, text)
-    return Plan(text, keep, sources.plan_pieces(source, d, keep))
+    sizes = [readers.text_bytes(f, d.text_field) for f in source.files]
+    keep = split.keep_share(d.max_bytes, sum(sizes))
+    return Plan(sum(sizes), keep, sources.plan_pieces(source, d, keep, sizes))
 
 
-def tokenizer_sample(d, planned: Plan, budget: int) -> Iterator[str]:
+def tokenizer_sample(d, planned: Plan, budget: int, spools: Path) -> Iterator[str]:
     """About `budget` bytes of training documents for the BPE, drawn by id from pieces taken in a
-    scattered but fixed order, so that it spans the corpus rather than its first files."""
+    scattered but fixed order, so that it spans the corpus rather than its first files; a
+    compressed file's pieces together, in order, where its first falls (spooled in `spools`)."""
     share = split.sample_share(budget, planned.kept_bytes * (1 - d.val_fraction))
     sel = split.Selection(planned.keep, d.val_fraction)
 
     def wanted(doc_id: str) -> bool:
         return sel.kept(doc_id) and not sel.is_val(doc_id) and split.in_tokenizer_sample(doc_id, share)
 
-    used = 0
+    groups: dict[object, list[sources.Piece]] = {}
     for piece in sorted(planned.pieces, key=lambda p: split.fraction("piece", str(p.index))):
-        for doc in readers.read_piece(piece, d.text_field, wanted):
+        groups.setdefault(piece.files[0].path if readers.is_spooled(piece) else piece.index, []).append(piece)
+    used = 0
+    for piece, spooled in spool.spooled([p for g in groups.values() for p in sorted(g, key=lambda p: p.index)],
+                                        lambda p: p, spools):
+        for doc in readers.read_piece(piece, d.text_field, wanted, spooled):
             if used >= budget:
                 return
             yield doc.text
             used += len(doc.text)
+        spool.remove(spooled)
 
 
 def train_bpe_folder(cfg: Config, samples: list[tuple[object, Plan, int]], folder: Path) -> None:
     """A BPE trained on the samples (data config, plan, bytes) one after another, saved as `folder`."""
-    texts = (text for d, planned, budget in samples for text in tokenizer_sample(d, planned, budget))
-    save_tokenizer(tokenizer.train_bpe(texts, cfg.tokenizer), None, folder, cfg, print)
+    spools = folder.with_name(folder.name + ".spool")
+    shutil.rmtree(spools, ignore_errors=True)  # a killed trainer's
+    try:
+        texts = (text for d, planned, budget in samples for text in tokenizer_sample(d, planned, budget, spools))
+        save_tokenizer(tokenizer.train_bpe(texts, cfg.tokenizer), None, folder, cfg, print)
+    finally:
+        shutil.rmtree(spools, ignore_errors=True)
 
 
 def save_tokenizer(tok, origin: Path | None, folder: Path, cfg: Config, log) -> None:
@@ -264,7 +281,8 @@ class Build:
         if docs["val"] == 0:  # a small corpus: the train document nearest to validation goes there
             near = min((s["closest_to_val"], s["piece"]) for s in summaries if s["closest_to_val"])
             forced = split.Selection(keep, d.val_fraction, forced_val=near[0][1])
-            summaries[near[1]] = build_piece(job(pieces[near[1]], forced))
+            [again] = self._spooled([job(pieces[near[1]], forced)])
+            summaries[near[1]] = build_piece(again)
         elif docs["train"] == 0:
             raise ConfigError(f"data.val_fraction = {d.val_fraction}: all {docs['val']} documents fell into "
                               "validation; lower it or give more text")
@@ -280,6 +298,7 @@ class Build:
                 same = False
             if not same:
                 shutil.rmtree(self.work)
+        shutil.rmtree(self.work / "spool", ignore_errors=True)  # a killed build's: written again as asked for
         for sub in ("shards", "pieces"):
             (self.work / sub).mkdir(parents=True, exist_ok=True)
         for tmp in self.work.rglob("*.tmp-*"):  # a killed writer's
@@ -319,12 +338,25 @@ class Build:
         tok = tokenizer.load_tokenizer("bpe", folder)
         return folder / "tokenizer.json", tokenizer.eos_id(tok, folder)
 
-    def _run_pieces(self, jobs: list[PieceJob], done: dict[int, dict], total_bytes: float) -> None:
+    def _spooled(self, jobs: list[PieceJob]) -> Iterator[PieceJob]:
+        """The jobs, in order, each with its spool where its piece is a compressed file's."""
+        said = [0.0]
+
+        def skipping(done: int, to: int) -> None:  # a resumed build reading through what it has
+            if time.monotonic() - said[0] >= children.TICK_S:
+                said[0] = time.monotonic()
+                self.progress("reading to where it stopped", done, to, "bytes")
+
+        for job, spooled in spool.spooled(jobs, lambda j: j.piece, self.work / "spool", skipping):
+            yield job if spooled is None else dataclasses.replace(job, spool=spooled)
+
+    def _run_pieces(self, todo: list[PieceJob], done: dict[int, dict], total_bytes: float) -> None:
         total = max(1, int(total_bytes))
         finished = sum(s["bytes"] for s in done.values())
         self.progress("tokenizing", finished, total, "bytes")
         workers = self.cfg.data.workers or children.default_workers(self.source, self.log)
-        workers = min(workers, len(jobs))
+        workers = min(workers, len(todo))
+        jobs = self._spooled(todo)  # spools written as the jobs are handed out
         if workers <= 1:
             for job in jobs:
                 def tick(n: int) -> None:
@@ -362,6 +394,7 @@ class Build:
         tokens = {side: sum(s["tokens"][side] for s in summaries) for side in ("train", "val")}
         docs = {side: sum(s["documents"][side] for s in summaries) for side in ("train", "val")}
         n_bytes = sum(s["bytes"] for s in summaries)
+        shutil.rmtree(self.work / "spool", ignore_errors=True)  # read, and no longer asked for
         meta = {"format": 2, "dtype": dtype, "vocab_size": self.cfg.tokenizer.vocab_size, "eos_id": eos,
                 "source": self.cfg.data.source, "bytes": n_bytes, "documents": docs,
                 "train_tokens": tokens["train"], "val_tokens": tokens["val"],

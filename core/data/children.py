@@ -25,7 +25,7 @@ import signal
 import threading
 import traceback
 from contextlib import contextmanager
-from typing import Callable
+from typing import Callable, Iterable
 
 from ..config import ConfigError
 from .sources import Source
@@ -53,17 +53,18 @@ def default_workers(source: Source, log: Callable[[str], None] = lambda line: No
     return min(cores, fit)
 
 
-def each_in_workers(fn, jobs: list, workers: int, initializer, initargs: tuple, done: Callable[[object], None],
+def each_in_workers(fn, jobs: Iterable, workers: int, initializer, initargs: tuple, done: Callable[[object], None],
                     tick: Callable[[], None], what: Callable[[object], str]) -> None:
     """`fn(job)` for every job in `workers` spawned processes, born deaf to Ctrl-C (`initializer`
-    calls quiet_child()), a job at a time each: `done(result)` as each job ends, in any order, and
-    `tick()` about every TICK_S meanwhile. A job's error is raised here, its worker's traceback as a
-    note. A worker that dies (the OOM killer's SIGKILL, a crash in pyarrow) is a ConfigError naming
-    the job it was on (`what(job)`), and the others are killed: a Pool started another in its place
-    and waited for ever for the answer. On any error or Ctrl-C, every worker is killed at once."""
+    calls quiet_child()), a job at a time each, taken from `jobs` as a worker is free for it:
+    `done(result)` as each job ends, in any order, and `tick()` about every TICK_S meanwhile. A
+    job's error is raised here, its worker's traceback as a note. A worker that dies (the OOM
+    killer's SIGKILL, a crash in pyarrow) is a ConfigError naming the job it was on (`what(job)`),
+    and the others are killed: a Pool started another in its place and waited for ever for the
+    answer. On any error or Ctrl-C, every worker is killed at once."""
     ctx = mp.get_context("spawn")
     procs, conns = [], []
-    todo, held = list(reversed(jobs)), {}  # held: a worker's index → the job it is on
+    todo, held = iter(jobs), {}  # held: a worker's index → the job it is on
 
     def died(i: int) -> ConfigError:
         procs[i].join()
@@ -74,8 +75,8 @@ def each_in_workers(fn, jobs: list, workers: int, initializer, initargs: tuple, 
                               else ""))
 
     def hand(i: int) -> None:
-        if todo:
-            held[i] = todo.pop()
+        if (job := next(todo, None)) is not None:
+            held[i] = job
             try:
                 conns[i].send(held[i])
             except OSError:  # its end of the pipe closed: it is dead

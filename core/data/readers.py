@@ -7,6 +7,9 @@ line is `path@offset` of its first byte (in the decompressed stream for a compre
 Parquet or Arrow row is `path#row`. A record that cannot be read is a ConfigError naming the file,
 the line or row group, and what was expected; so is a damaged or truncated file (an interrupted
 download), wherever it is first read.
+
+A byte range of a compressed file is read from its spool (spool.py): the range's decompressed
+bytes, with the margins its cuts look at, in a plain file that is read at the stream's offsets.
 """
 
 from __future__ import annotations
@@ -36,6 +39,14 @@ ESTIMATE_OUTPUT = 8 << 20  # decompressed bytes read to estimate a compressed fi
 # A surrogate in a JSON line, escaped ("\\ud800") or as raw bytes (CESU-8, WTF-8: json.loads reads
 # bytes with "surrogatepass"): either decodes to a str that has no UTF-8.
 SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]|\xed[\xa0-\xbf]")
+
+
+@dataclass(frozen=True)
+class Spool:
+    """A plain file holding a compressed file's decompressed bytes from offset `base` on."""
+    path: str
+    base: int
+    size: int  # the decompressed stream's length, where the spool reaches its end; else -1
 
 
 @dataclass(frozen=True)
@@ -109,24 +120,62 @@ class _Counting(io.RawIOBase):
         return n
 
 
-def read_piece(piece: Piece, text_field: str, wanted: Wanted) -> Iterator[Document]:
+def is_spooled(piece: Piece) -> bool:
+    """Whether `piece` is a byte range of a compressed file, read from a spool (spool.py)."""
+    return bool(piece.files[0].compression) and (piece.start > 0 or piece.end >= 0)
+
+
+def read_piece(piece: Piece, text_field: str, wanted: Wanted, spool: Spool | None = None) -> Iterator[Document]:
+    if is_spooled(piece) and spool is None:
+        raise ValueError(f"{piece.files[0].path}: a compressed file's byte range is read from its spool (spool.py)")
     for f in piece.files:
         if f.kind == "parquet":
             yield from _parquet(f, piece.row_group, text_field, wanted)
         elif f.kind == "arrow":
             yield from _arrow(f, text_field, wanted)
         elif f.kind == "jsonl":
-            yield from _jsonl(f, piece.start, piece.end, text_field, wanted)
+            yield from _jsonl(f, piece.start, piece.end, text_field, wanted, spool)
         elif piece.chunked or f.compression or f.size > WHOLE_TEXT_BYTES:
-            yield from _chunks(f, piece.start, piece.end, wanted)
+            yield from _chunks(f, piece.start, piece.end, wanted, spool)
         elif wanted(f.rel):
             yield Document(f.rel, f.path.read_bytes().decode("utf-8", errors="replace"))
 
 
-def _lines(f: SourceFile, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+class _Shifted:
+    """A spool read at the offsets of the stream it was taken from."""
+
+    def __init__(self, fh: BinaryIO, base: int):
+        self.fh, self.base = fh, base
+
+    def seek(self, offset: int) -> None:
+        self.fh.seek(offset - self.base)
+
+    def read(self, n: int = -1) -> bytes:
+        return self.fh.read(n)
+
+    def readline(self, n: int = -1) -> bytes:
+        return self.fh.readline(n)
+
+    def __iter__(self):
+        return iter(self.fh)
+
+
+@contextmanager
+def _opened(f: SourceFile, spool: Spool | None):
+    """(a binary file of `f`'s bytes, their size, -1 if unknown): its spool's, or its own."""
+    with damaged_as_config_error(f):
+        if spool is None:
+            with open_binary(f.path, f.compression) as fh:
+                yield fh, -1 if f.compression else f.size
+        else:
+            with open(spool.path, "rb") as fh:
+                yield _Shifted(fh, spool.base), spool.size
+
+
+def _lines(f: SourceFile, start: int, end: int, spool: Spool | None = None) -> Iterator[tuple[int, bytes]]:
     """(offset, line) for each JSON line whose first byte lies in [start, end); end -1: to the end.
     A record is never cut: the line under way at `end` is read to its end."""
-    with damaged_as_config_error(f), open_binary(f.path, f.compression) as fh:
+    with _opened(f, spool) as (fh, _):
         offset = 0
         if start > 0:  # the line under way belongs to the range before: skipped a block at a time
             fh.seek(start - 1)
@@ -142,15 +191,16 @@ def _lines(f: SourceFile, start: int, end: int) -> Iterator[tuple[int, bytes]]:
             offset += len(line)
 
 
-def _segments(f: SourceFile, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+def _segments(f: SourceFile, start: int, end: int, spool: Spool | None = None) -> Iterator[tuple[int, bytes]]:
     """(offset, segment) for a text's byte range [start, end) (end -1: to the end), its cuts moved by
     _text_cut: its lines, each line longer than LINE_BYTES cut in segments of at most that (text8
     is 100 MB on one line, an old Mac's text has only CRs): memory held and bytes read stay bounded,
     a range after the first reading no more than LINE_BYTES before its own."""
-    with damaged_as_config_error(f), open_binary(f.path, f.compression) as fh:
+    with _opened(f, spool) as (fh, size):
         first, stop = 0, -1
-        if end >= 0:  # a range of a plain file: seekable
-            first, stop = _text_cut(fh, start, f.size) if start > 0 else 0, _text_cut(fh, end, f.size)
+        if start > 0 or end >= 0:  # a range of a plain file or of a spool: seekable
+            first = _text_cut(fh, start, size) if start > 0 else 0
+            stop = _text_cut(fh, end, size) if end >= 0 else -1
             fh.seek(first)
         offset, carry, readline = first, b"", fh.readline
         while True:  # by line, as a text mostly is: the loop is lean
@@ -170,16 +220,17 @@ def _segments(f: SourceFile, start: int, end: int) -> Iterator[tuple[int, bytes]
             offset += len(segment)
 
 
-def _text_cut(fh: BinaryIO, x: int, size: int) -> int:
+def _text_cut(fh, x: int, size: int) -> int:
     """Where a text's byte ranges meet near `x`, the same for the range that ends there and the one
     that starts there: after the line under way at x, if it ends within LINE_BYTES (as for JSON
-    lines); else, in a line that long, where _cut cuts the CUT_WINDOW bytes before x."""
-    if x >= size:
+    lines); else, in a line that long, where _cut cuts the CUT_WINDOW bytes before x. `size`: the
+    text's, -1 where not known (a spool short of the stream's end holds LINE_BYTES past x)."""
+    if 0 <= size <= x:
         return size
     fh.seek(x - 1)
     ahead = fh.read(LINE_BYTES + 1)
     if (at := ahead.find(b"\n")) >= 0 or len(ahead) <= LINE_BYTES:
-        return x + at if at >= 0 else size
+        return x + at if at >= 0 else x - 1 + len(ahead)
     fh.seek(max(0, x - CUT_WINDOW))
     behind = fh.read(x - max(0, x - CUT_WINDOW))
     return x - len(behind) + _cut(behind)
@@ -200,11 +251,11 @@ def _cut(block: bytes) -> int:
     return len(block)
 
 
-def _chunks(f: SourceFile, start: int, end: int, wanted: Wanted) -> Iterator[Document]:
+def _chunks(f: SourceFile, start: int, end: int, wanted: Wanted, spool: Spool | None = None) -> Iterator[Document]:
     """Consecutive lines (or segments of a long line) grouped into documents of about CHUNK_BYTES."""
     parts: list[bytes] = []
     size, first = 0, start
-    for offset, line in _segments(f, start, end):
+    for offset, line in _segments(f, start, end, spool):
         if not parts:
             first = offset
         parts.append(line)
@@ -218,8 +269,9 @@ def _chunks(f: SourceFile, start: int, end: int, wanted: Wanted) -> Iterator[Doc
         yield Document(doc_id, b"".join(parts).decode("utf-8", errors="replace"))
 
 
-def _jsonl(f: SourceFile, start: int, end: int, field: str, wanted: Wanted) -> Iterator[Document]:
-    for offset, line in _lines(f, start, end):
+def _jsonl(f: SourceFile, start: int, end: int, field: str, wanted: Wanted,
+           spool: Spool | None = None) -> Iterator[Document]:
+    for offset, line in _lines(f, start, end, spool):
         doc_id = f"{f.rel}@{offset}"
         if not line.strip() or not wanted(doc_id):
             continue

@@ -10,25 +10,33 @@ are skipped in a folder and refused as the source.
 
 The files are listed with sizes and mtimes (the cache key) and planned into pieces of about
 `data.shard_bytes` of selected text each: several small files, one byte range of a large text or
-JSONL file, one Parquet row group, or one compressed or Arrow file. A piece is the unit of parallel
-work, one shard of the cache and the unit a killed build resumes from. The plan is a function of
-the files and the settings alone, so every machine and worker count makes the same one.
+JSONL file (of a compressed one, a range of its decompressed text), one Parquet row group, or one
+small compressed file or Arrow file. A piece is the unit of parallel work, one shard of the cache
+and the unit a killed build resumes from. The plan is a function of the files and the settings
+alone, so every machine and worker count makes the same one.
 No torch, no numpy: readers.py does the reading.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from ..config import ConfigError, DataConfig
 from .formats import (ARCHIVES, COMPRESSIONS, JSON_SUFFIXES, READ_FORMATS, SKIPPED_SUFFIXES, TEXT_SUFFIXES,
                       UNREAD_COMPRESSIONS)
 
 STDLIB = "python-stdlib"
+# A compressed file's text is known only by an estimate (readers.text_bytes) until it is read:
+# one of more than SPLIT_AT pieces is planned with SLACK more (past its end they are empty, and
+# its last piece reads to its end), so that text the estimate missed is not left to one worker.
+SPLIT_AT = 2
+SLACK = 1.25
 NOT_FETCHED = "not fetched yet"  # a Hub source with nothing of it in the Hub's cache
 SAVE_TO_DISK_FILES = {"state.json", "dataset_info.json"}  # a save_to_disk folder's metadata, not data
 DATASET_DICT = "dataset_dict.json"  # DatasetDict.save_to_disk's: {"splits": [...]}, a save_to_disk folder each
@@ -208,11 +216,12 @@ def parquet_row_group_bytes(f: SourceFile, text_field: str, meta=None) -> list[i
 
 
 # ------------------------------------------------------------------------------------- pieces
-def plan_pieces(source: Source, cfg: DataConfig, keep: float) -> list[Piece]:
+def plan_pieces(source: Source, cfg: DataConfig, keep: float, text_sizes: Sequence[int] | None = None) -> list[Piece]:
     """Pieces of about `cfg.shard_bytes` of *selected* text (a `keep` share of the whole), in file
-    order. Large plain text and JSONL files are cut into byte ranges; their cuts move to the next
-    line ending when read, so a range is whole lines (but for a text's line longer than
-    readers.LINE_BYTES, cut near the range's cut, at whitespace)."""
+    order. Large text and JSONL files are cut into byte ranges; their cuts move to the next line
+    ending when read, so a range is whole lines (but for a text's line longer than
+    readers.LINE_BYTES, cut near the range's cut, at whitespace). `text_sizes`: each file's text
+    (readers.text_bytes), which cutting a compressed file needs; without them it is one piece."""
     target = max(1, int(cfg.shard_bytes / max(keep, 1e-9)))
     pieces: list[Piece] = []
     group: list[SourceFile] = []
@@ -224,7 +233,7 @@ def plan_pieces(source: Source, cfg: DataConfig, keep: float) -> list[Piece]:
             pieces.append(Piece(len(pieces), tuple(group), chunked=source.single_text_file))
         group, group_bytes = [], 0
 
-    for f in source.files:
+    for i, f in enumerate(source.files):
         if f.kind == "parquet":
             close_group()
             for rg, _ in enumerate(parquet_row_group_bytes(f, cfg.text_field)):
@@ -234,6 +243,12 @@ def plan_pieces(source: Source, cfg: DataConfig, keep: float) -> list[Piece]:
             chunked = f.kind == "text"
             for start in range(0, f.size, target):
                 pieces.append(Piece(len(pieces), (f,), start, min(f.size, start + target), chunked=chunked))
+        elif f.compression and text_sizes and text_sizes[i] > SPLIT_AT * target:
+            close_group()
+            n = math.ceil(SLACK * text_sizes[i] / target)
+            for k in range(n):
+                pieces.append(Piece(len(pieces), (f,), k * target, (k + 1) * target if k < n - 1 else -1,
+                                    chunked=f.kind == "text"))
         elif f.compression or f.kind == "arrow":
             close_group()
             pieces.append(Piece(len(pieces), (f,), chunked=f.kind == "text"))
