@@ -36,6 +36,7 @@ CUT_WINDOW = 4096  # where a long line is cut: after its last whitespace among t
 BATCH_ROWS = 4096
 BATCH_TEXT_BYTES = 1 << 20  # text a Parquet record batch holds, about
 ESTIMATE_OUTPUT = 8 << 20  # decompressed bytes read to estimate a compressed file's text size
+ZSTD_FEED = 1 << 17  # a zstd file's bytes decompressed at once: its output, at text's ratios, about a megabyte
 # A surrogate in a JSON line, escaped ("\\ud800") or as raw bytes (CESU-8, WTF-8: json.loads reads
 # bytes with "surrogatepass"): either decodes to a str that has no UTF-8.
 SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]|\xed[\xa0-\xbf]")
@@ -67,12 +68,57 @@ def open_binary(raw: BinaryIO | Path, compression: str) -> BinaryIO:
     if compression == "bzip2":
         return bz2.open(raw, "rb")
     if compression == "zstd":
+        # Buffered for readline; the reader closes the file it opened.
+        fh = open(raw, "rb") if isinstance(raw, Path) else raw
+        return io.BufferedReader(_ZstdFrames(fh, closefd=isinstance(raw, Path)), 1 << 16)
+    return open(raw, "rb") if isinstance(raw, Path) else raw
+
+
+class _ZstdFrames(io.RawIOBase):
+    """A zstd file's frames, one after another; one that its file ends inside is an error, as a cut
+    .gz, .xz or .bz2 is. zstandard's stream_reader says nothing there: it stops at the last whole
+    block, and a download cut short was read as a shorter text."""
+
+    def __init__(self, fh: BinaryIO, closefd: bool):
         import zstandard
 
-        fh = open(raw, "rb") if isinstance(raw, Path) else raw
-        # Buffered for readline; the reader closes the file it opened.
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(fh, closefd=isinstance(raw, Path)))
-    return open(raw, "rb") if isinstance(raw, Path) else raw
+        self.fh, self.closefd = fh, closefd
+        self.dctx, self.frame = zstandard.ZstdDecompressor(), None
+        self.out, self.at = b"", 0  # decompressed, and how much of it was read
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while self.at == len(self.out):
+            if not self._decompress_more():
+                return 0
+        n = min(len(b), len(self.out) - self.at)
+        b[:n] = self.out[self.at:self.at + n]
+        self.at += n
+        return n
+
+    def _decompress_more(self) -> bool:
+        import zstandard
+
+        data = self.fh.read(ZSTD_FEED)
+        if not data:
+            if self.frame is not None and not self.frame.eof:
+                raise zstandard.ZstdError("the file ends inside a frame")
+            return False
+        out = []
+        while data:
+            if self.frame is None or self.frame.eof:
+                self.frame = self.dctx.decompressobj()
+            out.append(self.frame.decompress(data))
+            data = self.frame.unused_data if self.frame.eof else b""  # the next frame's start
+        self.out, self.at = b"".join(out), 0
+        return True
+
+    def close(self) -> None:
+        if not self.closed and self.closefd:
+            self.fh.close()
+        super().close()
 
 
 @contextmanager
@@ -278,8 +324,7 @@ def _jsonl(f: SourceFile, start: int, end: int, field: str, wanted: Wanted,
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            # A line with no end is the file's last: a download cut short, or a .zst cut short (its
-            # decoder stops at the last whole block and says nothing).
+            # A line with no end is the file's last: a download cut short.
             cut = "" if line.endswith(b"\n") else (", and the file ends inside it: truncated? (an interrupted "
                                                    "download: fetch it again)")
             raise ConfigError(f"{f.path}:{_line_number(f, offset)}: not valid JSON ({e.msg}){cut}") from None
