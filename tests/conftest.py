@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import signal
@@ -76,6 +77,39 @@ def no_run_left_training():
             viewer.close()
         live.forget(run.run_dir)
     assert not [r for r in left if r.live], f"left training in the background: {[str(r.run_dir) for r in left]}"
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Path:
+    """A filesystem of its own, 32 MB (a tmpfs), for a test to fill: the full disk the engine meets
+    is the kernel's, not one made up. Mounting it takes root, which CI has (it installs Chromium)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a disk to fill needs root, to mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], capture_output=True)
+
+
+def fill(disk: Path, *appended: Path) -> Path:
+    """A file that takes every byte left on `disk`; delete it to free them. Each of `appended` (a
+    log another process appends to) gets empty lines to the end of its last block, which would
+    take a few more lines of text before the disk said it is full."""
+    filler = disk / "filler"
+    for path, chunk in ((filler, bytes(1 << 16)), *((p, b"\n") for p in appended)):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            while os.write(fd, chunk):
+                pass
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+        finally:
+            os.close(fd)
+    return filler
 
 
 def tiny_config(*overrides: str) -> Config:

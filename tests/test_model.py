@@ -90,32 +90,37 @@ def test_blockwise_loss_gives_the_plain_loss_and_gradients(monkeypatch):
         assert torch.allclose(grads[n], p.grad, rtol=1e-5, atol=1e-7), n
 
 
-def test_checkpoint_refuses_to_start_without_the_disk_space(tmp_path, monkeypatch):
-    """checkpoint.save itself measures the disk before it writes: short of room it refuses with
-    the reason, and the checkpoint before stays the latest, with no half-written folder. (A full
-    disk cannot be made here: the filesystem's answer is what is made up.)"""
+def test_a_checkpoint_without_room_on_the_disk_leaves_nothing_and_the_one_before_stays_latest(small_disk,
+                                                                                                monkeypatch):
+    """checkpoint.save measures the disk before it writes, and a disk that fills while it writes is
+    caught too: either way NoSpace says why, no half-written folder is left, and the checkpoint
+    before stays the latest; once there is room again, the next save is whole."""
     import shutil
 
     import pytest
 
     from lmcockpit.core.train import checkpoint
-    from lmcockpit.core.train.checkpoint import CheckpointError, check_free_space
 
-    check_free_space(tmp_path, 1 << 20)  # a megabyte is there
-    with pytest.raises(CheckpointError, match=r"not enough free disk for a checkpoint in .*GiB free"):
-        check_free_space(tmp_path, 1 << 60)  # an exabyte is not
+    from .conftest import fill
 
     model = GPT(SHAPE)
     opts = build_optimizers(model, OptimizerConfig(), torch.device("cpu"))
-    root = tmp_path / "checkpoints"
+    root = small_disk / "checkpoints"
     checkpoint.save(root, 1, model, opts, {}, "", keep=2)
+    filler = fill(small_disk)
+    with pytest.raises(checkpoint.NoSpace, match=rf"not enough free disk for a checkpoint in {root}: .*GiB free"):
+        checkpoint.save(root, 2, model, opts, {}, "", keep=2)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001"]
+    # Room measured before, then taken by another writer: the disk's own "No space left on device".
     real = shutil.disk_usage
-    need = checkpoint.estimate_bytes(model, opts)  # the weights twice: the save asks for more than this
-    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: real(path)._replace(free=need))
-    with pytest.raises(CheckpointError, match=rf"not enough free disk for a checkpoint in {root}: "):
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: real(path)._replace(free=1 << 40))
+    with pytest.raises(checkpoint.NoSpace, match=r"the disk filled while .*\(No space left on device\)"):
         checkpoint.save(root, 2, model, opts, {}, "", keep=2)
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001"]
     assert (root / "latest").read_text() == "step_000001\n"
+    filler.unlink()
+    checkpoint.save(root, 2, model, opts, {}, "", keep=2)
+    assert (root / "latest").read_text() == "step_000002\n" and (root / "step_000002" / "state.json").is_file()
 
 
 def test_fp16_autocast_keeps_the_plain_loss_so_the_loss_scale_reaches_the_logits_gradient():

@@ -22,6 +22,7 @@ from typing import NoReturn
 
 from .. import protocol as P
 from ..config import ConfigError, config_from_dict
+from ..run.folder import append_whole
 
 _EOF = "\x00lmcockpit-log-eof\x00"
 _EARLY_SIGNALS: list[str] = []
@@ -49,12 +50,16 @@ def early_signal() -> str | None:
 
 
 class LogPump:
-    """Copies everything written to fd 1 and 2 into train.log and onto the events queue."""
+    """Copies everything written to fd 1 and 2 into train.log and onto the events queue. A line
+    that a full disk keeps out of train.log still reaches the events, and the first line that fits
+    again says how many are missing: the pump must not die, or the training writing into its pipe
+    would block for good once the pipe filled."""
 
     def __init__(self, log_path: Path, events, prefix: str = ""):
         self.events = events
         self.prefix = prefix  # "rank1: " under several processes
-        self.log_file = open(log_path, "a", encoding="utf-8", errors="replace", buffering=1)
+        self.log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.missing = 0  # lines a full disk kept out of train.log, not yet said there
         r, w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -73,15 +78,22 @@ class LogPump:
             if line == _EOF:
                 break
             line = self.prefix + line
-            self.log_file.write(line + "\n")
+            self._to_file(line)
             self.events.put(P.LogLine(line))
+
+    def _to_file(self, line: str) -> None:
+        if self.missing and append_whole(self.log_fd, f"[{self.missing} lines missing here: the disk was "
+                                                      "full]\n".encode()):
+            self.missing = 0
+        if self.missing or not append_whole(self.log_fd, (line + "\n").encode("utf-8", "replace")):
+            self.missing += 1
 
     def close(self) -> None:
         # A sentinel rather than EOF: compile workers inherit fd 1/2 and keep the pipe open.
         print(_EOF, flush=True)
         sys.stderr.flush()
         self.thread.join(timeout=10)
-        self.log_file.close()
+        os.close(self.log_fd)
 
 
 def run_header(spec_run_dir: str) -> str:

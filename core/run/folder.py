@@ -6,12 +6,14 @@ folder is known even if the engine dies at once); filled by the engine. No torch
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import re
 import shutil
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,8 @@ CHECKPOINTS = "checkpoints"
 STEP_DIR = re.compile(r"step_(\d+)")
 PRUNED = ".pruned-"  # a checkpoint being deleted (list_checkpoints sees only step_N folders)
 LOCK = ".training"  # flock'ed by the engine while it trains here; holds its pid
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk, a full quota
+HELD_ROWS = 100_000  # metrics rows kept in memory while the disk is full (about 20 MB)
 
 
 def default_run_dir(name: str, runs_root: Path = Path("runs")) -> Path:
@@ -143,18 +147,54 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def append_whole(fd: int, data: bytes) -> bool:
+    """`data` appended to the file open at `fd` in one write, or, on a full disk, not at all (what
+    fitted of it taken back): False then. A row cut short would join the next one into a line
+    that is neither."""
+    try:
+        written = os.write(fd, data)
+    except OSError as e:
+        if e.errno not in DISK_FULL:
+            raise
+        return False
+    if written < len(data):
+        os.ftruncate(fd, os.fstat(fd).st_size - written)
+        return False
+    return True
+
+
 class MetricsLog:
-    """`metrics.jsonl`: one JSON object per line, each with `kind` and `time`; flushed per line so
-    a crash loses nothing that was reported."""
+    """`metrics.jsonl`: one JSON object per line, each with `kind` and `time`, written as it comes
+    so a crash loses nothing that was reported. A full disk stops no run and costs no row: rows
+    wait in memory (up to HELD_ROWS, the rest counted in a note) and go out, in order, with the
+    first write that fits."""
 
     def __init__(self, path: Path):
-        self._fh = open(path, "a", encoding="utf-8", buffering=1)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._held: deque[bytes] = deque()
+        self._dropped = 0
 
     def write(self, kind: str, **fields: Any) -> None:
-        self._fh.write(json.dumps({"kind": kind, "time": round(time.time(), 3), **fields}) + "\n")
+        if len(self._held) < HELD_ROWS:
+            self._held.append(_row(kind, fields))
+        else:
+            self._dropped += 1
+        self._write_held()
+
+    def _write_held(self) -> None:
+        while self._held and append_whole(self._fd, self._held[0]):
+            self._held.popleft()
+        if self._dropped and not self._held and append_whole(self._fd, _row(
+                "note", {"text": f"{self._dropped} rows not written: the disk was full"})):
+            self._dropped = 0
 
     def close(self) -> None:
-        self._fh.close()
+        self._write_held()
+        os.close(self._fd)
+
+
+def _row(kind: str, fields: dict[str, Any]) -> bytes:
+    return (json.dumps({"kind": kind, "time": round(time.time(), 3), **fields}) + "\n").encode()
 
 
 def read_metrics(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:

@@ -15,6 +15,10 @@ of sight (`.pruned-*`) before it is deleted, so a kill never leaves one that loo
 has lost files, nor one whose state.json went first (unlisted, so never pruned); a resume in
 place deletes the checkpoints past its own the same way (run.folder.remove_checkpoints). Every rank
 calls `save` and `load`; rank 0 alone touches the folders.
+
+A disk without room for a checkpoint (too little free before it starts, or full while it is
+written) is NoSpace, raised on every rank alike, its partial folder removed: the trainer goes on
+training rather than lose the steps since the last checkpoint.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_state_dict)
 
 from ..run.checkpoints import FORMAT_VERSION, TRAIN_STATE
-from ..run.folder import CONFIG, list_checkpoints, remove_checkpoints
+from ..run.folder import CONFIG, DISK_FULL, list_checkpoints, remove_checkpoints
 from .group import Group
 
 LATEST = "latest"
@@ -47,6 +51,10 @@ LATEST = "latest"
 
 class CheckpointError(RuntimeError):
     pass
+
+
+class NoSpace(CheckpointError):
+    """The disk has no room for the checkpoint: nothing of it is left behind."""
 
 
 def step_dir_name(step: int) -> str:
@@ -143,12 +151,27 @@ def estimate_bytes(model: torch.nn.Module, optimizers: list[torch.optim.Optimize
     return total
 
 
-def check_free_space(folder: Path, need: int) -> None:
+def free_space_problem(folder: Path, need: int) -> str | None:
+    """What stops a checkpoint of `need` bytes fitting in `folder`, or None."""
     free = shutil.disk_usage(folder).free
-    if free < need:
-        raise CheckpointError(f"not enough free disk for a checkpoint in {folder}: {free / 2**30:.2f} GiB free, "
-                              f"about {need / 2**30:.2f} GiB needed; free some space (older runs, "
-                              "checkpoint.keep) and resume")
+    if free >= need:
+        return None
+    return (f"not enough free disk for a checkpoint in {folder}: {free / 2**30:.2f} GiB free, about "
+            f"{need / 2**30:.2f} GiB needed; free some space (older runs, checkpoint.keep)")
+
+
+def _filled(ckpt_root: Path, e: OSError) -> str:
+    """A full disk's error as what it stopped; any other error raised as it is."""
+    if e.errno not in DISK_FULL:
+        raise e
+    return f"the disk filled while the checkpoint was written in {ckpt_root} ({e.strerror})"
+
+
+def _agreed(group: Group, problem: str | None) -> None:
+    """Rank 0's verdict on the disk, heard by every rank (each then raises it alike, rather than
+    one raise while the others wait at the next barrier for ever)."""
+    if (problem := group.gather(problem)[0]) is not None:
+        raise NoSpace(problem)
 
 
 def save(ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer],
@@ -157,40 +180,63 @@ def save(ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list[to
     Every rank calls this; each writes its shards, rank 0 the rest."""
     final = ckpt_root / step_dir_name(step)
     tmp = ckpt_root / f".tmp-{step_dir_name(step)}"
+    problem = None
     if group.is_main:
-        ckpt_root.mkdir(parents=True, exist_ok=True)
-        _clean_partial(ckpt_root)
-        check_free_space(ckpt_root, int(estimate_bytes(model, optimizers) * 1.1) + (1 << 20))
-        tmp.mkdir()
-    group.barrier()
+        try:
+            ckpt_root.mkdir(parents=True, exist_ok=True)
+            _clean_partial(ckpt_root)
+            problem = free_space_problem(ckpt_root, int(estimate_bytes(model, optimizers) * 1.1) + (1 << 20))
+            if problem is None:
+                tmp.mkdir()
+        except OSError as e:
+            problem = _filled(ckpt_root, e)
+    _agreed(group, problem)  # every rank past here: tmp exists
     device_states = group.gather(device_rng_state(next(model.parameters()).device))
     model_sd, optim_sd = get_state_dict(model, optimizers)
-    with _dcp_errors():
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp / TRAIN_STATE, no_dist=not _distributed())
+    try:
+        with _dcp_errors():
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp / TRAIN_STATE,
+                     no_dist=not _distributed())
+    except NoSpace:
+        if group.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     # The whole weights, gathered on rank 0 (a no-op for a model that is not sharded).
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    problem = None
     if group.is_main:
-        save_file({k: v.detach().contiguous() for k, v in weights.items()}, tmp / "model.safetensors")
-        (tmp / CONFIG).write_text(config_toml)
-        full_state = {"format": FORMAT_VERSION, "step": step, **state, "rng": rng_state(device_states)}
-        (tmp / "state.json").write_text(json.dumps(full_state, indent=1))
-        _test_hold(tmp, step)
-        for f in tmp.rglob("*"):
-            if f.is_file():
-                _fsync_file(f)
-        _fsync_dir(tmp / TRAIN_STATE)
-        _fsync_dir(tmp)
-        if final.exists():
-            # This step is on disk already, the same weights: deleting it first would leave no
-            # checkpoint at all if the process were killed before the rename.
-            shutil.rmtree(tmp)
-        else:
-            os.rename(tmp, final)
-            _fsync_dir(ckpt_root)
-        _write_latest(ckpt_root, final.name)
-        _prune(ckpt_root, keep)
+        try:
+            _commit(ckpt_root, tmp, final, step, weights, state, config_toml, device_states, keep)
+        except OSError as e:
+            problem = _filled(ckpt_root, e)
+            shutil.rmtree(tmp, ignore_errors=True)
+    _agreed(group, problem)
     group.barrier()  # no rank runs ahead into a step (or a next save) before this one is in place
     return final
+
+
+def _commit(ckpt_root: Path, tmp: Path, final: Path, step: int, weights: dict, state: dict[str, Any],
+            config_toml: str, device_states: list[str | None], keep: int) -> None:
+    """Rank 0's part: the whole weights, config and state into `tmp`, fsynced, renamed into place."""
+    save_file({k: v.detach().contiguous() for k, v in weights.items()}, tmp / "model.safetensors")
+    (tmp / CONFIG).write_text(config_toml)
+    full_state = {"format": FORMAT_VERSION, "step": step, **state, "rng": rng_state(device_states)}
+    (tmp / "state.json").write_text(json.dumps(full_state, indent=1))
+    _test_hold(tmp, step)
+    for f in tmp.rglob("*"):
+        if f.is_file():
+            _fsync_file(f)
+    _fsync_dir(tmp / TRAIN_STATE)
+    _fsync_dir(tmp)
+    if final.exists():
+        # This step is on disk already, the same weights: deleting it first would leave no
+        # checkpoint at all if the process were killed before the rename.
+        shutil.rmtree(tmp)
+    else:
+        os.rename(tmp, final)
+        _fsync_dir(ckpt_root)
+    _write_latest(ckpt_root, final.name)
+    _prune(ckpt_root, keep)
 
 
 def _test_hold(tmp: Path, step: int) -> None:
@@ -246,6 +292,8 @@ def _dcp_errors():
         except CheckpointException as e:
             rank, err = sorted(e.failures.items())[0]
             err = err[0] if isinstance(err, tuple) else getattr(err, "exc", err)  # (exception, its stack)
+            if isinstance(err, OSError) and err.errno in DISK_FULL:
+                raise NoSpace(f"the disk filled while rank {rank} wrote its shards ({err.strerror})") from None
             raise CheckpointError(f"rank {rank}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
 
 

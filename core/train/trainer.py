@@ -43,6 +43,9 @@ from .optim import (build_optimizers, clip_grad_norm, describe, lr_multiplier, s
 Emit = Callable[[object], None]
 
 
+SPACE_RETRY_S = 30  # how often a last checkpoint that found the disk full tries again
+
+
 class StoppedInSetup(Exception):
     """An Abort heard while the run was still being set up: it ends there, with no step to save."""
 
@@ -346,11 +349,12 @@ class Trainer:
                 self.periodic_samples()
         if self.stop is None:
             self.within_memory("evaluation", self.evaluate)
-            self.save_checkpoint()
-            self.periodic_samples()
-            return P.FINISHED
-        if self.stop.save and self.step > 0:
-            self.save_checkpoint()
+            self.save_final()
+            if self.stop is None:  # not given up by an abort
+                self.periodic_samples()
+                return P.FINISHED
+        elif self.stop.save and self.step > 0:
+            self.save_final()
         return P.INTERRUPTED if self.stop.interrupted else P.ABORTED
 
     def train_step(self) -> None:
@@ -427,7 +431,7 @@ class Trainer:
         if error is None:
             return result
         if doing != "training" and not self.group.distributed and self.step > 0:
-            self.save_checkpoint()
+            self.save_final()
         raise OutOfMemory(memory_fit.out_of_memory_message(self, error, doing))
 
     def unless_out_of_memory(self, work: Callable[[], object]) -> tuple[object, str | None]:
@@ -540,14 +544,51 @@ class Trainer:
     def save_last_good(self) -> None:
         """After a non-finite step: the weights in memory are still the last good step's."""
         if self.step > 0:
-            self.save_checkpoint()
+            self.save_final()
 
-    def save_checkpoint(self) -> None:
+    def save_final(self) -> None:
+        """The run's last checkpoint, which no later one will replace: without room on the disk it
+        waits for some, trying again every SPACE_RETRY_S (at once on a checkpoint command), until
+        it is written or an abort without a checkpoint gives it up."""
+        while not self.save_checkpoint(last=True):
+            self.emit(P.StateChanged(P.CHECKPOINTING))
+            self.log(f"checkpoint: waiting for disk space, trying again every {SPACE_RETRY_S} s (checkpoint now: "
+                     "at once; abort without saving: end the run without it)")
+            if not self.wait_for_space():
+                self.log(f"checkpoint: step {self.step} given up, not written; the last written is "
+                         f"{self.last_written}")
+                return
+
+    def wait_for_space(self) -> bool:
+        """SPACE_RETRY_S, answering commands; False on an abort without a checkpoint, which is then
+        the run's stop. Rank 0's clock ends the wait, as a checkpoint command of its own that every
+        rank agrees on with the rest."""
+        due = time.monotonic() + SPACE_RETRY_S
+        while True:
+            mine = [cmd for cmd in [self.next_command(True)] if cmd is not None]
+            if self.group.is_main and time.monotonic() >= due:
+                mine.append(P.CheckpointNow())
+            for cmd in self.group.agree(mine):
+                if isinstance(cmd, P.Abort) and not cmd.save:
+                    self.stop = cmd
+                    return False
+                if isinstance(cmd, P.CheckpointNow):
+                    return True
+                if isinstance(cmd, P.Sample):
+                    self.answer_sample(cmd)
+
+    @property
+    def last_written(self) -> str:
+        return "none" if self.saved_step is None else f"step {self.saved_step}"
+
+    def save_checkpoint(self, last: bool = False) -> bool:
+        """Whether this step is on disk now. Short of disk space the run goes on, said as a warning
+        (the next checkpoint tries again): ending it would lose every step since the last one."""
         if self.step == self.saved_step:
             # Saved already (a periodic checkpoint, then an abort; or the step it resumed from):
             # writing it again would only double the time a stop takes.
             self.emit(P.CheckpointWritten(self.step, str(self.run_dir / CHECKPOINTS / checkpoint.step_dir_name(self.step))))
-            return
+            return True
         self.emit(P.StateChanged(P.CHECKPOINTING))
         state = {"tokens_seen": self.tokens_seen, "nan_skips": self.nan_skips, "world": self.group.world,
                  "data_unit": list(self.data_unit),
@@ -556,13 +597,20 @@ class Trainer:
                  "cpu_precision": self.precision if self.device.type == "cpu" else None,
                  # fp16's loss scale: a resumed run that restarted at 65536 would skip steps
                  "grad_scaler": self.scaler.state_dict() if self.scaler else None}
-        path = checkpoint.save(self.run_dir / CHECKPOINTS, self.step, self.model, self.optimizers, state,
-                               self.cfg.to_toml(), self.cfg.checkpoint.keep, self.group)
+        try:
+            path = checkpoint.save(self.run_dir / CHECKPOINTS, self.step, self.model, self.optimizers, state,
+                                   self.cfg.to_toml(), self.cfg.checkpoint.keep, self.group)
+        except checkpoint.NoSpace as e:
+            self.log(f"warning: checkpoint of step {self.step} not written: {e}; the last written is "
+                     f"{self.last_written}" + ("" if last else "; training goes on"))
+            self.emit(P.StateChanged(P.PAUSED if self.paused else P.RUNNING))
+            return False
         self.saved_step = self.step
         self.metrics.write("checkpoint", step=self.step, path=str(path))
         self.emit(P.CheckpointWritten(self.step, str(path)))
         self.log(f"checkpoint: step {self.step} written to {path}")
         self.emit(P.StateChanged(P.PAUSED if self.paused else P.RUNNING))
+        return True
 
     # ------------------------------------------------------------------------------ samples
     def sample_text(self, request: P.Sample) -> list[str] | None:
