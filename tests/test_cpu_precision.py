@@ -121,17 +121,11 @@ def test_a_run_with_nothing_cached_probes_and_says_what_it_chose(tmp_path):
         assert "timing fp32 against bf16 on this CPU" in proc.stdout
 
 
-def test_doctor_says_what_was_measured_and_chosen():
+def test_doctor_with_nothing_cached_measures_and_says_what_it_chose():
+    """(What it says of a verdict measured before: tests/test_doctor.py.)"""
     from .conftest import NO_GPU
     from .test_doctor import lines
 
-    with cpu_verdict(cp.decide(0.921, 0.582, "1 block, 16×256 tokens, d_model 256, vocab 8192, 2 threads")):
-        proc = cli("doctor", env=NO_GPU)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert lines(proc)["CPU precision"] == (
-        'ok precision "auto" trains in bf16: a block\'s forward and backward took 921 ms in fp32, 582 ms in bf16 '
-        "(1.58×; bf16 from 1.15×), measured before (1 block, 16×256 tokens, d_model 256, vocab 8192, 2 threads); "
-        f"kept in {cp.cache_path()}")
     with cpu_verdict(None):  # nothing cached: the doctor probes at the cpu preset's shape, as a first run would
         proc = cli("doctor", env=NO_GPU)
         verdict = cp.known()

@@ -1,6 +1,8 @@
 import os
 
-from .conftest import NO_GPU, cli
+from lmcockpit.core.hardware import cpu_precision as cp
+
+from .conftest import NO_GPU, cli, cpu_verdict
 
 
 def lines(proc) -> dict[str, str]:
@@ -15,12 +17,14 @@ def lines(proc) -> dict[str, str]:
 
 def test_doctor_on_a_machine_without_a_gpu_says_so_and_exits_0():
     """With CUDA_VISIBLE_DEVICES="" torch sees no GPU on any machine; NVML, which that variable
-    does not govern, still sees a GPU machine's cards, and the doctor says they are hidden."""
+    does not govern, still sees a GPU machine's cards, and the doctor says they are hidden. The
+    CPU's precision verdict measured before is read back with what was measured."""
     import torch
 
     from lmcockpit.core.hardware import gpu_env
 
-    proc = cli("doctor", env=NO_GPU)
+    with cpu_verdict(cp.decide(0.921, 0.582, "1 block, 16×256 tokens, d_model 256, vocab 8192, 2 threads")):
+        proc = cli("doctor", env=NO_GPU)
     found = lines(proc)
     build = (f"CUDA {torch.version.cuda} build" if torch.version.cuda
              else f"ROCm {torch.version.hip} build" if torch.version.hip else "CPU-only build")
@@ -39,7 +43,10 @@ def test_doctor_on_a_machine_without_a_gpu_says_so_and_exits_0():
     assert "expandable_segments:True" in found["allocator"]
     assert found["disk (runs)"].startswith(("ok ", "warn ")) and "GiB free at" in found["disk (cache)"]
     assert {"NVML", "Triton", "flash attention", "lmcockpit"} <= set(found)
-    assert found["CPU precision"] == "info fp32 (pinned by the test suite)"  # conftest's verdict, read
+    assert found["CPU precision"] == (
+        'ok precision "auto" trains in bf16: a block\'s forward and backward took 921 ms in fp32, 582 ms in bf16 '
+        "(1.58×; bf16 from 1.15×), measured before (1 block, 16×256 tokens, d_model 256, vocab 8192, 2 threads); "
+        f"kept in {cp.cache_path()}")
     assert proc.stdout.rstrip().endswith("ready: runs can start on the CPU (no GPU here)")
 
 
