@@ -87,12 +87,19 @@ def test_exit_now_skips_the_interpreters_teardown_but_not_what_matters(tmp_path)
     assert log.read_text().splitlines() == ["thread", "atexit"]
 
 
-def test_same_seed_same_losses_other_seed_other_losses(tmp_path):
-    a = losses(drive_engine(tiny_config("training.max_steps=6"), tmp_path / "a")[1])
-    b = losses(drive_engine(tiny_config("training.max_steps=6"), tmp_path / "b")[1])
-    c = losses(drive_engine(tiny_config("training.max_steps=6", "training.seed=7"), tmp_path / "c")[1])
-    assert len(a) == 6 and a == b
-    assert a != c
+def test_the_resolved_config_repeats_the_run_and_another_seed_does_not(tmp_path):
+    """The run folder's config.toml is the config, and the same config trains the same losses."""
+    cfg = tiny_config("training.max_steps=6", "optimizer.muon_lr=0.05", "training.grad_accum_steps=2")
+    first = losses(drive_engine(cfg, tmp_path / "first")[1])
+    written = tmp_path / "first" / "config.toml"
+    text = written.read_text()
+    assert "muon_lr = 0.05" in text and "grad_accum_steps = 2" in text and "max_steps = 6" in text
+    again, _ = load_config(str(written))
+    assert again == cfg
+    assert len(first) == 6 and losses(drive_engine(again, tmp_path / "again")[1]) == first
+    other = tiny_config("training.max_steps=6", "optimizer.muon_lr=0.05", "training.grad_accum_steps=2",
+                        "training.seed=7")
+    assert losses(drive_engine(other, tmp_path / "other")[1]) != first
 
 
 def test_compiled_cpu_runs_are_reproducible_too(tmp_path):
@@ -125,17 +132,6 @@ def test_bf16_trains_end_to_end_on_the_cpu(tmp_path):
     assert math.isfinite(ev.val_loss) and ev.val_loss < bf16[0]
     weights = load_file(str(tmp_path / "bf16" / "checkpoints" / "step_000004" / "model.safetensors"))
     assert {str(w.dtype) for w in weights.values()} == {"float32"}
-
-
-def test_resolved_config_reproduces_the_run(tmp_path):
-    cfg = tiny_config("training.max_steps=5", "optimizer.muon_lr=0.05", "training.grad_accum_steps=2")
-    first = losses(drive_engine(cfg, tmp_path / "first")[1])
-    written = tmp_path / "first" / "config.toml"
-    text = written.read_text()
-    assert "muon_lr = 0.05" in text and "grad_accum_steps = 2" in text and "max_steps = 5" in text
-    again, _ = load_config(str(written))
-    assert again == cfg
-    assert losses(drive_engine(again, tmp_path / "again")[1]) == first
 
 
 def test_loss_falls_through_the_engine(tmp_path):
