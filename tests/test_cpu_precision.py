@@ -122,16 +122,18 @@ def test_a_run_with_nothing_cached_probes_and_says_what_it_chose(tmp_path):
 
 
 def test_doctor_with_nothing_cached_measures_and_says_what_it_chose():
-    """(What it says of a verdict measured before: tests/test_doctor.py.)"""
-    from .conftest import NO_GPU
-    from .test_doctor import lines
+    """The doctor's own probe, as its torch-side child runs it (the whole doctor command, with a
+    verdict measured before: tests/test_doctor.py)."""
+    from lmcockpit.core.hardware.doctor import cpu_precision_facts
+    from lmcockpit.tui.doctor import cpu_precision_check
 
     with cpu_verdict(None):  # nothing cached: the doctor probes at the cpu preset's shape, as a first run would
-        proc = cli("doctor", env=NO_GPU)
+        facts = cpu_precision_facts()
         verdict = cp.known()
-    line = lines(proc)["CPU precision"]
+    check = cpu_precision_check(facts)
     if verdict.speedup is None:
-        assert line == f"info fp32 ({verdict.why})"
+        assert (check.status, check.detail) == ("info", f"fp32 ({verdict.why})")
     else:
-        assert line.startswith(f'ok precision "auto" trains in {verdict.precision}:') and "measured now" in line
-        assert "16×256 tokens, d_model 256, vocab 8192" in line
+        assert check.status == "ok" and "measured now" in check.detail
+        assert check.detail.startswith(f'precision "auto" trains in {verdict.precision}:')
+        assert "16×256 tokens, d_model 256, vocab 8192" in check.detail
