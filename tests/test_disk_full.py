@@ -4,6 +4,8 @@ last checkpoint waits for room rather than end the run without it."""
 
 from __future__ import annotations
 
+import pytest
+
 from lmcockpit.core import protocol as P
 from lmcockpit.core.run.folder import CHECKPOINTS, METRICS, TRAIN_LOG, list_checkpoints, read_metrics
 
@@ -68,3 +70,27 @@ def test_an_abort_without_saving_gives_up_the_last_checkpoint_that_waits_for_roo
     assert any(line.startswith("warning: checkpoint of step 6 not written: not enough free disk") for line in lines)
     assert "checkpoint: step 12 given up, not written; the last written is none" in lines
     assert list_checkpoints(run / CHECKPOINTS) == []
+
+
+def test_a_token_cache_that_fills_its_disk_says_so_and_where(small_disk, tmp_path):
+    """Out of room in a worker's shard: a message naming the cache's disk and the cure, not the
+    worker's traceback; the pieces finished stay for the next preparation."""
+    from lmcockpit.core.config import ConfigError
+    from lmcockpit.core.data.prepare import prepare
+
+    from .test_data_scale import records, write_jsonl
+
+    source = write_jsonl(tmp_path / "corpus.jsonl", records(3000))
+    cfg = tiny_config(f"data.source=\"{source}\"", f"data.cache_dir=\"{small_disk / 'cache'}\"", "data.workers=2",
+                      "tokenizer.vocab_size=300", "tokenizer.train_bytes=100_000", "data.shard_bytes=100_000")
+    filled = []
+
+    def progress(stage, done, total, unit):
+        if stage == "tokenizing" and not filled:
+            filled.append(fill(small_disk))
+
+    with pytest.raises(ConfigError, match=rf"^data: the disk holding the token cache is full \({small_disk / 'cache'}: "
+                                          r"No space left on device\); free some space there, or point data.cache_dir"):
+        prepare(cfg, lambda line: None, progress)
+    filled[0].unlink()
+    assert prepare(cfg, lambda line: None, lambda *a: None).train is not None

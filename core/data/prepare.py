@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import Config, ConfigError
+from ..run.folder import DISK_FULL
 from . import pretrained, sources
 from .batches import Mixture
 from .build import Build, ProgressFn, plan, train_bpe_folder
@@ -62,7 +63,15 @@ def prepare_source(cfg: Config, log, progress: ProgressFn, tokenizer_file: Path 
         if read_meta(final) is None:  # not finished by another process while this one waited
             _clean_abandoned(root)
             work = root / f"{BUILD_PREFIX}{key}"
-            Build(cfg, source, work, log, progress, tokenizer_file, tokenizer_label).run()
+            try:
+                Build(cfg, source, work, log, progress, tokenizer_file, tokenizer_label).run()
+            except OSError as e:
+                if e.errno not in DISK_FULL:
+                    raise
+                # A worker's shard, a spool, the BPE: wherever it ran out, the cure is the same.
+                raise ConfigError(f"data: the disk holding the token cache is full ({root}: {e.strerror}); free "
+                                  "some space there, or point data.cache_dir at a disk with room; preparing again "
+                                  "goes on from the pieces finished") from None
             os.rename(work, final)
             log(f"data: token cache written to {final}")
     return open_cache(final, cfg, reused=False)
