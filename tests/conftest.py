@@ -205,9 +205,10 @@ def trained_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """One shrunk cpu-preset run through the CLI, compiled, shared by the tests that only read
     what it left behind."""
     out = tmp_path_factory.mktemp("trained") / "run"
-    proc = cli("--run", "cpu", *as_flags([*SHRINK_CPU, *TINY, "sample.prompts=[\"def \"]", "checkpoint.every=6"]),
-               "--out", str(out))
-    return out, proc
+    return out, cli(*TRAINED_RUN, "--out", str(out))
+
+
+TRAINED_RUN = ("--run", "cpu", *as_flags([*SHRINK_CPU, *TINY, "sample.prompts=[\"def \"]", "checkpoint.every=6"]))
 
 
 # ------------------------------------------------------------------------ a real terminal

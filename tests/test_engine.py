@@ -102,15 +102,6 @@ def test_the_resolved_config_repeats_the_run_and_another_seed_does_not(tmp_path)
     assert losses(drive_engine(other, tmp_path / "other")[1]) != first
 
 
-def test_compiled_cpu_runs_are_reproducible_too(tmp_path):
-    """torch.compile on CPU scatters the embedding gradient with atomic adds unless deterministic
-    algorithms are on: without them these losses differ around 1e-4 by step 6."""
-    cfg = tiny_config("training.max_steps=8", "training.compile=true")
-    a = losses(drive_engine(cfg, tmp_path / "a")[1])
-    b = losses(drive_engine(cfg, tmp_path / "b")[1])
-    assert len(a) == 8 and a == b
-
-
 def test_bf16_trains_end_to_end_on_the_cpu(tmp_path):
     """precision bf16 on a CPU: the steps run under bf16 autocast (their losses close to fp32's,
     not equal), the weights stay fp32, and the run finishes with a checkpoint and an evaluation."""
@@ -193,7 +184,7 @@ def held_out_loss_and_bits_per_byte(ckpt) -> tuple[float, float]:
     return nats / n_tokens, bits / n_bytes
 
 
-def test_pause_holds_the_step_counter_and_resume_releases_it(tmp_path):
+def test_pause_holds_the_step_counter_resume_releases_it_and_abort_saves(tmp_path):
     seen = {"paused_at": None, "steps_while_paused": 0}
 
     def steer(engine, ev):
@@ -207,24 +198,17 @@ def test_pause_holds_the_step_counter_and_resume_releases_it(tmp_path):
             engine.send(P.Resume())
         elif isinstance(ev, P.StepMetrics) and seen["paused_at"] == "paused":
             seen["steps_while_paused"] += 1
-
-    engine, events = drive_engine(tiny_config("training.max_steps=8", "eval.every=0"), tmp_path / "run", steer)
-    assert engine.final_state == P.FINISHED
-    assert seen["steps_while_paused"] == 0
-    assert seen["paused_at"] in (3, 4)  # paused within a step of asking, checkpointed while paused
-    assert losses(events) and len(losses(events)) == 8
-
-
-def test_abort_with_save_writes_a_checkpoint(tmp_path):
-    def steer(engine, ev):
-        if isinstance(ev, P.StepMetrics) and ev.step == 2:
+        elif isinstance(ev, P.StepMetrics) and ev.step == 8:
             engine.send(P.Abort(save=True))
 
     engine, events = drive_engine(tiny_config("training.max_steps=50", "eval.every=0"), tmp_path / "run", steer)
+    assert seen["steps_while_paused"] == 0
+    assert seen["paused_at"] in (3, 4)  # paused within a step of asking, checkpointed while paused
+    assert len(losses(events)) >= 8  # resumed: the steps went on
     assert engine.final_state == P.ABORTED and engine.process.exitcode == 0
-    ck = [e for e in events if isinstance(e, P.CheckpointWritten)]
-    assert len(ck) == 1 and ck[0].step < 50
-    assert (tmp_path / "run" / "checkpoints" / f"step_{ck[0].step:06d}" / "model.safetensors").is_file()
+    ck = [e.step for e in events if isinstance(e, P.CheckpointWritten)]
+    assert ck[0] == seen["paused_at"] and len(ck) == 2 and 8 <= ck[1] < 50  # the abort's own checkpoint
+    assert (tmp_path / "run" / "checkpoints" / f"step_{ck[1]:06d}" / "model.safetensors").is_file()
 
 
 def test_an_engine_killed_from_outside_is_reported_as_failed(tmp_path):

@@ -115,9 +115,9 @@ def test_signals_checkpoint_and_exit_130(tmp_path, sig):
     ck = read_metrics(out, "checkpoint")
     assert len(ck) == 1 and ck[0]["step"] >= 4
     assert f"lmcockpit --run --resume {out}" in rest
-    # and the printed command works
-    again = cli("--run", "--resume", str(out), "--set", f"training.max_steps={ck[0]['step'] + 2}")
-    assert again.returncode == 0, again.stdout + again.stderr
+    if sig == signal.SIGTERM:  # and the printed command works (once: the checkpoints are alike)
+        again = cli("--run", "--resume", str(out), "--set", f"training.max_steps={ck[0]['step'] + 2}")
+        assert again.returncode == 0, again.stdout + again.stderr
 
 
 def test_a_closed_output_pipe_stops_the_run_like_a_hang_up(tmp_path):
@@ -390,21 +390,12 @@ def latest_step(run: Path) -> int:
 
 
 def test_a_loss_spike_is_resumed_past_with_other_learning_rates(reference, tmp_path):
-    import shutil
-
     from lmcockpit.core.config import load_config
     from lmcockpit.core.train.optim import lr_multiplier
 
-    run = tmp_path / "run"
-    shutil.copytree(reference, run)
-    spike = ["--set", "optimizer.lr=1e38", "--set", "optimizer.muon_lr=1e38", "--set", "training.grad_clip=0.0"]
-    proc = cli("--run", "--resume", str(run), "--set", "training.max_steps=44", *spike)
-    assert proc.returncode == 1 and "non-finite values" in proc.stderr
-    assert "Traceback" not in proc.stdout + proc.stderr  # the message says it all
-    assert f"lmcockpit --run --resume {run} --set optimizer.lr=5e+37" in proc.stderr
-
+    # The spike itself, and the command printed to resume past it: test_resume_takes_on_nan_skip_past_a_spike.
     # The rates given on resume are the ones trained with, not those the optimizer state saved.
-    proc = cli("--run", "--resume", str(run / "checkpoints" / "step_000040"), "--out", str(tmp_path / "calm"),
+    proc = cli("--run", "--resume", str(reference / "checkpoints" / "step_000040"), "--out", str(tmp_path / "calm"),
                "--set", "training.max_steps=44", "--set", "optimizer.lr=1e-3", "--set", "optimizer.muon_lr=0.01")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "schedule: the run now ends at step 44, not 40, and the cosine schedule stretches" in proc.stdout
@@ -462,7 +453,8 @@ def test_resume_takes_on_nan_skip_past_a_spike(reference, tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     skipped = [line.split("update skipped ")[1] for line in proc.stdout.splitlines() if "update skipped" in line]
     assert skipped == ["(1/2)", "(2/2)"], proc.stdout
-    assert "non-finite values" in proc.stderr and "Traceback" not in proc.stdout + proc.stderr
+    assert "non-finite values" in proc.stderr and "Traceback" not in proc.stdout + proc.stderr  # it says it all
+    assert f"lmcockpit --run --resume {tmp_path / 'spiked'} --set optimizer.lr=5e+37" in proc.stderr
 
 
 def test_a_resumed_compiled_run_leaves_compiling_at_its_first_step(reference, tmp_path):
