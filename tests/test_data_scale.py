@@ -4,6 +4,7 @@ keeps its memory flat as the corpus grows."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import lzma
@@ -160,6 +161,24 @@ def test_a_compressed_file_s_spools_are_written_only_as_asked_for_and_removed(tm
     assert skipped == whole[5:7] and len(list(folder.iterdir())) == 3
     rest.close()  # the one it was writing is its own to remove
     assert sorted(p.name for p in folder.iterdir()) == ["00005.spool", "00006.spool"]
+
+
+def test_the_bpe_sample_reads_a_large_compressed_jsonl_file_as_one_stream(tmp_path):
+    """A record's id is its offset in the file's text, cut into pieces or not: the sample reads
+    such a file once, from its start, with no spool, and draws what it would from the file uncut."""
+    packed = tmp_path / "big.jsonl.zst"
+    packed.write_bytes(compress(".zst", write_jsonl(tmp_path / "big.jsonl", records(3000, words=40)).read_bytes()))
+    cfg = DataConfig(source=str(packed), shard_bytes=80_000, val_fraction=0.1)
+    planned = build.plan(cfg, sources.list_source(cfg))
+    assert len(planned.pieces) > 8
+    uncut = dataclasses.replace(planned, pieces=[sources.Piece(0, planned.pieces[0].files)])
+    spools = tmp_path / "spools"
+    sample = build.tokenizer_sample(cfg, planned, 150_000, spools)
+    first = next(sample)
+    assert not spools.exists()
+    texts = [first, *sample]
+    assert texts == list(build.tokenizer_sample(cfg, uncut, 150_000, tmp_path / "unused"))
+    assert 150_000 <= sum(map(len, texts)) < 151_000
 
 
 def test_a_compressed_file_damaged_past_its_estimate_is_named_by_the_piece_that_reads_it(tmp_path):

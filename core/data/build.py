@@ -197,8 +197,10 @@ def plan(d, source: sources.Source) -> Plan:
 
 def tokenizer_sample(d, planned: Plan, budget: int, spools: Path) -> Iterator[str]:
     """About `budget` bytes of training documents for the BPE, drawn by id from pieces taken in a
-    scattered but fixed order, so that it spans the corpus rather than its first files; a
-    compressed file's pieces together, in order, where its first falls (spooled in `spools`)."""
+    scattered but fixed order, so that it spans the corpus rather than its first files. A compressed
+    file cut into pieces is read where its first piece falls: a JSONL file whole, as one stream
+    (a record's id is its offset in the text, cut or not), a text file's pieces in order through
+    spools in `spools` (where a piece's cut falls decides its documents)."""
     share = split.sample_share(budget, planned.kept_bytes * (1 - d.val_fraction))
     sel = split.Selection(planned.keep, d.val_fraction)
 
@@ -207,7 +209,12 @@ def tokenizer_sample(d, planned: Plan, budget: int, spools: Path) -> Iterator[st
 
     groups: dict[object, list[sources.Piece]] = {}
     for piece in sorted(planned.pieces, key=lambda p: split.fraction("piece", str(p.index))):
-        groups.setdefault(piece.files[0].path if readers.is_spooled(piece) else piece.index, []).append(piece)
+        if not readers.is_spooled(piece):
+            groups[piece.index] = [piece]
+        elif piece.files[0].kind == "jsonl":
+            groups.setdefault(piece.files[0].path, [dataclasses.replace(piece, start=0, end=-1)])
+        else:
+            groups.setdefault(piece.files[0].path, []).append(piece)
     used = 0
     for piece, spooled in spool.spooled([p for g in groups.values() for p in sorted(g, key=lambda p: p.index)],
                                         lambda p: p, spools):
