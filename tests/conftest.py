@@ -200,6 +200,10 @@ def start_cli_run(out: Path, *overrides: str, until: str = "step 4/") -> subproc
     return proc
 
 
+# The trained_run fixture's command (test_cli runs it again to compare).
+TRAINED_RUN = ("--run", "cpu", *as_flags([*SHRINK_CPU, *TINY, "sample.prompts=[\"def \"]", "checkpoint.every=6"]))
+
+
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """One shrunk cpu-preset run through the CLI, compiled, shared by the tests that only read
@@ -207,8 +211,6 @@ def trained_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("trained") / "run"
     return out, cli(*TRAINED_RUN, "--out", str(out))
 
-
-TRAINED_RUN = ("--run", "cpu", *as_flags([*SHRINK_CPU, *TINY, "sample.prompts=[\"def \"]", "checkpoint.every=6"]))
 
 
 # ------------------------------------------------------------------------ a real terminal
