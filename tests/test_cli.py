@@ -211,6 +211,18 @@ def test_the_progress_line_of_a_cpu_run_shows_what_matters_within_80_columns():
     assert "tok/s" in long[:80] and "ETA" in long[:80]
 
 
+def test_the_progress_line_counts_what_the_preparation_counts():
+    from lmcockpit.core import protocol as P
+    from lmcockpit.tui.headless import progress_line
+    from lmcockpit.tui.runview import RunView
+
+    view = RunView()
+    view.apply(P.Progress("sizing the files", 1234, 4936, "files"))
+    assert progress_line(view, None, None) == "Preparing data: sizing the files [█████               ] 25% (1,234/4,936 files)"
+    view.apply(P.Progress("tokenizing", 2_500_000, 10_000_000, "bytes"))
+    assert progress_line(view, None, None) == "Preparing data: tokenizing [█████               ] 25% (2.5/10.0 MB)"
+
+
 def test_the_progress_line_shows_gpu_fields_when_known_and_says_a_pause_up_front():
     from lmcockpit.core import protocol as P
     from lmcockpit.core.hardware.telemetry import GPUReading, Reading

@@ -68,6 +68,21 @@ def test_prepare_info_and_rm_of_a_token_cache(tmp_path):
     assert "no token caches" in cli("data", "info", "--cache-dir", str(cache)).stdout
 
 
+def test_prepare_says_how_the_sizing_of_many_compressed_shards_goes(tmp_path):
+    import gzip
+
+    corpus = tmp_path / "shards"
+    corpus.mkdir()
+    for i in range(16):
+        text = "".join(json.dumps({"text": t}) + "\n" for t in records(60, seed=i))
+        (corpus / f"part-{i:02d}.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    done = cli("data", "prepare", "debug", *flags(corpus, tmp_path / "cache"))
+    assert done.returncode == 0, done.stderr
+    sizing = [line for line in done.stdout.splitlines() if line.startswith("sizing the files")]
+    assert sizing[0] == "sizing the files: 0% of 16 files" and sizing[-1] == "sizing the files: 100% of 16 files"
+    assert done.stdout.index("sizing the files") < done.stdout.index("training tokenizer")
+
+
 def test_data_commands_refuse_bad_input_in_one_line(tmp_path):
     gone = cli("data", "rm", "0123abcd", "--cache-dir", str(tmp_path))
     assert gone.returncode == 2 and "'0123abcd': no token cache" in gone.stderr and "Traceback" not in gone.stderr

@@ -181,6 +181,29 @@ def test_the_bpe_sample_reads_a_large_compressed_jsonl_file_as_one_stream(tmp_pa
     assert 150_000 <= sum(map(len, texts)) < 151_000
 
 
+def test_many_compressed_files_are_sized_on_threads_in_file_order_and_said(tmp_path):
+    """A compressed file's text is estimated by decompressing its start: a corpus of thousands of
+    shards took minutes of one core, in silence. Read on several threads, every file still gets
+    the size it gets alone, in file order, and the sizing is said file by file."""
+    for i in range(20):
+        (tmp_path / f"shard-{i:02d}.jsonl.gz").write_bytes(
+            compress(".gz", "".join(json.dumps({"text": t}) + "\n" for t in records(40 + 10 * i, seed=i)).encode()))
+    cfg = DataConfig(source=str(tmp_path), workers=4)
+    source = sources.list_source(cfg)
+    said = []
+    sizes = build.text_sizes(source, cfg, lambda *a: said.append(a))
+    assert sizes == [readers.text_bytes(f, "text") for f in source.files] and len(set(sizes)) == 20
+    assert said == [(build.SIZING, n, 20, "files") for n in range(21)]
+    few = DataConfig(source=str(tmp_path / "shard-00.jsonl.gz"))  # a second or two at most: not said
+    build.text_sizes(sources.list_source(few), few, lambda *a: said.append(a))
+    assert len(said) == 21
+
+    def stop(*a):
+        raise KeyboardInterrupt  # a stop from the progress (Ctrl-C, the cockpit's abort) ends the sizing
+    with pytest.raises(KeyboardInterrupt):
+        build.text_sizes(source, cfg, stop)
+
+
 def test_a_compressed_file_damaged_past_its_estimate_is_named_by_the_piece_that_reads_it(tmp_path):
     raw = write_jsonl(tmp_path / "big.jsonl", records(40_000, words=50)).read_bytes()
     assert len(raw) > readers.ESTIMATE_OUTPUT

@@ -84,11 +84,23 @@ class Progress:
         self.console, self.stage, self.tenth, self.t0 = console, "", -1, time.monotonic()
         self.bar = None
         if console.is_terminal:
-            from rich.progress import (BarColumn, DownloadColumn, Progress as Bar, TaskProgressColumn, TextColumn,
-                                       TimeRemainingColumn, TransferSpeedColumn)
+            from rich.progress import (BarColumn, DownloadColumn, Progress as Bar, ProgressColumn, TaskProgressColumn,
+                                       TextColumn, TimeRemainingColumn, TransferSpeedColumn)
+            from rich.text import Text
 
-            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), DownloadColumn(),
-                           TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=True)
+            class InBytes(ProgressColumn):
+                """`column` for a stage counted in bytes; for one counted in files, `other`'s text."""
+
+                def __init__(self, column, other=lambda task: ""):
+                    super().__init__()
+                    self.column, self.other = column, other
+
+                def render(self, task):
+                    return self.column.render(task) if task.fields["unit"] == "bytes" else Text(self.other(task))
+
+            counted = InBytes(DownloadColumn(), lambda t: f"{t.completed:,.0f}/{t.total:,.0f} {t.fields['unit']}")
+            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), counted,
+                           InBytes(TransferSpeedColumn()), TimeRemainingColumn(), console=console, transient=True)
             self.bar.start()
             self.task = None
 
@@ -97,15 +109,15 @@ class Progress:
             if stage != self.stage:
                 if self.task is not None:
                     self.bar.remove_task(self.task)
-                self.task = self.bar.add_task(stage, total=total)
+                self.task = self.bar.add_task(stage, total=total, unit=unit)
             self.bar.update(self.task, completed=done, total=total)
         else:
             tenth = int(10 * done / max(1, total))
             if stage != self.stage or tenth > self.tenth:
                 mb = done / 1e6
                 rate = mb / max(1e-9, time.monotonic() - self.t0)
-                self.console.print(f"{stage}: {done / max(1, total):.0%} of {fmt_count(total)} {unit} "
-                                   f"({mb:.1f} MB, {rate:.1f} MB/s)")
+                amount = f" ({mb:.1f} MB, {rate:.1f} MB/s)" if unit == "bytes" else ""
+                self.console.print(f"{stage}: {done / max(1, total):.0%} of {fmt_count(total)} {unit}{amount}")
                 self.tenth = tenth
         if stage != self.stage:
             self.stage, self.t0 = stage, time.monotonic()

@@ -25,9 +25,10 @@ def progress_line(v: RunView, reading: Reading | None, gpu_index: int | None = 0
         p = v.progress
         if p is None:
             return "Preparing data…"
-        if p.total and p.unit == "bytes":
-            return (f"Preparing data: {p.phase} [{bar(p.done / p.total)}] {100 * p.done / p.total:.0f}% "
-                    f"({p.done / 1e6:.1f}/{p.total / 1e6:.1f} MB)")
+        if p.total:
+            amount = (f"{p.done / 1e6:.1f}/{p.total / 1e6:.1f} MB" if p.unit == "bytes"
+                      else f"{p.done:,}/{p.total:,} {p.unit}")
+            return f"Preparing data: {p.phase} [{bar(p.done / p.total)}] {100 * p.done / p.total:.0f}% ({amount})"
         return f"Preparing data: {p.phase}…"
     if v.state == P.COMPILING:
         return f"Compiling the model (torch.compile)… {fmt_duration(v.elapsed)}"

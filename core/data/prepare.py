@@ -110,7 +110,7 @@ def mixture_tokenizer(cfg: Config, parts: list[Config], listed: list[sources.Sou
         with _building(root, key, log):
             if not (folder / "tokenizer.json").is_file():
                 t0, total = time.time(), sum(part.weight for part in cfg.data.sources)
-                planned = [plan(part.data, s) for part, s in zip(parts, listed)]
+                planned = [plan(part.data, s, progress) for part, s in zip(parts, listed)]
                 train_bytes = cfg.tokenizer.train_bytes  # 0: all of each part, as of a single source (build.py)
                 budgets = [int(train_bytes * part.weight / total) if train_bytes else int(p.kept_bytes)
                            for part, p in zip(cfg.data.sources, planned)]
