@@ -83,6 +83,25 @@ def test_prepare_says_how_the_sizing_of_many_compressed_shards_goes(tmp_path):
     assert done.stdout.index("sizing the files") < done.stdout.index("training tokenizer")
 
 
+def test_prepare_s_bar_on_a_terminal_counts_files_as_files_and_bytes_as_bytes():
+    import io
+
+    from rich.console import Console
+
+    from lmcockpit.tui.data import Progress
+
+    screen = io.StringIO()
+    progress = Progress(Console(file=screen, force_terminal=True, width=120))
+    progress("sizing the files", 7, 20, "files")
+    progress.bar.refresh()
+    progress("tokenizing", 5_000_000, 10_000_000, "bytes")
+    progress.bar.refresh()
+    progress.stop()
+    shown = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", screen.getvalue())
+    assert "sizing the files" in shown and " 35% 7/20 files " in shown and "MB" not in shown.split("tokenizing")[0]
+    assert " 50% 5.0/10.0 MB " in shown
+
+
 def test_data_commands_refuse_bad_input_in_one_line(tmp_path):
     gone = cli("data", "rm", "0123abcd", "--cache-dir", str(tmp_path))
     assert gone.returncode == 2 and "'0123abcd': no token cache" in gone.stderr and "Traceback" not in gone.stderr

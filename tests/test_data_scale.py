@@ -183,8 +183,8 @@ def test_the_bpe_sample_reads_a_large_compressed_jsonl_file_as_one_stream(tmp_pa
 
 def test_many_compressed_files_are_sized_on_threads_in_file_order_and_said(tmp_path):
     """A compressed file's text is estimated by decompressing its start: a corpus of thousands of
-    shards took minutes of one core, in silence. Read on several threads, every file still gets
-    the size it gets alone, in file order, and the sizing is said file by file."""
+    shards took most of a minute of one core, in silence. Read on several threads, every file still
+    gets the size it gets alone, in file order, and the sizing is said file by file."""
     for i in range(20):
         (tmp_path / f"shard-{i:02d}.jsonl.gz").write_bytes(
             compress(".gz", "".join(json.dumps({"text": t}) + "\n" for t in records(40 + 10 * i, seed=i)).encode()))
