@@ -23,6 +23,36 @@ def test_the_estimate_before_a_cache_and_the_exact_count_after(tmp_path):
     assert "token budget: 51.2k tokens" in after.line() and f"{after.epochs:.2g} epochs" in after.line()
 
 
+def test_many_compressed_shards_are_estimated_from_a_spread_sample_of_them(tmp_path):
+    """The launch screen estimates its source's tokens at every change of preset or setting: it
+    reads at most budget.SAMPLED compressed files, not thousands. A damaged shard outside the
+    sample is left for the build to name; the estimate holds within a few percent."""
+    import gzip
+    import json
+
+    import pytest
+
+    from lmcockpit.core.config import ConfigError, DataConfig
+    from lmcockpit.core.data import readers, sources
+
+    from .test_data_scale import records
+
+    for i in range(40):
+        text = "".join(json.dumps({"text": t}) + "\n" for t in records(30 + 5 * i, seed=i))
+        (tmp_path / f"shard-{i:02d}.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    listed = sources.list_source(DataConfig(source=str(tmp_path)))
+    exact = sum(readers.text_bytes(f, "text") for f in listed.files)
+    assert 0.97 < budget.estimated_text(listed, "text") / exact < 1.03
+    few = sources.Source(listed.desc, listed.files[:budget.SAMPLED], False)
+    assert budget.estimated_text(few, "text") == sum(readers.text_bytes(f, "text") for f in few.files)
+
+    damaged = listed.files[1]
+    damaged.path.write_bytes(damaged.path.read_bytes()[:-200])
+    with pytest.raises(ConfigError, match="damaged or truncated gzip"):
+        readers.text_bytes(damaged, "text")
+    assert 0.97 < budget.estimated_text(sources.list_source(DataConfig(source=str(tmp_path))), "text") / exact < 1.03
+
+
 def test_many_epochs_warn_and_say_what_to_do():
     few = budget.Budget(run_tokens=4_000_000, source_tokens=1_000_000, exact=True, n_params=10**6)
     many = budget.Budget(run_tokens=4_100_000, source_tokens=1_000_000, exact=True, n_params=10**6)
