@@ -20,7 +20,7 @@ from pathlib import Path
 from ..config import Config, ConfigError, DataConfig, SourcePart
 from ..hardware.fit import param_counts
 from . import sources, split
-from .readers import text_bytes
+from .readers import sized_by_reading, text_bytes
 from .store import cache_root, find_cache, mixture_tokenizer_key, read_meta
 
 COMPUTE_OPTIMAL = 20  # tokens per parameter
@@ -251,8 +251,8 @@ def estimated_text(source: sources.Source, text_field: str) -> int:
     at most SAMPLED of them, spread over the source, per byte of file, times all of theirs. Every
     one of them read took most of a minute for a few thousand shards, on the launch screen's every
     change of preset or setting; a build reads them all (build.text_sizes)."""
-    read = [f for f in source.files if f.compression or f.kind == "parquet"]
-    plain = sum(f.size for f in source.files if not (f.compression or f.kind == "parquet"))
+    read = [f for f in source.files if sized_by_reading(f)]
+    plain = sum(f.size for f in source.files if not sized_by_reading(f))
     if len(read) <= SAMPLED:
         return plain + sum(text_bytes(f, text_field) for f in read)
     sample = [read[i * len(read) // SAMPLED] for i in range(SAMPLED)]

@@ -209,7 +209,7 @@ def text_sizes(source: sources.Source, d, progress: ProgressFn | None = None) ->
     (the decompressors and pyarrow release the GIL), in file order, each file's size the same."""
     files = source.files
     sizes = [f.size for f in files]
-    read = [i for i, f in enumerate(files) if f.compression or f.kind == "parquet"]
+    read = [i for i, f in enumerate(files) if readers.sized_by_reading(f)]
     if not read:
         return sizes
     say = progress if progress is not None and len(read) >= SIZING_SAID_FROM else None

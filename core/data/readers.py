@@ -136,6 +136,11 @@ def damaged_as_config_error(f: SourceFile):
                           f"(an interrupted download? fetch it again): {e}") from None
 
 
+def sized_by_reading(f: SourceFile) -> bool:
+    """Whether `f`'s text is known only by reading some of it (text_bytes): compressed, or Parquet."""
+    return bool(f.compression) or f.kind == "parquet"
+
+
 def text_bytes(f: SourceFile, text_field: str) -> int:
     """About how many bytes of text `f` holds: its size; a compressed file's size times the
     ratio of its first ESTIMATE_OUTPUT bytes of text; a Parquet file's text column, uncompressed."""
