@@ -210,8 +210,9 @@ def save(ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list[to
         except OSError as e:
             problem = _filled(ckpt_root, e)
             shutil.rmtree(tmp, ignore_errors=True)
+    # An all-gather of rank 0's verdict, sent once its part is in place: no rank runs ahead into a
+    # step (or a next save) before then, which a barrier here did as well.
     _agreed(group, problem)
-    group.barrier()  # no rank runs ahead into a step (or a next save) before this one is in place
     return final
 
 

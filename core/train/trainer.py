@@ -550,10 +550,13 @@ class Trainer:
         """The run's last checkpoint, which no later one will replace: without room on the disk it
         waits for some, trying again every SPACE_RETRY_S (at once on a checkpoint command), until
         it is written or an abort without a checkpoint gives it up."""
+        tries = 0
         while not self.save_checkpoint(last=True):
             self.emit(P.StateChanged(P.CHECKPOINTING))
-            self.log(f"checkpoint: waiting for disk space, trying again every {SPACE_RETRY_S} s (checkpoint now: "
-                     "at once; abort without saving: end the run without it)")
+            if not tries:  # each try's failure is its own warning; how to end the wait, said once
+                self.log(f"checkpoint: waiting for disk space, trying again every {SPACE_RETRY_S} s (checkpoint "
+                         "now: at once; abort without saving: end the run without it)")
+            tries += 1
             if not self.wait_for_space():
                 self.log(f"checkpoint: step {self.step} given up, not written; the last written is "
                          f"{self.last_written}")
