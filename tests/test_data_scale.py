@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -190,10 +191,17 @@ def test_many_compressed_files_are_sized_on_threads_in_file_order_and_said(tmp_p
             compress(".gz", "".join(json.dumps({"text": t}) + "\n" for t in records(40 + 10 * i, seed=i)).encode()))
     cfg = DataConfig(source=str(tmp_path), workers=4)
     source = sources.list_source(cfg)
-    said = []
-    sizes = build.text_sizes(source, cfg, lambda *a: said.append(a))
-    assert sizes == [readers.text_bytes(f, "text") for f in source.files] and len(set(sizes)) == 20
+    said, sizers = [], set()
+
+    def progress(*a):
+        said.append(a)
+        sizers.update(t.name for t in threading.enumerate() if t.name.startswith("sizing"))
+
+    sizes = build.text_sizes(source, cfg, progress)
+    alone = [readers.text_bytes.__wrapped__(f, "text") for f in source.files]  # read again, not the kept ones
+    assert sizes == alone and len(set(sizes)) == 20
     assert said == [(build.SIZING, n, 20, "files") for n in range(21)]
+    assert len(sizers) == 4  # data.workers threads
     few = DataConfig(source=str(tmp_path / "shard-00.jsonl.gz"))  # a second or two at most: not said
     build.text_sizes(sources.list_source(few), few, lambda *a: said.append(a))
     assert len(said) == 21
