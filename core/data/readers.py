@@ -15,6 +15,7 @@ bytes, with the margins its cuts look at, in a plain file that is read at the st
 from __future__ import annotations
 
 import bz2
+import functools
 import gzip
 import io
 import json
@@ -141,9 +142,12 @@ def sized_by_reading(f: SourceFile) -> bool:
     return bool(f.compression) or f.kind == "parquet"
 
 
+@functools.lru_cache(maxsize=100_000)
 def text_bytes(f: SourceFile, text_field: str) -> int:
     """About how many bytes of text `f` holds: its size; a compressed file's size times the
-    ratio of its first ESTIMATE_OUTPUT bytes of text; a Parquet file's text column, uncompressed."""
+    ratio of its first ESTIMATE_OUTPUT bytes of text; a Parquet file's text column, uncompressed.
+    Kept per file as listed (its path, size and mtime): the launch screen asks again at every
+    change of setting, and a mixture's build asks for its BPE's sample and again for its caches."""
     if f.kind == "parquet":
         return sum(parquet_row_group_bytes(f, text_field))
     if not f.compression:
