@@ -212,7 +212,6 @@ def trained_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return out, cli(*TRAINED_RUN, "--out", str(out))
 
 
-
 # ------------------------------------------------------------------------ a real terminal
 class Terminal:
     """The real `lmcockpit` command on a pseudo-terminal of `size` (columns, rows), as a user types
