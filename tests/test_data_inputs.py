@@ -105,6 +105,25 @@ def test_a_binary_file_is_skipped_in_a_folder_and_refused_as_the_source(tmp_path
         sources.list_source(DataConfig(source=str(tmp_path / name)))
 
 
+def test_a_folder_is_listed_in_path_order_with_each_file_named_from_the_folder(tmp_path):
+    """The order of a source's files decides its documents' order and its cache key: a folder
+    sorts before a sibling file that extends its name ("a/" before "a.txt", though "." < "/" as
+    characters); hidden files, __pycache__ and links to files and folders as rglob took them."""
+    names = ["a.txt", "a/b/c.txt", "a/x.txt", "a-b/y.txt", "a0.txt", "Z/q.md", "A.txt", "é.txt", "sp ace.txt",
+             ".hidden.txt", "__pycache__/k.txt", ".git/config"]
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(f"text of {name}\n")
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    (tmp_path / "l.txt").symlink_to(tmp_path / "a.txt")
+    listed = sources.list_source(DataConfig(source=str(tmp_path))).files
+    assert [f.rel for f in listed] == ["A.txt", "Z/q.md", "a/b/c.txt", "a/x.txt", "a-b/y.txt", "a.txt", "a0.txt",
+                                       "l.txt", "link/b/c.txt", "link/x.txt", "sp ace.txt", "é.txt"]
+    assert [f.path for f in listed] == sorted(f.path for f in listed)
+    assert all(f.size == len(f"text of {f.rel.replace('link/', 'a/').replace('l.txt', 'a.txt')}\n".encode())
+               for f in listed)
+
+
 def test_a_file_of_an_unknown_suffix_is_still_text(tmp_path):
     (tmp_path / "wiki.train.tokens").write_text("plain text\n")
     assert texts_of(tmp_path / "wiki.train.tokens") == ["plain text\n"]

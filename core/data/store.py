@@ -72,10 +72,18 @@ def legacy_key(cfg: Config, source: Source, tokenizer_file: Path | None = None) 
     return _digest({
         "format": LEGACY_FORMAT, "source": source.desc,
         "files": [(f.rel, f.size, f.mtime_ns) for f in source.files
-                  if Path(f.rel).suffix.lower() not in LEGACY_SKIPPED],
+                  if _suffix(f.rel).lower() not in LEGACY_SKIPPED],
         "text_field": d.text_field, "val_fraction": d.val_fraction, "max_bytes": d.max_bytes,
         "dtype": dtype_name(cfg.tokenizer.vocab_size),
         **_tokenizer_material(cfg, tokenizer_file)})
+
+
+def _suffix(rel: str) -> str:
+    """`Path(rel).suffix`, without building a Path: a source of 100k files made that most of the
+    launch screen's wait for its token count, on every change of preset or setting."""
+    name = rel.rpartition("/")[2]
+    dot = name.rfind(".")
+    return name[dot:] if 0 < dot < len(name) - 1 else ""
 
 
 def mixture_tokenizer_key(cfg: Config, listed: list[Source]) -> str:
@@ -91,7 +99,7 @@ def find_cache(cfg: Config, source: Source, tokenizer_file: Path | None = None) 
     (a resumed run's own, a mixture's shared one) only a cache made with that very tokenizer
     serves: its ids are the only ones the model knows."""
     root = cache_root(cfg)
-    for key in (cache_key(cfg, source), legacy_key(cfg, source)):
+    for key in (make(cfg, source) for make in (cache_key, legacy_key)):  # the legacy one only if needed
         if read_meta(root / key) is not None and (
                 tokenizer_file is None or _same_bytes(root / key / "tokenizer" / "tokenizer.json", tokenizer_file)):
             return root / key
