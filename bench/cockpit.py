@@ -2,9 +2,11 @@
 
 * startup: command to first cockpit frame, against the bare interpreter's start (target < 1 s);
 * events: how many step events per second the dashboard absorbs (target ≥ 1,000/s);
-* overhead: training tokens/s under the cockpit against the headless run (target ≤ 2% cost).
+* overhead: training tokens/s under the cockpit against the headless run (target ≤ 2% cost);
+* settings: the launch screen's longest stall while it counts the tokens of a source of many files
+  (a thread since 2026-11-26), against the count's time on the UI thread, where it used to run.
 
-    python bench/cockpit.py [--pairs 3]
+    python bench/cockpit.py [--pairs 3] [--files 100000] [--only settings]
 """
 
 from __future__ import annotations
@@ -109,6 +111,49 @@ def events(n: int) -> list[str]:
               for b, r in rates.items()]]
 
 
+async def stall_while_counting(source: Path) -> tuple[float, float]:
+    """(the launch screen's event loop's longest stall, the count's time) while its settings'
+    token budget for `source` is counted, from the change of source to the budget shown."""
+    from lmcockpit.tui.app import CockpitApp
+
+    app = CockpitApp(runs_root=source.parent / "runs", telemetry=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        launch = app.screen
+        await pilot.pause()
+        launch.overrides = {"data.source": f'"{source}"'}
+        t0 = last = time.perf_counter()
+        launch.show_settings()
+        stall, counting = time.perf_counter() - t0, launch.counting
+        while not counting.is_finished:
+            await asyncio.sleep(0.005)
+            now = time.perf_counter()
+            stall, last = max(stall, now - last), now
+        return stall, time.perf_counter() - t0
+
+
+def settings(n_files: int) -> list[str]:
+    from lmcockpit.core.config import load_config
+    from lmcockpit.core.data import budget, readers
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp, "corpus")
+        for i in range(n_files):  # a hundred files to a folder, as a crawl's shards are kept
+            folder = source / f"{i // 100:05d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{i:07d}.txt").write_text(f"document {i}\n" * 20)
+        stall, counted = asyncio.run(stall_while_counting(source))
+        budget._listing.cache_clear()  # listed afresh, as the other side was
+        readers.text_bytes.cache_clear()
+        cfg, _ = load_config("cpu", [f'data.source="{source}"'])
+        t0 = time.perf_counter()
+        budget.parts(cfg)  # what the settings' redraw did on the UI thread before
+        inline = time.perf_counter() - t0
+    return [f"| launch screen, a source of {n_files:,} files | seconds | |", "| --- | --- | --- |",
+            f"| the count, on the UI thread (before: the screen's stall) | {inline:.2f} s | |",
+            f"| the count, in a thread | {counted:.2f} s | |",
+            f"| the screen's longest stall meanwhile | {stall:.3f} s | {stall / inline:.3f}× the stall before |"]
+
+
 def median_tokens_per_s(run: Path) -> float:
     from lmcockpit.core.run.folder import read_metrics
     return statistics.median(r["tokens_per_s"] for r in read_metrics(run, "step") if r["step"] > 5)
@@ -149,6 +194,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--events", type=int, default=20_000)
+    ap.add_argument("--files", type=int, default=100_000)
+    ap.add_argument("--only", choices=["settings"], help="measure that alone")
     args = ap.parse_args()
-    lines = startup(5) + [""] + events(args.events) + [""] + overhead(args.pairs)
-    record("Cockpit: startup, event absorption, training overhead", lines)
+    if args.only == "settings":
+        record("Cockpit: the launch screen while it counts a large source", settings(args.files))
+    else:
+        lines = (startup(5) + [""] + events(args.events) + [""] + overhead(args.pairs) + [""]
+                 + settings(args.files))
+        record("Cockpit: startup, event absorption, training overhead, counting a large source", lines)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from textual.worker import WorkerCancelled
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import load_config
@@ -19,7 +20,7 @@ from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.runplan import RunPlan
 from lmcockpit.tui.screens.dashboard import DashboardScreen
 from lmcockpit.tui.screens.dialogs import AbortDialog
-from lmcockpit.tui.screens.launch import LaunchScreen
+from lmcockpit.tui.screens.launch import COUNTING, LaunchScreen
 
 from .conftest import SHRINK_CPU, TINY, cli
 
@@ -42,6 +43,19 @@ async def wait_for(pilot, condition, timeout: float = 90.0, what: str = "conditi
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await pilot.pause(0.05)
+
+
+async def budget_counted(launch) -> None:
+    """Until the launch screen shows the token budget of the settings it shows: counted in a
+    thread, whose worker a newer change of settings cancels and replaces."""
+    while True:
+        counting = launch.counting
+        try:
+            await counting.wait()
+        except WorkerCancelled:
+            pass
+        if counting is launch.counting and counting.is_finished:
+            return
 
 
 def screen_text(renderable) -> str:
@@ -269,6 +283,7 @@ async def test_the_launch_screen_shows_each_mixture_part_s_tokens_and_epochs(tmp
         await pilot.press("e")
         launch.query_one("#edit").value = mixture
         await pilot.press("enter")
+        await budget_counted(launch)
         await pilot.pause()
 
         parts = budget.parts(launch.current_config())
@@ -283,6 +298,41 @@ async def test_the_launch_screen_shows_each_mixture_part_s_tokens_and_epochs(tmp
 
         await pilot.press("down", "e")  # on apples' row: the edit is data.sources, the whole list
         assert launch.editing == "data.sources" and "zebras.jsonl" in launch.query_one("#edit").value
+
+
+async def test_the_launch_screen_counts_a_source_s_tokens_in_a_thread_and_shows_the_latest(tmp_path, monkeypatch):
+    """A source is listed and its text estimated off the UI thread (a folder of 100k files takes
+    seconds): the settings are there at once, the border says the count is coming; a change of
+    source before it lands shows the new source's count, never the one it replaced."""
+    from lmcockpit.core.data import budget
+
+    from .test_data_scale import records, write_jsonl
+
+    monkeypatch.chdir(tmp_path)
+    small = write_jsonl(tmp_path / "small.jsonl", records(50, seed=1))
+    large = write_jsonl(tmp_path / "large.jsonl", records(900, seed=2))
+    app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        launch = app.screen
+        await budget_counted(launch)
+        settings = launch.query_one("#settings")
+        assert settings.border_subtitle == budget.estimate(launch.current_config()).short()
+        launch.overrides = {"data.source": f'"{small}"'}
+        launch.show_settings()
+        replaced = launch.shown
+        assert settings.border_subtitle == COUNTING  # nothing waited for the count ...
+        assert str(settings.get_row("data.source")[1]) == f'"{small}"'  # ... to show the settings
+        launch.overrides = {"data.source": f'"{large}"'}
+        launch.show_settings()
+        await budget_counted(launch)
+        await pilot.pause()
+        counts = {path: budget.estimate(launch.current_config({"data.source": f'"{path}"'})).short()
+                  for path in (small, large)}
+        assert counts[small] != counts[large]
+        assert counts[large] in settings.border_subtitle  # in yellow: past MANY_EPOCHS
+        assert counts[large] in shown_in(app, settings)[-1]
+        launch.show_budget(replaced, budget.parts(replaced))  # its count, landing late: dropped
+        assert counts[large] in settings.border_subtitle
 
 
 async def test_after_a_run_ends_n_goes_back_to_the_launch_screen_which_lists_it(tmp_path):

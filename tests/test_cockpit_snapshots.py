@@ -19,6 +19,8 @@ from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.screens.dashboard import DashboardScreen
 from lmcockpit.tui.widgets.charts import LossChart
 
+from .test_cockpit import budget_counted
+
 SIZES = [(80, 24), (100, 30), (120, 40)]
 LAUNCH_SIZES = [(80, 24), (120, 40)]
 GiB = 2**30
@@ -207,7 +209,12 @@ def test_launch_screen_snapshot(snap_compare, size, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no runs here: the recent-runs table is empty and stable
     # no token caches either: the token budget is the estimate, not a count another test left
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert snap_compare(CockpitApp(runs_root=tmp_path / "runs", telemetry=False), terminal_size=size)
+
+    async def counted(pilot):  # the settings' token budget comes from a thread
+        await budget_counted(pilot.app.screen)
+
+    assert snap_compare(CockpitApp(runs_root=tmp_path / "runs", telemetry=False), terminal_size=size,
+                        run_before=counted)
 
 
 async def test_the_side_column_never_scrolls_even_with_the_chat_pane_open():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rich.text import Text
 from textual import work
+from textual.worker import Worker, get_current_worker
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Vertical
@@ -30,6 +31,7 @@ def flatten(cfg: Config) -> list[tuple[str, str]]:
             for section, values in cfg.to_dict().items() for key, value in values.items()]
 
 
+COUNTING = "counting the source's tokens…"  # the settings' border until count_budget reports
 PART_ROW = "#"  # a mixture part's row key: data.sources#0, ...; not a setting of its own
 PART_NAME = 28  # a part's name in the settings' key column: no wider than the longest key
 
@@ -120,6 +122,8 @@ class LaunchScreen(Screen):
         self.marked: list[str] = []  # run folders (the runs table's row keys) marked to compare, in order
         self.live: dict[str, live.LiveRun] = {}  # by run folder: the runs a host serves, or did until it died
         self.gpu_count = 0  # GPUs CUDA may use here: `p` offers 1 to this many processes
+        self.shown: Config | None = None  # the settings on screen, whose budget is being counted or shown
+        self.counting: Worker | None = None  # count_budget's latest: what it reports is shown
 
     def compose(self) -> ComposeResult:
         yield Static(id="hardware")
@@ -156,7 +160,7 @@ class LaunchScreen(Screen):
             cells = [*row[:-1], Text(row[-1], style=VERDICT_STYLE.get(row[-1], ""))]
             presets.add_row(*(cells[i] for _, i in PRESET_COLUMNS), key=row[0])
         presets.move_cursor(row=[r[0] for r in rows].index(self.preset_name))
-        self.query_one("#settings", DataTable).add_columns("setting", "value")
+        self.setting_column, self.value_column = self.query_one("#settings", DataTable).add_columns("setting", "value")
         self.query_one("#settings", DataTable).border_title = "settings"
         runs = self.query_one("#runs", DataTable)
         runs.border_title = "runs · Enter attaches or resumes · o chats"
@@ -174,38 +178,54 @@ class LaunchScreen(Screen):
 
     def show_settings(self) -> None:
         """The settings again, the cursor kept on its key (an edit of data.sources is followed by
-        its parts' rows, in view)."""
+        its parts' rows, in view). The token budget follows from a thread (count_budget)."""
         table = self.query_one("#settings", DataTable)
         selected = (table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
                     if table.row_count else None)
         table.clear()
-        cfg = self.current_config()
-        parts = data_budget.parts(cfg)
-        short = data_budget.whole(cfg, parts).short(parts)
-        table.border_subtitle = f"[yellow]{short}[/]" if any(p.budget.warning() for p in parts) else short
+        cfg = self.shown = self.current_config()
+        table.border_subtitle = COUNTING
         for key, value in flatten(cfg):
             style = "bold yellow" if key in self.overrides else ""
             table.add_row(Text(key, style=style), Text(value, style=style), key=key)
             if key == "data.sources":
-                self.add_part_rows(table, parts if cfg.data.sources else [])
+                for i, spec in enumerate(cfg.data.sources):
+                    table.add_row(Text(f" └ {part_name(spec.source)}", style="dim"), Text("counting…", style="dim"),
+                                  key=f"data.sources{PART_ROW}{i}")
         table.border_title = (f"settings · {self.preset_name}" + (" (edited)" if self.overrides else "")
                               + " · e edits")
         if selected is not None and selected in table.rows:
             row = table.get_row_index(selected)
             if selected == "data.sources" and cfg.data.sources:
                 # through the last part's row, so the scroll that follows the cursor shows them all
-                table.move_cursor(row=row + len(parts))
+                table.move_cursor(row=row + len(cfg.data.sources))
                 table.call_after_refresh(table.move_cursor, row=row)
             else:
                 table.move_cursor(row=row)
+        self.counting = self.count_budget(cfg)
 
-    def add_part_rows(self, table: DataTable, parts: list[data_budget.Part]) -> None:
-        """Under a mixture's data.sources, a row per part: its share, train tokens and epochs (in
-        yellow past MANY_EPOCHS). Keyed `data.sources#i`: `e` on one edits data.sources."""
-        for i, part in enumerate(parts):
+    @work(thread=True, exclusive=True, group="budget")
+    def count_budget(self, cfg: Config) -> None:
+        """In a thread: a source is listed (a folder of 100k files takes seconds) and its text
+        estimated before the budget is known, and the screen must answer keys meanwhile."""
+        parts = data_budget.parts(cfg)
+        if not get_current_worker().is_cancelled:
+            self.app.call_from_thread(self.show_budget, cfg, parts)
+
+    def show_budget(self, cfg: Config, parts: list[data_budget.Part]) -> None:
+        """The budget of the settings shown, on the border (in yellow past MANY_EPOCHS) and in a
+        mixture's part rows: their share, train tokens and epochs. Dropped if the settings have
+        changed since it was counted: their own count follows."""
+        if cfg is not self.shown:
+            return
+        table = self.query_one("#settings", DataTable)
+        short = data_budget.whole(cfg, parts).short(parts)
+        table.border_subtitle = f"[yellow]{short}[/]" if any(p.budget.warning() for p in parts) else short
+        for i, part in enumerate(parts if cfg.data.sources else []):
             style = "yellow" if part.budget.warning() else "dim"
-            table.add_row(Text(f" └ {part_name(part.source)}", style=style), Text(part.short(), style=style),
-                          key=f"data.sources{PART_ROW}{i}")
+            row = f"data.sources{PART_ROW}{i}"
+            table.update_cell(row, self.setting_column, Text(f" └ {part_name(part.source)}", style=style))
+            table.update_cell(row, self.value_column, Text(part.short(), style=style))
 
     def refresh_runs(self) -> None:
         """Read the runs again (live ones first, then the runs folder's), keeping the cursor on the
