@@ -11,6 +11,7 @@ import json
 import os
 import re
 import stat
+import threading
 import time
 from multiprocessing import AuthenticationError, connection
 from pathlib import Path
@@ -150,8 +151,9 @@ def test_attaching_shows_the_whole_history_then_live_steps_once_each(background)
 
 
 def test_a_viewer_that_never_reads_does_not_slow_training(background):
-    """A frozen SSH session: the viewer's socket fills, its queue overflows, events for it are
-    dropped; the steps go on at the same pace."""
+    """A frozen SSH session, end to end: a viewer connected to the real host that never reads; the
+    steps go on at the same pace. (Its queue overflowing, 4,096 events, is the next test's: it would
+    take this run minutes.)"""
     def pace(n: int = 60) -> float:
         start = last_step(background)
         wait_until(lambda: last_step(background) >= start + n, what=f"{n} steps")
@@ -171,8 +173,9 @@ def test_a_viewer_that_never_reads_does_not_slow_training(background):
         wait_until(lambda: live.LiveRecord.read(background).viewers == 0, what="the frozen viewer to be gone")
     # Each round's pace against the pace alone just before it: one fast burst of the machine in a
     # round alone (64 against 47 steps/s, seen on CI) fails a comparison of the two sides' best,
-    # while a frozen viewer that held training up would slow every round.
-    assert max(w / a for w, a in zip(with_frozen, alone)) >= 0.8, (alone, with_frozen)
+    # while a frozen viewer that held training up would slow every round: by far more than this
+    # bound, which leaves room for the machine's noise (0.79 against 0.8 once in 7 runs).
+    assert max(w / a for w, a in zip(with_frozen, alone)) >= 0.5, (alone, with_frozen)
 
 
 def test_a_viewer_behind_by_a_whole_queue_is_told_to_catch_up(tmp_path, monkeypatch):
@@ -185,10 +188,12 @@ def test_a_viewer_behind_by_a_whole_queue_is_told_to_catch_up(tmp_path, monkeypa
         client = connection.Client(str(server.path), family="AF_UNIX", authkey=server.key)
         assert isinstance(client.recv(), P.Catchup)
         wait_until(lambda: server.count == 1, what="the viewer to join")
-        t0 = time.monotonic()
-        for step in range(1, 5001):
-            server.broadcast(P.StepMetrics(step, 1.0, 1e-3, 1.0, 1.0, None, 0.1, step))
-        assert time.monotonic() - t0 < 5  # never waited on the viewer
+        # In a thread, so that a broadcast that waits on the viewer fails the test, not hangs it.
+        broadcasting = threading.Thread(daemon=True, target=lambda: [
+            server.broadcast(P.StepMetrics(step, 1.0, 1e-3, 1.0, 1.0, None, 0.1, step)) for step in range(1, 5001)])
+        broadcasting.start()
+        broadcasting.join(timeout=5)
+        assert not broadcasting.is_alive(), "the broadcast waited on a viewer that does not read"
         received = []
         while not (received and isinstance(received[-1], P.StepMetrics) and received[-1].step == 5000):
             assert client.poll(10), "the last event never came"
