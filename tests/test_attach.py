@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import stat
 import threading
 import time
@@ -201,6 +202,31 @@ def test_a_viewer_behind_by_a_whole_queue_is_told_to_catch_up(tmp_path, monkeypa
         lagged = [m for m in received if isinstance(m, P.Catchup)]
         assert lagged and all(m.reason == "lagged" for m in lagged)
         assert len(received) < 5000  # events were dropped for it, not queued without bound
+        client.close()
+    finally:
+        server.close(grace=1)
+
+
+def test_a_viewer_that_hangs_up_while_the_host_writes_to_it_is_let_go_at_once(tmp_path):
+    """A viewer that stops reading, then hangs up its side: the host's sender, blocked writing to
+    it, ends, and only then is the connection closed. A descriptor closed under a thread that still
+    writes goes to the next connection the host accepts, whose handshake then reads that thread's
+    event: attaching right after a detach was refused that way, once in thousands under load."""
+    (tmp_path / "train.log").touch()
+    server = host.RunServer(tmp_path, on_command=lambda c: None, log=lambda text: None)
+    try:
+        client = connection.Client(str(server.path), family="AF_UNIX", authkey=server.key)
+        wait_until(lambda: server.count == 1, what="the viewer to join")
+        [viewer] = server.viewers
+        for _ in range(64):
+            server.broadcast(P.LogLine("x" * 100_000))  # 6.4 MB, more than a socket holds
+        wait_until(lambda: 0 < viewer.outbox.qsize() < 64, what="the sender to be writing")
+        with socket.socket(fileno=os.dup(client.fileno())) as ours:
+            ours.shutdown(socket.SHUT_WR)  # it hangs up its side, and reads nothing
+        viewer.sender.join(timeout=10)
+        assert not viewer.sender.is_alive(), "the host still writes to a viewer that hung up"
+        wait_until(lambda: viewer.conn.closed, what="the connection closed once its threads ended")
+        assert server.count == 0
         client.close()
     finally:
         server.close(grace=1)

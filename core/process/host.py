@@ -56,12 +56,21 @@ class HostError(Exception):
 
 
 class Viewer:
-    """One attached front-end: events out through a bounded queue and a thread, commands in."""
+    """One attached front-end: events out through a bounded queue and a thread, commands in
+    through another thread.
+
+    The connection's descriptor is closed by the last of the two threads to end, never while the
+    other may still use it: a number closed under a thread about to write would go to the next
+    connection this host accepts, and the write (a Catchup, an event) would land in that viewer's
+    handshake ("refused a connection", an attach that times out). Ending is a shutdown of both
+    directions, which wakes the other thread: the sender through its queue, the receiver by EOF."""
 
     def __init__(self, conn: connection.Connection, server: RunServer):
         self.conn, self.server = conn, server
         self.outbox: queue.Queue = queue.Queue(maxsize=VIEWER_QUEUE)
-        self.closed = False
+        self.closed = False  # hung up: the server has forgotten it
+        self._lock = threading.Lock()
+        self._running = 2  # its threads: the last to end closes the descriptor
         self.sender = threading.Thread(target=self._send, name="viewer-send", daemon=True)
         self.sender.start()
         threading.Thread(target=self._receive, name="viewer-receive", daemon=True).start()
@@ -72,32 +81,35 @@ class Viewer:
         except queue.Full:
             # Behind by a whole queue: drop what it has not read and tell it to catch up from the
             # run folder, which holds every step, evaluation and log line anyway.
-            with self.outbox.mutex:
-                self.outbox.queue.clear()
-            self.outbox.put_nowait(self.server.catchup("lagged"))
+            self._replace_outbox(self.server.catchup("lagged"), event)
+
+    def _replace_outbox(self, *events: object) -> None:
+        with self.outbox.mutex:
+            self.outbox.queue.clear()
+        for event in events:
             self.outbox.put_nowait(event)
 
     def _send(self) -> None:
-        while True:
-            event = self.outbox.get()
-            if event is None:  # the run has ended: all is sent, the viewer reads EOF next
-                self.close()
-                return
-            try:
+        try:
+            while (event := self.outbox.get()) not in (None, _HUNG_UP):  # None: the run has ended
                 self.conn.send(event)
-            except (OSError, ValueError):
-                # Gone, or closed its end: what it sent before closing is still read, and the
-                # receiving side closes on EOF (a front-end that sends a command and hangs up).
-                return
+        except (OSError, ValueError):
+            pass  # gone, or closed its end: what it sent before closing is still read
+        finally:
+            self.close()  # after the run's end: all is sent, the viewer reads EOF next
+            self._ended()
 
     def _receive(self) -> None:
-        while True:
-            try:
-                command = self.conn.recv()
-            except (EOFError, OSError):
-                break
-            self.server.on_command(command)
-        self.close()
+        try:
+            while True:
+                try:
+                    command = self.conn.recv()
+                except (EOFError, OSError):
+                    break
+                self.server.on_command(command)
+        finally:
+            self.close()
+            self._ended()
 
     def finish(self) -> None:
         """Send what is queued, then close."""
@@ -107,10 +119,29 @@ class Viewer:
             self.close()
 
     def close(self) -> None:
-        if not self.closed:
+        """Hang up: both directions shut down, the sender woken, the server told. The descriptor
+        stays open until both threads have ended (_ended)."""
+        with self._lock:
+            if self.closed:
+                return
             self.closed = True
+            try:
+                with socket.socket(fileno=os.dup(self.conn.fileno())) as both_ends:
+                    both_ends.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # the viewer went first
+        self._replace_outbox(_HUNG_UP)
+        self.server.forget_viewer(self)
+
+    def _ended(self) -> None:
+        with self._lock:
+            self._running -= 1
+            last = self._running == 0
+        if last:
             self.conn.close()
-            self.server.forget_viewer(self)
+
+
+_HUNG_UP = object()  # in a viewer's outbox: stop sending
 
 
 class RunServer:
