@@ -388,9 +388,11 @@ def test_a_stop_while_the_data_is_tokenised_ends_the_run_there_and_the_next_resu
 
     rng = random.Random(0)
     words = [f"w{i}" for i in range(2000)]
+    # Long enough to tokenise past the trainer's 0.2 s between polls for commands after the first
+    # tick: 2 MB took less than that on a fast machine, and the stop was heard only at the end.
     with open(tmp_path / "corpus.jsonl", "w") as fh:
-        for _ in range(3000):
-            fh.write(_json.dumps({"text": " ".join(rng.choice(words) for _ in range(120))}) + "\n")
+        for _ in range(15000):
+            fh.write(_json.dumps({"text": " ".join(rng.choices(words, k=120))}) + "\n")
     cfg = tiny_config(f'data.source="{tmp_path / "corpus.jsonl"}"', "data.workers=1", "data.shard_bytes=100_000",
                       "data.max_bytes=0", "tokenizer.train_bytes=200_000")
     events, lines, told = [], [], []
