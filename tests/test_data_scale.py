@@ -132,6 +132,33 @@ def test_a_large_compressed_file_is_cut_into_pieces_that_read_as_its_plain_twin(
     assert [text for _, text in twin] == texts
 
 
+def test_a_compressed_file_holding_more_text_than_its_estimate_is_still_cut_evenly(tmp_path, monkeypatch):
+    """The estimate is the ratio of a compressed file's start; a dump whose first records compress
+    worse than the rest holds more text. Up to SLACK times the estimate, the pieces planned past it
+    take that text, each about a piece's worth, rather than the last piece all of it; every
+    document is read once, in order."""
+    monkeypatch.setattr(readers, "ESTIMATE_OUTPUT", 64_000)  # a real dump's first 8 MB, at this file's size
+    rng = random.Random(0)
+    many, few = [f"w{i}" for i in range(20_000)], [f"w{i}" for i in range(8)]
+    texts = [" ".join(rng.choices(many, k=60)) for _ in range(400)] + [" ".join(rng.choices(few, k=60))
+                                                                       for _ in range(500)]
+    plain = write_jsonl(tmp_path / "dump.jsonl", texts)
+    packed = tmp_path / "dump.jsonl.gz"  # gzip reads its input 8 kB at a time: the estimate's ratio is fine-grained
+    packed.write_bytes(compress(".gz", plain.read_bytes()))
+    cfg = DataConfig(source=str(packed), shard_bytes=20_000)
+    listed = sources.list_source(cfg)
+    short = plain.stat().st_size / readers.text_bytes(listed.files[0], "text")
+    assert 1.4 < short < 1.6, short  # more than a quarter more text than estimated
+    planned = build.plan(cfg, listed)
+    read = []
+    with tempfile.TemporaryDirectory() as spools:
+        for piece, spooled in spool.spooled(planned.pieces, lambda p: p, Path(spools)):
+            read.append([d.text for d in readers.read_piece(piece, "text", lambda _: True, spooled)])
+    assert [t for piece in read for t in piece] == texts
+    lines = [sum(len(json.dumps({"text": t, "id": 0})) + 1 for t in piece) for piece in read]
+    assert max(lines) < 20_000 + 1_000, lines  # a piece's worth, and the line its cut moves to
+
+
 def compress(suffix: str, raw: bytes) -> bytes:
     import bz2
 

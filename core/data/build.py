@@ -441,9 +441,10 @@ class Build:
                 "shards": [{"name": f"{s['piece']:05d}", "train_tokens": s["tokens"]["train"],
                             "val_tokens": s["tokens"]["val"]} for s in summaries]}
         self.log(f"data: {docs['train']} train / {docs['val']} val documents, {n_bytes / 1e6:.1f} MB of text")
+        held = sum(1 for s in summaries if s["tokens"]["train"] + s["tokens"]["val"])  # not a slack piece's
         self.log(f"data: {tokens['train']:,} train and {tokens['val']:,} val tokens "
                  f"({n_bytes / max(1, tokens['train'] + tokens['val']):.2f} bytes/token) in "
-                 f"{len(summaries)} shards, {time.time() - self.t0:.1f}s")
+                 f"{held} shards, {time.time() - self.t0:.1f}s")
         self.log(self._encoded(summaries))
         # meta.json last: its presence is what marks a cache as complete.
         _write_atomic(self.work / "meta.json", json.dumps(meta, indent=1).encode())
