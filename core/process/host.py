@@ -91,7 +91,7 @@ class Viewer:
 
     def _send(self) -> None:
         try:
-            while (event := self.outbox.get()) not in (None, _HUNG_UP):  # None: the run has ended
+            while (event := self.outbox.get()) is not None and event is not _HUNG_UP:  # None: the run ended
                 self.conn.send(event)
         except (OSError, ValueError):
             pass  # gone, or closed its end: what it sent before closing is still read

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from rich.text import Text
 from textual import work
-from textual.worker import Worker, get_current_worker
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
+from textual.worker import Worker, get_current_worker
 
 from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, toml_value, write_config
 from lmcockpit.core.data import budget as data_budget
@@ -45,6 +45,11 @@ def part_name(source: str) -> str:
     else:
         name = Path(source).name or source
     return name if len(name) <= PART_NAME else "…" + name[-(PART_NAME - 1):]
+
+
+def part_label(source: str, style: str) -> Text:
+    """A mixture part's row's key cell, under data.sources."""
+    return Text(f" └ {part_name(source)}", style=style)
 
 
 def gpu_summary(gpus: list[GPUReading], usable: int) -> str:
@@ -190,7 +195,7 @@ class LaunchScreen(Screen):
             table.add_row(Text(key, style=style), Text(value, style=style), key=key)
             if key == "data.sources":
                 for i, spec in enumerate(cfg.data.sources):
-                    table.add_row(Text(f" └ {part_name(spec.source)}", style="dim"), Text("counting…", style="dim"),
+                    table.add_row(part_label(spec.source, "dim"), Text("counting…", style="dim"),
                                   key=f"data.sources{PART_ROW}{i}")
         table.border_title = (f"settings · {self.preset_name}" + (" (edited)" if self.overrides else "")
                               + " · e edits")
@@ -224,7 +229,7 @@ class LaunchScreen(Screen):
         for i, part in enumerate(parts if cfg.data.sources else []):
             style = "yellow" if part.budget.warning() else "dim"
             row = f"data.sources{PART_ROW}{i}"
-            table.update_cell(row, self.setting_column, Text(f" └ {part_name(part.source)}", style=style))
+            table.update_cell(row, self.setting_column, part_label(part.source, style))
             table.update_cell(row, self.value_column, Text(part.short(), style=style))
 
     def refresh_runs(self) -> None:
