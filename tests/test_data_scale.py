@@ -535,6 +535,15 @@ def test_a_cache_of_the_previous_format_is_still_read(tmp_path):
     assert np.array_equal(np.asarray(data.train), train) and np.array_equal(np.asarray(data.val), val)
 
 
+def test_the_previous_format_s_key_skips_files_by_the_suffix_pathlib_gives():
+    """Format 1 keyed its files without its skipped suffixes, tested by Path.suffix; the string test
+    that replaced it (a Path per file made most of a 100k-file source's look for its cache) must
+    give the same suffix, or an old cache is no longer found."""
+    names = ["a.gz", "x/.gz", "x/y.tar.GZ", "foo.", ".bashrc", "a/b.c/d", "a/b.c/d.PNG", "..x", "a..", "x/a.b.",
+             "doc.pdf", "dir.zip/inner.txt", "no_suffix", "x/.hidden.so", "a.b/.c"]
+    assert [store._suffix(n) for n in names] == [Path(n).suffix for n in names]
+
+
 def test_a_token_stream_reads_windows_across_shards():
     parts = [np.arange(0, 5, dtype=np.uint16), np.arange(5, 5, dtype=np.uint16), np.arange(5, 12, dtype=np.uint16)]
     stream = cache.TokenStream(parts)
