@@ -123,8 +123,8 @@ async def stall_while_counting(source: Path) -> tuple[float, float]:
         launch.overrides = {"data.source": f'"{source}"'}
         t0 = last = time.perf_counter()
         launch.show_settings()
-        stall, counting = time.perf_counter() - t0, launch.counting
-        while not counting.is_finished:
+        stall = time.perf_counter() - t0
+        while not launch.counted.is_set():
             await asyncio.sleep(0.005)
             now = time.perf_counter()
             stall, last = max(stall, now - last), now

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import re
@@ -11,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from textual.worker import WorkerCancelled
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import load_config
@@ -46,16 +46,9 @@ async def wait_for(pilot, condition, timeout: float = 90.0, what: str = "conditi
 
 
 async def budget_counted(launch) -> None:
-    """Until the launch screen shows the token budget of the settings it shows: counted in a
-    thread, whose worker a newer change of settings cancels and replaces."""
-    while True:
-        counting = launch.counting
-        try:
-            await counting.wait()
-        except WorkerCancelled:
-            pass
-        if counting is launch.counting and counting.is_finished:
-            return
+    """Until the launch screen shows the token budget of the settings it shows (counted in a
+    thread; a count for settings replaced meanwhile is dropped, and never sets this)."""
+    await asyncio.wait_for(launch.counted.wait(), timeout=60)
 
 
 def screen_text(renderable) -> str:

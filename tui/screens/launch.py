@@ -4,7 +4,9 @@ first (Enter attaches; dead ones say so and resume), then the recent ones to res
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +17,6 @@ from textual.binding import Binding
 from textual.containers import Container, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
-from textual.worker import Worker, get_current_worker
 
 from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, toml_value, write_config
 from lmcockpit.core.data import budget as data_budget
@@ -128,7 +129,7 @@ class LaunchScreen(Screen):
         self.live: dict[str, live.LiveRun] = {}  # by run folder: the runs a host serves, or did until it died
         self.gpu_count = 0  # GPUs CUDA may use here: `p` offers 1 to this many processes
         self.shown: Config | None = None  # the settings on screen, whose budget is being counted or shown
-        self.counting: Worker | None = None  # count_budget's latest: what it reports is shown
+        self.counted = asyncio.Event()  # set once the budget of the settings shown is on screen
 
     def compose(self) -> ComposeResult:
         yield Static(id="hardware")
@@ -207,22 +208,31 @@ class LaunchScreen(Screen):
                 table.call_after_refresh(table.move_cursor, row=row)
             else:
                 table.move_cursor(row=row)
-        self.counting = self.count_budget(cfg)
+        self.counted.clear()
+        threading.Thread(target=self.count_budget, args=(cfg,), name="budget", daemon=True).start()
 
-    @work(thread=True, exclusive=True, group="budget")
     def count_budget(self, cfg: Config) -> None:
         """In a thread: a source is listed (a folder of 100k files takes seconds) and its text
-        estimated before the budget is known, and the screen must answer keys meanwhile."""
-        parts = data_budget.parts(cfg)
-        if not get_current_worker().is_cancelled:
+        estimated before the budget is known, and the screen must answer keys meanwhile. A daemon
+        thread, not a Textual worker: Python joins a worker's executor at exit, and quitting in
+        the middle of a count waited for the whole of it."""
+        try:
+            parts: list[data_budget.Part] | BaseException = data_budget.parts(cfg)
+        except Exception as e:  # raised again on the app's thread, as it would have been there
+            parts = e
+        try:
             self.app.call_from_thread(self.show_budget, cfg, parts)
+        except RuntimeError:
+            pass  # the app has ended meanwhile
 
-    def show_budget(self, cfg: Config, parts: list[data_budget.Part]) -> None:
+    def show_budget(self, cfg: Config, parts: list[data_budget.Part] | BaseException) -> None:
         """The budget of the settings shown, on the border (in yellow past MANY_EPOCHS) and in a
         mixture's part rows: their share, train tokens and epochs. Dropped if the settings have
         changed since it was counted: their own count follows."""
         if cfg is not self.shown:
             return
+        if isinstance(parts, BaseException):
+            raise parts
         table = self.query_one("#settings", DataTable)
         short = data_budget.whole(cfg, parts).short(parts)
         table.border_subtitle = f"[yellow]{short}[/]" if any(p.budget.warning() for p in parts) else short
@@ -231,6 +241,7 @@ class LaunchScreen(Screen):
             row = f"data.sources{PART_ROW}{i}"
             table.update_cell(row, self.setting_column, part_label(part.source, style))
             table.update_cell(row, self.value_column, Text(part.short(), style=style))
+        self.counted.set()
 
     def refresh_runs(self) -> None:
         """Read the runs again (live ones first, then the runs folder's), keeping the cursor on the
