@@ -57,6 +57,27 @@ def test_many_compressed_shards_are_estimated_from_a_spread_sample_of_them(tmp_p
     assert 0.97 < budget.estimated_text(relisted, "text") / exact < 1.03
 
 
+def test_a_file_that_cannot_be_read_is_said_not_raised(tmp_path):
+    """A compressed shard that cannot be read when its text is estimated (no permission; here,
+    moved away after the launch screen listed its source, a listing it keeps for the session) is
+    that part's problem, named as a missing source is, not an error out of the count."""
+    import gzip
+    import json
+
+    from .test_data_scale import records
+
+    for i in range(3):
+        text = "".join(json.dumps({"text": t}) + "\n" for t in records(40, seed=i))
+        (tmp_path / f"shard-{i}.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    cfg = tiny_config(f'data.source="{tmp_path}"')
+    budget._listing(str(tmp_path))  # listed, and kept
+    (tmp_path / "shard-1.jsonl.gz").unlink()
+    [part] = budget.parts(cfg)
+    assert part.budget.epochs is None
+    assert part.problem == f"{tmp_path / 'shard-1.jsonl.gz'}: cannot be read (No such file or directory)"
+    assert part.problem in part.short()
+
+
 def test_many_epochs_warn_and_say_what_to_do():
     few = budget.Budget(run_tokens=4_000_000, source_tokens=1_000_000, exact=True, n_params=10**6)
     many = budget.Budget(run_tokens=4_100_000, source_tokens=1_000_000, exact=True, n_params=10**6)

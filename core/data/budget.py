@@ -208,6 +208,9 @@ def _held(cfg: Config) -> list[_Held]:
                 out.append(_Held(_estimated_tokens(part, source), False))
             except ConfigError as e:  # a damaged file, a missing column: said, as a missing source is
                 out.append(_Held(None, False, problem=str(e)))
+            except OSError as e:  # unreadable, or gone since it was listed (the listing is kept)
+                out.append(_Held(None, False, problem=f"{e.filename or source.desc}: cannot be read "
+                                                      f"({e.strerror or e})"))
     return out
 
 
