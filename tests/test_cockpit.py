@@ -326,6 +326,11 @@ async def test_the_launch_screen_counts_a_source_s_tokens_in_a_thread_and_shows_
         assert counts[large] in shown_in(app, settings)[-1]
         launch.show_budget(replaced, budget.parts(replaced))  # its count, landing late: dropped
         assert counts[large] in settings.border_subtitle
+        launch.show_budget(launch.shown, RuntimeError("a defect in the count"))  # said; the screen goes on
+        await pilot.pause()
+        assert "the token count failed" in settings.border_subtitle
+        await pilot.press("up")
+        assert launch.preset_name == "debug"
 
 
 async def test_after_a_run_ends_n_goes_back_to_the_launch_screen_which_lists_it(tmp_path):

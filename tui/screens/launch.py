@@ -217,23 +217,27 @@ class LaunchScreen(Screen):
         thread, not a Textual worker: Python joins a worker's executor at exit, and quitting in
         the middle of a count waited for the whole of it."""
         try:
-            parts: list[data_budget.Part] | BaseException = data_budget.parts(cfg)
-        except Exception as e:  # raised again on the app's thread, as it would have been there
+            parts: list[data_budget.Part] | Exception = data_budget.parts(cfg)
+        except Exception as e:  # a defect, not the source's (those are each part's `problem`): said
             parts = e
         try:
             self.app.call_from_thread(self.show_budget, cfg, parts)
         except RuntimeError:
             pass  # the app has ended meanwhile
 
-    def show_budget(self, cfg: Config, parts: list[data_budget.Part] | BaseException) -> None:
+    def show_budget(self, cfg: Config, parts: list[data_budget.Part] | Exception) -> None:
         """The budget of the settings shown, on the border (in yellow past MANY_EPOCHS) and in a
         mixture's part rows: their share, train tokens and epochs. Dropped if the settings have
-        changed since it was counted: their own count follows."""
+        changed since it was counted: their own count follows. A count that failed says so there
+        and in a notification, and the screen goes on: the figure is an aid, not the run."""
         if cfg is not self.shown:
             return
-        if isinstance(parts, BaseException):
-            raise parts
         table = self.query_one("#settings", DataTable)
+        if isinstance(parts, Exception):
+            table.border_subtitle = "[red]the token count failed[/]"
+            self.notify(f"counting the source's tokens failed: {type(parts).__name__}: {parts}", severity="error")
+            self.counted.set()
+            return
         short = data_budget.whole(cfg, parts).short(parts)
         table.border_subtitle = f"[yellow]{short}[/]" if any(p.budget.warning() for p in parts) else short
         for i, part in enumerate(parts if cfg.data.sources else []):
