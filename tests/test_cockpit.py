@@ -293,6 +293,22 @@ async def test_the_launch_screen_shows_each_mixture_part_s_tokens_and_epochs(tmp
         assert launch.editing == "data.sources" and "zebras.jsonl" in launch.query_one("#edit").value
 
 
+async def test_the_launch_screen_draws_and_counts_its_settings_once_at_start_up(tmp_path, monkeypatch):
+    """The presets table's first rows highlight row 0 before the cursor goes to the default, and
+    those events arrive after it: taken at their word, they switched the settings to `debug` and
+    back, and counted the source three times at start-up, in three threads at once."""
+    drawn = []
+    draw = LaunchScreen.show_settings
+    monkeypatch.setattr(LaunchScreen, "show_settings", lambda self: (drawn.append(self.preset_name), draw(self)))
+    app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await budget_counted(app.screen)
+        await pilot.pause()
+        assert drawn == ["cpu"]
+        await pilot.press("up")  # a real move still switches
+        assert drawn == ["cpu", "debug"] and app.screen.preset_name == "debug"
+
+
 async def test_the_launch_screen_counts_a_source_s_tokens_in_a_thread_and_shows_the_latest(tmp_path, monkeypatch):
     """A source is listed and its text estimated off the UI thread (a folder of 100k files takes
     seconds): the settings are there at once, the border says the count is coming; a change of

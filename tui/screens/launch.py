@@ -48,6 +48,10 @@ def part_name(source: str) -> str:
     return name if len(name) <= PART_NAME else "…" + name[-(PART_NAME - 1):]
 
 
+def part_key(i: int) -> str:
+    return f"data.sources{PART_ROW}{i}"
+
+
 def part_label(source: str, style: str) -> Text:
     """A mixture part's row's key cell, under data.sources."""
     return Text(f" └ {part_name(source)}", style=style)
@@ -196,8 +200,7 @@ class LaunchScreen(Screen):
             table.add_row(Text(key, style=style), Text(value, style=style), key=key)
             if key == "data.sources":
                 for i, spec in enumerate(cfg.data.sources):
-                    table.add_row(part_label(spec.source, "dim"), Text("counting…", style="dim"),
-                                  key=f"data.sources{PART_ROW}{i}")
+                    table.add_row(part_label(spec.source, "dim"), Text("counting…", style="dim"), key=part_key(i))
         table.border_title = (f"settings · {self.preset_name}" + (" (edited)" if self.overrides else "")
                               + " · e edits")
         if selected is not None and selected in table.rows:
@@ -242,9 +245,8 @@ class LaunchScreen(Screen):
         table.border_subtitle = f"[yellow]{short}[/]" if any(p.budget.warning() for p in parts) else short
         for i, part in enumerate(parts if cfg.data.sources else []):
             style = "yellow" if part.budget.warning() else "dim"
-            row = f"data.sources{PART_ROW}{i}"
-            table.update_cell(row, self.setting_column, part_label(part.source, style))
-            table.update_cell(row, self.value_column, Text(part.short(), style=style))
+            table.update_cell(part_key(i), self.setting_column, part_label(part.source, style))
+            table.update_cell(part_key(i), self.value_column, Text(part.short(), style=style))
         self.counted.set()
 
     def refresh_runs(self) -> None:
@@ -291,8 +293,16 @@ class LaunchScreen(Screen):
 
     # ------------------------------------------------------------------------------ events
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        if event.data_table.id == "presets" and event.row_key.value != self.preset_name:
-            self.preset_name = event.row_key.value
+        if event.data_table.id != "presets":
+            return
+        # The preset under the cursor now, not the event's: the table's first rows highlight row 0
+        # before on_mount moves the cursor to the default, and those events arrive after it. Taken
+        # at their word they switched the settings to the first preset and back, counting the
+        # source's tokens three times over at start-up.
+        table = event.data_table
+        current = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        if current != self.preset_name:
+            self.preset_name = current
             self.overrides = {}
             self.show_settings()
 
