@@ -1,0 +1,134 @@
+"""Files and folders written where another account may have planted a name first. Torch-free.
+
+A run folder, a token cache or /tmp can be writable by others on a shared machine (a lab's GPU
+box), or copied from someone else. A symlink planted at the name lmcockpit writes would have the
+write land in whatever it points to, with the user's rights; a file planted there would be read
+as lmcockpit's own. So:
+
+* a file written whole goes to a fresh name from `mkstemp` (O_EXCL: never an existing file or
+  link) beside its destination, and is renamed over it (a rename replaces a link, never follows it);
+* a log appended to is opened with O_NOFOLLOW and kept only if it is a regular file of the user's;
+* a file lmcockpit trusts (a run's `live.json` and `live.key`) is read only if the user owns it and
+  no one else may write it;
+* a private folder (for sockets) is the user's own with mode 0700, checked after `lstat` as tmux
+  checks its own; where that name is taken, a fresh folder from `mkdtemp`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class NotOwnFile(OSError):
+    """A path that is a link, not a regular file or folder, someone else's, or writable by others:
+    lmcockpit neither writes through it nor trusts what it holds. The message says which."""
+
+
+def write_whole(path: Path, data: str | bytes, mode: int = 0o644, fsync: bool = False) -> None:
+    """`data` at `path`, whole or not at all: written under a fresh temporary name, then renamed.
+    `mode` holds from the first byte (0o600 for a secret), less the umask's bits."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, mode & ~umask)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _own(st: os.stat_result, path: Path) -> None:
+    if st.st_uid != os.geteuid():
+        raise NotOwnFile(f"{path}: owned by uid {st.st_uid}, not by this user: refused")
+    if st.st_mode & 0o022:
+        raise NotOwnFile(f"{path}: writable by other accounts (mode {stat.S_IMODE(st.st_mode):o}): refused")
+
+
+def _open(path: Path, flags: int, mode: int = 0o644) -> int:
+    """os.open, never through a link, never blocking on a planted FIFO (no effect on a file)."""
+    try:
+        return os.open(path, flags | NOFOLLOW | os.O_NONBLOCK, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NotOwnFile(f"{path}: a symbolic link where lmcockpit keeps a file of its own: refused") from None
+        raise
+
+
+def open_append(path: Path, mode: int = 0o644) -> int:
+    """A descriptor that appends to the log at `path` (made if missing), never through a link,
+    and only to a regular file this user owns."""
+    fd = _open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise NotOwnFile(f"{path}: not a regular file of this user's where a log belongs: refused")
+    return fd
+
+
+def open_log(path: Path, mode: str = "a"):
+    """`open_append` as a text file (mode "a") or binary ("ab")."""
+    fd = open_append(path)
+    return os.fdopen(fd, mode) if "b" in mode else os.fdopen(fd, mode, encoding="utf-8")
+
+
+def read_own(path: Path) -> bytes:
+    """The bytes of a file this user owns, that no one else may write and that is no link:
+    what lmcockpit acts on without further proof (which socket to trust, which key to show)."""
+    fd = _open(path, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotOwnFile(f"{path}: not a regular file: refused")
+        _own(st, Path(path))
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
+
+
+def private_dir(path: Path) -> Path:
+    """`path` as a folder only this user can enter: made 0700 if missing; an existing one must be
+    a real folder (not a link) of this user's, and is narrowed to 0700 if it is wider."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, mode=0o700)
+    except FileExistsError:
+        pass
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)  # ELOOP on a link: refused below
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise NotOwnFile(f"{path}: owned by uid {st.st_uid}, not by this user: refused")
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return path
+
+
+def runtime_dir() -> Path:
+    """A folder of this user's alone for sockets: `$XDG_RUNTIME_DIR/lmcockpit`, else
+    `/tmp/lmcockpit-UID` when it is (or can be made) the user's own, else a fresh `mkdtemp`
+    folder: a name someone else took first in /tmp is never used, nor does it stop lmcockpit."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    candidates = [Path(runtime) / "lmcockpit"] if runtime and os.access(runtime, os.W_OK) else []
+    candidates.append(Path(tempfile.gettempdir()) / f"lmcockpit-{os.geteuid()}")
+    for candidate in candidates:
+        try:
+            return private_dir(candidate)
+        except OSError:  # NotOwnFile, ELOOP (a link), ENOTDIR (a file), EACCES
+            continue
+    return Path(tempfile.mkdtemp(prefix=f"lmcockpit-{os.geteuid()}-"))
