@@ -12,7 +12,6 @@ import difflib
 import math
 import hashlib
 import json
-import os
 import re
 import tomllib
 import typing
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
+
+from .run.safe_files import write_whole
 
 
 class ConfigError(ValueError):
@@ -504,10 +505,9 @@ def toml_value(value) -> str:
 
 
 def write_config(cfg: Config, path: Path) -> None:
-    """Atomically (temporary file, then rename): another machine of the run may be reading it."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(f"# resolved lmcockpit config: `lmcockpit --run {path}` repeats this run\n" + cfg.to_toml())
-    os.replace(tmp, path)
+    """Atomically (a fresh temporary file, then rename): another machine of the run may be reading
+    it, and another account may have planted a link at any name we could guess (run.safe_files)."""
+    write_whole(path, f"# resolved lmcockpit config: `lmcockpit --run {path}` repeats this run\n" + cfg.to_toml())
 
 
 def _closest(word: str, choices, prefix: str = "") -> str:
