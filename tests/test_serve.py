@@ -1,6 +1,8 @@
 """`lmcockpit serve`: the real command in a subprocess, and a real browser (the system's Chromium,
-driven by Playwright) that opens the launch screen and drives it with keys; what it binds, what it
-refuses, and that neither a stopped nor a killed server leaves a cockpit running.
+driven by Playwright) that opens the launch screen and drives it with keys, on TCP with the printed
+token and through a tunnel to the default Unix socket; what it binds, what it refuses, and that
+neither a stopped nor a killed server leaves a cockpit running. What another account can reach is
+tests/test_serve_access.py's.
 
 The terminal in the page is drawn on a canvas, so its text is read from xterm.js's own screen
 buffer: the page's script, as served, is given one hook that names its terminal
@@ -10,17 +12,20 @@ buffer: the page's script, as served, is given one hook that names its terminal
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -49,11 +54,11 @@ def free_port() -> int:
 class Served:
     """`lmcockpit serve ARGS` running in `cwd`, its stdout and stderr read as they come."""
 
-    def __init__(self, *args: str, cwd: Path):
+    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None):
         # A session of its own: cleanup can end the server and every cockpit it started, and nothing else.
         self.proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "serve", *args], cwd=cwd,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+                                     start_new_session=True, env={**os.environ, **(env or {})})
         self.out, self.err, self.closed = [], [], 0
         self.changed = threading.Condition()
         self.readers = [threading.Thread(target=self._read, args=(stream, into), daemon=True)
@@ -77,6 +82,13 @@ class Served:
     @property
     def stderr(self) -> str:
         return "".join(self.err)
+
+    @property
+    def token(self) -> str:
+        """The token in the URL it printed (on TCP)."""
+        found = re.search(r"/\?token=([0-9a-f]+) ", self.stdout)
+        assert found, f"no URL with a token in {self.stdout!r}"
+        return found[1]
 
     def expect(self, text: str, timeout: float = 60, stderr: bool = False) -> None:
         """Wait until `text` has come on stdout (on stderr with `stderr`)."""
@@ -113,14 +125,24 @@ class Served:
 def serve(tmp_path):
     started: list[Served] = []
 
-    def start(*args: str, ready: bool = True) -> Served:
-        started.append(Served(*args, cwd=tmp_path))
+    def start(*args: str, ready: bool = True, env: dict[str, str] | None = None) -> Served:
+        started.append(Served(*args, cwd=tmp_path, env=env))
         if ready:
             started[-1].expect("lmcockpit serve: the cockpit on")
         return started[-1]
     yield start
     for served in started:
         served.close()
+
+
+@pytest.fixture
+def runtime():
+    """An $XDG_RUNTIME_DIR of the test's own that every account may enter (a real one is 0700): what
+    keeps another account from the socket is then lmcockpit's own folder and socket file."""
+    folder = Path(tempfile.mkdtemp(prefix="lmcockpit-runtime-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -138,9 +160,10 @@ def browser():
             launched.close()
 
 
-def hooked_script(port: int) -> str:
+def hooked_script(port: int, token: str | None) -> str:
     """textual-serve's script as the server serves it, with its terminal also named on `window`."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/static/js/textual.js", timeout=30) as response:
+    query = f"?token={token}" if token else ""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/static/js/textual.js{query}", timeout=30) as response:
         script = response.read().decode()
     assert script.count(TERMINAL_CREATED) == 1, f"textual-serve's front end no longer says {TERMINAL_CREATED!r}"
     return script.replace(TERMINAL_CREATED, "this.terminal=window.lmcockpitTerminal=new ")
@@ -148,18 +171,20 @@ def hooked_script(port: int) -> str:
 
 @pytest.fixture
 def open_cockpit(browser):
-    """Open the cockpit at a port in a new tab; returns the page once the launch screen is drawn."""
+    """Open the cockpit at a port (with the token `serve` printed, on TCP) in a new tab; returns the
+    page once the launch screen is drawn."""
     contexts = []
 
-    def open_(port: int):
+    def open_(port: int, token: str | None):
         contexts.append(browser.new_context(viewport={"width": 1280, "height": 800}))
         page = contexts[-1].new_page()
         page.set_default_timeout(WAIT_MS)
-        script = hooked_script(port)
+        script = hooked_script(port, token)
         page.route("**/static/js/textual.js", lambda route: route.fulfill(body=script, content_type="text/javascript"))
         page.route(re.compile(r"^https?://(?!localhost|127\.0\.0\.1)"), lambda route: route.abort())  # offline
-        page.goto(f"http://localhost:{port}/", wait_until="domcontentloaded")
-        wait_for_screen(page, "presets · Enter launches")
+        page.goto(f"http://localhost:{port}/" + (f"?token={token}" if token else ""), wait_until="domcontentloaded")
+        assert page.url == f"http://localhost:{port}/"  # the token exchanged for a cookie, out of the address bar
+        wait_for_screen(page, "presets · Enter launches")  # drawn through the WebSocket: the cookie went with it
         return page
     yield open_
     for context in contexts:
@@ -189,7 +214,7 @@ def wait_until(condition, timeout: float, what: str) -> None:
 def test_a_browser_opens_the_launch_screen_and_drives_it_with_keys(serve, open_cockpit):
     port = free_port()
     served = serve("--port", str(port))
-    page = open_cockpit(port)
+    page = open_cockpit(port, served.token)
     text = screen(page)
     assert "settings · cpu" in text and re.search(r"│ debug\s", text), text  # the shipped presets, cpu selected
     assert len(served.cockpits()) == 1  # the tab's own cockpit process
@@ -215,7 +240,7 @@ def test_a_browser_opens_the_launch_screen_and_drives_it_with_keys(serve, open_c
 def test_ctrl_c_ends_every_cockpit_and_the_server_cleanly(serve, open_cockpit):
     port = free_port()
     served = serve("--port", str(port))
-    page = open_cockpit(port)
+    page = open_cockpit(port, served.token)
     cockpits = served.cockpits()
     assert cockpits
     served.proc.send_signal(signal.SIGINT)
@@ -229,7 +254,7 @@ def test_ctrl_c_ends_every_cockpit_and_the_server_cleanly(serve, open_cockpit):
 def test_a_killed_server_takes_its_cockpits_with_it(serve, open_cockpit):
     port = free_port()
     served = serve("--port", str(port))
-    open_cockpit(port)
+    open_cockpit(port, served.token)
     cockpits = served.cockpits()
     assert cockpits
     served.proc.kill()  # no chance to tell them to quit: each quits on its own (serve_session.py)
@@ -238,15 +263,90 @@ def test_a_killed_server_takes_its_cockpits_with_it(serve, open_cockpit):
                "the cockpit's exit after its server was killed")
 
 
+@contextlib.contextmanager
+def tunnel(path: Path) -> Iterator[int]:
+    """What `ssh -N -L PORT:PATH` does at the laptop's end, here: each connection to a port on
+    loopback relayed, both ways, to the Unix socket at `path`. Yields the port."""
+    def pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+            sink.shutdown(socket.SHUT_WR)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the listener shut down: the tunnel is closed
+            while True:
+                laptop, _ = listener.accept()
+                server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                server.connect(str(path))
+                for ends in ((laptop, server), (server, laptop)):
+                    threading.Thread(target=pump, args=ends, daemon=True).start()
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes accept(), which close() alone would not
+        listener.close()
+
+
+def test_a_browser_through_a_tunnel_to_the_socket_opens_the_launch_screen(serve, runtime, open_cockpit):
+    served = serve(env={"XDG_RUNTIME_DIR": str(runtime)})
+    with tunnel(runtime / "lmcockpit" / "serve.sock") as port:
+        page = open_cockpit(port, None)  # no token: whoever can open the socket is its owner
+        assert "settings · cpu" in screen(page)
+        assert len(served.cockpits()) == 1
+        served.expect("a cockpit opened for a client of the socket")
+
+
 # ------------------------------------------------------------------------ what it listens on
-def test_by_default_it_listens_on_loopback_only(serve):
+def test_by_default_it_opens_no_port_only_a_socket_of_the_users_own(serve, runtime):
+    served = serve(env={"XDG_RUNTIME_DIR": str(runtime)})
+    path = runtime / "lmcockpit" / "serve.sock"
+    served.expect(f"lmcockpit serve: the cockpit on {path} (Ctrl-C")
+    served.expect(f"from a laptop:   ssh -N -L 8000:{path} ")  # OpenSSH's forwarding of a port to a socket
+    served.expect("then open        http://localhost:8000\n")
+    assert not [c for c in psutil.net_connections(kind="inet") if c.pid == served.proc.pid]
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert stat.S_ISSOCK(path.lstat().st_mode) and stat.S_IMODE(path.lstat().st_mode) == 0o600
+    served.proc.send_signal(signal.SIGINT)
+    assert served.wait(30) == 0
+    assert not path.exists()  # gone with the server
+    assert served.stderr == ""
+
+
+def test_a_live_socket_is_refused_a_dead_ones_replaced_and_a_file_left_alone(serve, runtime):
+    path = runtime / "serve.sock"
+    first = serve("--socket", str(path))
+    second = serve("--socket", str(path), ready=False)
+    assert second.wait(60) == 2
+    assert second.stderr == (f"error: {path}: a server answers there already (another `lmcockpit serve`?): open "
+                             f"that one, stop it first, or give this one --socket PATH\n")
+    assert http_get(str(path))[0] == 200  # the first serves on, its socket untouched
+    first.proc.kill()  # no chance to remove its socket file
+    first.wait(30)
+    assert path.exists()
+    serve("--socket", str(path))  # a file nothing answers on: replaced
+    assert http_get(str(path))[0] == 200
+
+    planted = runtime / "notes.txt"
+    planted.write_text("mine")
+    taken = serve("--socket", str(planted), ready=False)
+    assert taken.wait(60) == 2
+    assert taken.stderr == f"error: {planted}: not a socket; give --socket a path of its own\n"
+    assert planted.read_text() == "mine"
+
+
+def test_port_serves_on_tcp_on_loopback_only_with_a_token(serve):
     port = free_port()
     served = serve("--port", str(port))
     listening = {c.laddr.ip for c in psutil.net_connections(kind="inet")
                  if c.pid == served.proc.pid and c.status == psutil.CONN_LISTEN}
     assert listening == {"127.0.0.1"}
+    served.expect(f"lmcockpit serve: the cockpit on http://127.0.0.1:{port}/?token={served.token} (Ctrl-C")
     served.expect(f"ssh -N -L {port}:127.0.0.1:{port} ")  # the banner's tunnel line, then the URL
-    served.expect(f"then open        http://localhost:{port}\n")
+    served.expect(f"then open        http://localhost:{port}/?token={served.token}\n")
     outward = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
                if a.family == socket.AF_INET and not a.address.startswith("127.")]
     for address in outward:  # where the machine has an outward address, nothing answers there
@@ -255,12 +355,13 @@ def test_by_default_it_listens_on_loopback_only(serve):
     assert served.stderr == ""  # no warning on loopback
 
 
-def test_another_host_is_served_with_a_warning_that_there_is_no_login(serve):
+def test_another_host_is_served_with_a_warning_that_plain_http_shows_the_token(serve):
     port = free_port()
     served = serve("--host", "0.0.0.0", "--port", str(port))
-    served.expect("can drive the cockpit", stderr=True)
-    assert served.stderr.startswith("warning: listening on 0.0.0.0: textual-serve has no login")
-    assert f"anyone who can reach port {port} can drive the cockpit" in served.stderr
+    served.expect("drive the cockpit", stderr=True)
+    assert served.stderr.startswith("warning: listening on 0.0.0.0 over plain HTTP: anyone who can watch the "
+                                    "network between a browser and this machine can read the token")
+    served.expect(f":{port}/?token={served.token} (Ctrl-C")
     served.proc.send_signal(signal.SIGINT)
     assert served.wait(30) == 0
 
@@ -280,21 +381,40 @@ def test_a_taken_port_is_named_with_what_to_do(serve):
 @pytest.mark.parametrize("args, message", [
     (["--port", "0"], "--port 0: expected a port number, 1 to 65535"),
     (["--host", "no-such-host.invalid"], "--host no-such-host.invalid: not an address of this machine"),
+    (["--socket", "/no/such/folder/serve.sock"], "cannot listen on /no/such/folder/serve.sock: No such file or "
+                                                 "directory"),
+    (["--socket", "s.sock", "--port", "8000"], "--socket serves on a Unix socket, --port and --host on TCP: give "
+                                               "one or the other"),
 ])
-def test_a_port_or_host_it_cannot_listen_on_is_a_usage_error(serve, args, message):
+def test_a_port_host_or_socket_it_cannot_listen_on_is_a_usage_error(serve, args, message):
     served = serve(*args, ready=False)
     assert served.wait(60) == 2
     assert served.stderr.startswith(f"error: {message}") and "Traceback" not in served.stderr
 
 
 # ------------------------------------------------------------------- what the page may reach
-def get(port: int, path: str = "/", **headers: str) -> tuple[int, str]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+def http_get(where: int | str, path: str = "/", headers: dict[str, str] | None = None) -> list:
+    """GET `path` from a port on 127.0.0.1 (an int) or a Unix socket (its path), as curl would:
+    [status, headers, body], JSON-able, so another account's call (other_account.py) can return it."""
+    connection = http.client.HTTPConnection("127.0.0.1" if isinstance(where, int) else "localhost",
+                                            where if isinstance(where, int) else 8000, timeout=30)
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+        if isinstance(where, str):
+            connection.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            connection.sock.settimeout(30)
+            connection.sock.connect(where)
+        connection.request("GET", path, headers=headers or {})
+        response = connection.getresponse()
+        return [response.status, dict(response.getheaders()), response.read().decode()]
+    finally:
+        connection.close()
+
+
+def token_cookie(port: int, token: str, host: str | None = None) -> str:
+    """The cookie the server gives in exchange for the token in the page's URL, as `name=value`."""
+    status, headers, _ = http_get(port, f"/?token={token}", {"Host": host} if host else None)
+    assert status == 303, status
+    return headers["Set-Cookie"].split(";")[0]
 
 
 WEBSOCKET = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
@@ -305,13 +425,18 @@ def test_the_page_follows_the_browsers_address_and_other_sites_are_refused(serve
     port = free_port()
     served = serve("--port", str(port))
     # Through `ssh -L 9000:127.0.0.1:PORT` the browser asks for localhost:9000: the page's own URLs say so.
-    status, page = get(port, Host="localhost:9000")
+    cookie = token_cookie(port, served.token, host="localhost:9000")
+    status, _, page = http_get(port, headers={"Host": "localhost:9000", "Cookie": cookie})
     assert status == 200
     assert 'data-session-websocket-url="ws://localhost:9000/ws"' in page and "http://localhost:9000/static/" in page
-    # Another site's page opening the WebSocket, or reaching loopback through its own name.
-    status, why = get(port, "/ws", Host=f"localhost:{port}", Origin="http://evil.example", **WEBSOCKET)
+    # Another site's page opening the WebSocket, or reaching loopback through its own name: the
+    # token does not make up for either.
+    cookie = token_cookie(port, served.token)
+    status, _, why = http_get(port, "/ws", {"Host": f"localhost:{port}", "Origin": "http://evil.example",
+                                            "Cookie": cookie, **WEBSOCKET})
     assert (status, why) == (403, "refused: a WebSocket from http://evil.example; only this server's own page "
                                   "may open one")
-    assert get(port, "/ws", Host=f"evil.example:{port}", Origin=f"http://evil.example:{port}", **WEBSOCKET)[0] == 403
-    assert get(port, Host=f"evil.example:{port}")[0] == 403
+    assert http_get(port, "/ws", {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}",
+                                  "Cookie": cookie, **WEBSOCKET})[0] == 403
+    assert http_get(port, f"/?token={served.token}", {"Host": f"evil.example:{port}"})[0] == 403
     assert not served.cockpits()  # none of them started one

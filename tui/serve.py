@@ -2,46 +2,65 @@
 (the launch screen, as in a terminal), run by textual-serve under Textual's web driver; closing
 the tab quits that cockpit the way closing a terminal does.
 
-textual-serve has no login: whoever reaches the port drives the cockpit, and through it this
-machine's GPUs and files. So it listens on 127.0.0.1 unless `--host` says otherwise, and a laptop
-reaches it through an SSH tunnel. webserver.py fits textual-serve's server to that setup.
+Whoever reaches the server drives the cockpit, and through it this machine's GPUs and files as
+this user, and textual-serve has no login. A TCP port, even on 127.0.0.1, is open to every account
+on the machine, so by default there is none: the server listens on a Unix socket, 0600 from its
+first instant, in a 0700 folder of the user's own (safe_files.runtime_dir), and a laptop reaches it
+through OpenSSH's socket forwarding (`ssh -L 8000:/path/serve.sock`), which needs no port on this
+machine either. `--port` or `--host` opts into TCP, and then every request must carry a random
+token, as Jupyter's do: the printed URL has it, and the browser keeps it in a cookie (webserver.py
+checks it, and fits textual-serve's server to both setups).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import getpass
 import ipaddress
 import os
+import secrets
 import shlex
 import socket
+import stat
 import sys
+from pathlib import Path
 
 from lmcockpit.tui.usage import Parser, UsageError, error
 
 LOOPBACK = "127.0.0.1"
-DEFAULT_PORT = 8000  # textual-serve's own default
+DEFAULT_PORT = 8000  # textual-serve's own default; also the laptop's end of the tunnel
+SOCKET_NAME = "serve.sock"
 
 TUNNEL = f"""\
-from a laptop, through an SSH tunnel:
-  on the GPU machine:  lmcockpit serve
-  on the laptop:       ssh -N -L {DEFAULT_PORT}:127.0.0.1:{DEFAULT_PORT} you@gpu-box
-  then open http://localhost:{DEFAULT_PORT} in the laptop's browser"""
+from a laptop, through an SSH tunnel to the socket (OpenSSH 6.7 or later):
+  on the GPU machine:  lmcockpit serve        (prints the socket's path, SOCKET, and this tunnel)
+  on the laptop:       ssh -N -L {DEFAULT_PORT}:SOCKET you@gpu-box
+  then open http://localhost:{DEFAULT_PORT} in the laptop's browser
+
+a browser on this machine itself: lmcockpit serve --port {DEFAULT_PORT}, and open the URL it prints
+(with its ?token=: other accounts here can reach the port, not the token)"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="lmcockpit serve", formatter_class=argparse.RawDescriptionHelpFormatter,
                description="Serve the cockpit to web browsers through textual-serve: each browser tab opens\n"
                            "the launch screen, as `lmcockpit` does in a terminal (run folders under runs/\n"
-                           "here). textual-serve has no login, so it listens on 127.0.0.1 unless --host\n"
-                           "says otherwise: reach it through an SSH tunnel.",
+                           "here). Whoever reaches the server drives the cockpit, so by default it opens no\n"
+                           "TCP port: it listens on a Unix socket only this user can open, reached from a\n"
+                           "laptop through an SSH tunnel. --port or --host serve on TCP instead, and then\n"
+                           "the printed URL carries a token that every request must present.",
                epilog=TUNNEL)
-    p.add_argument("--port", metavar="N", type=int, default=DEFAULT_PORT,
-                   help=f"the port to listen on (default {DEFAULT_PORT}, as textual-serve's)")
-    p.add_argument("--host", metavar="ADDRESS", default=LOOPBACK,
-                   help=f"the address to listen on (default {LOOPBACK}); any other lets anyone who can reach "
-                        "the port drive the cockpit, with no login")
+    p.add_argument("--socket", metavar="PATH", type=Path,
+                   help=f"the Unix socket to listen on (default {SOCKET_NAME} in a folder of this user's alone: "
+                        "$XDG_RUNTIME_DIR/lmcockpit, else /tmp/lmcockpit-UID); made 0600")
+    p.add_argument("--port", metavar="N", type=int,
+                   help=f"serve on TCP port N instead of the socket (with --host alone: {DEFAULT_PORT}); "
+                        "the printed URL's token is required")
+    p.add_argument("--host", metavar="ADDRESS",
+                   help=f"the address to serve TCP on (default {LOOPBACK}); any other sends the token and every "
+                        "keystroke over the network unencrypted")
     return p
 
 
@@ -74,37 +93,112 @@ def bind_failure(host: str, port: int, e: OSError) -> str:
     return f"cannot listen on {host}:{port}: {e.strerror or e}"
 
 
-def announce(host: str, port: int) -> None:
-    """Once the port is open: where to point a browser, and on loopback the tunnel from a laptop;
-    on any other address, the warning that nothing stands between that address and the cockpit."""
-    here = socket.gethostname()
-    shown = here if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
-    if not is_loopback(host):
-        print(f"warning: listening on {host}: textual-serve has no login, so anyone who can reach port {port} "
-              f"can drive the cockpit (and train on this machine's GPUs); the safe way is the default "
-              f"127.0.0.1 and an SSH tunnel (ssh -L)", file=sys.stderr, flush=True)
-    print(f"lmcockpit serve: the cockpit on http://{shown}:{port} (Ctrl-C stops it and every cockpit it opened)")
-    if is_loopback(host):
-        print(f"from a laptop:   ssh -N -L {port}:127.0.0.1:{port} {getpass.getuser()}@{here}\n"
-              f"then open        http://localhost:{port}")
+class SocketTaken(Exception):
+    """The socket's path holds what this serve may not replace: a server that answers there, or
+    a file that is no socket. The message says which."""
+
+
+def listen_unix(path: Path) -> tuple[socket.socket, int]:
+    """A socket listening at `path`, 0600 from its first instant, and its file's inode. A socket
+    file nothing answers on is a dead serve's, and is replaced."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except FileNotFoundError:
+        pass
+    except ConnectionRefusedError:  # what a socket with no server says, and a file that is no socket
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):  # --socket naming a file by mistake: not ours to delete
+            raise SocketTaken(f"{path}: not a socket; give --socket a path of its own") from None
+        path.unlink()
+    else:
+        raise SocketTaken(f"{path}: a server answers there already (another `lmcockpit serve`?): open that "
+                          f"one, stop it first, or give this one --socket PATH")
+    finally:
+        probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    saved = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(saved)
+    sock.listen(128)
+    return sock, os.stat(path).st_ino
+
+
+def announce(where: str, tunnel: str | None = None, opened: str = "", warning: str | None = None) -> None:
+    """Once the server listens: where, and from a laptop, the tunnel and the address to open."""
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    print(f"lmcockpit serve: the cockpit on {where} (Ctrl-C stops it and every cockpit it opened)")
+    if tunnel:
+        print(f"from a laptop:   {tunnel}\nthen open        {opened}")
     sys.stdout.flush()
 
 
 def main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
-        if not 0 < args.port < 65536:
+        if args.port is not None and not 0 < args.port < 65536:
             raise UsageError(f"--port {args.port}: expected a port number, 1 to 65535")
+        if args.socket is not None and (args.port is not None or args.host is not None):
+            raise UsageError("--socket serves on a Unix socket, --port and --host on TCP: give one or the other")
     except UsageError as e:
         return error(str(e))
-    try:
-        from lmcockpit.tui.webserver import CockpitServer
+    if args.port is not None or args.host is not None:
+        return serve_tcp(args.host or LOOPBACK, args.port or DEFAULT_PORT)
+    from lmcockpit.core.run.safe_files import runtime_dir
 
-        server = CockpitServer(cockpit_command(), args.host, args.port, is_loopback(args.host),
-                               on_open=lambda: announce(args.host, args.port))
-        server.serve()  # until Ctrl-C or SIGTERM, which it turns into a graceful exit itself
+    return serve_unix((args.socket or runtime_dir() / SOCKET_NAME).absolute())
+
+
+def serve_unix(path: Path) -> int:
+    try:
+        sock, inode = listen_unix(path)
+    except SocketTaken as e:
+        return error(str(e))
+    except OSError as e:  # its folder missing or not this user's to write, a path too long for a socket
+        return error(f"cannot listen on {path}: {e.strerror or e}")
+    tunnel = f"ssh -N -L {DEFAULT_PORT}:{shlex.quote(str(path))} {getpass.getuser()}@{socket.gethostname()}"
+    try:
+        return run({"sock": sock}, loopback=True, token=None,  # the laptop's browser asks for localhost:8000
+                   on_open=lambda: announce(str(path), tunnel, f"http://localhost:{DEFAULT_PORT}"))
+    finally:
+        sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            if os.lstat(path).st_ino == inode:  # not a file another serve has bound there since
+                path.unlink()
+
+
+def serve_tcp(host: str, port: int) -> int:
+    # Every account on the machine reaches a TCP port: the token is what only this user has seen.
+    token = secrets.token_hex(24)
+    here = socket.gethostname()
+    shown = here if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}/?token={token}"
+    if is_loopback(host):
+        def on_open() -> None:
+            announce(url, f"ssh -N -L {port}:127.0.0.1:{port} {getpass.getuser()}@{here}",
+                     f"http://localhost:{port}/?token={token}")
+    else:
+        def on_open() -> None:
+            announce(url, warning=f"listening on {host} over plain HTTP: anyone who can watch the network "
+                                  f"between a browser and this machine can read the token and drive the cockpit "
+                                  f"(and train on this machine's GPUs); the safe way is the default Unix socket "
+                                  f"and an SSH tunnel (ssh -L)")
+    try:
+        return run({"host": host, "port": port}, loopback=is_loopback(host), token=token, on_open=on_open)
     except OSError as e:  # the port taken, or not one of ours to listen on: before anything was served
-        return error(bind_failure(args.host, args.port, e))
+        return error(bind_failure(host, port, e))
+
+
+def run(listen: dict, **options) -> int:
+    from lmcockpit.tui.webserver import CockpitServer
+
+    try:
+        CockpitServer(cockpit_command(), listen, **options).serve()  # until Ctrl-C or SIGTERM, a graceful exit
     except KeyboardInterrupt:  # before the server took Ctrl-C over
         return 130
     return 0

@@ -1,23 +1,29 @@
-"""textual-serve's web server, fitted to a cockpit reached through an SSH tunnel. Kept apart from
-serve.py because aiohttp takes a quarter of a second to import: `lmcockpit serve --help` and tab
-completion do without it.
+"""textual-serve's web server, fitted to a cockpit reached through an SSH tunnel: on a Unix socket
+(serve.py's default), or on a TCP port with a token. Kept apart from serve.py because aiohttp takes
+a quarter of a second to import: `lmcockpit serve --help` and tab completion do without it.
 
 What it changes in textual-serve's `Server`:
+- it listens on what serve.py gives it: a bound Unix socket, or a host and port;
+- every request passes `gate` (an aiohttp middleware, so no route of textual-serve's is left out,
+  its downloads included): on TCP it must carry the token, as `?token=` or as the cookie that the
+  first page's `?token=` is exchanged for (`token_refusal`); a WebSocket opened by another site's
+  page, or (on loopback and on the socket) a request through a name that is not a loopback name,
+  is refused (`refusal`);
 - the page's URLs follow the address the browser used: textual-serve builds them from the bound
-  host and port, which a browser at the far end of `ssh -L 9000:127.0.0.1:8000`, or one reaching
+  host and port, which a browser at the far end of `ssh -L 9000:...`, or one reaching
   `--host 0.0.0.0` by the machine's name, cannot open;
-- a WebSocket opened by another site's page, or (on loopback) through a name that is not a
-  loopback name, is refused (`refusal`);
 - stopping the server ends every browser session at once, each cockpit told to quit and waited
   for; aiohttp alone waits for open WebSockets to close by themselves (25 s and more);
-- a short line per session instead of aiohttp's access log, and ours (`on_open`), once the port
-  is open, instead of its logo.
+- a short line per session instead of aiohttp's access log, and ours (`on_open`), once it
+  listens, instead of its logo.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import re
 import signal
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -44,10 +50,30 @@ def refusal(request: web.Request, loopback: bool) -> str | None:
     return None
 
 
+def cookie_name(request: web.Request) -> str:
+    """Named for the address the browser used, port and all: a browser keeps one cookie jar per host
+    name whatever the port, so two serves (or two tunnels on a laptop) would overwrite each other's."""
+    return "lmcockpit-token-" + re.sub(r"[^A-Za-z0-9]", "-", request.host)
+
+
+def token_refusal(request: web.Request, token: str) -> str | None:
+    """Why a request on TCP may not reach the cockpit for want of the token, or None. Compared in
+    constant time: how long a wrong guess takes to refuse says nothing of how close it came."""
+    given = request.query.get("token", request.cookies.get(cookie_name(request)))
+    if given is None:
+        return "refused: no token; open the address `lmcockpit serve` printed, with its ?token="
+    # surrogatepass: a header's bytes that are not UTF-8 come as lone surrogates, a wrong token like any other
+    if not hmac.compare_digest(given.encode(errors="surrogatepass"), token.encode()):
+        return "refused: a wrong token"
+    return None
+
+
 class CockpitServer(Server):
-    def __init__(self, command: str, host: str, port: int, loopback: bool, on_open: Callable[[], None]):
-        super().__init__(command, host=host, port=port, title="lmcockpit")
+    def __init__(self, command: str, listen: dict, loopback: bool, token: str | None, on_open: Callable[[], None]):
+        super().__init__(command, title="lmcockpit")  # its host and port: only for public_url, set per request
+        self.listen = listen  # run_app's: {"sock": a bound Unix socket} or {"host": ..., "port": ...}
         self.loopback = loopback
+        self.token = token  # on TCP only: whoever can open the socket is this user already
         self.on_open = on_open  # says where to point a browser, once it can
         self.sessions: set[asyncio.Task] = set()  # one per open browser tab: its WebSocket's handler
 
@@ -56,19 +82,41 @@ class CockpitServer(Server):
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # each request, in four wrapped lines
 
     def serve(self, debug: bool = False) -> None:
-        """textual-serve's serve(), with `on_open` called once the port is open: aiohttp's run_app
-        calls `print` when its sites have started (textual-serve silences it, and prints its logo
-        from on_startup, before the port is bound: a port that is taken would follow it)."""
+        """textual-serve's serve(), with `on_open` called once it listens: aiohttp's run_app calls
+        `print` when its sites have started (textual-serve silences it, and prints its logo from
+        on_startup, before the port is bound: a port that is taken would follow it)."""
         self.debug = debug
         self.initialize_logging()
         loop = asyncio.new_event_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.request_exit)
-        web.run_app(self._make_app(), host=self.host, port=self.port, handle_signals=False, loop=loop,
-                    print=lambda _: self.on_open())
+        web.run_app(self._make_app(), **self.listen, handle_signals=False, loop=loop, print=lambda _: self.on_open())
+
+    async def _make_app(self) -> web.Application:
+        app = await super()._make_app()
+        app.middlewares.append(self.gate)
+        return app
+
+    @web.middleware
+    async def gate(self, request: web.Request, handler) -> web.StreamResponse:
+        why = refusal(request, self.loopback) or (self.token and token_refusal(request, self.token))
+        if why:
+            if request.path == "/ws":
+                self.console.print(f"{why} (from {client(request)})", highlight=False, soft_wrap=True)
+            raise web.HTTPForbidden(text=why)
+        if self.token and request.path == "/" and "token" in request.query:
+            # The token leaves the address bar and the history for a cookie that the page's scripts
+            # cannot read (HttpOnly) and that no request started by another site's page carries
+            # (SameSite=Strict); the page's own requests and its WebSocket do.
+            query = request.query.copy()
+            query.popall("token")
+            response = web.Response(status=303, headers={"Location": str(request.rel_url.with_query(query))})
+            response.set_cookie(cookie_name(request), self.token, httponly=True, samesite="Strict")
+            return response
+        return await handler(request)
 
     async def on_startup(self, app: web.Application) -> None:
-        pass  # textual-serve's logo: on_open speaks once the port is open
+        pass  # textual-serve's logo: on_open speaks once the server listens
 
     async def on_shutdown(self, app: web.Application) -> None:
         # A cancelled session tells its cockpit to quit and waits for it to end (textual-serve's
@@ -77,22 +125,22 @@ class CockpitServer(Server):
             task.cancel()
 
     async def handle_index(self, request: web.Request) -> web.StreamResponse:
-        if why := refusal(request, self.loopback):
-            raise web.HTTPForbidden(text=why)
         # No other request runs between this line and the handler's reading of public_url: it
         # reads it before its first await.
         self.public_url = f"{request.scheme}://{request.host}"
         return await super().handle_index(request)
 
     async def handle_websocket(self, request: web.Request) -> web.StreamResponse:
-        if why := refusal(request, self.loopback):
-            self.console.print(f"{why} (from {request.remote})", highlight=False, soft_wrap=True)
-            raise web.HTTPForbidden(text=why)
         task = asyncio.current_task()
         self.sessions.add(task)
-        self.console.print(f"a cockpit opened for {request.remote}", highlight=False)
+        self.console.print(f"a cockpit opened for {client(request)}", highlight=False)
         try:
             return await super().handle_websocket(request)
         finally:
             self.sessions.discard(task)
-            self.console.print(f"a cockpit closed for {request.remote}", highlight=False)
+            self.console.print(f"a cockpit closed for {client(request)}", highlight=False)
+
+
+def client(request: web.Request) -> str:
+    """Who asked, for the log: an address on TCP; on the socket the peer has none (a tunnel's sshd)."""
+    return request.remote or "a client of the socket"
