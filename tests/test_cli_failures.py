@@ -314,25 +314,50 @@ def test_a_sessions_exit_code_is_its_worst_outcome():
 
 
 # --------------------------------------------------------------- a host ending as a resume starts
+@contextlib.contextmanager
+def served_apart(run: Path):
+    """A second run host's server on `run`, in a process of its own as a resumed run's host is (a
+    viewer attaches only to the process live.json names): yields (its pid, socket path, key)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: serve until killed
+        try:
+            os.close(r)
+            server = host.RunServer(run, on_command=lambda c: None, log=lambda text: None)
+            os.write(w, json.dumps([str(server.path), server.key.decode()]).encode())
+            os.close(w)
+            while True:
+                signal.pause()
+        finally:
+            os._exit(1)
+    os.close(w)
+    try:
+        with os.fdopen(r) as said:  # until the child has written and closed its end (or died)
+            path, key = json.loads(said.read())
+        yield pid, path, key.encode()
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
 def test_a_host_ending_leaves_the_files_of_a_run_resumed_meanwhile(tmp_path):
     """The old host removes its socket, live.json, live.key and registry pointer as its engine
     ends; a resume started then has written its own at the same places, and must stay listed and
     attachable."""
     old = serve(tmp_path)
     live.register(tmp_path)
-    new = host.RunServer(tmp_path, on_command=lambda c: None, log=lambda text: None)  # a new key, a new socket
-    resumed = live.LiveRecord(str(tmp_path.resolve()), os.getppid(), socket.gethostname(), str(new.path))
-    resumed.write()
-    live.register(tmp_path)
-    try:
-        host.stop_serving(tmp_path, old)
-        assert live.LiveRecord.read(tmp_path) == resumed
-        assert live.read_key(tmp_path) == new.key
-        RunViewer(tmp_path).close()  # the resumed run's host answers, at the same path
-        assert [r.live for r in live.live_runs() if r.run_dir == tmp_path.resolve()] == [True]
-    finally:
-        new.close(grace=1)
-        live.forget(tmp_path)
+    with served_apart(tmp_path) as (pid, path, key):  # a new key, a new socket at the same path
+        resumed = live.LiveRecord(str(tmp_path.resolve()), pid, socket.gethostname(), path)
+        resumed.write()
+        live.register(tmp_path)
+        try:
+            host.stop_serving(tmp_path, old)
+            assert live.LiveRecord.read(tmp_path) == resumed
+            assert live.read_key(tmp_path) == key
+            RunViewer(tmp_path).close()  # the resumed run's host answers, at the same path
+            assert [r.live for r in live.live_runs() if r.run_dir == tmp_path.resolve()] == [True]
+        finally:
+            live.forget(tmp_path)
 
 
 def test_a_host_ending_alone_removes_all_it_wrote(tmp_path):

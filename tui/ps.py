@@ -2,7 +2,10 @@
 
 Each line is a run a run host serves (started from the cockpit or with `--detach`): its folder,
 preset, step, loss, time left and how many cockpits watch it. A run whose host and engine died
-without ending it is listed as dead, with the command that resumes it, never as live.
+without ending it is listed as dead, with the command that resumes it, never as live. One whose
+live.json cannot be acted on (damaged, a link, someone else's, writable by others) is listed as
+unreadable, saying why, and nothing more is read from it: the user learns where a run went, and
+what to look at, rather than see it vanish.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from lmcockpit.core.process import live
 from lmcockpit.tui.runview import DASH, fmt_duration
@@ -20,7 +24,7 @@ def build_parser() -> Parser:
     return Parser(prog="lmcockpit ps", description=__doc__.split("\n\n")[0])
 
 
-def rows(runs: list[live.LiveRun]) -> list[tuple[str, ...]]:
+def rows(runs: list[live.LiveRun], unreadable: list[live.Unreadable] = ()) -> list[tuple[str, ...]]:
     out = []
     for run in runs:
         r = run.record
@@ -31,6 +35,8 @@ def rows(runs: list[live.LiveRun]) -> list[tuple[str, ...]]:
         else:
             state, eta, viewers = f"dead: {run.resume_command}", DASH, DASH
         out.append((str(run.run_dir), r.preset, step, loss, eta, viewers, state))
+    for bad in unreadable:
+        out.append((str(bad.run_dir), DASH, DASH, DASH, DASH, DASH, f"unreadable: {bad.why}"))
     return out
 
 
@@ -39,20 +45,21 @@ def main(argv: list[str]) -> int:
         build_parser().parse_args(argv)
     except UsageError as e:
         return error(str(e))
-    runs = live.live_runs()
+    runs, unreadable = live.survey()
     console = Console(highlight=False, soft_wrap=True)
-    if not runs:
+    if not runs and not unreadable:
         console.print("no run is training in the background (start one with `lmcockpit PRESET --detach`)")
         return 0
     columns = ("run", "preset", "step", "loss", "ETA", "viewers", "state")
     if not console.is_terminal:  # piped: one tab-separated line per run, whole, for scripts and grep
-        for row in [columns, *rows(runs)]:
+        for row in [columns, *rows(runs, unreadable)]:
             print("\t".join(row))
         return 0
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for column in columns:
         table.add_column(column, overflow="fold")
-    for row in rows(runs):
-        table.add_row(*row, style="" if "dead" not in row[-1] else "red")
+    for row in rows(runs, unreadable):
+        # Text, not markup: a folder's name or a reason may hold brackets
+        table.add_row(*map(Text, row), style="red" if row[-1].startswith(("dead", "unreadable")) else "")
     console.print(table)
     return 0

@@ -25,6 +25,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable
 
+from ..run.safe_files import write_whole
+
 MARGIN = 1.15  # bf16 must be this much faster: a closer call is within run-to-run noise
 PROBE_TOKENS = 4096  # a micro-batch's tokens at most: enough to time matmuls at their real width
 PROBE_SECONDS = 1.5  # the timed rounds stop once both precisions have had this long in all
@@ -107,8 +109,9 @@ def cached(key: str | None = None) -> Verdict | None:
 
 
 def store(verdict: Verdict, key: str | None = None) -> None:
-    """Add the verdict to the cache file (written whole to a temporary file, then renamed, so a
-    reader never sees half of it); a cache folder that cannot be written only costs a probe."""
+    """Add the verdict to the cache file (written whole to a fresh temporary file, then renamed, so
+    a reader never sees half of it, and no link planted at a guessable name is written through);
+    a cache folder that cannot be written only costs a probe."""
     path = cache_path()
     try:
         entries = json.loads(path.read_text())
@@ -119,9 +122,7 @@ def store(verdict: Verdict, key: str | None = None) -> None:
     entries[key or cache_key()] = asdict(verdict)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(entries, indent=1) + "\n")
-        os.replace(tmp, path)
+        write_whole(path, json.dumps(entries, indent=1) + "\n")
     except OSError:
         pass
 

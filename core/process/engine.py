@@ -18,6 +18,7 @@ from .. import protocol as P
 from ..config import ConfigError
 from ..hardware import gpu_env
 from ..run.folder import TRAIN_LOG, hold_run_dir
+from ..run.safe_files import NotOwnFile
 from .child import Commands, LogPump, exit_now, flush_events, hold_signals, run_header, train
 
 
@@ -34,9 +35,11 @@ def main(run_dir: str, config: dict, resume_from: str | None, rendezvous, events
         # Held until this process exits. Several machines share one run folder, each with an
         # engine of its own: no claim there.
         _claim = hold_run_dir(Path(run_dir)) if config["distributed"]["nnodes"] == 1 else None
+        pump = LogPump(Path(run_dir) / TRAIN_LOG, events)
     except ConfigError as e:
         return finish(events, P.FAILED, P.Failure(str(e), user_error=True))
-    pump = LogPump(Path(run_dir) / TRAIN_LOG, events)
+    except NotOwnFile as e:  # train.log a link or someone else's: hold_run_dir says so where it runs
+        return finish(events, P.FAILED, P.Failure(f"{e} (remove it if you did not put it there)", user_error=True))
     print(run_header(run_dir))
     print(f"allocator: {allocator.describe()}")
     if rendezvous is not None:

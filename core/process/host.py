@@ -13,11 +13,16 @@ proves it may attach):
   folder, where the engine wrote it anyway;
 * commands from any viewer go to the engine in the order they arrive; their effects come back
   to every viewer as events;
-* a connection that does not present the run's key is refused, and the refusal logged.
+* a connection from a process of another uid is refused before the handshake (the kernel says
+  whose it is: SO_PEERCRED), and one that does not present the run's key is refused; each
+  refusal is logged. What a viewer sends is unpickled: only the user's own processes get that far,
+  and a viewer checks the host the same way (live.py says what each end trusts).
 
 The handshake runs in the connection's own thread: a client that connects and says nothing holds
-up no one. Nothing listens on a network port. The front-end that started the host learns how the
-run's start went through a pipe of its own (report.py).
+up no one. Nothing listens on a network port. The host's log (host.log) and the run's (train.log)
+are appended to never through a link, and only as the user's own files (safe_files). The
+front-end that started the host learns how the run's start went through a pipe of its own
+(report.py).
 
 Headless `--run` keeps owning its engine directly: a signal there still checkpoints and stops.
 """
@@ -25,6 +30,7 @@ Headless `--run` keeps owning its engine directly: a signal there still checkpoi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -41,6 +47,7 @@ from pathlib import Path
 from .. import protocol as P
 from ..config import config_from_dict, read_toml
 from ..run.folder import CONFIG, TRAIN_LOG
+from ..run.safe_files import open_log
 from . import live
 from .rendezvous import Rendezvous
 from .report import Reports, StartReport
@@ -171,11 +178,27 @@ class RunServer:
         while not self.closing:
             try:
                 sock, _ = self.listener.accept()
-                sock.setblocking(True)
-                conn = connection.Connection(sock.detach())
             except OSError:
                 break
+            if not self._same_user(sock):
+                continue
+            sock.setblocking(True)
+            conn = connection.Connection(sock.detach())
             threading.Thread(target=self._admit, args=(conn,), name="handshake", daemon=True).start()
+
+    def _same_user(self, sock: socket.socket) -> bool:
+        """Whether the connecting process runs as this host's user; one that does not is logged
+        and hung up on before a byte is exchanged. The socket file is 0600: such a process is one
+        that file modes do not stop (root's), or one that found them widened."""
+        try:
+            live.check_peer(sock)
+            return True
+        except live.WrongPeer as e:
+            self.log(f"refused a connection from {e}")
+        except OSError:
+            pass  # gone already
+        sock.close()
+        return False
 
     def _admit(self, conn: connection.Connection) -> None:
         try:
@@ -285,7 +308,7 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
 
     def log(text: str) -> None:
         line = f"host: {text}"
-        with open(run_dir / TRAIN_LOG, "a", encoding="utf-8") as fh:
+        with contextlib.suppress(OSError), open_log(run_dir / TRAIN_LOG) as fh:  # refused: the viewers still see it
             fh.write(line + "\n")
         server.broadcast(P.LogLine(line))
 
@@ -334,7 +357,7 @@ def spawn(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None
         args += ["--rendezvous", json.dumps(asdict(rendezvous))]
     if label:
         args += ["--label", label]
-    with open(Path(run_dir) / HOST_LOG, "ab") as out:
+    with open_log(Path(run_dir) / HOST_LOG, "ab") as out:  # NotOwnFile: a link, someone else's file
         return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, pass_fds=(ready_w,))
 
@@ -350,6 +373,8 @@ def launch(run_dir: Path, resume_from: Path | None = None, rendezvous: Rendezvou
     try:
         try:
             proc = spawn(run_dir, resume_from, rendezvous, label, ready_w)
+        except OSError as e:  # host.log refused, or the interpreter not started
+            raise HostError(f"the run host for {run_dir} did not start: {e}") from None
         finally:
             os.close(ready_w)
         try:

@@ -84,7 +84,11 @@ def launch(run_dir: str, config: dict, resume_from: str | None, rendezvous: Rend
 
 def _record_verdict(run_dir: Path, failure: P.Failure) -> None:
     steps = [row["step"] for row in tail_rows(run_dir / METRICS) if row.get("kind") == "step"]
-    metrics = MetricsLog(run_dir / METRICS)
+    try:
+        metrics = MetricsLog(run_dir / METRICS)
+    except OSError as e:  # a link or someone else's file at metrics.jsonl: the failure is still reported
+        print(f"launcher: the failure is not in {METRICS}: {e}")
+        return
     metrics.write("failure", step=steps[-1] if steps else 0, message=failure.message)
     metrics.close()
 

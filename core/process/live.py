@@ -1,4 +1,5 @@
-"""Where a detachable run can be found while it trains, and whether it still is: torch-free.
+"""Where a detachable run can be found while it trains, whether it still is, and whether what
+answers there is the user's own run host: torch-free.
 
 A run started from the cockpit (or with `--detach`) is owned by a run host (host.py) that
 outlives every front-end. The host serves the run on a Unix socket with a random key and says so
@@ -9,13 +10,26 @@ in three places:
 * `live.json` in the run folder: the host's pid and machine, the socket's path, and a summary
   (step, loss, state, viewers) rewritten as the run goes, which `lmcockpit ps` and the launch
   screen read without connecting;
-* a pointer in the user's registry (`$XDG_STATE_HOME/lmcockpit/live/`), so `lmcockpit attach` and
-  `ps` find the run from any directory.
+* a pointer in the user's registry (`$XDG_STATE_HOME/lmcockpit/live/`, a 0700 folder), so
+  `lmcockpit attach` and `ps` find the run from any directory.
 
-The socket lives in the run folder when its path fits a Unix socket's 108 bytes, else under
-`$XDG_RUNTIME_DIR` (or a 0700 folder of the user's in /tmp): the kernel's limit, not a choice.
-An orderly host removes all three when its engine ends, those that are still its own (a run
-resumed at that moment has written its own). One that died leaves them: its run is listed as
+What a viewer trusts, and why. A run folder may be writable by another account (a shared
+project folder, a copied run), and what a host sends is unpickled (multiprocessing's Connection):
+whoever answers on the socket could run code as the user who attaches. So a viewer acts on
+`live.json` and `live.key` only if they are no links, are the user's own, and no one else may
+write them (safe_files.read_own), and on a `live.json` only if each field has its type (a damaged
+or planted one is "unreadable", never a crash). Then, before a byte is unpickled, it asks the
+kernel who holds the socket (SO_PEERCRED, `peer`): a process of another uid is refused, and so, on
+this machine, is one whose pid is not the pid `live.json` names. The host asks the same of every
+connection and refuses any of another uid before the handshake. The key stays: the host asks it of
+every viewer, and a host on another machine (a shared run folder) has a pid no one here can check.
+
+Each file is written whole through a fresh name (safe_files.write_whole), never through a link.
+The socket lives in the run folder when its path fits a Unix socket's 108 bytes, else in a
+0700 folder of the user's (safe_files.runtime_dir: `$XDG_RUNTIME_DIR/lmcockpit`, or
+`/tmp/lmcockpit-UID` when that is the user's own, else a fresh one): the kernel's limit, not a
+choice. An orderly host removes all three when its engine ends, those that are still its own (a
+run resumed at that moment has written its own). One that died leaves them: its run is listed as
 dead, with the command that resumes it.
 """
 
@@ -23,11 +37,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import secrets
 import socket
+import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..run.safe_files import private_dir, read_own, runtime_dir, write_whole
 
 KEY = "live.key"
 RECORD = "live.json"
@@ -39,22 +57,6 @@ def state_home() -> Path:
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "lmcockpit" / "live"
 
 
-def private_dir(path: Path) -> Path:
-    """`path`, created 0700 (and made so if it exists and is ours)."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
-    return path
-
-
-def write_private(path: Path, text: str) -> None:
-    """Written whole or not at all, readable by its owner only from the first byte."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def run_key(run_dir: Path) -> str:
     return hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:20]
 
@@ -63,21 +65,41 @@ def socket_path(run_dir: Path) -> Path:
     inside = Path(run_dir).resolve() / SOCKET
     if len(os.fsencode(str(inside))) <= SOCKET_PATH_MAX:
         return inside
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(runtime) / "lmcockpit" if runtime and os.access(runtime, os.W_OK) else \
-        Path("/tmp") / f"lmcockpit-{os.getuid()}"
-    return private_dir(base) / f"{run_key(run_dir)}.sock"
+    return runtime_dir() / f"{run_key(run_dir)}.sock"
 
 
 def new_key(run_dir: Path) -> bytes:
     key = secrets.token_hex(32)
-    write_private(Path(run_dir) / KEY, key + "\n")
+    write_whole(Path(run_dir) / KEY, key + "\n", mode=0o600)
     return key.encode()
 
 
 def read_key(run_dir: Path) -> bytes:
-    # bytes as they are: a key that is not text (damaged, replaced) is a key the host refuses
-    return (Path(run_dir) / KEY).read_bytes().strip()
+    """The run's key, from a file of the user's own (NotOwnFile otherwise): a key someone else
+    wrote would open the handshake to a host they run. Bytes as they are: a key that is not text
+    (damaged, replaced) is a key the host refuses."""
+    return read_own(Path(run_dir) / KEY).strip()
+
+
+class WrongPeer(ConnectionRefusedError):
+    """The socket's other end is not the process it should be: another account's, or not the pid
+    live.json names."""
+
+
+def peer(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a connected Unix socket, as the kernel
+    recorded it when that process connected or listened: nothing the peer says can change it."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)
+
+
+def check_peer(sock: socket.socket, pid: int | None = None) -> None:
+    """WrongPeer unless the other end runs as this user (and, where `pid` is given, is that process)."""
+    their_pid, uid, _ = peer(sock)
+    if uid != os.geteuid():
+        raise WrongPeer(f"a process of uid {uid} (pid {their_pid}), not of this user's")
+    if pid is not None and their_pid != pid:
+        raise WrongPeer(f"pid {their_pid}, not the run host live.json names (pid {pid})")
 
 
 @dataclass
@@ -97,15 +119,64 @@ class LiveRecord:
     started: float = 0.0
 
     def write(self) -> None:
-        write_private(Path(self.run_dir) / RECORD, json.dumps(self.__dict__))
+        write_whole(Path(self.run_dir) / RECORD, json.dumps(self.__dict__), mode=0o600)
+
+    @staticmethod
+    def load(run_dir: Path) -> LiveRecord:
+        """The run folder's live.json: FileNotFoundError where there is none, NotOwnFile where it
+        is not the user's own to trust, BadRecord where it is not one a host wrote."""
+        try:
+            raw = json.loads(read_own(Path(run_dir) / RECORD).decode("utf-8"))
+        except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested past reading
+            raise BadRecord(f"{Path(run_dir) / RECORD}: unreadable ({e})") from None
+        if not isinstance(raw, dict) or set(raw) - set(_FIELDS) or set(_REQUIRED) - set(raw):
+            raise BadRecord(f"{Path(run_dir) / RECORD}: not the fields a run host writes")
+        wrong = [name for name, value in raw.items() if not _FIELDS[name](value)]
+        if wrong:
+            raise BadRecord(f"{Path(run_dir) / RECORD}: {', '.join(wrong)} of the wrong type or out of range")
+        return LiveRecord(**raw)
 
     @staticmethod
     def read(run_dir: Path) -> LiveRecord | None:
+        """`load`, or None where there is no live.json this user can act on."""
         try:
-            raw = json.loads((Path(run_dir) / RECORD).read_text(encoding="utf-8"))
-            return LiveRecord(**raw)
-        except (OSError, ValueError, TypeError):
+            return LiveRecord.load(run_dir)
+        except (OSError, ValueError):
             return None
+
+
+class BadRecord(ValueError):
+    """A live.json that is not one a run host wrote: damaged, or planted."""
+
+
+def _text(value: object) -> bool:
+    return isinstance(value, str) and "\0" not in value  # a NUL in a path raises where paths are used
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)  # NaN too: a loss that diverged
+
+
+def _number(value: object) -> bool:
+    return _real(value) and math.isfinite(value)  # what a time left or a start time can be
+
+
+def _pid(value: object) -> bool:
+    return _count(value) and 0 < value < 2 ** 31  # os.kill takes 0 and below as process groups, and a C int
+
+
+# What each of live.json's fields must be for a listing or an attach to use it as it is.
+_FIELDS = {
+    "run_dir": _text, "pid": _pid, "machine": _text, "socket": _text, "preset": _text, "state": _text,
+    "step": _count, "max_steps": _count, "viewers": _count, "started": _number,
+    "loss": lambda v: v is None or _real(v),
+    "eta_s": lambda v: v is None or _number(v),
+}
+_REQUIRED = ("run_dir", "pid", "machine", "socket")
 
 
 def alive(pid: int) -> bool:
@@ -145,8 +216,8 @@ def is_live(record: LiveRecord) -> bool:
 
 
 def register(run_dir: Path) -> None:
-    write_private(private_dir(state_home()) / f"{run_key(run_dir)}.json",
-                  json.dumps({"run_dir": str(Path(run_dir).resolve())}))
+    write_whole(private_dir(state_home()) / f"{run_key(run_dir)}.json",
+                json.dumps({"run_dir": str(Path(run_dir).resolve())}), mode=0o600)
 
 
 def unregister(run_dir: Path) -> None:
@@ -177,10 +248,19 @@ def release(run_dir: Path, pid: int, key: bytes) -> None:
         unregister(run_dir)
 
 
-def live_runs() -> list[LiveRun]:
-    """Every run the registry knows, live ones first (newest first), then dead ones. Pointers to
-    folders that are gone, or that no longer hold a record, are dropped."""
-    found = []
+@dataclass(frozen=True)
+class Unreadable:
+    """A run the registry knows whose live.json is there but not to be acted on: `why` says how."""
+    run_dir: Path
+    why: str
+
+
+def survey() -> tuple[list[LiveRun], list[Unreadable]]:
+    """Every run the registry knows: those whose live.json reads, live ones first (newest first),
+    then dead ones; and those whose live.json is refused or damaged, kept listed (their pointer
+    too) so that `ps` says so rather than lose a run without a word. Pointers to folders that are
+    gone, or that no longer hold a live.json, are dropped."""
+    found, unreadable = [], []
     home = state_home()
     for pointer in sorted(home.glob("*.json")) if home.is_dir() else []:
         try:
@@ -188,9 +268,18 @@ def live_runs() -> list[LiveRun]:
         except (OSError, ValueError, KeyError, TypeError):
             pointer.unlink(missing_ok=True)
             continue
-        record = LiveRecord.read(run_dir)
-        if record is None:
+        try:
+            record = LiveRecord.load(run_dir)
+        except (FileNotFoundError, NotADirectoryError):
             pointer.unlink(missing_ok=True)
             continue
+        except (OSError, ValueError) as e:
+            unreadable.append(Unreadable(run_dir, str(e)))
+            continue
         found.append(LiveRun(record, is_live(record)))
-    return sorted(found, key=lambda r: (not r.live, -r.record.started))
+    return sorted(found, key=lambda r: (not r.live, -r.record.started)), unreadable
+
+
+def live_runs() -> list[LiveRun]:
+    """The runs of `survey` whose live.json reads."""
+    return survey()[0]

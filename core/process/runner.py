@@ -18,6 +18,7 @@ from pathlib import Path
 from .. import protocol as P
 from ..config import Config
 from ..run.folder import METRICS, MetricsLog, TRAIN_LOG
+from ..run.safe_files import open_log
 from .rendezvous import Rendezvous
 
 
@@ -153,9 +154,12 @@ class EngineProcess(ProcessHandle):
             self.last_step = event.start_step
 
     def record_death(self, what: str) -> None:
-        # The engine could not record its own death: the run folder gets it from here.
-        with open(self.run_dir / TRAIN_LOG, "a", encoding="utf-8") as fh:
+        # The engine could not record its own death: the run folder gets it from here. A log that
+        # is refused (a link, someone else's file: safe_files) or cannot be written keeps it out
+        # of the folder only; the front-end still reports it.
+        with contextlib.suppress(OSError), open_log(self.run_dir / TRAIN_LOG) as fh:
             fh.write(f"front-end: {what}\n")
-        metrics = MetricsLog(self.run_dir / METRICS)
-        metrics.write("failure", step=self.last_step, message=what)
-        metrics.close()
+        with contextlib.suppress(OSError):
+            metrics = MetricsLog(self.run_dir / METRICS)
+            metrics.write("failure", step=self.last_step, message=what)
+            metrics.close()

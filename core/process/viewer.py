@@ -8,6 +8,8 @@ history comes from its folder: every step and evaluation from metrics.jsonl, the
 then the host's snapshot (the run's RunStarted, state, progress). The connection is made before
 the folder is read, and what arrives meanwhile is kept: the engine writes a step's line before it
 sends the step's event, so every step is in the file or still to come, and none is shown twice.
+It attaches only to the user's own run host, checked before the handshake (live.py says how): what
+the host sends is unpickled.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from .. import protocol as P
 from ..run.folder import METRICS, TRAIN_LOG, read_metrics, tail_lines
+from ..run.safe_files import NotOwnFile
 from . import live
 
 LOG_HISTORY_BYTES = 256 * 1024  # the end of train.log a viewer shows from before it attached: read, not the whole log
@@ -43,15 +46,17 @@ def _time_limits(conn_or_sock, seconds: float) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
 
 
-def connect(address: str, authkey: bytes) -> connection.Connection:
+def connect(address: str, authkey: bytes, pid: int | None = None) -> connection.Connection:
     """multiprocessing's Client, with a time limit on the connect and the handshake: a socket that
     accepts and never answers (a host frozen, or something else at that path) would otherwise
     hold the viewer forever. The limit is lifted once the host has answered: events come when the
-    run makes them."""
+    run makes them. Before the handshake, the kernel says who holds the socket (live.check_peer):
+    what comes through it is unpickled, so it must be this user's process (`pid`, where given)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         _time_limits(sock, HANDSHAKE_TIMEOUT)
         sock.connect(address)
+        live.check_peer(sock, pid)
     except BaseException:
         sock.close()
         raise
@@ -91,22 +96,11 @@ class RunViewer:
         """`host_process`: the host, when this front-end started it (and so can wait for it)."""
         self.run_dir = Path(run_dir).resolve()
         self.host_process = host_process
-        self.record = live.LiveRecord.read(self.run_dir)
-        if self.record is None:
-            raise NotLive(f"{self.run_dir}: no run is being served here (it ended, or was not started from "
-                          "the cockpit or with --detach)")
+        self.record = _record(self.run_dir)
         if not live.is_live(self.record):
             raise NotLive(f"{self.run_dir}: its engine died at step {self.record.step} without ending the run; "
                           f"resume it with: lmcockpit --run --resume {self.run_dir}")
-        try:
-            self.conn = connect(self.record.socket, live.read_key(self.run_dir))
-        except AuthenticationError:
-            raise NotLive(f"{self.run_dir}: the run's host refused this key ({live.KEY} was replaced?)") from None
-        except BlockingIOError:  # the time limit
-            raise NotLive(f"{self.run_dir}: the run's host at {self.record.socket} did not answer within "
-                          f"{HANDSHAKE_TIMEOUT:.0f} s") from None
-        except (OSError, EOFError) as e:
-            raise NotLive(f"{self.run_dir}: cannot reach the run's host at {self.record.socket} ({e})") from None
+        self.conn = self._connect()
         self.closed = False
         self.inbox: queue.Queue = queue.Queue()
         self.final_state: str | None = None
@@ -116,6 +110,34 @@ class RunViewer:
         self._shown: dict[type, int] = {}  # the last step of each kind shown: what the history gave already
         self._lock = threading.Lock()
         threading.Thread(target=self._receive, name="viewer-receive", daemon=True).start()
+
+    def _connect(self) -> connection.Connection:
+        """A connection to the run's host, or NotLive saying why there is none, before anything
+        the other end sent has been unpickled."""
+        try:
+            key = live.read_key(self.run_dir)
+        except NotOwnFile as e:
+            raise NotLive(f"cannot attach: {e} (a key someone else wrote proves nothing about the host)") from None
+        except OSError as e:
+            raise NotLive(f"{self.run_dir}: cannot read the run's key {live.KEY} ({e.strerror or e})") from None
+        try:
+            return connect(self.record.socket, key, self.host_pid)
+        except live.WrongPeer as e:
+            raise NotLive(f"{self.run_dir}: the socket at {self.record.socket} is held by {e}: attach refused "
+                          f"(live.json is stale, or was not written by this user's run host)") from None
+        except AuthenticationError:
+            raise NotLive(f"{self.run_dir}: the run's host refused this key ({live.KEY} was replaced?)") from None
+        except BlockingIOError:  # the time limit
+            raise NotLive(f"{self.run_dir}: the run's host at {self.record.socket} did not answer within "
+                          f"{HANDSHAKE_TIMEOUT:.0f} s") from None
+        except (OSError, EOFError) as e:
+            raise NotLive(f"{self.run_dir}: cannot reach the run's host at {self.record.socket} ({e})") from None
+
+    @property
+    def host_pid(self) -> int | None:
+        """The pid the host's socket must be held by: live.json's, where that names this machine
+        (a host on another one, sharing the run folder, has a pid this machine cannot check)."""
+        return self.record.pid if self.record.machine == socket.gethostname() else None
 
     @property
     def pid(self) -> int:
@@ -224,7 +246,7 @@ class RunViewer:
                 if not self.closed:
                     self.conn.send(command)
                     return
-                with connect(self.record.socket, live.read_key(self.run_dir)) as c:
+                with connect(self.record.socket, live.read_key(self.run_dir), self.host_pid) as c:
                     c.send(command)
             except (OSError, ValueError, EOFError, AuthenticationError):
                 pass  # the host is gone: poll (or host_alive) says so
@@ -242,6 +264,21 @@ class RunViewer:
                     both_ends.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass  # closed already: the host went first
+
+
+def _record(run_dir: Path) -> live.LiveRecord:
+    """The run's live.json, or NotLive saying why there is none this user can act on."""
+    try:
+        return live.LiveRecord.load(run_dir)
+    except FileNotFoundError:
+        raise NotLive(f"{run_dir}: no run is being served here (it ended, or was not started from "
+                      "the cockpit or with --detach)") from None
+    except NotOwnFile as e:
+        raise NotLive(f"cannot attach: {e} (it names the socket to trust: only this user's own is read)") from None
+    except OSError as e:
+        raise NotLive(f"{run_dir}: cannot read {live.RECORD} ({e.strerror or e})") from None
+    except ValueError as e:  # live.BadRecord: its message names the file
+        raise NotLive(f"cannot attach: {e}") from None
 
 
 _GONE = object()

@@ -2,6 +2,10 @@
 
 Created by the front-end before the engine starts (so a bad `--out` is a usage error, and the
 folder is known even if the engine dies at once); filled by the engine. No torch here.
+
+A run folder may be writable by another account: its logs and lock are opened never through a
+link and only as the user's own files (safe_files), and its metrics rows are read for what they
+are, never taken on trust (`well_formed`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from ..config import Config, ConfigError, config_from_dict, read_toml, write_config
 from .extras import require_logger_packages
+from .safe_files import NotOwnFile, open_append, open_own, own_or_absent
 
 CONFIG = "config.toml"
 METRICS = "metrics.jsonl"
@@ -86,11 +91,18 @@ def hold_run_dir(run_dir: Path):
     """Claim the run folder for this process's training, until the returned file is closed or the
     process ends (a killed one too: the kernel drops an flock with its owner). A second training,
     or a resume planned while this one runs, would rewrite config.toml and metrics.jsonl under it
-    and delete its half-written checkpoints: refused instead, naming who holds it."""
+    and delete its half-written checkpoints: refused instead, naming who holds it. So is a folder
+    where a link (or someone else's file) waits at the lock's or a log's name: the training's
+    writes would land in whatever it points to."""
     try:
-        fh = open(run_dir / LOCK, "a+")
+        for log in (TRAIN_LOG, METRICS):  # their own opens refuse them too, but in a traceback
+            own_or_absent(run_dir / log)
+        fd = open_own(run_dir / LOCK, os.O_RDWR | os.O_CREAT)
+    except NotOwnFile as e:
+        raise ConfigError(f"{e} (remove it if you did not put it there)") from None
     except OSError as e:
         raise ConfigError(f"{run_dir}: cannot write in the run folder ({e.strerror})") from None
+    fh = os.fdopen(fd, "r+", encoding="utf-8")
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -170,7 +182,7 @@ class MetricsLog:
     first write that fits."""
 
     def __init__(self, path: Path):
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = open_append(path)  # NotOwnFile where a link or someone else's file waits
         self._held: deque[bytes] = deque()
         self._dropped = 0
 
@@ -198,13 +210,14 @@ def _row(kind: str, fields: dict[str, Any]) -> bytes:
 
 
 def read_metrics(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """The well-formed rows of metrics.jsonl (`well_formed`), of `kind` if given."""
     path = Path(run_dir) / METRICS
     if not path.is_file():
         return []
     # Every row ends with a newline: what follows the last one is a row the engine is writing now
     # (a viewer attaching, a comparison of a live run), not yet a row.
     whole = path.read_text(encoding="utf-8", errors="replace").rpartition("\n")[0]
-    return [r for r in _rows(whole.splitlines()) if kind is None or r.get("kind") == kind]
+    return [r for r in _rows(whole.splitlines()) if well_formed(r) and (kind is None or r.get("kind") == kind)]
 
 
 def _rows(lines: list[str]) -> list[dict[str, Any]]:
@@ -214,11 +227,44 @@ def _rows(lines: list[str]) -> list[dict[str, Any]]:
     for line in lines:
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested thousands deep, never ours
             continue
         if isinstance(row, dict):
             rows.append(row)
     return rows
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _step(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# The fields each kind of row holds as the engine writes it, and what each must be: what a reader
+# takes from the row without asking again. A row that lacks one was not written by lmcockpit
+# (a damaged file, or one another account wrote into a folder it can write to).
+ROW_FIELDS = {
+    "step": {"step": _step, "loss": _number, "lr": _number, "grad_norm": _number, "tokens_per_s": _number,
+             "dt": _number, "mfu": lambda v: v is None or _number(v),
+             "mem": lambda v: v is None or isinstance(v, dict) and all(map(_number, v.values()))},
+    "eval": {"step": _step, "val_loss": _number, "val_bpb": _number},
+    "checkpoint": {"step": _step, "path": lambda v: isinstance(v, str)},
+    "failure": {"step": _step, "message": lambda v: isinstance(v, str)},
+}
+OPTIONAL = {"mfu", "mem"}  # read with .get: a row without them still reads
+
+
+def well_formed(row: dict[str, Any]) -> bool:
+    """Whether `row` holds every field its kind has (ROW_FIELDS), each of its type. A row of a
+    kind not listed there needs only a step, if it has one, that is a step."""
+    kind = row.get("kind")
+    if not isinstance(kind, str):
+        return False
+    if kind not in ROW_FIELDS:
+        return "step" not in row or _step(row["step"])
+    return all(fits(row[name]) if name in row else name in OPTIONAL for name, fits in ROW_FIELDS[kind].items())
 
 
 def tail_lines(path: Path, max_bytes: int = 65536) -> list[str]:
@@ -234,23 +280,32 @@ def tail_lines(path: Path, max_bytes: int = 65536) -> list[str]:
 
 
 def tail_rows(path: Path, max_bytes: int = 65536) -> list[dict[str, Any]]:
-    """The last metrics rows."""
-    return _rows(tail_lines(path, max_bytes))
+    """The last well-formed metrics rows."""
+    return [r for r in _rows(tail_lines(path, max_bytes)) if well_formed(r)]
+
+
+UNREADABLE = "unreadable"  # run_summary's status for a run whose metrics.jsonl holds rows lmcockpit never writes
 
 
 def run_summary(run_dir: Path) -> dict[str, Any]:
-    """{name, status, step, loss, max_steps, checkpoint} of a run folder, for the launch screen."""
-    import tomllib
-
+    """{name, status, step, loss, max_steps, checkpoint} of a run folder, for the launch screen.
+    A metrics.jsonl whose last rows are not all well-formed is UNREADABLE, with no step or loss:
+    figures read past the rows that are not would be wrong without a word (a run at step 0, at
+    an older step), and such rows mean a damaged file, or one someone else wrote into."""
     run_dir = Path(run_dir)
     try:
-        max_steps = tomllib.loads((run_dir / CONFIG).read_text())["training"]["max_steps"]
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        max_steps = read_toml(run_dir / CONFIG)["training"]["max_steps"]
+    except (ConfigError, KeyError, TypeError):  # ConfigError: unreadable, not TOML, nested past reading
         max_steps = None
-    rows = tail_rows(run_dir / METRICS)
+    if not _step(max_steps):
+        max_steps = None
+    rows = _rows(tail_lines(run_dir / METRICS))
+    ckpt = latest_checkpoint(run_dir)
+    if not all(well_formed(r) for r in rows):
+        return {"name": run_dir.name, "status": UNREADABLE, "step": 0, "max_steps": max_steps, "loss": None,
+                "checkpoint": ckpt}
     steps = [r for r in rows if r.get("kind") == "step"]
     step = steps[-1]["step"] if steps else 0
-    ckpt = latest_checkpoint(run_dir)
     if rows and rows[-1].get("kind") == "failure":
         status = "failed"
     elif max_steps and step >= max_steps and ckpt is not None:

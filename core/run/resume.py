@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from .checkpoints import check_checkpoint, is_run_dir
 from .extras import require_logger_packages
 from .folder import (CHECKPOINTS, CONFIG, METRICS, check_not_training, create_run_dir, latest_checkpoint,
                         remove_checkpoints, step_dirs)
+from .safe_files import write_whole
 
 SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eval.batches", "checkpoint.every",
                   "checkpoint.keep", "hardware.device", "distributed.nproc", "distributed.nnodes",
@@ -125,17 +125,22 @@ def same_sequences_per_step(saved: Config, cfg: Config, accum_given: bool = Fals
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Drop the lines past `step`, atomically: a crash here leaves the old file whole."""
+    """Drop the lines past `step`, atomically: a crash here leaves the old file whole. The new file
+    goes through a fresh name (safe_files.write_whole), never one another account could have
+    planted a link at."""
     if not path.is_file():
         return
     kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill
-        if row.get("step", 0) <= step:
+        except (json.JSONDecodeError, RecursionError):
+            continue  # a line cut short by a kill, or nested past reading (never one of ours)
+        if isinstance(row, dict) and _at_or_before(row.get("step", 0), step):
             kept.append(line)
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    write_whole(path, "".join(k + "\n" for k in kept))
+
+
+def _at_or_before(row_step: object, step: int) -> bool:
+    """A row's step that is not a number (not a row lmcockpit wrote) cannot be placed: dropped."""
+    return isinstance(row_step, (int, float)) and not isinstance(row_step, bool) and row_step <= step

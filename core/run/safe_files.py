@@ -7,7 +7,8 @@ as lmcockpit's own. So:
 
 * a file written whole goes to a fresh name from `mkstemp` (O_EXCL: never an existing file or
   link) beside its destination, and is renamed over it (a rename replaces a link, never follows it);
-* a log appended to is opened with O_NOFOLLOW and kept only if it is a regular file of the user's;
+* a log appended to, or a lock file, is opened with O_NOFOLLOW and kept only if it is a regular
+  file of the user's;
 * a file lmcockpit trusts (a run's `live.json` and `live.key`) is read only if the user owns it and
   no one else may write it;
 * a private folder (for sockets) is the user's own with mode 0700, checked after `lstat` as tmux
@@ -67,15 +68,36 @@ def _open(path: Path, flags: int, mode: int = 0o644) -> int:
         raise
 
 
-def open_append(path: Path, mode: int = 0o644) -> int:
-    """A descriptor that appends to the log at `path` (made if missing), never through a link,
-    and only to a regular file this user owns."""
-    fd = _open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+def open_own(path: Path, flags: int, mode: int = 0o644) -> int:
+    """os.open of a file of lmcockpit's own at `path`: never through a link, and only a regular
+    file this user owns (a planted FIFO, device or someone else's file is refused unopened or
+    closed at once). The descriptor blocks as any file's does."""
+    fd = _open(path, flags, mode)
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
         os.close(fd)
-        raise NotOwnFile(f"{path}: not a regular file of this user's where a log belongs: refused")
+        raise NotOwnFile(f"{path}: not a regular file of this user's where lmcockpit keeps its own: refused")
+    os.set_blocking(fd, True)  # O_NONBLOCK was only for a planted FIFO's open; children may inherit it
     return fd
+
+
+def open_append(path: Path, mode: int = 0o644) -> int:
+    """A descriptor that appends to the log at `path` (made if missing), never through a link,
+    and only to a regular file this user owns."""
+    return open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+
+
+def own_or_absent(path: Path) -> None:
+    """NotOwnFile unless `path` is missing or a regular file of this user's (not a link): a check
+    made before a process that will open it, so that it says so in words, not a traceback."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise NotOwnFile(f"{path}: a symbolic link where lmcockpit keeps a file of its own: refused")
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        raise NotOwnFile(f"{path}: not a regular file of this user's where lmcockpit keeps its own: refused")
 
 
 def open_log(path: Path, mode: str = "a"):

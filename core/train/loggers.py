@@ -14,6 +14,7 @@ from typing import Any, Callable, Protocol
 
 from ..config import Config
 from ..run.folder import MetricsLog
+from ..run.safe_files import write_whole
 
 TENSORBOARD = "tensorboard"  # the event files' folder in the run folder
 WANDB_ID = "wandb_id"  # the W&B run's id, so that --resume continues the same W&B run
@@ -76,7 +77,7 @@ class WandbLogger:
         self.run = wandb.init(project=project, dir=str(run_dir), config=config, name=run_dir.name, id=saved,
                               resume="allow", settings=wandb.Settings(console="off"))
         if saved is None:
-            id_file.write_text(self.run.id + "\n")
+            write_whole(id_file, self.run.id + "\n")  # a fresh name, never a link planted at a guessable one
         # W&B's own step (log(step=...)) may only go up: the steps a resume from an earlier checkpoint
         # redoes would be dropped. Rows go in at W&B's counter instead, charted against a `step` of ours.
         self.run.define_metric("step")

@@ -7,10 +7,13 @@ sees rank 0's shard of each tensor (no collectives: the other ranks are not taki
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import torch
+
+from ..run.safe_files import write_whole
 
 NAN_DEBUG = "nan_debug"
 MAX_LISTED = 12
@@ -78,8 +81,11 @@ def dump(run_dir: Path, step: int, model: torch.nn.Module, batch: list[tuple[tor
     lines.append("largest |parameter|: " + ", ".join(f"{n} {v:.3g}" for n, v in param_scales(model)))
     lines.append(f"the offending batch is in {folder / 'batch.pt'} (inputs and targets per micro-batch)")
     report = "\n".join(lines)
-    (folder / "report.txt").write_text(report + "\n")
-    (folder / "report.json").write_text(json.dumps({"step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
+    # Each through a fresh name (safe_files): a run folder may be another account's to write in.
+    write_whole(folder / "report.txt", report + "\n")
+    write_whole(folder / "report.json", json.dumps({"step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
                                                     "bad_tensors": bad, "top_grad_norms": top}, indent=1))
-    torch.save([(x.cpu(), y.cpu()) for x, y in batch], folder / "batch.pt")
+    saved = io.BytesIO()  # one batch of token ids: small
+    torch.save([(x.cpu(), y.cpu()) for x, y in batch], saved)
+    write_whole(folder / "batch.pt", saved.getvalue())
     return folder, report

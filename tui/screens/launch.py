@@ -22,7 +22,7 @@ from lmcockpit.core.config import Config, ConfigError, load_config, shipped_pres
 from lmcockpit.core.data import budget as data_budget
 from lmcockpit.core.hardware.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count
 from lmcockpit.core.process import live
-from lmcockpit.core.run.folder import CONFIG, recent_runs, run_summary
+from lmcockpit.core.run.folder import CONFIG, UNREADABLE, recent_runs, run_summary
 from lmcockpit.tui.presets import STYLE as VERDICT_STYLE, preset_rows
 from lmcockpit.tui.runview import DASH, fmt_duration
 
@@ -267,10 +267,8 @@ class LaunchScreen(Screen):
             name, *cells = live_row(run)
             table.add_row(self.marked_name(str(run.run_dir), name), *cells, key=str(run.run_dir))
         for run in others:
-            s = run_summary(run)
-            step = f"{s['step']}/{s['max_steps']}" if s["max_steps"] else str(s["step"])
-            loss = f"{s['loss']:.3f}" if s["loss"] is not None else DASH
-            table.add_row(self.marked_name(str(run), s["name"]), s["status"], step, loss, key=str(run))
+            name, *cells = past_row(run_summary(run))
+            table.add_row(self.marked_name(str(run), name), *cells, key=str(run))
         listed = set(map(str, self.runs))
         self.marked = [m for m in self.marked if m in listed]  # a run folder deleted meanwhile
         self.show_marked()
@@ -489,6 +487,17 @@ class LaunchScreen(Screen):
         from lmcockpit.tui.screens.dialogs import HelpScreen
 
         self.app.push_screen(HelpScreen(self.BINDINGS))
+
+
+def past_row(s: dict) -> tuple[Text | str, ...]:
+    """A run no host serves, as run_summary sees it; one whose metrics.jsonl holds rows that are
+    not lmcockpit's, in red, unreadable, with no figures to mislead."""
+    name = s["name"]
+    if s["status"] == UNREADABLE:
+        return Text(name, style="red"), Text(f"{UNREADABLE} metrics.jsonl", style="red"), DASH, DASH
+    step = f"{s['step']}/{s['max_steps']}" if s["max_steps"] else str(s["step"])
+    loss = f"{s['loss']:.3f}" if s["loss"] is not None else DASH
+    return name, s["status"], step, loss
 
 
 def live_row(run: live.LiveRun) -> tuple[Text | str, ...]:
