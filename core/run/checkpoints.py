@@ -8,12 +8,14 @@ import json
 from pathlib import Path
 
 from ..config import Config, ConfigError, config_from_dict, read_toml
+from .checkpoint_pickle import check_metadata
 from .folder import CONFIG, TOKENIZER, latest_checkpoint
 
 WEIGHTS = "model.safetensors"
 STATE = "state.json"
 TRAIN_STATE = "train_state"  # the torch.distributed.checkpoint folder: weights and optimizer state
-CHECKPOINT_FILES = (WEIGHTS, f"{TRAIN_STATE}/.metadata", STATE, CONFIG)
+METADATA = f"{TRAIN_STATE}/.metadata"  # a pickle: read only through checkpoint_pickle
+CHECKPOINT_FILES = (WEIGHTS, METADATA, STATE, CONFIG)
 FORMAT_VERSION = 2  # train.checkpoint writes it; kept here so the front-end needs no torch
 
 
@@ -24,16 +26,22 @@ def is_run_dir(path: Path) -> bool:
 
 def check_checkpoint(path: Path) -> int:
     """The checkpoint's step, or a ConfigError saying what is wrong with it (resume, chat and
-    export all check a checkpoint here)."""
+    export all check a checkpoint here). Its metadata pickle is checked too, running nothing: one
+    that names anything a checkpoint does not hold is refused here, before any engine starts."""
     missing = [f for f in CHECKPOINT_FILES if not (path / f).is_file()]
     if missing:
         raise ConfigError(f"{path}: not a complete lmcockpit checkpoint (missing {', '.join(missing)})")
     try:
         state = json.loads((path / STATE).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8 at all
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: not JSON, or not UTF-8 at all
         raise ConfigError(f"{path}: {STATE} is unreadable ({e}); the checkpoint is damaged") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION or not isinstance(state.get("step"), int):
         raise ConfigError(f"{path}: {STATE} is not an lmcockpit checkpoint of format {FORMAT_VERSION}")
+    try:
+        with open(path / METADATA, "rb") as fh:
+            check_metadata(fh, f"{path}: {METADATA}")
+    except OSError as e:
+        raise ConfigError(f"{path}: {METADATA} is unreadable ({e.strerror or e})") from None
     return state["step"]
 
 

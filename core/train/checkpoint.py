@@ -19,31 +19,48 @@ calls `save` and `load`; rank 0 alone touches the folders.
 A disk without room for a checkpoint (too little free before it starts, or full while it is
 written) is NoSpace, raised on every rank alike, its partial folder removed: the trainer goes on
 training rather than lose the steps since the last checkpoint.
+
+A checkpoint may come from anyone, and `load` runs nothing in it: DCP's own reader unpickles the
+metadata with a plain unpickle and loads entries that are not tensors as full pickles (torch.load
+with weights_only off), either of which runs what the file names. Here the metadata is unpickled
+through the allow-list of run.checkpoint_pickle (the names DCP writes, as the real classes) and
+every other entry with weights_only=True; anything else is refused in one line (a ConfigError),
+before any of it runs.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import importlib
+import io
 import json
 import os
+import pickle
 import random
 import shutil
 import threading
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 from safetensors.torch import save_file
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
+from ..config import ConfigError
+from ..run.checkpoint_pickle import ALLOWED, AllowListUnpickler, damaged, refusal, shard_problem
 from ..run.checkpoints import FORMAT_VERSION, TRAIN_STATE
 from ..run.folder import CONFIG, DISK_FULL, list_checkpoints, remove_checkpoints
+from ..run.safe_files import write_whole
 from .group import Group
 
 LATEST = "latest"
@@ -250,18 +267,18 @@ def _test_hold(tmp: Path, step: int) -> None:
 
 
 def _write_latest(ckpt_root: Path, name: str) -> None:
-    tmp = ckpt_root / f".{LATEST}.tmp-{os.getpid()}"
-    tmp.write_text(name + "\n")
-    _fsync_file(tmp)
-    os.replace(tmp, ckpt_root / LATEST)
-    _fsync_dir(ckpt_root)
+    # Through a fresh mkstemp name, never a guessable one another account could plant a link at.
+    write_whole(ckpt_root / LATEST, name + "\n", fsync=True)
+    _fsync_dir(ckpt_root)  # the rename itself, durable
 
 
 def _clean_partial(ckpt_root: Path) -> None:
     for p in ckpt_root.glob(".tmp-*"):
         shutil.rmtree(p, ignore_errors=True)
-    for p in ckpt_root.glob(f".{LATEST}.tmp-*"):
-        p.unlink(missing_ok=True)
+    # write_whole's leftovers from a kill, and those of the fixed names written before it.
+    for pattern in (f".{LATEST}.*.tmp", f".{LATEST}.tmp-*"):
+        for p in ckpt_root.glob(pattern):
+            p.unlink(missing_ok=True)
 
 
 def _prune(ckpt_root: Path, keep: int) -> None:
@@ -293,17 +310,101 @@ def _dcp_errors():
         except CheckpointException as e:
             rank, err = sorted(e.failures.items())[0]
             err = err[0] if isinstance(err, tuple) else getattr(err, "exc", err)  # (exception, its stack)
+            if isinstance(err, ConfigError):  # a refusal (the allow-list's, an entry's): its one line says it all
+                raise err from None
             if isinstance(err, OSError) and err.errno in DISK_FULL:
                 raise NoSpace(f"the disk filled while rank {rank} wrote its shards ({err.strerror})") from None
             raise CheckpointError(f"rank {rank}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
 
 
+class _AllowListUnpickler(AllowListUnpickler):
+    """The metadata's allowed names, as the real classes."""
+
+    def resolve(self, module: str, name: str) -> Any:
+        target, attr = ALLOWED[(module, name)].split(":")
+        return getattr(importlib.import_module(target), attr)
+
+
+def unpickle_metadata(file: BinaryIO, where: str) -> Metadata:
+    """A DCP metadata pickle, unpickled through the allow-list (run.checkpoint_pickle): a
+    ConfigError for one that names anything else, is damaged, or points outside its folder."""
+    try:
+        metadata = _AllowListUnpickler(file, where).load()
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a damaged pickle fails in any of a dozen ways
+        raise ConfigError(damaged(where, e)) from None
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
+        raise ConfigError(damaged(where, f"it holds a {type(metadata).__name__}, not a checkpoint's Metadata"))
+    for info in metadata.storage_data.values():
+        if problem := shard_problem(where, getattr(info, "relative_path", None)):
+            raise ConfigError(problem)
+    return metadata
+
+
+class _CheckedReader(FileSystemReader):
+    """DCP's file reader, its metadata read through the allow-list: DCP's own unpickles it with
+    pickle.load, which runs whatever the file names."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = Path(self._get_metadata_path(kwargs.get("rank")))
+        with self.fs.create_stream(path, "rb") as fh:
+            metadata = unpickle_metadata(fh, f"{path.parent.parent}: {path.parent.name}/{path.name}")
+        # As FileSystemReader.read_metadata leaves it.
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _PlainDataPlanner(DefaultLoadPlanner):
+    """DCP's load planner, its entries that are not tensors (optimizer settings: learning rates,
+    betas, flags) loaded with weights_only=True: plain data only. DCP's own loads them with
+    weights_only off, which runs whatever the entry's pickle names."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.where = where
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        fqn = read_item.dest_index.fqn
+        try:
+            loaded = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError:
+            raise ConfigError(self.refused(fqn, value)) from None
+        # Where DefaultLoadPlanner.load_bytes puts it.
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], loaded)
+        else:
+            self.state_dict[fqn] = loaded
+
+    def refused(self, fqn: str, value: io.BytesIO) -> str:
+        """The entry's one line, naming what it holds beyond plain data where torch can tell
+        (its own message is a page that suggests loading it anyway)."""
+        where = f"{self.where} entry {fqn}"
+        value.seek(0)
+        try:
+            names = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(value))
+        except Exception:  # noqa: BLE001 - not torch.save's zip format: nothing more to name
+            names = []
+        if names:
+            module, _, name = names[0].rpartition(".")
+            return refusal(where, module, name)
+        return f"{where} is not plain data: refused (nothing in it was run)"
+
+
 def load(path: Path, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
     """Load weights and optimizer state into `model` and `optimizers` (resharded to however many
-    processes hold them now); return state.json. Every rank calls this."""
+    processes hold them now); return state.json. Every rank calls this. Nothing in the checkpoint
+    is run: its metadata is read through the allow-list, its other entries as plain data."""
     model_sd, optim_sd = get_state_dict(model, optimizers)
     both = {"model": model_sd, "optim": optim_sd}
+    reader = _CheckedReader(path / TRAIN_STATE)
+    # Read once before DCP does, so a refusal is raised here as it is: inside dcp.load it would be
+    # logged with a traceback, then retried on a rank's own metadata file, then wrapped.
+    reader.read_metadata()
     with _dcp_errors():
-        dcp.load(both, checkpoint_id=path / TRAIN_STATE, no_dist=not _distributed())
+        dcp.load(both, storage_reader=reader, planner=_PlainDataPlanner(f"{path}: {TRAIN_STATE}"),
+                 no_dist=not _distributed())
     set_state_dict(model, optimizers, model_state_dict=both["model"], optim_state_dict=both["optim"])
     return json.loads((path / "state.json").read_text())

@@ -278,6 +278,8 @@ class Trainer:
     def load_checkpoint(self, path: Path) -> None:
         try:
             state = checkpoint.load(path, self.model, self.optimizers)
+        except ConfigError:  # refused by checkpoint.load's allow-list: its one line, no hint of another
+            raise
         except Exception as e:  # noqa: BLE001 - safetensors, torch and pickle each raise their own
             raise ConfigError(f"--resume {path}: the checkpoint does not fit this model or is damaged "
                               f"({str(e).splitlines()[0]}){earlier_checkpoint_hint(Path(path))}") from None
