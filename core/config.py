@@ -13,6 +13,7 @@ import math
 import hashlib
 import json
 import re
+import sys
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -27,6 +28,21 @@ from .run.safe_files import write_whole
 
 class ConfigError(ValueError):
     """A mistake in the user's input: shown as one message, exit code 2, no traceback."""
+
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+INT_RANGE = f"a 64-bit integer (from {INT64_MIN:,} to {INT64_MAX:,})"
+SHOWN_CHARS = 60  # of a value in a message: a pasted file or 5,000 digits is abbreviated
+
+
+def shown(value: Any) -> str:
+    """`value` as a message quotes it (repr), abbreviated past SHOWN_CHARS with its length said,
+    so that an error stays one line."""
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    size = f"{len(str(abs(value))):,} digits" if isinstance(value, int) else f"{len(str(value)):,} characters"
+    return f"{text[:SHOWN_CHARS // 2]}…{text[-SHOWN_CHARS // 4:]} ({size})"
 
 
 @dataclass
@@ -250,7 +266,7 @@ def resolve_preset(spec: str) -> Path:
         raise ConfigError(f"{spec}: is a folder, expected a preset TOML file")
     hint = _closest(name, shipped)
     raise ConfigError(
-        f"preset {spec!r} not found: no such file, and no shipped preset of that name"
+        f"preset {shown(spec)} not found: no such file, and no shipped preset of that name"
         f" (shipped: {', '.join(sorted(shipped))}){hint}"
     )
 
@@ -267,6 +283,21 @@ def read_toml(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as e:
         # tomllib's message already carries "(at line L, column C)".
         raise ConfigError(f"{path}: TOML syntax error: {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"{path}: {_beyond_parsing(e, text)}") from None
+
+
+def _beyond_parsing(e: ValueError | RecursionError, text: str = "") -> str:
+    """What valid TOML held that Python cannot read, and what was expected (in a file's `text`, on
+    which line). tomllib recurses once per level of nesting with no limit of its own (a
+    RecursionError), and int() refuses more than sys.get_int_max_str_digits() digits (a ValueError
+    that is no TOMLDecodeError, the only other error tomllib lets out)."""
+    if isinstance(e, RecursionError):
+        return "arrays or tables nested hundreds of levels deep, more than can be read; expected a few levels"
+    limit = sys.get_int_max_str_digits()
+    long = re.search(rf"[0-9_]{{{limit + 1},}}", text) if text else None
+    line = f"line {text.count(chr(10), 0, long.start()) + 1}: " if long else ""
+    return f"{line}an integer of more than {limit:,} digits; expected {INT_RANGE}"
 
 
 def parse_override(item: str) -> tuple[str, str, Any]:
@@ -275,7 +306,7 @@ def parse_override(item: str) -> tuple[str, str, Any]:
     key = key.strip()
     parts = key.split(".")
     if not sep or len(parts) != 2 or not all(parts):
-        raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. --set training.max_steps=200")
+        raise ConfigError(f"--set {shown(item)}: expected SECTION.KEY=VALUE, e.g. --set training.max_steps=200")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
@@ -284,9 +315,11 @@ def parse_override(item: str) -> tuple[str, str, Any]:
             value = raw.strip()
         else:
             raise ConfigError(
-                f"--set {item!r}: {raw.strip()!r} is not a TOML value"
+                f"--set {shown(item)}: {shown(raw.strip())} is not a TOML value"
                 " (strings in quotes, numbers, true/false, [lists])"
             ) from None
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"--set {key} = {shown(raw.strip())}: {_beyond_parsing(e)}") from None
     return parts[0], parts[1], value
 
 
@@ -296,7 +329,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         section, key, value = parse_override(item)
         target = out.setdefault(section, {})
         if not isinstance(target, dict):
-            raise ConfigError(f"--set {item!r}: {section!r} is not a section")
+            raise ConfigError(f"--set {shown(item)}: {section!r} is not a section")
         target[key] = value
     return out
 
@@ -349,17 +382,17 @@ def _check_type(key: str, value: Any, hint: Any, source: str) -> Any:
         choices = typing.get_args(hint)
         if value not in choices:
             allowed = " | ".join(repr(c) for c in choices)
-            raise ConfigError(f"{source}: {key} = {value!r} is not one of {allowed}")
+            raise ConfigError(f"{source}: {key} = {shown(value)} is not one of {allowed}")
         return value
     if origin is list and dataclasses.is_dataclass(typing.get_args(hint)[0]):
         (item,) = typing.get_args(hint)
         if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-            raise ConfigError(f"{source}: {key} must be a list of tables ([[{key}]] entries), got {value!r}")
+            raise ConfigError(f"{source}: {key} must be a list of tables ([[{key}]] entries), got {shown(value)}")
         return [_build_table(f"{key}[{i}]", item, v, source) for i, v in enumerate(value)]
     if origin is list:
         (item,) = typing.get_args(hint)
         if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
-            raise ConfigError(f"{source}: {key} must be a list of {item.__name__}, got {value!r}")
+            raise ConfigError(f"{source}: {key} must be a list of {item.__name__}, got {shown(value)}")
         return list(value)
     ok = {
         bool: lambda v: isinstance(v, bool),
@@ -368,7 +401,13 @@ def _check_type(key: str, value: Any, hint: Any, source: str) -> Any:
         str: lambda v: isinstance(v, str),
     }[hint](value)
     if not ok:
-        raise ConfigError(f"{source}: {key} must be {_article(hint)}, got {_toml_type(value)} {value!r}")
+        raise ConfigError(f"{source}: {key} must be {_article(hint)}, got {_toml_type(value)} {shown(value)}")
+    # Counts, sizes and seeds end up in int64 tensors and float arithmetic (the token budget), where
+    # a larger integer overflows far from the key that held it.
+    if hint is int and not INT64_MIN <= value <= INT64_MAX:
+        raise ConfigError(f"{source}: {key} = {shown(value)} is out of range, expected {INT_RANGE}")
+    if hint is float and isinstance(value, int) and not abs(value) <= sys.float_info.max:
+        raise ConfigError(f"{source}: {key} = {shown(value)} is beyond any float, expected a finite number")
     return float(value) if hint is float else value
 
 
@@ -428,7 +467,8 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
          f"training.seq_len = {t.seq_len} is above the model's context, model.max_seq_len = {m.max_seq_len}")
     kind = cfg.tokenizer.kind
     need(not kind.startswith("hf:") or HUB_TOKENIZER.fullmatch(kind) is not None,
-         f"tokenizer.kind = {kind!r}: expected hf:OWNER/NAME, a model repo on the Hub (e.g. hf:openai-community/gpt2)")
+         f"tokenizer.kind = {shown(kind)}: expected hf:OWNER/NAME, a model repo on the Hub "
+         "(e.g. hf:openai-community/gpt2)")
     need(cfg.tokenizer.vocab_size >= 260 or cfg.tokenizer.kind != "bpe",
          f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} must be at least 260 (256 bytes + specials)")
     need(0 < cfg.data.val_fraction < 1, f"data.val_fraction = {cfg.data.val_fraction} must be between 0 and 1")
@@ -467,15 +507,16 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
          "training.micro_batch_size (lmcockpit presets shows what fits)")
     project = cfg.logging.wandb
     need(len(project) <= 128 and not any(c in project for c in WANDB_FORBIDDEN),
-         f"logging.wandb = {project!r} must be a W&B project name: at most 128 characters, none of "
+         f"logging.wandb = {shown(project)} must be a W&B project name: at most 128 characters, none of "
          f"{' '.join(WANDB_FORBIDDEN)}")
     dev = cfg.hardware.device
     need(dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()),
-         f"hardware.device = {dev!r} must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")
+         f"hardware.device = {shown(dev)} must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")
     # Each process takes the GPU of its local rank: one named GPU cannot serve several.
     need(cfg.distributed.nproc == 1 or not dev.startswith("cuda:"),
-         f"hardware.device = {dev!r} names one GPU, but distributed.nproc = {cfg.distributed.nproc} processes "
-         "each take their own (process i uses GPU i); use \"auto\" or \"cuda\", and CUDA_VISIBLE_DEVICES to choose GPUs")
+         f"hardware.device = {shown(dev)} names one GPU, but distributed.nproc = {cfg.distributed.nproc} "
+         "processes each take their own (process i uses GPU i); use \"auto\" or \"cuda\", and "
+         "CUDA_VISIBLE_DEVICES to choose GPUs")
 
 
 def _float_values(cfg: Config):

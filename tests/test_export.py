@@ -199,3 +199,61 @@ def test_a_destination_that_cannot_be_written_is_a_user_error(trained_run, where
     last = r.stderr.splitlines()[-1]  # after the export's own progress line
     assert last.startswith(f"error: {where}: cannot write the export there: "), last
     assert any(reason in last for reason in ("No such file or directory", "Permission denied", "not permitted"))
+
+
+# ----------------------------------------------------------------------- links in the run folder
+SECRET = "hf_s3cr3t-token-that-must-never-leave-this-machine"
+
+
+def export_leaking_nothing(run: Path, out: Path) -> str:
+    """`lmcockpit export RUN OUT`, checked to have put no link and no byte of SECRET into OUT, and
+    a tokenizer transformers loads; what it said on stderr."""
+    r = cli("export", str(run), str(out))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert not [p for p in out.rglob("*") if p.is_symlink() or SECRET.encode() in p.read_bytes()]
+    assert transformers.AutoTokenizer.from_pretrained(out)("def f():").input_ids
+    return r.stderr
+
+
+@pytest.mark.parametrize("name", ["hf_token", "special_tokens_map.json", "tokenizer_config.json"])
+def test_a_link_in_the_run_s_tokenizer_folder_is_not_followed_into_the_export(run_copy, tmp_path, name):
+    """A run folder handed over may hold a link, under any name, to a file of whoever exports it:
+    the export is meant to be shared, and carries only the tokenizer's own regular files. A
+    tokenizer_config.json that is a link is written from the tokenizer loaded instead."""
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    link = run_copy / "tokenizer" / name
+    link.unlink(missing_ok=True)
+    link.symlink_to(secret)
+    said = export_leaking_nothing(run_copy, tmp_path / "out")
+    assert f"export: skipped {link}: " in said, said
+
+
+def test_a_tokenizer_json_that_is_a_link_is_written_from_the_tokenizer_loaded(run_copy, tmp_path):
+    """What the link names is read only as a tokenizer (one that is none is refused as unreadable),
+    and the export's tokenizer.json is that tokenizer, written again, never the linked file copied:
+    the same tokenizer either way, but the rule is one for every file, and the log says so."""
+    from tokenizers import Tokenizer
+
+    real = tmp_path / "kept-elsewhere.json"
+    tokenizer_json = run_copy / "tokenizer" / "tokenizer.json"
+    tokenizer_json.rename(real)
+    tokenizer_json.symlink_to(real)
+    out = tmp_path / "out"
+    r = cli("export", str(run_copy), str(out))
+    assert r.returncode == 0, r.stderr
+    assert f"export: skipped {tokenizer_json}: a symbolic link" in r.stderr and "written from the tokenizer" in r.stderr
+    exported = out / "tokenizer.json"
+    assert not exported.is_symlink()
+    assert Tokenizer.from_file(str(exported)).get_vocab() == Tokenizer.from_file(str(real)).get_vocab()
+
+
+def test_a_tokenizer_folder_that_is_a_link_is_not_followed_into_the_export(run_copy, tmp_path):
+    """The run's tokenizer/ itself a link, to a folder holding a tokenizer and a token beside it:
+    nothing is copied through it; the tokenizer is written from the one loaded."""
+    elsewhere = tmp_path / "elsewhere"
+    (run_copy / "tokenizer").rename(elsewhere)
+    (elsewhere / "tokenizer_config.json").write_text(SECRET)  # any file a copy would take by its name
+    (run_copy / "tokenizer").symlink_to(elsewhere)
+    said = export_leaking_nothing(run_copy, tmp_path / "out")
+    assert f"export: skipped the files of {run_copy / 'tokenizer'}: a symbolic link" in said, said

@@ -77,6 +77,13 @@ def main(argv: list[str]) -> int:
         return error(str(e))
 
 
+def plain_console() -> Console:
+    """Where this command prints: what it says names the user's files, folders, sources and
+    settings, and a cache's source is whatever its meta.json holds, so none of it is read as Rich
+    markup (a folder `corpus[/x]` is no closing tag) or emoji codes (`:fire:`)."""
+    return Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
+
+
 class Progress:
     """The build's progress: a bar on a terminal, a line per stage and every tenth when piped."""
 
@@ -99,7 +106,7 @@ class Progress:
                     return self.column.render(task) if task.fields["unit"] == "bytes" else Text(self.other(task))
 
             counted = InBytes(DownloadColumn(), lambda t: f"{t.completed:,.0f}/{t.total:,.0f} {t.fields['unit']}")
-            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), counted,
+            self.bar = Bar(TextColumn("{task.description}", markup=False), BarColumn(), TaskProgressColumn(), counted,
                            InBytes(TransferSpeedColumn()), TimeRemainingColumn(), console=console, transient=True)
             self.bar.start()
             self.task = None
@@ -131,7 +138,7 @@ def prepare(cfg: Config, again: str) -> int:
     """`again`: the arguments that run it once more, said when it is interrupted."""
     from lmcockpit.core.data.prepare import prepare as build
 
-    console = Console(highlight=False, soft_wrap=True)
+    console = plain_console()
     progress = Progress(console)
     t0 = time.monotonic()
     data = None
@@ -161,7 +168,7 @@ def run_info(preset: str, overrides: list[str], cache_dir: str | None) -> int:
     if cache_dir is not None:  # as --set data.cache_dir would: the run's caches and the listing agree
         overrides = [*overrides, "data.cache_dir=" + json.dumps(str(Path(cache_dir).expanduser()))]
     cfg = load_config(preset, overrides)[0]
-    console = Console(highlight=False, soft_wrap=True, markup=False)
+    console = plain_console()
     parts = budget.parts(cfg)
     console.print(f"the data a run of {again(preset, overrides)} trains on:")
     console.print(budget.whole(cfg, parts).head())
@@ -191,7 +198,7 @@ def part_lines(cfg: Config, i: int, part) -> list[str]:
 
 def info(root) -> int:
     """A line per cache and its source on the next, indented: readable at 80 columns, greppable."""
-    console = Console(highlight=False, soft_wrap=True)
+    console = plain_console()
     caches = store.list_caches(root)
     if not caches:
         console.print(f"no token caches under {root}")
@@ -201,14 +208,20 @@ def info(root) -> int:
         tokens = ("" if c.train_tokens is None else
                   f"  {fmt_count(c.train_tokens)} train / {fmt_count(c.val_tokens or 0)} val tokens")
         vocab = f"  vocab {c.vocab_size}" if c.vocab_size else ""
-        console.print(f"{c.key}  {c.state}{tokens}{vocab}")
+        link = f"  (a link to {c.link})" if c.link else ""
+        console.print(f"{c.key}  {c.state}{tokens}{vocab}{link}")
         console.print(f"    {c.size / 1e6:.1f} MB, {store.age(c.modified)} old: {c.source}")
     return 0
 
 
 def rm(root, key: str) -> int:
     removed = store.remove(root, key)
-    Console(highlight=False).print(f"removed token cache {removed.key} ({removed.size / 1e6:.1f} MB, {removed.source})")
+    console = plain_console()
+    if removed.link:
+        console.print(f"removed the link {removed.folder} to {removed.link}; the token cache there "
+                      f"({removed.size / 1e6:.1f} MB, {removed.source}) was left as it is")
+    else:
+        console.print(f"removed token cache {removed.key} ({removed.size / 1e6:.1f} MB, {removed.source})")
     return 0
 
 

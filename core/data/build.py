@@ -17,10 +17,12 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import multiprocessing as mp
 import os
 import shutil
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..config import Config, ConfigError
+from ..run.safe_files import write_whole
 from . import children, encoder, pretrained, readers, sources, split, spool, tokenizer
 from .cache import token_dtype
 
@@ -37,13 +40,16 @@ ProgressFn = Callable[[str, int, int, str], None]
 BATCH_BYTES = 1 << 20  # text encoded at once: what a worker holds
 
 
+# What a killed build leaves in its folder, removed when the next one starts: a shard's temporary
+# file (named by its writer's process, see _encode_piece), a tokenizer folder being saved
+# (tokenizer.tmp-RANDOM) and a file of write_whole's (.NAME.RANDOM.tmp).
+KILLED_WRITERS = ("*.tmp-*", ".*.tmp")
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.rename(tmp, path)
+    """Under a fresh name (mkstemp: never a file or link already there), then renamed: a cache
+    folder may be one others can write to, and a guessable name is one they could plant a link at."""
+    write_whole(path, data, fsync=True)
 
 
 # ---------------------------------------------------------------------------------- one piece
@@ -98,7 +104,7 @@ def _encode_piece(job: PieceJob, enc: encoder.Encoder, on_bytes: Callable[[int],
     # Named by process: a worker orphaned by a killed build may still finish this piece while the
     # next build does it again; each writes its own file and renames the same bytes into place.
     tmp = {side: shards / f"{name}.{side}.bin.tmp-{os.getpid()}" for side in ("train", "val")}
-    files = {side: open(tmp[side], "wb") for side in ("train", "val")}
+    files = {side: spool.new_file(tmp[side]) for side in ("train", "val")}
     batches: dict[str, list[str]] = {"train": [], "val": []}
     checked: dict[str, dict[int, str]] = {"train": {}, "val": {}}
     held = {"train": 0, "val": 0}
@@ -260,9 +266,10 @@ def tokenizer_sample(d, planned: Plan, budget: int, spools: Path) -> Iterator[st
 
 
 def train_bpe_folder(cfg: Config, samples: list[tuple[object, Plan, int]], folder: Path) -> None:
-    """A BPE trained on the samples (data config, plan, bytes) one after another, saved as `folder`."""
-    spools = folder.with_name(folder.name + ".spool")
-    shutil.rmtree(spools, ignore_errors=True)  # a killed trainer's
+    """A BPE trained on the samples (data config, plan, bytes) one after another, saved as `folder`.
+    Its spools go to a fresh folder beside it: a mixture's is in the cache folder itself."""
+    _remove_siblings(folder, ".spool")  # a killed trainer's
+    spools = Path(tempfile.mkdtemp(prefix=f"{folder.name}.spool-", dir=folder.parent))
     try:
         texts = (text for d, planned, budget in samples for text in tokenizer_sample(d, planned, budget, spools))
         save_tokenizer(tokenizer.train_bpe(texts, cfg.tokenizer), None, folder, cfg, print)
@@ -282,10 +289,36 @@ def save_tokenizer(tok, origin: Path | None, folder: Path, cfg: Config, log) -> 
         log(f"data: warning: tokenizer {cfg.tokenizer.kind} has no end-of-text token (its tokenizer_config.json "
             f"names none, nor has it any of {', '.join(tokenizer.EOS_NAMES)}): documents are joined without "
             "one, and sampling stops only at its length")
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tokenizer.save_hf_tokenizer(tok, tmp, eos_name)
-    os.rename(tmp, folder)
+    _remove_siblings(folder, ".tmp")  # a killed save's
+    # A fresh folder (mkdtemp), not a guessable name: a link planted at one would have the files
+    # written wherever it points. Readable as the caches beside it are, not mkdtemp's 0700.
+    tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.tmp-", dir=folder.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    try:
+        tokenizer.save_hf_tokenizer(tok, tmp, eos_name)
+        os.rename(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _remove_siblings(folder: Path, suffix: str) -> None:
+    """What killed processes left beside `folder`, named `folder` + `suffix` (an older lmcockpit's)
+    or + `suffix` + "-RANDOM". Called under the build's lock, so no live writer's."""
+    name = folder.name + suffix
+    _remove_left([p for p in folder.parent.glob(glob.escape(name) + "*")
+                  if p.name == name or p.name.startswith(name + "-")])
+
+
+def _remove_left(paths: list[Path]) -> None:
+    """Files and folders a killed process left; a link among them is removed itself, never followed."""
+    for p in paths:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------- the build
@@ -331,25 +364,27 @@ class Build:
     def _start(self, plan: dict) -> None:
         """A fresh build folder, or the one a killed build left, if it was planned the same way."""
         plan_file = self.work / "plan.json"
+        if self.work.is_symlink():  # what is built there would land wherever it points
+            raise ConfigError(f"{self.work}: a symbolic link where lmcockpit builds a token cache: refused; "
+                              "remove it")
         if self.work.is_dir():
             try:
                 same = json.loads(plan_file.read_text()) == plan
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):
                 same = False
             if not same:
                 shutil.rmtree(self.work)
         shutil.rmtree(self.work / "spool", ignore_errors=True)  # a killed build's: written again as asked for
         for sub in ("shards", "pieces"):
             (self.work / sub).mkdir(parents=True, exist_ok=True)
-        for tmp in self.work.rglob("*.tmp-*"):  # a killed writer's
-            tmp.unlink(missing_ok=True)
+        _remove_left([tmp for pattern in KILLED_WRITERS for tmp in self.work.rglob(pattern)])
         if not plan_file.is_file():
             _write_atomic(plan_file, json.dumps(plan, sort_keys=True).encode())
 
     def _summary(self, index: int) -> dict | None:
         try:
             return json.loads((self.work / "pieces" / f"{index:05d}.json").read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # unreadable: the piece is done again
             return None
 
     def _tokenizer(self, planned: Plan) -> tuple[Path, int | None]:

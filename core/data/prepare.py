@@ -25,7 +25,7 @@ from .batches import Mixture
 from .build import Build, ProgressFn, plan, train_bpe_folder
 from .children import in_child
 from .cache import TokenData, TokenStream, open_cache
-from .store import BUILD_PREFIX, cache_key, cache_root, find_cache, lock_path, mixture_tokenizer_key, read_meta
+from .store import BUILD_PREFIX, cache_key, cache_root, find_cache, mixture_tokenizer_key, open_lock, read_meta
 from .tokenizer import load_tokenizer
 
 # What a given tokenizer is, said when a cache is tokenised with it ({file}: its tokenizer.json).
@@ -52,6 +52,8 @@ def prepare(cfg: Config, log: Callable[[str], None], progress: ProgressFn,
 def prepare_source(cfg: Config, log, progress: ProgressFn, tokenizer_file: Path | None, tokenizer_label: str,
                    source: sources.Source | None = None) -> TokenData:
     source = source or sources.list_source(cfg.data, cfg.training.max_steps * cfg.tokens_per_step)
+    for why in source.skipped:
+        log(f"data: {why}")
     root = cache_root(cfg)
     if (found := find_cache(cfg, source, tokenizer_file)) is not None:
         log(f"data: reusing token cache {found}")
@@ -135,7 +137,7 @@ def _make_root(root: Path) -> None:
 @contextmanager
 def _building(root: Path, key: str, log):
     """Held while this process builds `key`: a second process waits here, then reuses."""
-    with open(lock_path(root, key), "w") as fh:
+    with open_lock(root, key) as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -339,6 +339,10 @@ def _jsonl(f: SourceFile, start: int, end: int, field: str, wanted: Wanted,
             raise ConfigError(f"{f.path}:{_line_number(f, offset)}: not valid JSON ({e.msg}){cut}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{f.path}:{_line_number(f, offset)}: not UTF-8 text") from None
+        except RecursionError:  # json recurses once per level, as far as the interpreter's stack allows
+            raise ConfigError(f"{f.path}:{_line_number(f, offset)}: a JSON record nested too deeply to read "
+                              f"(arrays or objects hundreds of levels deep); expected an object with a string "
+                              f"field {field!r} (data.text_field)") from None
         text = record.get(field) if isinstance(record, dict) else None
         if not isinstance(text, str):
             raise ConfigError(f"{f.path}:{_line_number(f, offset)}: expected an object with a string field "

@@ -71,6 +71,7 @@ class Source:
     desc: str  # canonical: the cache key holds it
     files: list[SourceFile]
     single_text_file: bool  # a lone text file is always cut into documents
+    skipped: tuple[str, ...] = ()  # what in a folder was no document (a link that loops), each with why
 
 
 def stdlib_root() -> Path:
@@ -130,7 +131,7 @@ def _train_split(folder: Path) -> Path:
     (the build holds out its own validation documents)."""
     try:
         splits = json.loads((folder / DATASET_DICT).read_text()).get("splits")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # unreadable: the folders say
         splits = None
     if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
         splits = sorted(p.name for p in folder.iterdir() if p.is_dir())
@@ -141,13 +142,23 @@ def _train_split(folder: Path) -> Path:
                       + (f", e.g. {folder / splits[0]}" if splits else ""))
 
 
-def _walk(root: Path) -> list[Path]:
+def _walk(root: Path, skipped: list[str], above: dict[tuple[int, int], Path] | None = None) -> list[Path]:
     """Data files under `root`, recursively; a save_to_disk folder contributes its Arrow files, a
-    DatasetDict's those of its train split; their metadata is not data."""
+    DatasetDict's those of its train split; their metadata is not data. Links to files and folders
+    are followed, as rglob took them (a corpus gathered from several disks), but a link that loops
+    or leads nowhere is no document, and a link to a folder `above` it (to itself, or to one it is
+    in) would list the same files again under ever longer names until the kernel says ELOOP: each
+    is skipped, with why in `skipped`, and the listing goes on."""
+    st = root.stat()
+    above = {} if above is None else above
+    if (st.st_dev, st.st_ino) in above:
+        skipped.append(f"{root}: a link to the folder {above[st.st_dev, st.st_ino]}, which holds it: skipped")
+        return []
+    above = {**above, (st.st_dev, st.st_ino): root}
     if _is_save_to_disk(root):
         return sorted(root.glob("*.arrow"))
     if (root / DATASET_DICT).is_file():
-        return _walk(_train_split(root))
+        return _walk(_train_split(root), skipped, above)
     out = []
     # scandir's entries know their type without a stat each (with list_source's cheaper sort and
     # names, 100k files listed and estimated in 1.2 s, not 1.8). Sorted by name, as Paths of one
@@ -157,11 +168,25 @@ def _walk(root: Path) -> list[Path]:
     for e in entries:
         if e.name.startswith(".") or e.name == "__pycache__":
             continue
-        if e.is_dir():
-            out += _walk(Path(e.path))
-        elif e.is_file() and e.name not in SAVE_TO_DISK_FILES:
+        try:
+            is_dir, is_file = e.is_dir(), e.is_file()
+        except OSError as err:  # ELOOP: a link to itself, or through a chain of links that loops
+            skipped.append(f"{e.path}: a symbolic link that loops ({err.strerror}), not a document: skipped")
+            continue
+        if is_dir:
+            out += _walk(Path(e.path), skipped, above)
+        elif is_file and e.name not in SAVE_TO_DISK_FILES:
             out.append(Path(e.path))
+        elif not is_file and e.is_symlink():
+            skipped.append(f"{e.path}: a symbolic link to nothing ({os.readlink(e.path)}), not a document: skipped")
     return out
+
+
+def _resolved(spec: str) -> Path:
+    try:
+        return Path(spec).expanduser().resolve()
+    except RuntimeError:  # pathlib's word for a link that loops
+        raise ConfigError(f"data.source = {spec!r}: a symbolic link that loops, not a file or folder") from None
 
 
 def list_source(cfg: DataConfig, budget_tokens: int = 0, fetch: bool = True) -> Source:
@@ -169,6 +194,7 @@ def list_source(cfg: DataConfig, budget_tokens: int = 0, fetch: bool = True) -> 
     source fetches the files a run of `budget_tokens` needs (0: all of them); with `fetch` False,
     what was fetched before, or a ConfigError saying it is NOT_FETCHED, without the network."""
     single = False
+    skipped: list[str] = []
     if cfg.source == STDLIB:
         root = stdlib_root()
         paths = stdlib_files(root)
@@ -181,12 +207,12 @@ def list_source(cfg: DataConfig, budget_tokens: int = 0, fetch: bool = True) -> 
             if root is None:
                 raise ConfigError(f"data.source = {cfg.source!r}: {NOT_FETCHED}")
         else:
-            root = Path(cfg.source).expanduser().resolve()
+            root = _resolved(cfg.source)
         if not root.exists():
             raise ConfigError(f"data.source = {cfg.source!r}: no such file or folder")
+        desc = cfg.source if cfg.source.startswith("hf:") else str(root)
         single = not root.is_dir()
-        paths, root = ([root], root.parent) if single else (_walk(root), root)
-        desc = cfg.source if cfg.source.startswith("hf:") else str(Path(cfg.source).expanduser().resolve())
+        paths, root = ([root], root.parent) if single else (_walk(root, skipped), root)
     files = []
     under = str(root).rstrip("/") + "/"
     for p in sorted(paths, key=lambda p: p.parts):  # as Paths sort, without their slower comparison
@@ -202,7 +228,7 @@ def list_source(cfg: DataConfig, budget_tokens: int = 0, fetch: bool = True) -> 
         files.append(SourceFile(p, rel, st.st_size, st.st_mtime_ns, *kind))
     if not files or sum(f.size for f in files) == 0:
         raise ConfigError(f"data.source = {cfg.source!r}: no text found there (empty)")
-    return Source(desc, files, single_text_file=len(files) == 1 and files[0].kind == "text")
+    return Source(desc, files, single_text_file=len(files) == 1 and files[0].kind == "text", skipped=tuple(skipped))
 
 
 # ---------------------------------------------------------------------------------- estimates

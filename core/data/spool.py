@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import BinaryIO, Callable, Iterator, Sequence, TypeVar
 
 from .readers import CUT_WINDOW, LINE_BYTES, Spool, damaged_as_config_error, is_spooled, open_binary
 from .sources import Piece
@@ -62,7 +62,7 @@ def _spool_file(items: Sequence[Item], pieces: list[Piece], folder: Path,
     def open_before(x: int) -> None:
         nonlocal opened
         while opened < len(pieces) and lo[opened] < x:
-            writing[opened] = open(paths[opened], "wb")
+            writing[opened] = new_file(paths[opened])
             opened += 1
 
     try:
@@ -99,13 +99,26 @@ def _spool_file(items: Sequence[Item], pieces: list[Piece], folder: Path,
             if given in writing:
                 writing.pop(given).close()
             else:  # past the stream's end (its size was estimated): an empty piece
-                paths[given].write_bytes(b"")
+                new_file(paths[given]).close()
             yield items[given], Spool(str(paths[given]), min(lo[given], pos), pos)
             given += 1
     finally:
         for k, out in writing.items():  # not given out: this generator's own
             out.close()
             paths[k].unlink(missing_ok=True)
+
+
+def new_file(path: Path) -> BinaryIO:
+    """`path` made afresh and open for writing. What a killed process left at the name is removed
+    first (a link itself, not what it points to); O_EXCL and O_NOFOLLOW then make sure the file
+    written is the one just made, never a link or a file that appeared there since: the name is
+    one anyone can guess, in a cache folder others may be able to write to."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    return os.fdopen(fd, "wb")
 
 
 def remove(spool: Spool | None) -> None:

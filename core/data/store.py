@@ -10,16 +10,18 @@ rank of a multi-GPU run) reuses it."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, shown
 from . import pretrained
 from .sources import Source
 
@@ -122,6 +124,22 @@ def lock_path(root: Path, key: str) -> Path:
     return root / f"{BUILD_PREFIX}{key}.lock"
 
 
+def open_lock(root: Path, key: str):
+    """The lock file of `key`'s cache, open for flock (made if missing, never truncated). Never
+    through a link: in a cache folder others can write, a link planted at this guessable name would
+    have lmcockpit create the file it points to; nor a FIFO, whose open would block."""
+    path = lock_path(root, key)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        why = "a symbolic link where the lock belongs: refused, remove it" if e.errno == errno.ELOOP else e.strerror
+        raise ConfigError(f"{path}: cannot take the lock of token cache {key} ({why})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"{path}: cannot take the lock of token cache {key} (not a regular file: refused, remove it)")
+    return os.fdopen(fd, "wb")
+
+
 @dataclass(frozen=True)
 class CacheInfo:
     key: str
@@ -135,6 +153,7 @@ class CacheInfo:
     modified: float  # seconds since the epoch
     pieces_done: int = 0
     pieces: int = 0
+    link: str = ""  # where the folder's name points, if it is a symbolic link (a cache kept on another disk)
 
     @property
     def state(self) -> str:
@@ -148,7 +167,7 @@ def _size(folder: Path) -> int:
 def _json(path: Path) -> dict:
     try:
         value = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: arrays nested hundreds deep
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -159,15 +178,16 @@ def list_caches(root: Path) -> list[CacheInfo]:
     for folder in root.iterdir() if root.is_dir() else ():
         if not folder.is_dir():
             continue
+        link = os.readlink(folder) if folder.is_symlink() else ""
         if folder.name.startswith(BUILD_PREFIX):
             plan = _json(folder / "plan.json")
-            out.append(CacheInfo(folder.name[len(BUILD_PREFIX):], folder, False, plan.get("source", "?"),
+            out.append(CacheInfo(folder.name[len(BUILD_PREFIX):], folder, False, str(plan.get("source", "?")),
                                  plan.get("vocab_size"), None, None, _size(folder), folder.stat().st_mtime,
-                                 len(list((folder / "pieces").glob("*.json"))), plan.get("pieces", 0)))
+                                 len(list((folder / "pieces").glob("*.json"))), plan.get("pieces", 0), link))
         elif (meta := read_meta(folder)):
             out.append(CacheInfo(folder.name, folder, True, str(meta.get("source", "?")), meta.get("vocab_size"),
                                  meta.get("train_tokens"), meta.get("val_tokens"), _size(folder),
-                                 (folder / "meta.json").stat().st_mtime))
+                                 (folder / "meta.json").stat().st_mtime, link=link))
     return sorted(out, key=lambda c: -c.modified)
 
 
@@ -178,17 +198,31 @@ def remove(root: Path, key: str) -> CacheInfo:
     if len(found) != 1:
         known = ", ".join(c.key for c in list_caches(root)) or "none"
         what = "no token cache" if not found else f"{len(found)} token caches"
-        raise ConfigError(f"{key!r}: {what} under {root} has that key (there: {known})")
+        raise ConfigError(f"{shown(key)}: {what} under {root} has that key (there: {known})")
     cache = found[0]
-    lock = lock_path(root, cache.key)
-    with open(lock, "a") as fh:
+    with open_lock(root, cache.key) as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(f"{cache.key}: a process is preparing this token cache right now; stop it first") from None
-        shutil.rmtree(cache.folder)
-        lock.unlink(missing_ok=True)
+        except BlockingIOError:  # the builder's lock: left to it
+            raise ConfigError(f"{cache.key}: a process is preparing this token cache right now; "
+                              "stop it first") from None
+        try:
+            _remove_folder(cache)
+        finally:  # held by this process alone: no lock is left behind, whether the folder went or not
+            lock_path(root, cache.key).unlink(missing_ok=True)
     return cache
+
+
+def _remove_folder(cache: CacheInfo) -> None:
+    """The cache's folder; of a link, the link alone: what it points to may be anything at all (a
+    cache on another disk, or a folder someone else's link names), and is not lmcockpit's to delete."""
+    try:
+        if cache.folder.is_symlink():
+            cache.folder.unlink()
+        else:
+            shutil.rmtree(cache.folder)  # never follows a link inside, nor removes the folder if it became one
+    except OSError as e:
+        raise ConfigError(f"{cache.folder}: cannot remove this token cache ({e.strerror or e})") from None
 
 
 def age(seconds_since: float) -> str:

@@ -94,7 +94,7 @@ def _configured_eos(folder: Path | None) -> str | None:
             continue
         try:
             value = json.loads(path.read_text()).get("eos_token")
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError):
             continue  # an unreadable file names nothing; the known names still apply
         if isinstance(value, dict):  # transformers writes AddedToken as {"content": ..., ...}
             value = value.get("content")

@@ -27,9 +27,11 @@ interrupted export never leaves a half folder that `from_pretrained` would half 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -202,7 +204,7 @@ def export(spec: str, out_dir: str, log: Callable[[str], None] = lambda s: None)
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         save_file({PREFIX + k: t.contiguous() for k, t in tensors.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt", "lmcockpit_checkpoint": str(ckpt), "lmcockpit_step": str(step)})
-        _write_tokenizer(tok_path, tok, tmp)
+        _write_tokenizer(tok_path, tok, tmp, log)
         umask = os.umask(0)
         os.umask(umask)
         for f in tmp.iterdir():
@@ -231,15 +233,64 @@ def _validate_with_transformers(config: dict, where: str) -> None:
                           f"{str(e).splitlines()[0]}") from None
 
 
-def _write_tokenizer(tok_path: Path, tok, dest: Path) -> None:
-    """The run's transformers tokenizer folder as it is; a pretrained tokenizer.json alone gets the
-    files AutoTokenizer needs written beside it."""
-    folder = tok_path.parent
-    files = [f for f in folder.iterdir() if f.is_file() and f.name != "config.json"]
-    if (folder / "tokenizer_config.json").is_file():
-        for f in files:
-            shutil.copy2(f, dest / f.name)
-        return
-    from ..data.tokenizer import eos_token, save_hf_tokenizer
+# What a transformers tokenizer folder holds, as save_hf_tokenizer writes it (transformers 4 adds
+# special_tokens_map.json): all that is copied. A run folder's tokenizer/ may hold anything else,
+# put there by whoever handed the run over; the export is a folder meant to be shared.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
-    save_hf_tokenizer(tok, dest, eos_token(tok, folder))
+
+def _write_tokenizer(tok_path: Path, tok, dest: Path, log: Callable[[str], None]) -> None:
+    """The run's TOKENIZER_FILES as they are, each only if it is a regular file: a link in a run
+    folder handed over (the tokenizer/ folder itself, or a file in it) could name any file of the
+    user's, a token or a key, and is never followed. Each file skipped is said in the log. Where
+    tokenizer.json or tokenizer_config.json was not copied (a link; a pretrained tokenizer's folder
+    in the Hub's cache is all links), they are written from the tokenizer loaded: a link's target
+    reaches the export only as a tokenizer, parsed and written again, never as its bytes."""
+    folder = tok_path.parent
+    copied = set()
+    try:
+        at = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        log(f"export: skipped the files of {folder}: a symbolic link, not followed; the tokenizer written "
+            "from the one loaded instead")
+        at = None
+    try:
+        for name in sorted(os.listdir(at)) if at is not None else ():
+            if name not in TOKENIZER_FILES:
+                if name != "config.json":  # a pretrained model's, which the export writes its own of
+                    log(f"export: skipped {folder / name}: not a tokenizer file (only {', '.join(TOKENIZER_FILES)} "
+                        "are copied)")
+            elif _copy_regular(name, at, dest / name):
+                copied.add(name)
+            else:
+                instead = "" if name == "special_tokens_map.json" else "; written from the tokenizer loaded instead"
+                log(f"export: skipped {folder / name}: a symbolic link or not a regular file, not followed{instead}")
+    finally:
+        if at is not None:
+            os.close(at)
+    if "tokenizer_config.json" not in copied:
+        from ..data.tokenizer import eos_token, save_hf_tokenizer
+
+        save_hf_tokenizer(tok, dest, eos_token(tok, folder))
+    elif "tokenizer.json" not in copied:
+        tok.save(str(dest / "tokenizer.json"))
+
+
+def _copy_regular(name: str, folder_fd: int, dst: Path) -> bool:
+    """The file `name` in the open folder copied to `dst` if it is a regular file, opened without
+    following a link (O_NOFOLLOW) and checked on the descriptor it is read from; False, with
+    nothing written, if it is not (a FIFO is not waited on: O_NONBLOCK)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return False
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        with open(dst, "xb") as out:
+            shutil.copyfileobj(fh, out)
+    return True

@@ -156,7 +156,7 @@ def read_curves(metrics: Path, run: RunCurves) -> None:
                              float(row.get("tokens_per_s") or 0.0))
                 elif kind == "eval":
                     add_eval(run, step, float(row["val_loss"]))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            except (json.JSONDecodeError, RecursionError, KeyError, TypeError, ValueError):
                 continue  # a line cut short by a kill, or not ours
 
 
