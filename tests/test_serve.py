@@ -279,16 +279,22 @@ def tunnel(path: Path) -> Iterator[int]:
                 laptop, _ = listener.accept()
                 server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 server.connect(str(path))
+                relayed.extend((laptop, server))
                 for ends in ((laptop, server), (server, laptop)):
                     threading.Thread(target=pump, args=ends, daemon=True).start()
 
     listener = socket.create_server(("127.0.0.1", 0))
+    relayed: list[socket.socket] = []
     threading.Thread(target=accept, daemon=True).start()
     try:
         yield listener.getsockname()[1]
     finally:
-        listener.shutdown(socket.SHUT_RDWR)  # wakes accept(), which close() alone would not
-        listener.close()
+        # Closed as ssh closes a tunnel: its connections too. Left open, the server's stop would
+        # wait out aiohttp's grace for the page's WebSocket (10 s).
+        for sock in [listener, *relayed]:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes accept() and the pumps, which close() alone would not
+            sock.close()
 
 
 def test_a_browser_through_a_tunnel_to_the_socket_opens_the_launch_screen(serve, runtime, open_cockpit):
