@@ -215,18 +215,19 @@ def export_leaking_nothing(run: Path, out: Path) -> str:
     return r.stderr
 
 
-@pytest.mark.parametrize("name", ["hf_token", "special_tokens_map.json", "tokenizer_config.json"])
-def test_a_link_in_the_run_s_tokenizer_folder_is_not_followed_into_the_export(run_copy, tmp_path, name):
-    """A run folder handed over may hold a link, under any name, to a file of whoever exports it:
+def test_links_in_the_run_s_tokenizer_folder_are_not_followed_into_the_export(run_copy, tmp_path):
+    """A run folder handed over may hold links, under any name, to a file of whoever exports it:
     the export is meant to be shared, and carries only the tokenizer's own regular files. A
     tokenizer_config.json that is a link is written from the tokenizer loaded instead."""
     secret = tmp_path / "secret"
     secret.write_text(SECRET)
-    link = run_copy / "tokenizer" / name
-    link.unlink(missing_ok=True)
-    link.symlink_to(secret)
+    links = [run_copy / "tokenizer" / name for name in ("hf_token", "special_tokens_map.json", "tokenizer_config.json")]
+    for link in links:
+        link.unlink(missing_ok=True)
+        link.symlink_to(secret)
     said = export_leaking_nothing(run_copy, tmp_path / "out")
-    assert f"export: skipped {link}: " in said, said
+    for link in links:
+        assert f"export: skipped {link}: " in said, said
 
 
 def test_a_tokenizer_json_that_is_a_link_is_written_from_the_tokenizer_loaded(run_copy, tmp_path):
