@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from machine import record  # noqa: E402
+from machine import record
 
 
 def burn(stop) -> None:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from machine import record  # noqa: E402
+from machine import record
 
 FIRST_FRAME = """
 from lmcockpit.tui.app import CockpitApp

@@ -40,16 +40,16 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from machine import RESULTS, record  # noqa: E402
+from machine import RESULTS, record
 
-from lmcockpit.core.config import Config, load_config  # noqa: E402
-from lmcockpit.core.data import batches  # noqa: E402
-from lmcockpit.core.data.prepare import prepare  # noqa: E402
-from lmcockpit.core.hardware import cpu_precision  # noqa: E402
-from lmcockpit.core.hardware.device import autocast_dtype, expands_kv, resolve_device, resolve_precision  # noqa: E402
-from lmcockpit.core.infer.export import qwen3_config  # noqa: E402
-from lmcockpit.core.model.gpt import GPT, shape_from_config  # noqa: E402
-from lmcockpit.core.train.optim import build_optimizers, lr_multiplier, set_lr  # noqa: E402
+from lmcockpit.core.config import Config, load_config
+from lmcockpit.core.data import batches
+from lmcockpit.core.data.prepare import prepare
+from lmcockpit.core.hardware import cpu_precision
+from lmcockpit.core.hardware.device import autocast_dtype, expands_kv, resolve_device, resolve_precision
+from lmcockpit.core.infer.export import qwen3_config
+from lmcockpit.core.model.gpt import GPT, shape_from_config
+from lmcockpit.core.train.optim import build_optimizers, lr_multiplier, set_lr
 
 WEIGHT_DECAY = 0.1  # the AdamW runs' (the baseline's, as the transformers Trainer's docs suggest)
 MILESTONES = (0.25, 0.5, 0.75, 1.0)  # equal wall time: these shares of the baseline's best run
@@ -118,7 +118,7 @@ def build_runs(cfg: Config, device: torch.device, precision: str, lrs: list[floa
             return F.cross_entropy(logits.view(-1, V), y.reshape(-1), reduction="none").view(y.shape)
 
         # use_cache=False: a training forward builds no key/value cache (ours builds none)
-        loss = lambda x, y: F.cross_entropy(call(input_ids=x, use_cache=False).logits.float().view(-1, V), y.reshape(-1))  # noqa: E731
+        loss = lambda x, y: F.cross_entropy(call(input_ids=x, use_cache=False).logits.float().view(-1, V), y.reshape(-1))  # noqa: E731 - a one-line function, defined where it is used
         return Run(f"transformers Qwen3 + AdamW, lr {lr:g}", "baseline", f"{lr:g}", model, loss, token_losses,
                    [baseline_adamw(model, lr, cfg, device.type == "cuda")])
 

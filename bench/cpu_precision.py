@@ -17,12 +17,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from machine import record  # noqa: E402
+from machine import record
 
-from lmcockpit.core.config import load_config  # noqa: E402
-from lmcockpit.core.hardware import cpu_precision  # noqa: E402
-from lmcockpit.core.model.gpt import GPT, GPTShape  # noqa: E402
-from lmcockpit.core.train.optim import build_optimizers  # noqa: E402
+from lmcockpit.core.config import load_config
+from lmcockpit.core.hardware import cpu_precision
+from lmcockpit.core.model.gpt import GPT, GPTShape
+from lmcockpit.core.train.optim import build_optimizers
 
 
 def step_times(cfg, precision: str, compiled: bool, steps: int) -> tuple[float, float]:

@@ -70,7 +70,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from machine import record  # noqa: E402
+from machine import record
 
 MB = 1_000_000
 SEED = 20261123

@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from machine import record  # noqa: E402
+from machine import record
 
-from lmcockpit.core.config import load_config  # noqa: E402
-from lmcockpit.core.model.gpt import GPT, shape_from_config  # noqa: E402
-from lmcockpit.core.model.sampling import generate  # noqa: E402
+from lmcockpit.core.config import load_config
+from lmcockpit.core.model.gpt import GPT, shape_from_config
+from lmcockpit.core.model.sampling import generate
 
 
 def timed(model: GPT, prompt: list[int], new_tokens: int, rows: int, use_cache: bool) -> tuple[float, list]:

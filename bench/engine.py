@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cockpit import TRAIN, cli_run, compare_training  # noqa: E402
-from machine import record  # noqa: E402
+from cockpit import TRAIN, cli_run, compare_training
+from machine import record
 
 IN_PROCESS = """
 import sys

@@ -100,15 +100,15 @@ from lmcockpit.core.hardware import gpu_env
 
 ALLOCATOR = gpu_env.configure_allocator()  # as the engine does, before torch initialises CUDA
 
-import torch  # noqa: E402
+import torch  # noqa: E402 - below configure_allocator(), which must run before torch loads
 
 sys.path.insert(0, str(Path(__file__).parent))
-from machine import record  # noqa: E402
+from machine import record  # noqa: E402 - below configure_allocator(), which must run before torch loads
 
-from lmcockpit.core.hardware import fit  # noqa: E402
-from lmcockpit.core.config import load_config  # noqa: E402
-from lmcockpit.core.run.compare import load_run  # noqa: E402
-from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402
+from lmcockpit.core.hardware import fit  # noqa: E402 - below configure_allocator(), which must run before torch loads
+from lmcockpit.core.config import load_config  # noqa: E402 - below configure_allocator(), which must run before torch loads
+from lmcockpit.core.run.compare import load_run  # noqa: E402 - below configure_allocator(), which must run before torch loads
+from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402 - below configure_allocator(), which must run before torch loads
 
 PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes", "inference", "resume", "ddp", "search",
          "attention", "allocator", "muon", "nvml", "glance", "data", "recipe", "gpt2")

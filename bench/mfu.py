@@ -27,16 +27,16 @@ from lmcockpit.core.hardware import gpu_env
 
 gpu_env.configure_allocator()  # as the engine does, before torch initialises CUDA
 
-import torch  # noqa: E402
+import torch  # noqa: E402 - below configure_allocator(), which must run before torch loads
 
 sys.path.insert(0, str(Path(__file__).parent))
-from machine import record  # noqa: E402
+from machine import record  # noqa: E402 - below configure_allocator(), which must run before torch loads
 
-from lmcockpit.core.config import load_config  # noqa: E402
-from lmcockpit.core.hardware.device import autocast_dtype, peak_flops, resolve_device, resolve_precision  # noqa: E402
-from lmcockpit.core.model.gpt import GPT, shape_from_config  # noqa: E402
-from lmcockpit.core.train.group import Group  # noqa: E402
-from lmcockpit.core.train.optim import build_optimizers, clip_grad_norm  # noqa: E402
+from lmcockpit.core.config import load_config  # noqa: E402 - below configure_allocator(), which must run before torch loads
+from lmcockpit.core.hardware.device import autocast_dtype, peak_flops, resolve_device, resolve_precision  # noqa: E402 - below configure_allocator(), which must run before torch loads
+from lmcockpit.core.model.gpt import GPT, shape_from_config  # noqa: E402 - below configure_allocator(), which must run before torch loads
+from lmcockpit.core.train.group import Group  # noqa: E402 - below configure_allocator(), which must run before torch loads
+from lmcockpit.core.train.optim import build_optimizers, clip_grad_norm  # noqa: E402 - below configure_allocator(), which must run before torch loads
 
 GPU_PRESETS = ("3060", "4070ti", "3090", "4090", "a100-40gb", "a100-80gb", "h100")
 
@@ -100,7 +100,7 @@ def measure(preset: str, device: torch.device, steps: int, warmup: int, override
         "peak_mem": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
     }
     # The next preset needs the card to itself: the compiled graphs hold this model until reset.
-    del run, model, opts, batch
+    run = model = opts = batch = None  # not del: step() holds them in its closure
     torch._dynamo.reset()
     gc.collect()
     if device.type == "cuda":

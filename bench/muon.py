@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from machine import record  # noqa: E402
+from machine import record
 
-from lmcockpit.core.config import load_config  # noqa: E402
-from lmcockpit.core.model.muon import NS_COEFFS, device_iteration_dtype, newton_schulz, normalised  # noqa: E402
+from lmcockpit.core.config import load_config
+from lmcockpit.core.model.muon import NS_COEFFS, device_iteration_dtype, newton_schulz, normalised
 
 
 def textbook(G: torch.Tensor, steps: int = 5) -> torch.Tensor:

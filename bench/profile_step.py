@@ -24,12 +24,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).parent))
-from throughput import build_rows  # noqa: E402
+from throughput import build_rows
 
-from lmcockpit.core.config import load_config  # noqa: E402
-from lmcockpit.core.model.gpt import GPT, shape_from_config  # noqa: E402
-from lmcockpit.core.train.group import Group  # noqa: E402
-from lmcockpit.core.train.optim import build_optimizers, clip_grad_norm  # noqa: E402
+from lmcockpit.core.config import load_config
+from lmcockpit.core.model.gpt import GPT, shape_from_config
+from lmcockpit.core.train.group import Group
+from lmcockpit.core.train.optim import build_optimizers, clip_grad_norm
 
 MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
 # the kinds of work a step's operators fall in

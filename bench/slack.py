@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from machine import record  # noqa: E402
+from machine import record
 
 SLACKS = (1.25, 2.0)  # before and since 2026-11-26
 SHARD_BYTES = 1_000_000

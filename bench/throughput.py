@@ -36,12 +36,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from convergence import baseline_model  # noqa: E402
-from machine import RESULTS, record  # noqa: E402
+from convergence import baseline_model
+from machine import RESULTS, record
 
-from lmcockpit.core.config import load_config  # noqa: E402
-from lmcockpit.core.model.gpt import GPT, shape_from_config  # noqa: E402
-from lmcockpit.core.train.optim import build_optimizers  # noqa: E402
+from lmcockpit.core.config import load_config
+from lmcockpit.core.model.gpt import GPT, shape_from_config
+from lmcockpit.core.train.optim import build_optimizers
 
 
 def hf_model(cfg, ours: GPT):

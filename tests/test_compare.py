@@ -89,7 +89,7 @@ def test_the_differing_settings_are_exactly_those_that_differ(runs, tmp_path):
     older = tmp_path / "older"
     older.mkdir()
     text = (runs / "lr-high" / "config.toml").read_text()
-    (older / "config.toml").write_text("\n".join(l for l in text.splitlines() if not l.startswith("max_nan_skips")))
+    (older / "config.toml").write_text("\n".join(line for line in text.splitlines() if not line.startswith("max_nan_skips")))
     assert differing_settings([high, load_run(older)]) == ["training.max_nan_skips"]
 
 

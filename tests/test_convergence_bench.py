@@ -10,7 +10,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
-import convergence  # noqa: E402
+import convergence  # noqa: E402 - from bench/, put on sys.path above
 
 
 def run_of(kind: str, evals: list[tuple[int, float, float]]) -> convergence.Run:

@@ -208,7 +208,7 @@ def test_the_presets_command_lists_it_without_the_network(trained):
 
 
 @pytest.mark.parametrize("how", ["offline", "out of reach"])
-def test_with_nothing_fetched_it_exits_2_naming_tokenizer_kind(tmp_path, how, closed_port):  # noqa: F811
+def test_with_nothing_fetched_it_exits_2_naming_tokenizer_kind(tmp_path, how, closed_port):
     env = hub_env(tmp_path / "hf", closed_port, **({"HF_HUB_OFFLINE": "1"} if how == "offline" else {}))
     proc = run(env, tmp_path / "run", tmp_path / "tokens")
     assert proc.returncode == 2, proc.stdout + proc.stderr

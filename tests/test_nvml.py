@@ -39,11 +39,11 @@ class NVMLError(Exception):
     pass
 
 
-class NVMLError_GpuIsLost(NVMLError):  # noqa: N801 - pynvml's name
+class NVMLError_GpuIsLost(NVMLError):
     pass
 
 
-class NVMLError_NotSupported(NVMLError):  # noqa: N801
+class NVMLError_NotSupported(NVMLError):
     pass
 
 

@@ -200,7 +200,7 @@ def test_a_skipped_bad_step_keeps_the_weights_and_the_run_goes_on_healthy(tmp_pa
     from lmcockpit.core.train.trainer import Trainer
 
     bad, seen, logs = 3, {}, []
-    weights_now = lambda trainer: {k: v.clone() for k, v in trainer.model.state_dict().items()}  # noqa: E731
+    weights_now = lambda trainer: {k: v.clone() for k, v in trainer.model.state_dict().items()}  # noqa: E731 - a one-line function, defined where it is used
 
     class OneBadBatch(Trainer):
         def compiled_model(self):
@@ -260,7 +260,7 @@ def test_a_non_finite_loss_under_the_loss_scaler_is_skipped_counted_and_stops(tm
 
     logs, steps = [], []
     cfg = tiny_config("eval.every=0", "training.on_nan=\"skip\"", "training.max_nan_skips=1")
-    emit = lambda ev: steps.append(ev.step) if isinstance(ev, P.StepMetrics) else None  # noqa: E731
+    emit = lambda ev: steps.append(ev.step) if isinstance(ev, P.StepMetrics) else None  # noqa: E731 - a one-line function, defined where it is used
     trainer = Scaled(cfg, create_run_dir(cfg, "test", str(tmp_path / "run")), emit, logs.append, lambda block: None)
     try:
         with pytest.raises(NonFiniteLoss, match="non-finite values at step 5"):
@@ -492,7 +492,7 @@ def test_a_step_split_otherwise_takes_the_same_sequences(saved, now):
 
     tokens = np.arange(5000, dtype=np.uint16)
     unit = DataUnit(saved[0], saved[1] * saved[2])
-    draw = lambda g: get_batch(tokens, 7, g, unit.rows, 16)  # noqa: E731
+    draw = lambda g: get_batch(tokens, 7, g, unit.rows, 16)  # noqa: E731 - a one-line function, defined where it is used
     for step in (0, 3):
         as_saved = np.concatenate([draw(step * unit.per_step + j)[0] for j in range(unit.per_step)])
         mb, accum, world = now

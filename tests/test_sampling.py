@@ -89,7 +89,7 @@ def test_each_row_draws_its_own_first_token():
 
 def test_top_k_and_top_p_cut_the_tail():
     logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
-    kept = lambda **kw: torch.isfinite(filter_logits(logits, 1.0, **kw))[0].tolist()  # noqa: E731
+    kept = lambda **kw: torch.isfinite(filter_logits(logits, 1.0, **kw))[0].tolist()  # noqa: E731 - a one-line function, defined where it is used
     assert kept(top_k=2, top_p=1.0) == [True, True, False, False]
     assert kept(top_k=0, top_p=0.8) == [True, True, False, False]
     assert kept(top_k=0, top_p=0.81) == [True, True, True, False]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 # The forked other account may not read this interpreter's files (they may live under /root), and
 # a connection to "127.0.0.1" imports this codec on first use: imported here, before any fork.
-import encodings.idna  # noqa: F401
+import encodings.idna  # noqa: F401 - loaded before any fork, as said above
 import http.cookies
 import os
 import stat

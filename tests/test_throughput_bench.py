@@ -8,7 +8,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
-import throughput  # noqa: E402
+import throughput  # noqa: E402 - from bench/, put on sys.path above
 
 NAMES = ["transformers Qwen3ForCausalLM, AdamW", "lmcockpit GPT, AdamW", "lmcockpit GPT, Muon + AdamW"]
 

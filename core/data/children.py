@@ -134,11 +134,11 @@ def _work(conn, fn, initializer, initargs) -> None:
             return
         try:
             answer = (True, fn(job), "")
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a worker's every failure goes back to the build, which raises it
             answer = (False, e, traceback.format_exc())
         try:
             conn.send(answer)
-        except Exception as e:  # an error that does not pickle: said as text
+        except Exception as e:  # noqa: BLE001 - an error that does not pickle, whatever it is: said as text
             conn.send((False, RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}"), answer[2] or str(e)))
 
 
@@ -175,7 +175,7 @@ def _answer(send, fn, args) -> None:
     quiet_child()
     try:
         send.send((True, fn(*args)))
-    except Exception as e:  # raised in the parent as it was raised here
+    except Exception as e:  # noqa: BLE001 - any failure is raised in the parent as it was raised here
         send.send((False, e))
 
 

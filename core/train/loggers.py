@@ -124,7 +124,7 @@ class Metrics:
         for logger in list(self.loggers):
             try:
                 logger.write(fields["step"], values)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - a logger's failure, whatever it is, must never stop training
                 self.loggers.remove(logger)
                 self.switch_off(logger.name, f"failed at step {fields['step']}", e)
 

@@ -441,7 +441,7 @@ class Trainer:
         given back; any other error goes through."""
         try:
             return work(), None
-        except Exception as e:  # noqa: BLE001 - the compiler wraps what it hits: oom_in looks behind
+        except Exception as e:  # the compiler wraps what it hits: oom_in looks behind, and re-raises the rest
             oom = oom_in(e)
             if oom is None:
                 raise
@@ -625,7 +625,7 @@ class Trainer:
         on; under FSDP every rank decodes in step with the others, so there it ends the run."""
         if not (self.group.is_main or self.group.sharded):
             return None
-        answer = lambda: sampling.answer(  # noqa: E731
+        answer = lambda: sampling.answer(  # noqa: E731 - a one-line function, defined where it is used
             self.model, self.tokenizer, self.data.eos_id, request, self.step, self.emit, self.log, self.autocast(),
             self.group.broadcast if self.group.sharded else None)
         if self.group.sharded:

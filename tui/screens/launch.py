@@ -221,7 +221,7 @@ class LaunchScreen(Screen):
         the middle of a count waited for the whole of it."""
         try:
             parts: list[data_budget.Part] | Exception = data_budget.parts(cfg)
-        except Exception as e:  # a defect, not the source's (those are each part's `problem`): said
+        except Exception as e:  # noqa: BLE001 - a defect, not the source's (those are each part's `problem`): said
             parts = e
         try:
             self.app.call_from_thread(self.show_budget, cfg, parts)
