@@ -36,7 +36,7 @@ from lmcockpit.core.process.runner import EngineProcess
 from lmcockpit.core.process.viewer import NotLive, RunViewer, history
 from lmcockpit.core.run.folder import LOCK, METRICS, TRAIN_LOG, MetricsLog, create_run_dir, hold_run_dir
 from lmcockpit.core.run.resume import truncate_metrics
-from lmcockpit.core.run.safe_files import NotOwnFile, write_whole
+from lmcockpit.core.run.safe_files import NotOwnFile, current_umask, write_whole
 from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.runview import DASH
 from lmcockpit.tui.screens.launch import LaunchScreen
@@ -252,6 +252,21 @@ def test_ps_lists_a_live_json_whose_pid_is_text_as_unreadable_and_the_rest_as_ev
 
 
 # ------------------------------------------------------------ files written whole, logs, the lock
+def test_a_file_written_whole_takes_its_mode_less_the_umask_read_without_changing_it(tmp_path):
+    """write_whole's mode is the caller's less the process's umask, which it reads from /proc
+    rather than by setting it (for that moment another thread's new file would be unmasked)."""
+    saved = os.umask(0o027)
+    try:
+        assert current_umask() == 0o027
+        write_whole(tmp_path / "shared", "x")
+        write_whole(tmp_path / "secret", "x", mode=0o600)
+        assert os.umask(0o027) == 0o027  # left as it was
+    finally:
+        os.umask(saved)
+    assert stat.S_IMODE((tmp_path / "shared").stat().st_mode) == 0o640
+    assert stat.S_IMODE((tmp_path / "secret").stat().st_mode) == 0o600
+
+
 def test_live_key_goes_through_a_fresh_name_and_replaces_a_planted_link(tmp_path, victim):
     (tmp_path / f".{live.KEY}.tmp-{os.getpid()}").symlink_to(victim)  # the name it was once written under
     (tmp_path / live.KEY).symlink_to(victim)

@@ -37,9 +37,7 @@ def write_whole(path: Path, data: str | bytes, mode: int = 0o644, fsync: bool = 
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, mode & ~umask)
+        os.fchmod(fd, mode & ~current_umask())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)
             if fsync:
@@ -49,6 +47,19 @@ def write_whole(path: Path, data: str | bytes, mode: int = 0o644, fsync: bool = 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it: os.umask can only be read by setting it, and
+    for that moment a file another thread creates would get the mode it asks for, unmasked (a log
+    writable by every account)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            return next(int(line.split()[1], 8) for line in fh if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):  # no /proc (or a kernel before 4.7): the old way
+        umask = os.umask(0o077)  # the narrow one, for that moment
+        os.umask(umask)
+        return umask
 
 
 def _own(st: os.stat_result, path: Path) -> None:
