@@ -1,10 +1,14 @@
-"""The shape of the code, read from the source with `ast` (nothing is executed): no import cycles
-in core/ or tui/, a front-end that never pulls torch, transformers or numpy in at import time, and
-package docstrings that say whether their modules import torch, and tell the truth."""
+"""The shape of the code, read from the source with `ast` (nothing is executed).
+
+No import cycles in core/ or tui/, a front-end that never pulls torch, transformers or numpy in at
+import time, package docstrings that say whether their modules import torch and tell the truth,
+package docstrings that name each of their modules, and module docstrings that open with a
+one-line summary."""
 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -157,10 +161,39 @@ def heavy_imports(modules: dict[str, Module], names: list[str], heavy: set[str])
     return problems
 
 
+def docstring(mod: Module, clean: bool = True) -> str | None:
+    return ast.get_docstring(ast.parse(mod.path.read_text(), str(mod.path)), clean=clean)
+
+
 def torch_line(package: Module) -> str:
-    doc = ast.get_docstring(ast.parse(package.path.read_text())) or ""
+    doc = docstring(package) or ""
     lines = [line for line in doc.splitlines() if line.startswith("Torch:")]
     return lines[0] if lines else ""
+
+
+def unnamed_modules(modules: dict[str, Module]) -> list[str]:
+    """Each module (a .py file, not a subpackage) whose package's docstring does not name it, as
+    `name` in backticks: a map of the package that has drifted from its folder."""
+    problems = []
+    for package in (m for m in modules.values() if m.is_package):
+        doc = docstring(package) or ""
+        for mod in modules.values():
+            parent, _, bare = mod.name.rpartition(".")
+            if parent == package.name and not mod.is_package and not re.search(f"`{re.escape(bare)}`", doc):
+                problems.append(f"{package.path}: names no `{bare}` ({mod.path.name})")
+    return sorted(problems)
+
+
+def summaryless(modules: dict[str, Module]) -> list[str]:
+    """Each module whose docstring does not open with a one-line summary (PEP 257): a first line,
+    the one with the opening quotes, that is not empty, then a blank line or the docstring's end.
+    No docstring counts as none."""
+    problems = []
+    for mod in modules.values():
+        lines = (docstring(mod, clean=False) or "").splitlines()
+        if not lines or not lines[0].strip() or (len(lines) > 1 and lines[1].strip()):
+            problems.append(f"{mod.path}: {lines[0] if lines else '(no docstring)'}")
+    return sorted(problems)
 
 
 # ------------------------------------------------------------------------------------ the tests
@@ -192,6 +225,17 @@ def test_every_core_package_says_whether_it_imports_torch_and_means_it():
             assert not problems, f"{package.path} says '{line}', but:\n" + "\n".join(problems)
 
 
+def test_every_package_docstring_names_each_of_its_modules():
+    problems = unnamed_modules(import_graph())
+    assert not problems, "package docstrings that miss a module (name it, in backticks):\n" + "\n".join(problems)
+
+
+def test_every_module_docstring_opens_with_a_one_line_summary():
+    problems = summaryless(import_graph())
+    assert not problems, ("module docstrings with no one-line summary (a line of its own, then a blank "
+                          "line):\n" + "\n".join(problems))
+
+
 def test_the_checks_see_a_cycle_and_a_torch_import(tmp_path):
     """The three tests above, against a small tree that breaks each rule: they would go red."""
     pkg = tmp_path / "core"
@@ -215,3 +259,18 @@ def test_the_checks_see_a_cycle_and_a_torch_import(tmp_path):
         "numpy ← lmcockpit.core.low.d ← lmcockpit.core.low.c", "torch ← lmcockpit.core.low.d ← lmcockpit.core.low.c"]
     assert torch_line(modules["lmcockpit.core.low"]) == "Torch: never."
 
+
+def test_the_checks_see_an_unnamed_module_and_a_missing_summary(tmp_path):
+    """The two docstring tests above, against a small tree that breaks each rule: they would go red."""
+    pkg = tmp_path / "core"
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('"""The core.\n\nIts floor: low/, named as a folder, not a module."""\n')
+    (pkg / "low" / "__init__.py").write_text('"""Low: `a` and a plain b.\n\nTorch: never."""\n')
+    (pkg / "low" / "a.py").write_text('"""A, summed up.\n\nThen prose."""\n')
+    (pkg / "low" / "b.py").write_text('"""B, whose first sentence runs\non into a second line."""\n')
+    (pkg / "low" / "c.py").write_text("x = 1\n")
+    (pkg / "low" / "d.py").write_text('"""\nD, after an empty first line."""\n')
+    modules = import_graph({"lmcockpit.core": pkg})
+    assert unnamed_modules(modules) == [f"{pkg / 'low' / '__init__.py'}: names no `{m}` ({m}.py)" for m in "bcd"]
+    assert summaryless(modules) == [f"{pkg / 'low' / 'b.py'}: B, whose first sentence runs",
+                                    f"{pkg / 'low' / 'c.py'}: (no docstring)", f"{pkg / 'low' / 'd.py'}: "]

@@ -1,5 +1,6 @@
-"""The headless front-end of `lmcockpit --run`: a live progress line on a terminal, plain lines
-when piped. It drives the same engine process, through the same protocol, as the cockpit."""
+"""The headless front-end of `lmcockpit --run`: a live progress line on a terminal, plain lines when piped.
+
+It drives the same engine process, through the same protocol, as the cockpit."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""`lmcockpit presets`: every shipped preset, its size, its estimated peak memory, and whether it
-fits the GPU this machine has.
+"""`lmcockpit presets`: every shipped preset, its size, its estimated peak memory, and whether it fits the GPU this machine has.
 
-Torch-free like the rest of the front-end: parameter counts and memory come from `core.fit`'s
-arithmetic, the GPU from NVML (`core.telemetry`). Without a GPU each preset is judged against the
-card it was sized for; `--memory GB` judges them all against a card you are thinking of buying.
+Torch-free like the rest of the front-end: parameter counts and memory come from
+`core.hardware.fit`'s arithmetic, the GPU from NVML (`core.hardware.telemetry`). Without a GPU
+each preset is judged against the card it was sized for; `--memory GB` judges them all against a
+card you are thinking of buying.
 """
 
 from __future__ import annotations

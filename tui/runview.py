@@ -1,5 +1,6 @@
-"""What a front-end knows of a run, folded from engine events, and the formatting both
-front-ends share. Torch-free."""
+"""What a front-end knows of a run, folded from engine events, and the formatting both front-ends share.
+
+Torch-free."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""`lmcockpit serve`: the cockpit in a browser. Each browser tab gets its own `lmcockpit` process
-(the launch screen, as in a terminal), run by textual-serve under Textual's web driver; closing
-the tab quits that cockpit the way closing a terminal does.
+"""`lmcockpit serve`: the cockpit in a browser.
+
+Each browser tab gets its own `lmcockpit` process (the launch screen, as in a terminal), run by
+textual-serve under Textual's web driver; closing the tab quits that cockpit the way closing a
+terminal does.
 
 Whoever reaches the server drives the cockpit, and through it this machine's GPUs and files as
 this user, and textual-serve has no login. A TCP port, even on 127.0.0.1, is open to every account

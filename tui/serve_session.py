@@ -1,4 +1,6 @@
-"""One browser tab's cockpit, as `lmcockpit serve` starts it: the bare `lmcockpit` command (the
+"""One browser tab's cockpit, as `lmcockpit serve` starts it, quitting if the server dies.
+
+One browser tab's cockpit, as `lmcockpit serve` starts it: the bare `lmcockpit` command (the
 launch screen), which also quits if the server dies without telling it to.
 
 textual-serve tells each cockpit to quit when its tab closes or the server stops; a server that is

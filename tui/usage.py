@@ -1,4 +1,6 @@
-"""What every `lmcockpit` command shares for bad input: argparse whose mistakes raise `UsageError`,
+"""What every `lmcockpit` command shares for bad input: `UsageError`, and the one red `error:` line.
+
+What every `lmcockpit` command shares for bad input: argparse whose mistakes raise `UsageError`,
 and `error`, the one red `error:` line on stderr that goes with exit 2 (no traceback)."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""textual-serve's web server, fitted to a cockpit reached through an SSH tunnel: on a Unix socket
+"""The web server behind `lmcockpit serve`: textual-serve's, fitted to a cockpit behind an SSH tunnel.
+
+textual-serve's web server, fitted to a cockpit reached through an SSH tunnel: on a Unix socket
 (serve.py's default), or on a TCP port with a token. Kept apart from serve.py because aiohttp takes
 a quarter of a second to import: `lmcockpit serve --help` and tab completion do without it.
 

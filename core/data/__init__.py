@@ -1,15 +1,18 @@
 """Data: where text comes from and what training reads of it.
 
-    sources (files listed, pieces planned) → readers (documents streamed) → split (by id hash)
-    → build (a cache folder: tokenizer, worker processes, resumable shards) → prepare (found or
-    built, under a lock; a mixture's per part) → cache (token streams) → batches (seed, g)
+    `sources` (files listed, pieces planned) → `readers` (documents streamed) → `split` (by id
+    hash) → `build` (a cache folder: tokenizer, worker processes, resumable shards) → `prepare`
+    (found or built, under a lock; a mixture's per part) → `cache` (token streams) → `batches`
+    (seed, g)
 
-Beside them: tokenizer (train a BPE, its end token, bytes per token), encoder (a corpus's ids
-by tiktoken where it gives the tokenizer's own, checked), children (the build's processes: how
-many, Ctrl-C, dying with it), store (where caches are, their keys, listing and removing), budget
-(what a run's steps make of its source), hub (hf: sources), pretrained (a pretrained tokenizer:
-a local folder, or an hf: model repo's tokenizer files fetched).
+Beside them: `tokenizer` (train a BPE, its end token, bytes per token), `encoder` (a corpus's ids
+by tiktoken where it gives the tokenizer's own, checked), `children` (the build's processes: how
+many, Ctrl-C, dying with it), `store` (where caches are, their keys, listing and removing),
+`budget` (what a run's steps make of its source), `hub` (hf: sources), `pretrained` (a pretrained
+tokenizer: a local folder, or an hf: model repo's tokenizer files fetched), `formats` (the files a
+source holds, by suffix: read, skipped as not text, or refused) and `spool` (a large compressed
+file's pieces, decompressed once into plain files).
 
 Torch: never. numpy and tokenizers at import in `cache`, `tokenizer`, `encoder`, `batches`,
-`build` and `prepare`; `sources`, `readers`, `split`, `children`, `store`, `budget`, `hub` and
-`pretrained` import neither, and the front-end reads them."""
+`build` and `prepare`; `sources`, `readers`, `split`, `children`, `store`, `budget`, `hub`,
+`pretrained`, `formats` and `spool` import neither, and the front-end reads them."""

@@ -1,4 +1,6 @@
-"""What a run's step budget makes of its source: how many tokens the source holds, how many epochs
+"""What a run's step budget makes of its source: tokens held, epochs made of them, tokens per parameter.
+
+What a run's step budget makes of its source: how many tokens the source holds, how many epochs
 the run will make of them, and tokens per parameter (compute-optimal is about 20, after
 Chinchilla). Said in every run's header, in `lmcockpit presets` and on the launch screen, with a
 warning past MANY_EPOCHS, where the model learns its corpus by heart rather than the language.

@@ -1,5 +1,6 @@
-"""A token cache read back: one token stream per split, by memory map. store.py says where a
-cache is and what its key covers; prepare.py builds it.
+"""A token cache read back: one token stream per split, by memory map.
+
+store.py says where a cache is and what its key covers; prepare.py builds it.
 
 A cache folder (format 2): `meta.json` (written last: its presence marks the cache complete),
 `tokenizer/` (a transformers fast tokenizer), and per shard `shards/NNNNN.train.bin` and

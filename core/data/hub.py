@@ -1,4 +1,6 @@
-"""`hf:OWNER/NAME[/PATH]`: a dataset on the Hugging Face Hub, fetched with `huggingface_hub` into
+"""Datasets on the Hugging Face Hub (`hf:` sources), fetched resumably and read as a local folder.
+
+`hf:OWNER/NAME[/PATH]`: a dataset on the Hugging Face Hub, fetched with `huggingface_hub` into
 its own cache (HF_TOKEN and HF_HUB_OFFLINE are honoured), then read as a local folder. A connection
 dropped mid-file is resumed from its last whole 10 MB; an interrupted run keeps the files it
 finished, and the next fetches the one it was in the middle of again from its start.

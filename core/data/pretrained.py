@@ -1,4 +1,6 @@
-"""A pretrained tokenizer named by `tokenizer.kind`: a local folder holding tokenizer.json, or
+"""A pretrained tokenizer: a local folder, or the tokenizer files of a model repo on the Hub.
+
+A pretrained tokenizer named by `tokenizer.kind`: a local folder holding tokenizer.json, or
 `hf:OWNER/NAME`, a model repo on the Hugging Face Hub (e.g. `hf:openai-community/gpt2`).
 
 Of a Hub repo only the tokenizer's files are fetched (a model repo also holds its weights: GPT-2's

@@ -1,4 +1,6 @@
-"""Token caches on disk, without numpy or tokenizers: where they live (`$XDG_CACHE_HOME/lmcockpit`
+"""Token caches on disk, without numpy or tokenizers: where they live, their keys, listing and removing.
+
+Token caches on disk, without numpy or tokenizers: where they live (`$XDG_CACHE_HOME/lmcockpit`
 or `data.cache_dir`), the key a config's cache has there, which caches there are (complete, or a
 build a kill left to resume), and removing one. The front-end reads it (`lmcockpit data info/rm`,
 the token budget on the launch screen and in `presets`, the doctor's free-disk line).

@@ -1,6 +1,11 @@
-"""The machine: device and precision, the GPU environment (NVML, allocator settings), telemetry,
-the doctor's checks, and the memory arithmetic that says whether a preset fits.
+"""The machine: device and precision, the GPUs, the doctor's checks, and whether a preset fits.
 
-Torch: `device` and `doctor` import it (the engine's and the doctor's child process); `gpu_env`,
-`telemetry`, `fit` and `attention` (which kernel attention runs on) never do: they are what the
-front-end reads."""
+`device` (which device and precision a run uses, its attention kernel, the peak FLOP/s for MFU),
+`cpu_precision` (bf16 or fp32 on a CPU, by a short probe), `attention` (which kernel grouped-query
+attention runs on), `gpu_env` (the GPU environment: allocator settings set before CUDA starts, and
+NVML facts), `telemetry` (GPU and system readings, from NVML and psutil), `doctor` (the torch
+side of `lmcockpit doctor`) and `fit` (the memory arithmetic that says whether a preset fits).
+
+Torch: `device` and `doctor` import it (the engine's and the doctor's child process), and
+`cpu_precision` when its probe runs; `gpu_env`, `telemetry`, `fit` and `attention` never do: they
+are what the front-end reads."""

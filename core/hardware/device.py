@@ -1,5 +1,4 @@
-"""Which device and precision a run uses, which attention kernel, and the peak FLOP/s that MFU is
-measured against."""
+"""Which device and precision a run uses, its attention kernel, and the peak FLOP/s MFU is measured against."""
 
 from __future__ import annotations
 

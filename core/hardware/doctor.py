@@ -1,6 +1,6 @@
 """The torch side of `lmcockpit doctor`: what this torch build can do here, as one JSON line.
 
-Run as `python -m lmcockpit.core.doctor` by the front-end's doctor, in a process of its own: a
+Run as `python -m lmcockpit.core.hardware.doctor` by the front-end's doctor, in a process of its own: a
 broken torch install then shows up as a diagnosis instead of a crash, and the front-end stays
 torch-free. The process starts with the allocator variable the engine would set, so the
 allocator check reports what a run really gets.

@@ -1,6 +1,10 @@
-"""The processes: the engine (a spawned child that runs the Trainer or torchrun's launcher), what
-every engine-side process is made of (`child`), torchrun's ranks (`launcher`, `rendezvous`), and
-the front-end's handle on them (`runner`).
+"""The processes: the engine, torchrun's ranks, the run host, and the front-end's handles on them.
+
+The engine (`engine`: a spawned child that runs the Trainer or torchrun's launcher), what every
+engine-side process is made of (`child`), torchrun's ranks (`launcher`, `rendezvous`), and the
+front-end's handle on the engine (`runner`). A detachable run: the run host that owns its engine
+and outlives every front-end (`host`), where it is found and whether it still trains (`live`),
+how its start went (`report`), and a front-end's handle on it (`viewer`).
 
 Torch: never at import; the engine and the ranks import it when they start, in their own process.
-The front-end imports `runner` and `rendezvous`."""
+The front-end imports `runner`, `rendezvous`, `host`, `live`, `report` and `viewer`."""

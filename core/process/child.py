@@ -1,7 +1,8 @@
-"""What every engine-side process is made of: the engine itself, each torchrun rank and the chat
-engine. Signals held from the first instant, stdout and stderr pumped into train.log and the
-events queue, the run header, commands polled between steps, the Trainer run in this process,
-and the last events handed over. Importing this module imports no torch.
+"""What every engine-side process is made of: the engine itself, each torchrun rank and the chat engine.
+
+Signals held from the first instant, stdout and stderr pumped into train.log and the events queue,
+the run header, commands polled between steps, the Trainer run in this process, and the last events
+handed over. Importing this module imports no torch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Where a detachable run can be found while it trains, whether it still is, and whether what
+"""Where a detachable run can be found while it trains, and whether it still does: torch-free.
+
+Where a detachable run can be found while it trains, whether it still is, and whether what
 answers there is the user's own run host: torch-free.
 
 A run started from the cockpit (or with `--detach`) is owned by a run host (host.py) that

@@ -1,4 +1,6 @@
-"""How a run host tells the front-end that started it how the run's start went: one pipe, written
+"""The pipe on which a run host tells the front-end that started it how the run's start went.
+
+How a run host tells the front-end that started it how the run's start went: one pipe, written
 by the host (StartReport), read by the front-end (Reports). Torch-free.
 
 `ready` once the host serves; then one JSON object a line: the engine's preparation (`progress`),

@@ -1,4 +1,6 @@
-"""A front-end's handle on a run that a run host (host.py) serves: what `lmcockpit attach` and the
+"""A front-end's handle on a run that a run host serves, as `lmcockpit attach` and the dashboards hold it.
+
+A front-end's handle on a run that a run host (host.py) serves: what `lmcockpit attach` and the
 cockpit's dashboards hold. Torch-free.
 
 It offers what runner.ProcessHandle offers the dashboard (`poll`, `send`, `done`, `final_state`,

@@ -1,4 +1,6 @@
-"""A checkpoint folder on disk, without torch: its files, whether it is whole, the one a user's
+"""A checkpoint folder on disk, without torch: its files, whether it is whole, and which one a path names.
+
+A checkpoint folder on disk, without torch: its files, whether it is whole, the one a user's
 path names (a run folder's latest, or a checkpoint folder), and its config and tokenizer.
 Resume, chat, export and the trainer all find and check checkpoints here."""
 

@@ -1,4 +1,6 @@
-"""What the trainer asks of the other processes of a run: one `Group` for a single process (every
+"""What the trainer asks of a run's other processes: `Group` for one process, `ProcessGroup` for several.
+
+What the trainer asks of the other processes of a run: one `Group` for a single process (every
 collective is the identity) and `ProcessGroup` for several, on torch.distributed.
 
 The trainer is written once against this interface, so a one-process run executes the same loop

@@ -1,4 +1,6 @@
-"""Memory on the GPU: the largest micro-batch that fits (training.auto_micro_batch), and the
+"""Memory on the GPU: the largest micro-batch that fits, and what a CUDA out-of-memory error becomes.
+
+Memory on the GPU: the largest micro-batch that fits (training.auto_micro_batch), and the
 message a CUDA out-of-memory error becomes. Functions of a set-up trainer (`Fitting`: what they
 use of it, so this module need not import the Trainer that imports it): they read its model, data
 and device, and replace its config's micro-batch. Also the measurement fit.py's per-token

@@ -1,4 +1,6 @@
-"""Chat with a past run: its checkpoint loads in a chat engine process (the cockpit stays
+"""The chat screen: a past run's checkpoint in a chat engine process, and the chat pane.
+
+Chat with a past run: its checkpoint loads in a chat engine process (the cockpit stays
 torch-free), and the chat pane talks to it."""
 
 from __future__ import annotations

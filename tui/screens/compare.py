@@ -1,4 +1,6 @@
-"""The compare view, opened from the launch screen with the runs marked there: their loss curves
+"""The compare view: the marked runs' loss curves on one chart, then how their settings and ends differ.
+
+The compare view, opened from the launch screen with the runs marked there: their loss curves
 on one chart, then the settings they differ in and how each went, the rows `lmcockpit compare`
 prints."""
 

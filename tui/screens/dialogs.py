@@ -1,4 +1,6 @@
-"""Modal dialogs: abort (save or not), quit with a run in progress (stop it or leave it), the key help,
+"""Modal dialogs: abort, quit with a run in progress, the key help, and the pick of a baseline run.
+
+Modal dialogs: abort (save or not), quit with a run in progress (stop it or leave it), the key help,
 and the pick of a baseline run."""
 
 from __future__ import annotations

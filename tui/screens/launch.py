@@ -1,4 +1,6 @@
-"""The launch screen: this machine's hardware, the presets, the selected preset's settings (edited
+"""The launch screen: the hardware, the presets and their settings, and the runs to attach or resume.
+
+The launch screen: this machine's hardware, the presets, the selected preset's settings (edited
 with validation as you type, saved as a new TOML), and the runs: those training in the background
 first (Enter attaches; dead ones say so and resume), then the recent ones to resume."""
 

@@ -1,4 +1,6 @@
-"""The loss chart: train loss raw and smoothed, validation points, optional log scale, and
+"""The loss chart: train loss raw and smoothed, validation points, and an optional baseline run.
+
+The loss chart: train loss raw and smoothed, validation points, optional log scale, and
 optionally a finished run's curves underneath as a baseline.
 
 plotext rebuilds every point on each draw, so the chart plots the whole history downsampled to

@@ -1,4 +1,6 @@
-"""The compare view's chart: several runs' losses on one plot, a colour each, against step,
+"""The compare view's chart: several runs' losses on one plot, a colour each.
+
+The compare view's chart: several runs' losses on one plot, a colour each, against step,
 tokens seen or training time, optionally on a log scale.
 
 Built on plotext as LossChart is, with its helpers: each curve downsampled to about twice the

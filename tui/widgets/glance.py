@@ -1,4 +1,6 @@
-"""The dashboard's one-line readings, for a terminal of any size: the step line (step/total, loss,
+"""The dashboard's one-line readings: the step line, and a bar per GPU (or the CPU run's own use).
+
+The dashboard's one-line readings, for a terminal of any size: the step line (step/total, loss,
 tokens/s, MFU, ETA) and a bar per GPU (or, on a CPU run, the run's own CPU and memory).
 
 Each line is fitted to the width it gets: fields are dropped least useful first and bars shrink,

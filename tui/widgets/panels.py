@@ -1,5 +1,7 @@
-"""The dashboard's number panels: run state, throughput, memory, GPU and host. Each renders from
-the RunView (engine figures) and the latest telemetry Reading (NVML/psutil, sampled at 1 Hz).
+"""The dashboard's number panels: run state, throughput, memory, GPU and host.
+
+Each renders from the RunView (engine figures) and the latest telemetry Reading (NVML/psutil,
+sampled at 1 Hz).
 
 A run's GPUs are the devices RunStarted names, mapped from CUDA's numbering to NVML's: a panel
 each while they are few, one panel with a row per GPU when they are many."""
