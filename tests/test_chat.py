@@ -17,7 +17,7 @@ from lmcockpit.core.infer.chat_engine import ChatEngine
 from lmcockpit.core.infer.load import load
 from lmcockpit.core.model.sampling import generate
 from lmcockpit.core.run.checkpoints import find_checkpoint
-from lmcockpit.tui.chat import HELP
+from lmcockpit.tui.commands.chat import HELP
 
 from .conftest import NO_GPU, cli
 

@@ -222,7 +222,7 @@ def preset_line(name: str, params: str, memory: str, verdict: str) -> re.Pattern
 async def test_the_launch_screen_shows_every_presets_fit_and_the_settings_values(tmp_path, size):
     """At 80 columns the settings showed only their keys and the presets stopped at "tok…"; at
     120 the fit column was cut. What is asserted is what the screen shows inside each table."""
-    from lmcockpit.tui.presets import preset_rows
+    from lmcockpit.tui.rows import preset_rows
     from lmcockpit.tui.screens.launch import flatten
 
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
@@ -647,7 +647,8 @@ def test_the_rates_shown_follow_one_smoothed_step_time():
     """tokens/s, steps/s, MFU and the ETA all come from the same smoothed step time, on the
     dashboard and on the headless progress line alike."""
     from lmcockpit.tui.headless import progress_line
-    from lmcockpit.tui.runview import RunView, fmt_count
+    from lmcockpit.tui.formatting import fmt_count
+    from lmcockpit.tui.runview import RunView
     from lmcockpit.tui.widgets.panels import throughput_rows
 
     view = RunView()

@@ -1,4 +1,4 @@
-"""The command line's one shape, read from the registry (tui/commands.py): `--help` and the README
+"""The command line's one shape, read from the registry (tui/commands/__init__.py): `--help` and the README
 name every command, `help X` prints what `X --help` prints, a mistyped command is named instead of
 being taken for a preset, and tab completion answers the way a shell asks: argcomplete's
 environment protocol (`_ARGCOMPLETE`, `COMP_LINE`, `COMP_POINT`) against the real process, the

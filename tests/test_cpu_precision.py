@@ -125,7 +125,7 @@ def test_doctor_with_nothing_cached_measures_and_says_what_it_chose():
     """The doctor's own probe, as its torch-side child runs it (the whole doctor command, with a
     verdict measured before: tests/test_doctor.py)."""
     from lmcockpit.core.hardware.doctor import cpu_precision_facts
-    from lmcockpit.tui.doctor import cpu_precision_check
+    from lmcockpit.tui.commands.doctor import cpu_precision_check
 
     with cpu_verdict(None):  # nothing cached: the doctor probes at the cpu preset's shape, as a first run would
         facts = cpu_precision_facts()

@@ -29,7 +29,7 @@ def test_prepare_info_and_rm_of_a_token_cache(tmp_path):
     # A build killed in its third piece: info lists it as partial, prepare resumes it.
     driver = textwrap.dedent(f"""
         import os, signal, sys
-        from lmcockpit.tui import data
+        from lmcockpit.tui.commands import data
         from lmcockpit.core.data import build
         build_piece = build.build_piece
         def dying(job, on_bytes=lambda n: None):
@@ -88,7 +88,7 @@ def test_prepare_s_bar_on_a_terminal_counts_files_as_files_and_bytes_as_bytes():
 
     from rich.console import Console
 
-    from lmcockpit.tui.data import Progress
+    from lmcockpit.tui.commands.data import Progress
 
     screen = io.StringIO()
     progress = Progress(Console(file=screen, force_terminal=True, width=120))
@@ -209,7 +209,7 @@ def test_info_of_a_preset_reads_a_hub_source_from_the_hub_s_cache_and_never_the_
     preset = mixture_preset(tmp_path, [("hf:someone/fetched/sample", 1), ("hf:someone/never-fetched", 1)])
     driver = textwrap.dedent(f"""
         import socket, sys
-        from lmcockpit.tui import data
+        from lmcockpit.tui.commands import data
         def refuse(*args, **kwargs):
             print("NETWORK ATTEMPTED", args, flush=True)
             raise OSError("the test allows no network")

@@ -236,6 +236,69 @@ def test_every_module_docstring_opens_with_a_one_line_summary():
                           "line):\n" + "\n".join(problems))
 
 
+COMMANDS = "lmcockpit.tui.commands"
+VIEWS = ("lmcockpit.tui.screens", "lmcockpit.tui.widgets")
+TUI_TOP_MAX = 13  # tui/'s own modules: the bare command's front-ends, the app, and what they share
+
+
+def views_importing_a_command(modules: dict[str, Module]) -> list[str]:
+    """Each screen or widget that imports a command's module (the registry itself is no command):
+    what a command prints and a screen shows lives in a module both import."""
+    return sorted(f"{name} imports {target}" for name, mod in modules.items() if name.startswith(VIEWS)
+                  for target in mod.anywhere if target.startswith(COMMANDS + "."))
+
+
+def test_screens_and_widgets_never_import_a_command():
+    found = views_importing_a_command(import_graph())
+    assert not found, "move what both show to a module both import (tui/rows.py, tui/formatting.py):\n" + \
+        "\n".join(found)
+
+
+def test_tui_holds_its_commands_in_a_package_and_a_few_modules_of_its_own():
+    """Every registered command's module is under tui/commands/, and tui/'s top stays small."""
+    from lmcockpit.tui.commands import COMMANDS as REGISTRY
+
+    assert all(c.module.startswith(COMMANDS + ".") for c in REGISTRY.values())
+    top = sorted(p.stem for p in (REPO / "tui").glob("*.py") if p.stem != "__init__")
+    assert len(top) <= TUI_TOP_MAX, top
+
+
+def handlers_of_usage_errors(path: Path) -> list[str]:
+    """Each `except` in `path` that catches UsageError or ConfigError and does anything but raise
+    it again: the registry's dispatch (tui/commands/__init__.py) turns them into the error line."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ExceptHandler) and node.type is not None:
+            names = {n.id for n in ast.walk(node.type) if isinstance(n, ast.Name)}
+            if names & {"UsageError", "ConfigError"} and not all(isinstance(b, ast.Raise) and b.exc is None
+                                                                 for b in node.body):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    return found
+
+
+def test_usage_and_config_errors_are_turned_into_the_error_line_by_the_registry_alone():
+    """A command raises them; `Command.main` says them (one `error:` line, exit 2). A command may
+    catch one to say it otherwise (chat's `--temperature` turns a ConfigError into a UsageError)."""
+    found = [h for path in sorted((REPO / "tui" / "commands").rglob("*.py")) if path.name != "__init__.py"
+             or path.parent.name != "commands" for h in handlers_of_usage_errors(path)]
+    allowed = {"tui/commands/chat.py"}  # re-raised as a UsageError naming the flag, and in the REPL, said and asked again
+    assert {h.rsplit(":", 1)[0] for h in found} <= allowed, found
+
+
+def test_the_command_check_sees_a_screen_that_imports_one(tmp_path):
+    tui = tmp_path / "tui"
+    for folder in ("screens", "commands"):
+        (tui / folder).mkdir(parents=True)
+        (tui / folder / "__init__.py").write_text("")
+    (tui / "__init__.py").write_text("")
+    (tui / "commands" / "presets.py").write_text("ROWS = []\n")
+    (tui / "screens" / "launch.py").write_text("def f():\n    from lmcockpit.tui.commands.presets import ROWS\n")
+    (tui / "screens" / "help.py").write_text("from lmcockpit.tui.commands import COMMANDS\n")  # the registry: fine
+    modules = import_graph({"lmcockpit.tui": tui})
+    assert views_importing_a_command(modules) == [
+        "lmcockpit.tui.screens.launch imports lmcockpit.tui.commands.presets"]
+
+
 def test_the_checks_see_a_cycle_and_a_torch_import(tmp_path):
     """The three tests above, against a small tree that breaks each rule: they would go red."""
     pkg = tmp_path / "core"

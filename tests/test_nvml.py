@@ -380,7 +380,7 @@ def test_without_readings_a_known_uuid_names_no_gpu_and_an_unknown_one_falls_bac
 
 
 def test_the_doctor_and_the_presets_command_say_what_nvml_would_not(nvml, capsys):
-    from lmcockpit.tui import doctor, presets
+    from lmcockpit.tui.commands import doctor, presets
 
     nvml.failing["nvmlDeviceGetMemoryInfo"] = (NVMLError_GpuIsLost("GPU is lost"), None)
     lines = doctor.gpu_lines_from_nvml(gpu_env.read_nvml())

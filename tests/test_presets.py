@@ -91,7 +91,7 @@ def test_presets_command_refuses_bad_arguments_in_one_line(args, message):
 
 
 def test_presets_command_imports_no_torch():
-    code = ("import sys; from lmcockpit.tui.presets import main; rc = main([]); "
+    code = ("import sys; from lmcockpit.tui.commands.presets import main; rc = main([]); "
             "print('torch imported' if 'torch' in sys.modules else 'torch-free', rc)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip().endswith("torch-free 0"), proc.stdout + proc.stderr

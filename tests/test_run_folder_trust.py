@@ -38,7 +38,7 @@ from lmcockpit.core.run.folder import LOCK, METRICS, TRAIN_LOG, MetricsLog, crea
 from lmcockpit.core.run.resume import truncate_metrics
 from lmcockpit.core.run.safe_files import NotOwnFile, current_umask, write_whole
 from lmcockpit.tui.app import CockpitApp
-from lmcockpit.tui.runview import DASH
+from lmcockpit.tui.formatting import DASH
 from lmcockpit.tui.screens.launch import LaunchScreen
 
 from .conftest import PINNED_FP32, cli, tiny_config

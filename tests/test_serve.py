@@ -257,7 +257,7 @@ def test_a_killed_server_takes_its_cockpits_with_it(serve, open_cockpit):
     open_cockpit(port, served.token)
     cockpits = served.cockpits()
     assert cockpits
-    served.proc.kill()  # no chance to tell them to quit: each quits on its own (serve_session.py)
+    served.proc.kill()  # no chance to tell them to quit: each quits on its own (tui/commands/serve/session.py)
     served.wait(30)
     wait_until(lambda: not [p for p in cockpits if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 30,
                "the cockpit's exit after its server was killed")

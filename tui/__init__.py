@@ -1,11 +1,13 @@
 """Front-ends: the `lmcockpit` command, the Textual cockpit and the headless console.
 
-The command: `cli` (its entry), `commands` (every command, in one list), `help`, `usage` (bad
-input: one red `error:` line), `completers` and `completion` (tab completion), and `runplan`
-(what starting a run needs). Its commands, one module each: `attach`, `chat`, `compare`, `data`,
-`detach`, `doctor`, `export`, `presets`, `ps` and `serve` (with `serve_session`, one browser tab's
-cockpit, and `webserver`, textual-serve's server). The front-ends: `app` (the cockpit, with its
-screens/ and widgets/), `headless` (`lmcockpit --run`), `bridge` (engine events into Textual) and
-`runview` (what a front-end knows of a run).
+The command: `cli` (its entry and the bare command's forms: the cockpit, `--run`, `--detach`),
+commands/ (every `lmcockpit COMMAND`, one module each, the registry in its `__init__`), `usage`
+(bad input: one red `error:` line), `completers` (what tab completion offers), `runplan` (what
+starting a run needs) and `detach` (a run started in the background). The front-ends: `app` (the
+cockpit, with its screens/ and widgets/), `headless` (`lmcockpit --run`), `bridge` (engine events
+into Textual) and `runview` (what a front-end knows of a run). What both the commands and the
+cockpit show: `formatting` (how a figure is written) and `rows` (the presets' and a comparison's
+table rows).
 
+Screens and widgets never import a command: what both show lives in a module both import.
 Never imports torch."""

@@ -183,7 +183,7 @@ def refuse_mistyped_command(word: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (see completion.py): answers and exits
-        from lmcockpit.tui.completion import complete
+        from lmcockpit.tui.commands.completion import complete
 
         complete(build_parser)
     argv = sys.argv[1:] if argv is None else argv

@@ -15,7 +15,8 @@ from rich.text import Text
 from lmcockpit.core import protocol as P
 from lmcockpit.core.hardware.telemetry import Reading, Telemetry, find_gpu, run_gpu_indices
 from lmcockpit.core.process.runner import EngineProcess
-from lmcockpit.tui.runview import DASH, RunView, bar, fmt_count, fmt_duration
+from lmcockpit.tui.formatting import DASH, bar, fmt_count, fmt_duration
+from lmcockpit.tui.runview import RunView
 
 EXIT_CODES = {P.FINISHED: 0, P.ABORTED: 0, P.INTERRUPTED: 130, P.FAILED: 1}
 

@@ -1,6 +1,6 @@
-"""What a front-end knows of a run, folded from engine events, and the formatting both front-ends share.
+"""What a front-end knows of a run, folded from engine events.
 
-Torch-free."""
+Torch-free. Its figures are written out by `formatting`."""
 
 from __future__ import annotations
 
@@ -9,29 +9,6 @@ from dataclasses import dataclass, field
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.run.compare import EMA_BETA
-
-DASH = "–"
-
-
-def fmt_count(x: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.1f}{unit}"
-    return f"{x:.0f}"
-
-
-def fmt_duration(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def bar(fraction: float, width: int = 20) -> str:
-    eighths = " ▏▎▍▌▋▊▉█"
-    filled = max(0.0, min(1.0, fraction)) * width
-    full = int(filled)
-    part = eighths[int((filled - full) * 8)] if full < width else ""
-    return ("█" * full + part).ljust(width)
-
 
 @dataclass
 class RunView:

@@ -12,7 +12,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
 from lmcockpit.core.run.compare import AXES, RunCurves
-from lmcockpit.tui.compare import labels, result_rows, setting_rows
+from lmcockpit.tui.rows import labels, result_rows, setting_rows
 from lmcockpit.tui.widgets.compare_chart import CompareChart
 
 

@@ -25,8 +25,8 @@ from lmcockpit.core.data import budget as data_budget
 from lmcockpit.core.hardware.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count
 from lmcockpit.core.process import live
 from lmcockpit.core.run.folder import CONFIG, UNREADABLE, recent_runs, run_summary
-from lmcockpit.tui.presets import STYLE as VERDICT_STYLE, preset_rows
-from lmcockpit.tui.runview import DASH, fmt_duration
+from lmcockpit.tui.rows import VERDICT_STYLE, preset_rows
+from lmcockpit.tui.formatting import DASH, fmt_duration
 
 
 def flatten(cfg: Config) -> list[tuple[str, str]]:

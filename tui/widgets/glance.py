@@ -15,7 +15,8 @@ from rich.text import Text
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.hardware.telemetry import GPUReading, ProcessLoad, Reading, find_gpu
-from lmcockpit.tui.runview import DASH, RunView, bar, fmt_count, fmt_duration
+from lmcockpit.tui.formatting import DASH, bar, fmt_count, fmt_duration
+from lmcockpit.tui.runview import RunView
 from lmcockpit.tui.widgets.panels import gib
 
 SEP = " · "

@@ -15,7 +15,8 @@ from textual.widgets import Static
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.hardware.telemetry import GPUReading, Reading, find_gpu
-from lmcockpit.tui.runview import DASH, RunView, fmt_count, fmt_duration
+from lmcockpit.tui.formatting import DASH, fmt_count, fmt_duration
+from lmcockpit.tui.runview import RunView
 
 STATE_STYLE = {P.RUNNING: "bold green", P.PAUSED: "bold yellow", P.FAILED: "bold red", P.FINISHED: "bold cyan",
                P.ABORTED: "bold magenta", P.INTERRUPTED: "bold magenta", P.COMPILING: "bold blue",

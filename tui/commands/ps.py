@@ -16,12 +16,13 @@ from rich.table import Table
 from rich.text import Text
 
 from lmcockpit.core.process import live
-from lmcockpit.tui.runview import DASH, fmt_duration
-from lmcockpit.tui.usage import Parser, UsageError, error
+from lmcockpit.tui.commands import command_parser
+from lmcockpit.tui.formatting import DASH, fmt_duration
+from lmcockpit.tui.usage import Parser
 
 
 def build_parser() -> Parser:
-    return Parser(prog="lmcockpit ps", description=__doc__.split("\n\n")[0])
+    return command_parser(__name__, description=__doc__.split("\n\n")[0])
 
 
 def rows(runs: list[live.LiveRun], unreadable: list[live.Unreadable] = ()) -> list[tuple[str, ...]]:
@@ -41,10 +42,7 @@ def rows(runs: list[live.LiveRun], unreadable: list[live.Unreadable] = ()) -> li
 
 
 def main(argv: list[str]) -> int:
-    try:
-        build_parser().parse_args(argv)
-    except UsageError as e:
-        return error(str(e))
+    build_parser().parse_args(argv)
     runs, unreadable = live.survey()
     console = Console(highlight=False, soft_wrap=True)
     if not runs and not unreadable:

@@ -27,7 +27,7 @@ def quit_with_server() -> None:
         pass
 
 
-if __name__ == "__main__":  # python -m lmcockpit.tui.serve_session SERVER_PID
+if __name__ == "__main__":  # python -m lmcockpit.tui.commands.serve.session SERVER_PID
     quit_with_server()
     if sys.argv[1:] != [str(os.getppid())]:
         sys.exit(0)  # the server died before prctl took effect: no one is left to see this cockpit

@@ -19,8 +19,8 @@ from typing import NoReturn
 
 import argcomplete
 
-from lmcockpit.tui.commands import COMMANDS
-from lmcockpit.tui.usage import Parser, UsageError, error
+from lmcockpit.tui.commands import COMMANDS, command_parser
+from lmcockpit.tui.usage import Parser
 
 SHELLS = ("bash", "zsh", "fish")
 
@@ -32,19 +32,16 @@ to enable it:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="lmcockpit completion", formatter_class=argparse.RawDescriptionHelpFormatter,
-               description="Print the script that gives lmcockpit tab completion in SHELL: commands, flags,\n"
-                           "shipped presets, run folders under runs/, and config keys for --set.",
-               epilog=ENABLE)
+    p = command_parser(__name__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Print the script that gives lmcockpit tab completion in SHELL: commands, flags,\n"
+                                   "shipped presets, run folders under runs/, and config keys for --set.",
+                       epilog=ENABLE)
     p.add_argument("shell", metavar="SHELL", choices=SHELLS, help="bash, zsh or fish")
     return p
 
 
 def main(argv: list[str]) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except UsageError as e:
-        return error(str(e))
+    args = build_parser().parse_args(argv)
     print(argcomplete.shellcode(["lmcockpit"], shell=args.shell), end="")
     return 0
 

@@ -1,11 +1,11 @@
 """The web server behind `lmcockpit serve`: textual-serve's, fitted to a cockpit behind an SSH tunnel.
 
 textual-serve's web server, fitted to a cockpit reached through an SSH tunnel: on a Unix socket
-(serve.py's default), or on a TCP port with a token. Kept apart from serve.py because aiohttp takes
+(the command's default), or on a TCP port with a token. Kept apart from the command because aiohttp takes
 a quarter of a second to import: `lmcockpit serve --help` and tab completion do without it.
 
 What it changes in textual-serve's `Server`:
-- it listens on what serve.py gives it: a bound Unix socket, or a host and port;
+- it listens on what the command gives it: a bound Unix socket, or a host and port;
 - every request passes `gate` (an aiohttp middleware, so no route of textual-serve's is left out,
   its downloads included): on TCP it must carry the token, as `?token=` or as the cookie that the
   first page's `?token=` is exchanged for (`token_refusal`); a WebSocket opened by another site's

@@ -11,16 +11,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lmcockpit.core.config import ConfigError, toml_value
-from lmcockpit.core.run.compare import AXES, RunCurves, axis_scale, differing_settings, load_runs
+from lmcockpit.core.run.compare import AXES, RunCurves, axis_scale, load_runs
+from lmcockpit.tui.commands import command_parser
 from lmcockpit.tui.completers import run_folders
-from lmcockpit.tui.runview import DASH, fmt_duration
-from lmcockpit.tui.usage import Parser, UsageError, error
+from lmcockpit.tui.rows import labels, result_rows, setting_rows
+from lmcockpit.tui.usage import UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="lmcockpit compare", description="Compare run folders: the settings they differ in, then "
-               "final loss, best validation loss, tokens/s and training time; --png draws their loss curves.")
+    p = command_parser(__name__, description="Compare run folders: the settings they differ in, then "
+                       "final loss, best validation loss, tokens/s and training time; --png draws their loss curves.")
     p.add_argument("runs", metavar="RUN", nargs="+", help="two or more run folders").completer = run_folders
     p.add_argument("--png", metavar="FILE", help="also write the loss curves to this PNG (needs matplotlib: "
                    "pip install 'lmcockpit[plot]')")
@@ -28,43 +28,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the chart's x axis: step, tokens seen, or training time (default: step)")
     p.add_argument("--log", action="store_true", help="log-scale loss axis in the chart")
     return p
-
-
-def labels(runs: list[RunCurves]) -> list[str]:
-    """Each run by its folder's name; by its path where two share a name (runs/a/x and runs/b/x)."""
-    names = [r.name for r in runs]
-    return [r.name if names.count(r.name) == 1 else str(r.path) for r in runs]
-
-
-def fmt_loss(value: float | None) -> str:
-    return f"{value:.4f}" if value is not None else DASH
-
-
-def fmt_time(seconds: float) -> str:
-    """Training time; under a minute in seconds, where h:mm:ss would say 0:00:00 for short runs."""
-    return f"{seconds:.1f}s" if seconds < 60 else fmt_duration(seconds)
-
-
-Row = tuple[str, list[str]]  # what, then a cell per run
-
-
-def setting_rows(runs: list[RunCurves]) -> list[Row]:
-    """A row per setting the runs differ in (a dash where a run's config lacks it). The CLI and
-    the cockpit's compare view show the same rows."""
-    return [(key, [toml_value(r.config[key]) if key in r.config else DASH for r in runs])
-            for key in differing_settings(runs)]
-
-
-def result_rows(runs: list[RunCurves]) -> list[Row]:
-    return [
-        ("final loss (ema)", [fmt_loss(r.final_loss_ema) for r in runs]),
-        ("final loss", [fmt_loss(r.final_loss) for r in runs]),
-        ("best val loss", [f"{b[0]:.4f} @ {b[1]}" if (b := r.best_val) else DASH for r in runs]),
-        ("tokens/s", [f"{t:,.0f}" if (t := r.median_tokens_per_s) is not None else DASH for r in runs]),
-        ("time", [fmt_time(r.train_time) if r.steps else DASH for r in runs]),
-        ("steps", [str(r.steps[-1]) if r.steps else "0" for r in runs]),
-        ("state", [r.status for r in runs]),
-    ]
 
 
 def write_png(runs: list[RunCurves], path: Path, axis: str = "step", log: bool = False) -> None:
@@ -111,17 +74,12 @@ def main(argv: list[str]) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    try:
-        args = build_parser().parse_args(argv)
-        if len(args.runs) < 2:
-            raise UsageError("compare needs two or more run folders (see `lmcockpit compare --help`)")
-        runs = load_runs(args.runs)
-        if args.png:
-            write_png(runs, Path(args.png).expanduser(), args.x, args.log)
-    except (UsageError, ConfigError) as e:
-        return error(str(e))
-    except KeyboardInterrupt:
-        return 130
+    args = build_parser().parse_args(argv)
+    if len(args.runs) < 2:
+        raise UsageError("compare needs two or more run folders (see `lmcockpit compare --help`)")
+    runs = load_runs(args.runs)
+    if args.png:
+        write_png(runs, Path(args.png).expanduser(), args.x, args.log)
     console = Console(highlight=False, soft_wrap=True)
     header = ["", *labels(runs)]
     settings, results = setting_rows(runs), result_rows(runs)

@@ -14,11 +14,12 @@ from pathlib import Path
 from lmcockpit.core.process import live
 from lmcockpit.core.process.viewer import NotLive, RunViewer
 from lmcockpit.tui import completers
+from lmcockpit.tui.commands import command_parser
 from lmcockpit.tui.usage import Parser, UsageError, error
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="lmcockpit attach", description=__doc__.split("\n\n")[0])
+    parser = command_parser(__name__, description=__doc__.split("\n\n")[0])
     parser.add_argument("run", metavar="RUN", nargs="?",
                         help="the run folder (default: the only live run; `lmcockpit ps` lists them)"
                         ).completer = completers.run_folders
@@ -46,11 +47,9 @@ def choose_run(arg: str | None) -> Path:
 
 
 def main(argv: list[str]) -> int:
+    run_dir = choose_run(build_parser().parse_args(argv).run)
     try:
-        run_dir = choose_run(build_parser().parse_args(argv).run)
         RunViewer(run_dir).close()  # here, before the cockpit takes the terminal: a dead run says so plainly
-    except UsageError as e:
-        return error(str(e))
     except NotLive as e:
         return error(str(e))
     from lmcockpit.tui.app import CockpitApp

@@ -24,16 +24,17 @@ from pathlib import Path
 
 from rich.console import Console
 
-from lmcockpit.core.config import Config, ConfigError, load_config
+from lmcockpit.core.config import Config, load_config
 from lmcockpit.core.data import store
 from lmcockpit.core.data.sources import NOT_FETCHED
 from lmcockpit.tui import completers
-from lmcockpit.tui.runview import fmt_count, fmt_duration
-from lmcockpit.tui.usage import Parser, UsageError, error
+from lmcockpit.tui.commands import command_parser
+from lmcockpit.tui.formatting import fmt_count, fmt_duration
+from lmcockpit.tui.usage import Parser, UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="lmcockpit data", description=__doc__.split("\n\n")[0].replace("`", "").rstrip("."))
+    p = command_parser(__name__, description=__doc__.split("\n\n")[0].replace("`", "").rstrip("."))
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=Parser)
     prep = sub.add_parser("prepare", help="prepare a preset's token cache now (resumes a killed one)",
                           description="Prepare a preset's token cache ahead of training.")
@@ -62,19 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        if args.action == "prepare":
-            return prepare(load_config(args.preset, args.overrides)[0], again(args.preset, args.overrides))
-        if args.action == "info" and args.preset is not None:
-            return run_info(args.preset, args.overrides, args.cache_dir)
-        if args.action == "info" and args.overrides:
-            raise UsageError("--set changes a preset's settings: name the PRESET first "
-                             "(lmcockpit data info cpu --set training.max_steps=5000)")
-        root = store.cache_root(Config()) if args.cache_dir is None else Path(args.cache_dir).expanduser()
-        return info(root) if args.action == "info" else rm(root, args.key)
-    except (UsageError, ConfigError) as e:
-        return error(str(e))
+    args = build_parser().parse_args(argv)
+    if args.action == "prepare":
+        return prepare(load_config(args.preset, args.overrides)[0], again(args.preset, args.overrides))
+    if args.action == "info" and args.preset is not None:
+        return run_info(args.preset, args.overrides, args.cache_dir)
+    if args.action == "info" and args.overrides:
+        raise UsageError("--set changes a preset's settings: name the PRESET first "
+                         "(lmcockpit data info cpu --set training.max_steps=5000)")
+    root = store.cache_root(Config()) if args.cache_dir is None else Path(args.cache_dir).expanduser()
+    return info(root) if args.action == "info" else rm(root, args.key)
 
 
 def plain_console() -> Console:

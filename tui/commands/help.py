@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import argparse
 
-from lmcockpit.tui.commands import COMMANDS, nearest
+from lmcockpit.tui.commands import COMMANDS, command_parser, nearest
 from lmcockpit.tui.completers import command_names
-from lmcockpit.tui.usage import Parser, UsageError, error
+from lmcockpit.tui.usage import error
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="lmcockpit help", description="Show the overview of lmcockpit, or one command's help "
-               "(the same as `lmcockpit COMMAND --help`).")
+    p = command_parser(__name__, description="Show the overview of lmcockpit, or one command's help "
+                       "(the same as `lmcockpit COMMAND --help`).")
     p.add_argument("command", metavar="COMMAND", nargs="?", help="the command to explain").completer = command_names
     return p
 
@@ -22,10 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     from lmcockpit.tui import cli
 
-    try:
-        args = build_parser().parse_args(argv)
-    except UsageError as e:
-        return error(str(e))
+    args = build_parser().parse_args(argv)
     if args.command is None:
         return cli.main(["--help"])
     if args.command not in COMMANDS:

@@ -14,28 +14,25 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from lmcockpit.core.config import load_config, shipped_presets
+from lmcockpit.core.config import load_config
 from lmcockpit.core.data import budget as data_budget
 from lmcockpit.core.hardware import fit
 from lmcockpit.core.hardware.telemetry import Telemetry
-from lmcockpit.tui.runview import DASH
-from lmcockpit.tui.usage import Parser, UsageError, error
-
-STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
+from lmcockpit.tui.commands import command_parser
+from lmcockpit.tui.formatting import DASH
+from lmcockpit.tui.rows import VERDICT_STYLE, preset_rows
+from lmcockpit.tui.usage import Parser, error
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="lmcockpit presets", description=__doc__.split("\n\n")[0])
+    parser = command_parser(__name__, description=__doc__.split("\n\n")[0])
     parser.add_argument("--memory", metavar="GB", type=float,
                         help="judge every preset against a GPU with this much memory (GiB) instead of this machine's")
     return parser
 
 
 def main(argv: list[str]) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except UsageError as e:
-        return error(str(e))
+    args = build_parser().parse_args(argv)
     # NaN compares false with everything and infinity has no byte count: both are refused here.
     if args.memory is not None and not (math.isfinite(args.memory) and args.memory > 0):
         return error(f"--memory {args.memory:g}: expected a positive, finite number of GiB")
@@ -61,7 +58,7 @@ def main(argv: list[str]) -> int:
         table.add_column(column, no_wrap=True, justify="right" if numeric else "left")
     rows = preset_rows(card)
     for *cells, verdict in rows:
-        table.add_row(*cells, f"[{STYLE[verdict]}]{verdict}[/]" if verdict in STYLE else verdict)
+        table.add_row(*cells, f"[{VERDICT_STYLE[verdict]}]{verdict}[/]" if verdict in VERDICT_STYLE else verdict)
     console = Console(highlight=False, soft_wrap=True)
     console.print(table)
     console.print(epochs_line([row[0] for row in rows]))
@@ -80,17 +77,3 @@ def epochs_line(names: list[str]) -> str:
     return (f"Epochs of its source each preset's steps make (from the text's size until its token cache exists; "
             f"{DASH}: a Hub source not fetched yet; past {data_budget.MANY_EPOCHS}, in yellow, a model learns its "
             f"corpus by heart): " + ", ".join(parts) + ".")
-
-
-def preset_rows(card: int | None) -> list[tuple[str, str, str, str, str, str]]:
-    """(name, GPU class, parameters, tokens/step, estimated peak, verdict) of every shipped preset,
-    smallest card first; judged against `card` bytes, or each preset's own class when None."""
-    configs = [(name, load_config(name)[0]) for name in shipped_presets()]
-    rows = []
-    for name, cfg in sorted(configs, key=lambda nc: (nc[1].hardware.vram_gb, fit.param_counts(nc[1]).total)):
-        estimate, verdict = fit.judge(cfg, card)
-        on_gpu = card is not None or cfg.hardware.vram_gb > 0
-        rows.append((name, cfg.hardware.gpu_class, f"{fit.param_counts(cfg).total / 1e6:.1f}M",
-                     f"{cfg.tokens_per_step:,}", f"{estimate.total / fit.GiB:.1f} GiB" + ("" if on_gpu else " RAM"),
-                     verdict))
-    return rows

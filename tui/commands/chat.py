@@ -21,8 +21,9 @@ from lmcockpit.core.config import ConfigError
 from lmcockpit.core.infer.chat_engine import ChatEngine
 from lmcockpit.core.protocol import SAMPLE_SETTINGS, parse_setting
 from lmcockpit.core.run.checkpoints import find_checkpoint
+from lmcockpit.tui.commands import command_parser
 from lmcockpit.tui.completers import run_folders
-from lmcockpit.tui.usage import Parser, UsageError, error
+from lmcockpit.tui.usage import UsageError, error
 
 HELP = """\
 Type text to continue it with the current settings. Commands (also with a leading /, as in the
@@ -43,9 +44,9 @@ DEFAULT_BATCH = 4
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="lmcockpit chat", description="Sample from a trained model: an interactive prompt, "
-                "or with --prompt one generation printed for scripts (prompt and continuation, one block "
-                "per sample).")
+    p = command_parser(__name__, description="Sample from a trained model: an interactive prompt, "
+                        "or with --prompt one generation printed for scripts (prompt and continuation, one block "
+                        "per sample).")
     p.add_argument("path", metavar="RUN_OR_CHECKPOINT", help="a run folder (its latest checkpoint) or a checkpoint folder"
                    ).completer = run_folders
     p.add_argument("--prompt", help="generate once from this text, print it and exit")
@@ -247,12 +248,9 @@ class Session:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        settings = settings_from(args)
-        checkpoint = find_checkpoint(args.path)
-    except (UsageError, ConfigError) as e:
-        return error(str(e))
+    args = build_parser().parse_args(argv)
+    settings = settings_from(args)
+    checkpoint = find_checkpoint(args.path)
     engine = ChatEngine(checkpoint, args.device)
     engine.start()
     session = Session(engine, settings)

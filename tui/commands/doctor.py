@@ -28,7 +28,8 @@ from lmcockpit.core.config import Config
 from lmcockpit.core.data.store import cache_root
 from lmcockpit.core.hardware import gpu_env
 from lmcockpit.core.hardware.cpu_precision import MARGIN
-from lmcockpit.tui.usage import Parser, UsageError, error
+from lmcockpit.tui.commands import command_parser
+from lmcockpit.tui.usage import Parser
 
 TORCH_CHECK_TIMEOUT = 600  # a cold compile smoke test on a slow machine takes well under a minute
 LOW_DISK = 10 * 1024**3  # a checkpoint of the h100 preset (weights and optimizer state) is about 4 GB
@@ -181,14 +182,11 @@ def disk_checks() -> list[Check]:
 
 
 def build_parser() -> Parser:
-    return Parser(prog="lmcockpit doctor", description=__doc__.split("\n\n")[0])
+    return command_parser(__name__, description=__doc__.split("\n\n")[0])
 
 
 def main(argv: list[str]) -> int:
-    try:
-        build_parser().parse_args(argv)
-    except UsageError as e:
-        return error(str(e))
+    build_parser().parse_args(argv)
     console = Console(highlight=False, soft_wrap=True)
     results = checks()
     for c in results:

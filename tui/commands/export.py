@@ -11,14 +11,15 @@ import sys
 import traceback
 
 from lmcockpit.core.config import ConfigError
+from lmcockpit.tui.commands import command_parser
 from lmcockpit.tui.completers import directories, run_folders
-from lmcockpit.tui.usage import Parser, UsageError, error
+from lmcockpit.tui.usage import UsageError, error
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="lmcockpit export", description="Write a checkpoint as a Hugging Face Qwen3ForCausalLM folder "
-                "(config.json, model.safetensors, tokenizer files, generation_config.json) that transformers "
-                "loads with AutoModelForCausalLM.from_pretrained, offline.")
+    p = command_parser(__name__, description="Write a checkpoint as a Hugging Face Qwen3ForCausalLM folder "
+                        "(config.json, model.safetensors, tokenizer files, generation_config.json) that transformers "
+                        "loads with AutoModelForCausalLM.from_pretrained, offline.")
     p.add_argument("path", metavar="RUN_OR_CHECKPOINT", help="a run folder (its latest checkpoint) or a checkpoint folder"
                    ).completer = run_folders
     p.add_argument("out", metavar="OUT_DIR", help="the folder to create (must not exist, or be empty)"
@@ -32,10 +33,8 @@ def main(argv: list[str]) -> int:
         from lmcockpit.core.infer.export import export
 
         done = export(args.path, args.out, log=lambda s: print(s, file=sys.stderr))
-    except (UsageError, ConfigError) as e:
-        return error(str(e))
-    except KeyboardInterrupt:
-        return 130
+    except (UsageError, ConfigError):
+        raise  # the registry's: one error: line and exit 2
     except Exception as e:  # noqa: BLE001 - a failure that is not the user's: show where
         traceback.print_exc(file=sys.stderr)
         error(f"export failed: {e}")

@@ -10,8 +10,9 @@ on the machine, so by default there is none: the server listens on a Unix socket
 first instant, in a 0700 folder of the user's own (safe_files.runtime_dir), and a laptop reaches it
 through OpenSSH's socket forwarding (`ssh -L 8000:/path/serve.sock`), which needs no port on this
 machine either. `--port` or `--host` opts into TCP, and then every request must carry a random
-token, as Jupyter's do: the printed URL has it, and the browser keeps it in a cookie (webserver.py
-checks it, and fits textual-serve's server to both setups).
+token, as Jupyter's do: the printed URL has it, and the browser keeps it in a cookie (`webserver`
+checks it, and fits textual-serve's server to both setups). `session` is one browser tab's
+cockpit, which quits with the server.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import stat
 import sys
 from pathlib import Path
 
-from lmcockpit.tui.usage import Parser, UsageError, error
+from lmcockpit.tui.commands import command_parser
+from lmcockpit.tui.usage import UsageError, error
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_PORT = 8000  # textual-serve's own default; also the laptop's end of the tunnel
@@ -46,14 +48,14 @@ a browser on this machine itself: lmcockpit serve --port {DEFAULT_PORT}, and ope
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="lmcockpit serve", formatter_class=argparse.RawDescriptionHelpFormatter,
-               description="Serve the cockpit to web browsers through textual-serve: each browser tab opens\n"
-                           "the launch screen, as `lmcockpit` does in a terminal (run folders under runs/\n"
-                           "here). Whoever reaches the server drives the cockpit, so by default it opens no\n"
-                           "TCP port: it listens on a Unix socket only this user can open, reached from a\n"
-                           "laptop through an SSH tunnel. --port or --host serve on TCP instead, and then\n"
-                           "the printed URL carries a token that every request must present.",
-               epilog=TUNNEL)
+    p = command_parser(__name__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Serve the cockpit to web browsers through textual-serve: each browser tab opens\n"
+                                   "the launch screen, as `lmcockpit` does in a terminal (run folders under runs/\n"
+                                   "here). Whoever reaches the server drives the cockpit, so by default it opens no\n"
+                                   "TCP port: it listens on a Unix socket only this user can open, reached from a\n"
+                                   "laptop through an SSH tunnel. --port or --host serve on TCP instead, and then\n"
+                                   "the printed URL carries a token that every request must present.",
+                       epilog=TUNNEL)
     p.add_argument("--socket", metavar="PATH", type=Path,
                    help=f"the Unix socket to listen on (default {SOCKET_NAME} in a folder of this user's alone: "
                         "$XDG_RUNTIME_DIR/lmcockpit, else /tmp/lmcockpit-UID); made 0600")
@@ -78,8 +80,8 @@ def is_loopback(host: str) -> bool:
 def cockpit_command() -> str:
     """The command each browser tab runs, as a shell line (textual-serve runs it through a shell,
     whose `exec` makes the cockpit this server's own child): this interpreter, so the cockpit is
-    the installation serving it, given this server's pid to quit with (serve_session.py)."""
-    return "exec " + shlex.join([sys.executable, "-m", "lmcockpit.tui.serve_session", str(os.getpid())])
+    the installation serving it, given this server's pid to quit with (`session`)."""
+    return "exec " + shlex.join([sys.executable, "-m", "lmcockpit.tui.commands.serve.session", str(os.getpid())])
 
 
 def bind_failure(host: str, port: int, e: OSError) -> str:
@@ -141,14 +143,11 @@ def announce(where: str, tunnel: str | None = None, opened: str = "", warning: s
 
 
 def main(argv: list[str]) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        if args.port is not None and not 0 < args.port < 65536:
-            raise UsageError(f"--port {args.port}: expected a port number, 1 to 65535")
-        if args.socket is not None and (args.port is not None or args.host is not None):
-            raise UsageError("--socket serves on a Unix socket, --port and --host on TCP: give one or the other")
-    except UsageError as e:
-        return error(str(e))
+    args = build_parser().parse_args(argv)
+    if args.port is not None and not 0 < args.port < 65536:
+        raise UsageError(f"--port {args.port}: expected a port number, 1 to 65535")
+    if args.socket is not None and (args.port is not None or args.host is not None):
+        raise UsageError("--socket serves on a Unix socket, --port and --host on TCP: give one or the other")
     if args.port is not None or args.host is not None:
         return serve_tcp(args.host or LOOPBACK, args.port or DEFAULT_PORT)
     from lmcockpit.core.run.safe_files import runtime_dir
@@ -197,10 +196,7 @@ def serve_tcp(host: str, port: int) -> int:
 
 
 def run(listen: dict, **options) -> int:
-    from lmcockpit.tui.webserver import CockpitServer
+    from lmcockpit.tui.commands.serve.webserver import CockpitServer
 
-    try:
-        CockpitServer(cockpit_command(), listen, **options).serve()  # until Ctrl-C or SIGTERM, a graceful exit
-    except KeyboardInterrupt:  # before the server took Ctrl-C over
-        return 130
+    CockpitServer(cockpit_command(), listen, **options).serve()  # until Ctrl-C or SIGTERM, a graceful exit
     return 0

@@ -1,0 +1,66 @@
+"""The rows a command prints and a screen shows alike: the presets' table and a comparison's.
+
+`lmcockpit presets` and the launch screen list the presets from `preset_rows`; `lmcockpit compare`
+and the cockpit's compare view show runs side by side from `setting_rows` and `result_rows`. Here,
+not in a command's module, because a screen never imports a command.
+"""
+
+from __future__ import annotations
+
+from lmcockpit.core.config import load_config, shipped_presets, toml_value
+from lmcockpit.core.hardware import fit
+from lmcockpit.core.run.compare import RunCurves, differing_settings
+from lmcockpit.tui.formatting import DASH, fmt_duration
+
+VERDICT_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
+
+
+def preset_rows(card: int | None) -> list[tuple[str, str, str, str, str, str]]:
+    """(name, GPU class, parameters, tokens/step, estimated peak, verdict) of every shipped preset,
+    smallest card first; judged against `card` bytes, or each preset's own class when None."""
+    configs = [(name, load_config(name)[0]) for name in shipped_presets()]
+    rows = []
+    for name, cfg in sorted(configs, key=lambda nc: (nc[1].hardware.vram_gb, fit.param_counts(nc[1]).total)):
+        estimate, verdict = fit.judge(cfg, card)
+        on_gpu = card is not None or cfg.hardware.vram_gb > 0
+        rows.append((name, cfg.hardware.gpu_class, f"{fit.param_counts(cfg).total / 1e6:.1f}M",
+                     f"{cfg.tokens_per_step:,}", f"{estimate.total / fit.GiB:.1f} GiB" + ("" if on_gpu else " RAM"),
+                     verdict))
+    return rows
+
+
+def labels(runs: list[RunCurves]) -> list[str]:
+    """Each run by its folder's name; by its path where two share a name (runs/a/x and runs/b/x)."""
+    names = [r.name for r in runs]
+    return [r.name if names.count(r.name) == 1 else str(r.path) for r in runs]
+
+
+def fmt_loss(value: float | None) -> str:
+    return f"{value:.4f}" if value is not None else DASH
+
+
+def fmt_time(seconds: float) -> str:
+    """Training time; under a minute in seconds, where h:mm:ss would say 0:00:00 for short runs."""
+    return f"{seconds:.1f}s" if seconds < 60 else fmt_duration(seconds)
+
+
+Row = tuple[str, list[str]]  # what, then a cell per run
+
+
+def setting_rows(runs: list[RunCurves]) -> list[Row]:
+    """A row per setting the runs differ in (a dash where a run's config lacks it). The CLI and
+    the cockpit's compare view show the same rows."""
+    return [(key, [toml_value(r.config[key]) if key in r.config else DASH for r in runs])
+            for key in differing_settings(runs)]
+
+
+def result_rows(runs: list[RunCurves]) -> list[Row]:
+    return [
+        ("final loss (ema)", [fmt_loss(r.final_loss_ema) for r in runs]),
+        ("final loss", [fmt_loss(r.final_loss) for r in runs]),
+        ("best val loss", [f"{b[0]:.4f} @ {b[1]}" if (b := r.best_val) else DASH for r in runs]),
+        ("tokens/s", [f"{t:,.0f}" if (t := r.median_tokens_per_s) is not None else DASH for r in runs]),
+        ("time", [fmt_time(r.train_time) if r.steps else DASH for r in runs]),
+        ("steps", [str(r.steps[-1]) if r.steps else "0" for r in runs]),
+        ("state", [r.status for r in runs]),
+    ]
