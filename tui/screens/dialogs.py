@@ -1,7 +1,7 @@
 """Modal dialogs: abort, quit with a run in progress, the key help, and the pick of a baseline run.
 
-Modal dialogs: abort (save or not), quit with a run in progress (stop it or leave it), the key help,
-and the pick of a baseline run."""
+Abort (save or not) and quit with a run in progress (stop it or leave it) are each a question
+answered by one key (`ChoiceDialog`); then the key help, and the pick of a baseline run."""
 
 from __future__ import annotations
 
@@ -13,39 +13,41 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 
-class AbortDialog(ModalScreen[str | None]):
-    """Enter: checkpoint then stop. d: stop without saving. Esc: keep training."""
+class ChoiceDialog(ModalScreen[str | None]):
+    """A question answered by one key: each of the subclass's BINDINGS chooses (Esc: None, nothing
+    changes), and TEXT asks it, a line per key."""
 
-    BINDINGS = [("enter", "choose('save')", "Save and stop"), ("d", "choose('nosave')", "Stop, don't save"),
-                ("escape", "choose(None)", "Cancel")]
+    TEXT = ""
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static("[b]Abort the run?[/b]\n\n"
-                         "[b]Enter[/b]  write a checkpoint, then stop\n"
-                         "[b]d[/b]      stop without saving\n"
-                         "[b]Esc[/b]    keep training")
+            yield Static(self.TEXT)
 
     def action_choose(self, choice: str | None) -> None:
         self.dismiss(choice)
 
 
-class QuitDialog(ModalScreen[str | None]):
+class AbortDialog(ChoiceDialog):
+    """Enter: checkpoint then stop. d: stop without saving. Esc: keep training."""
+
+    BINDINGS = [("enter", "choose('save')", "Save and stop"), ("d", "choose('nosave')", "Stop, don't save"),
+                ("escape", "choose(None)", "Cancel")]
+    TEXT = ("[b]Abort the run?[/b]\n\n"
+            "[b]Enter[/b]  write a checkpoint, then stop\n"
+            "[b]d[/b]      stop without saving\n"
+            "[b]Esc[/b]    keep training")
+
+
+class QuitDialog(ChoiceDialog):
     """Enter: stop the run with a checkpoint, then quit. d: quit and leave it training (attach again
     with `lmcockpit attach`). Esc: stay."""
 
     BINDINGS = [("enter", "choose('stop')", "Stop and quit"), ("d", "choose('detach')", "Leave it training"),
                 ("escape", "choose(None)", "Cancel")]
-
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog"):
-            yield Static("[b]A run is in progress.[/b]\n\n"
-                         "[b]Enter[/b]  stop it (writing a checkpoint) and quit\n"
-                         "[b]d[/b]      leave it training and quit (lmcockpit attach comes back)\n"
-                         "[b]Esc[/b]    stay")
-
-    def action_choose(self, choice: str | None) -> None:
-        self.dismiss(choice)
+    TEXT = ("[b]A run is in progress.[/b]\n\n"
+            "[b]Enter[/b]  stop it (writing a checkpoint) and quit\n"
+            "[b]d[/b]      leave it training and quit (lmcockpit attach comes back)\n"
+            "[b]Esc[/b]    stay")
 
 
 class HelpScreen(ModalScreen[None]):
