@@ -18,7 +18,6 @@ import json
 import subprocess
 import time
 
-from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
@@ -28,7 +27,7 @@ from lmcockpit.core.process.report import Reports
 from lmcockpit.tui.headless import EXIT_CODES, progress_line
 from lmcockpit.tui.runplan import RunPlan, discard_unstarted_run
 from lmcockpit.tui.runview import RunView
-from lmcockpit.tui.usage import error
+from lmcockpit.tui.usage import error, new_console
 
 START_WAIT = 30.0  # seconds --detach waits for the engine to start training
 QUIET_FOR = 2.0  # seconds before the wait is shown
@@ -78,7 +77,7 @@ def start_detached(plan: RunPlan) -> int:
 
 
 def failed(why: str) -> None:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(Text(f"run failed: {why}"), style="bold red")
+    new_console(stderr=True).print(Text(f"run failed: {why}"), style="bold red")
 
 
 def ended(proc: subprocess.Popen, timeout: float) -> bool:
@@ -95,7 +94,7 @@ def wait_for_start(reports: Reports) -> dict:
     "user_error": ...}, {"gone": True} (it died without one) or {"waiting": what it is doing} once
     START_WAIT has passed. Shown on stderr after QUIET_FOR: a line redrawn on a terminal, one line
     when piped."""
-    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    console = new_console(stderr=True)
     view = RunView()
     t0 = time.monotonic()
 

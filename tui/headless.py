@@ -17,6 +17,7 @@ from lmcockpit.core.hardware.telemetry import Reading, Telemetry, find_gpu, run_
 from lmcockpit.core.process.runner import EngineProcess
 from lmcockpit.tui.formatting import DASH, bar, fmt_count, fmt_duration
 from lmcockpit.tui.runview import RunView
+from lmcockpit.tui.usage import new_console
 
 EXIT_CODES = {P.FINISHED: 0, P.ABORTED: 0, P.INTERRUPTED: 130, P.FAILED: 1}
 
@@ -69,8 +70,8 @@ def eval_line(ev: P.EvalMetrics) -> str:
 class Headless:
     def __init__(self, engine: EngineProcess, log_every: int, console: Console | None = None):
         self.engine = engine
-        self.console = console or Console(highlight=False, soft_wrap=True)
-        self.errors = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.console = console or new_console()
+        self.errors = new_console(stderr=True)
         self.interactive = self.console.is_terminal
         self.console.on_broken_pipe = self._output_gone
         self.log_every = log_every

@@ -1,7 +1,8 @@
-"""What every `lmcockpit` command shares for bad input: `UsageError`, and the one red `error:` line.
+"""What every `lmcockpit` command shares: `UsageError`, the one red `error:` line, its console.
 
-What every `lmcockpit` command shares for bad input: argparse whose mistakes raise `UsageError`,
-and `error`, the one red `error:` line on stderr that goes with exit 2 (no traceback)."""
+For bad input, argparse whose mistakes raise `UsageError`, and `error`, the one red `error:` line
+on stderr that goes with exit 2 (no traceback); for everything else, `new_console`, the one way a
+command's console is made."""
 
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
+def new_console(stderr: bool = False, markup: bool = True) -> Console:
+    """The console every command prints through: no guessed highlighting of numbers and paths in
+    its lines, which are never wrapped (a piped line stays whole for grep). `markup=False` for
+    text that is the user's (a source's name may hold `[/x]`), emoji codes off with it."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, markup=markup, emoji=markup)
+
+
 def error(message: str) -> int:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(Text(f"error: {message}"), style="bold red")
+    new_console(stderr=True).print(Text(f"error: {message}"), style="bold red")
     return 2

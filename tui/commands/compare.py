@@ -15,7 +15,7 @@ from lmcockpit.core.run.compare import AXES, RunCurves, axis_scale, load_runs
 from lmcockpit.tui.commands import command_parser
 from lmcockpit.tui.completers import run_folders
 from lmcockpit.tui.rows import labels, result_rows, setting_rows
-from lmcockpit.tui.usage import UsageError
+from lmcockpit.tui.usage import UsageError, new_console
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,7 +71,6 @@ def write_png(runs: list[RunCurves], path: Path, axis: str = "step", log: bool =
 
 def main(argv: list[str]) -> int:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
     args = build_parser().parse_args(argv)
@@ -80,7 +79,7 @@ def main(argv: list[str]) -> int:
     runs = load_runs(args.runs)
     if args.png:
         write_png(runs, Path(args.png).expanduser(), args.x, args.log)
-    console = Console(highlight=False, soft_wrap=True)
+    console = new_console()
     header = ["", *labels(runs)]
     settings, results = setting_rows(runs), result_rows(runs)
     if not console.is_terminal:  # piped: one tab-separated line per row, whole, for scripts and grep
@@ -96,5 +95,5 @@ def main(argv: list[str]) -> int:
             table.add_row(what, *cells)
         console.print(table)
     if args.png:  # on stderr: piped, stdout stays the table alone
-        Console(stderr=True, highlight=False, soft_wrap=True).print(f"chart: {args.png}")
+        new_console(stderr=True).print(f"chart: {args.png}")
     return 0

@@ -30,7 +30,7 @@ from lmcockpit.core.data.sources import NOT_FETCHED
 from lmcockpit.tui import completers
 from lmcockpit.tui.commands import command_parser
 from lmcockpit.tui.formatting import fmt_count, fmt_duration
-from lmcockpit.tui.usage import Parser, UsageError
+from lmcockpit.tui.usage import Parser, UsageError, new_console
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,7 +79,7 @@ def plain_console() -> Console:
     """Where this command prints: what it says names the user's files, folders, sources and
     settings, and a cache's source is whatever its meta.json holds, so none of it is read as Rich
     markup (a folder `corpus[/x]` is no closing tag) or emoji codes (`:fire:`)."""
-    return Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
+    return new_console(markup=False)
 
 
 class Progress:

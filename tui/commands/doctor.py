@@ -20,7 +20,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
 from rich.text import Text
 
 from lmcockpit import __version__
@@ -29,7 +28,7 @@ from lmcockpit.core.data.store import cache_root
 from lmcockpit.core.hardware import gpu_env
 from lmcockpit.core.hardware.cpu_precision import MARGIN
 from lmcockpit.tui.commands import command_parser
-from lmcockpit.tui.usage import Parser
+from lmcockpit.tui.usage import Parser, new_console
 
 TORCH_CHECK_TIMEOUT = 600  # a cold compile smoke test on a slow machine takes well under a minute
 LOW_DISK = 10 * 1024**3  # a checkpoint of the h100 preset (weights and optimizer state) is about 4 GB
@@ -187,7 +186,7 @@ def build_parser() -> Parser:
 
 def main(argv: list[str]) -> int:
     build_parser().parse_args(argv)
-    console = Console(highlight=False, soft_wrap=True)
+    console = new_console()
     results = checks()
     for c in results:
         console.print(Text.assemble((f"{c.status:<5} ", STYLE[c.status]), (f"{c.what}: ", "bold"), c.detail))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
 from lmcockpit.core.config import load_config
@@ -21,7 +20,7 @@ from lmcockpit.core.hardware.telemetry import Telemetry
 from lmcockpit.tui.commands import command_parser
 from lmcockpit.tui.formatting import DASH
 from lmcockpit.tui.rows import VERDICT_STYLE, preset_rows
-from lmcockpit.tui.usage import Parser, error
+from lmcockpit.tui.usage import Parser, error, new_console
 
 
 def build_parser() -> Parser:
@@ -59,7 +58,7 @@ def main(argv: list[str]) -> int:
     rows = preset_rows(card)
     for *cells, verdict in rows:
         table.add_row(*cells, f"[{VERDICT_STYLE[verdict]}]{verdict}[/]" if verdict in VERDICT_STYLE else verdict)
-    console = Console(highlight=False, soft_wrap=True)
+    console = new_console()
     console.print(table)
     console.print(epochs_line([row[0] for row in rows]))
     console.print(f"Estimates are fit.py's arithmetic with a {fit.HEADROOM:.0%} headroom for \"fits\"; "

@@ -11,14 +11,13 @@ what to look at, rather than see it vanish.
 from __future__ import annotations
 
 from rich import box
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from lmcockpit.core.process import live
 from lmcockpit.tui.commands import command_parser
 from lmcockpit.tui.formatting import DASH, fmt_duration
-from lmcockpit.tui.usage import Parser
+from lmcockpit.tui.usage import Parser, new_console
 
 
 def build_parser() -> Parser:
@@ -44,7 +43,7 @@ def rows(runs: list[live.LiveRun], unreadable: list[live.Unreadable] = ()) -> li
 def main(argv: list[str]) -> int:
     build_parser().parse_args(argv)
     runs, unreadable = live.survey()
-    console = Console(highlight=False, soft_wrap=True)
+    console = new_console()
     if not runs and not unreadable:
         console.print("no run is training in the background (start one with `lmcockpit PRESET --detach`)")
         return 0
