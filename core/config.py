@@ -23,8 +23,6 @@ from typing import Any, Literal
 
 import tomli_w
 
-from .run.safe_files import write_whole
-
 
 class ConfigError(ValueError):
     """A mistake in the user's input: shown as one message, exit code 2, no traceback."""
@@ -543,12 +541,6 @@ def toml_value(value) -> str:
     if isinstance(value, dict):  # a mixture's part: an inline table, as --set data.sources=[{...}] takes it
         return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
     return tomli_w.dumps({"v": value}).strip()[4:]
-
-
-def write_config(cfg: Config, path: Path) -> None:
-    """Atomically (a fresh temporary file, then rename): another machine of the run may be reading
-    it, and another account may have planted a link at any name we could guess (run.safe_files)."""
-    write_whole(path, f"# resolved lmcockpit config: `lmcockpit --run {path}` repeats this run\n" + cfg.to_toml())
 
 
 def _closest(word: str, choices, prefix: str = "") -> str:

@@ -169,7 +169,7 @@ def test_missing_preset_lists_the_shipped_ones():
 
 
 def test_resolved_config_round_trips(tmp_path):
-    from lmcockpit.core.config import write_config
+    from lmcockpit.core.run.folder import write_config
 
     cfg, _ = load_config("debug", ["training.max_steps=9", "sample.prompts=[\"x\"]"])
     write_config(cfg, tmp_path / "config.toml")

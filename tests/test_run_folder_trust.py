@@ -29,12 +29,12 @@ import pytest
 from textual.widgets import DataTable
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.config import ConfigError, write_config
+from lmcockpit.core.config import ConfigError
 from lmcockpit.core.hardware import cpu_precision
 from lmcockpit.core.process import host, live
 from lmcockpit.core.process.runner import EngineProcess
 from lmcockpit.core.process.viewer import NotLive, RunViewer, history
-from lmcockpit.core.run.folder import LOCK, METRICS, TRAIN_LOG, MetricsLog, create_run_dir, hold_run_dir
+from lmcockpit.core.run.folder import LOCK, METRICS, TRAIN_LOG, MetricsLog, create_run_dir, hold_run_dir, write_config
 from lmcockpit.core.run.resume import truncate_metrics
 from lmcockpit.core.run.safe_files import NotOwnFile, current_umask, write_whole
 from lmcockpit.tui.app import CockpitApp

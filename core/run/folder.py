@@ -21,9 +21,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, ConfigError, config_from_dict, read_toml, write_config
+from ..config import Config, ConfigError, config_from_dict, read_toml
 from .extras import require_logger_packages
-from .safe_files import NotOwnFile, open_append, open_own, own_or_absent
+from .safe_files import NotOwnFile, open_append, open_own, own_or_absent, write_whole
 
 CONFIG = "config.toml"
 METRICS = "metrics.jsonl"
@@ -35,6 +35,12 @@ PRUNED = ".pruned-"  # a checkpoint being deleted (list_checkpoints sees only st
 LOCK = ".training"  # flock'ed by the engine while it trains here; holds its pid
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk, a full quota
 HELD_ROWS = 100_000  # metrics rows kept in memory while the disk is full (about 20 MB)
+
+
+def write_config(cfg: Config, path: Path) -> None:
+    """Atomically (a fresh temporary file, then rename): another machine of the run may be reading
+    it, and another account may have planted a link at any name we could guess (run.safe_files)."""
+    write_whole(path, f"# resolved lmcockpit config: `lmcockpit --run {path}` repeats this run\n" + cfg.to_toml())
 
 
 def default_run_dir(name: str, runs_root: Path = Path("runs")) -> Path:

@@ -22,11 +22,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Config, ConfigError, apply_overrides, config_from_dict, parse_override, read_toml, write_config
+from ..config import Config, ConfigError, apply_overrides, config_from_dict, parse_override, read_toml
 from .checkpoints import check_checkpoint, is_run_dir
 from .extras import require_logger_packages
 from .folder import (CHECKPOINTS, CONFIG, METRICS, check_not_training, create_run_dir, latest_checkpoint,
-                        remove_checkpoints, step_dirs)
+                     remove_checkpoints, step_dirs, write_config)
 from .safe_files import write_whole
 
 SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eval.batches", "checkpoint.every",

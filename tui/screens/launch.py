@@ -20,11 +20,11 @@ from textual.containers import Container, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
-from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, toml_value, write_config
+from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, toml_value
 from lmcockpit.core.data import budget as data_budget
 from lmcockpit.core.hardware.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count
 from lmcockpit.core.process import live
-from lmcockpit.core.run.folder import CONFIG, UNREADABLE, recent_runs, run_summary
+from lmcockpit.core.run.folder import CONFIG, UNREADABLE, recent_runs, run_summary, write_config
 from lmcockpit.tui.rows import VERDICT_STYLE, preset_rows
 from lmcockpit.tui.formatting import DASH, fmt_duration
 
