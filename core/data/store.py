@@ -1,8 +1,7 @@
 """Token caches on disk, without numpy or tokenizers: where they live, their keys, listing and removing.
 
-Token caches on disk, without numpy or tokenizers: where they live (`$XDG_CACHE_HOME/lmcockpit`
-or `data.cache_dir`), the key a config's cache has there, which caches there are (complete, or a
-build a kill left to resume), and removing one. The front-end reads it (`lmcockpit data info/rm`,
+They live under `$XDG_CACHE_HOME/lmcockpit` (or `data.cache_dir`); a config's cache has a key
+there; a cache is complete, or a build a kill left to resume. The front-end reads it (`lmcockpit data info/rm`,
 the token budget on the launch screen and in `presets`, the doctor's free-disk line).
 
 The key covers the source (every file's size and mtime), the split, selection and shard
