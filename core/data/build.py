@@ -32,7 +32,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..config import Config, ConfigError
-from ..run.safe_files import write_whole
+from ..run.safe_files import current_umask, write_whole
 from . import children, encoder, pretrained, readers, sources, split, spool, tokenizer
 from .cache import token_dtype
 
@@ -293,9 +293,7 @@ def save_tokenizer(tok, origin: Path | None, folder: Path, cfg: Config, log) -> 
     # A fresh folder (mkdtemp), not a guessable name: a link planted at one would have the files
     # written wherever it points. Readable as the caches beside it are, not mkdtemp's 0700.
     tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.tmp-", dir=folder.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
+    os.chmod(tmp, 0o777 & ~current_umask())
     try:
         tokenizer.save_hf_tokenizer(tok, tmp, eos_name)
         os.rename(tmp, folder)

@@ -38,6 +38,7 @@ from typing import Callable
 
 from ..config import Config, ConfigError
 from ..run.checkpoints import WEIGHTS, check_checkpoint, checkpoint_config, find_checkpoint, tokenizer_file
+from ..run.safe_files import current_umask
 
 PREFIX = "model."
 
@@ -205,8 +206,7 @@ def export(spec: str, out_dir: str, log: Callable[[str], None] = lambda s: None)
         save_file({PREFIX + k: t.contiguous() for k, t in tensors.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt", "lmcockpit_checkpoint": str(ckpt), "lmcockpit_step": str(step)})
         _write_tokenizer(tok_path, tok, tmp, log)
-        umask = os.umask(0)
-        os.umask(umask)
+        umask = current_umask()
         for f in tmp.iterdir():
             os.chmod(f, 0o666 & ~umask)  # safetensors creates its file private; the folder is for sharing
             with open(f, "rb") as fh:
