@@ -9,11 +9,11 @@ Parts, in the order they run (each appends its own section, so they can also run
   `--nproc 1` (torchrun's elastic agent, one NCCL rank, DDP): same table;
 * memory: the estimator against measured `torch.cuda.max_memory_allocated` for the `h100`,
   `3090`, `4090` and `4070ti` presets, each in a fresh process whose allocator is capped with
-  `torch.cuda.set_per_process_memory_fraction` to its card's memory (minus the CUDA context fit.py
+  `torch.cuda.set_per_process_memory_fraction` to its card's memory (minus the CUDA context memory_estimate.py
   assumes), none allowed out of memory, each within ±15%;
 * saved: what autograd keeps for backward per token, eager and compiled in bf16, measured with
   saved-tensor hooks on the GPU's own kernels (flash attention, inductor's CUDA fusions) for the
-  memory part's presets at 2 layers, against fit.py's per-token counts: where the memory part's
+  memory part's presets at 2 layers, against memory_estimate.py's per-token counts: where the memory part's
   difference comes from, if it is the activations;
 * graphs: the trainer's accumulated gradients in every `training.compile_mode` against the same
   step recomputed eagerly, four steps each (CUDA graphs record on one call and replay on the next:
@@ -24,7 +24,7 @@ Parts, in the order they run (each appends its own section, so they can also run
   not above the round before.
 * inference: issue 20's evaluation and sampling memory: on the `3060` and `h100` presets' shapes
   (bf16, 2 layers), one evaluation micro-batch through the blockwise loss and one sample prefilled
-  at the whole context, peak allocated against fit.inference_bytes (±15%);
+  at the whole context, peak allocated against memory_estimate.inference_bytes (±15%);
 * resume: issue 20's device random states: a debug run on the GPU checkpoints at step 10; its
   state.json is given a second rank's GPU state (and, a second time, the old all-GPUs form with
   two entries), and each resumes on this one GPU to step 20, saying what was not exact;
@@ -38,7 +38,7 @@ Parts, in the order they run (each appends its own section, so they can also run
   path core/hardware/attention.py chooses, one eager forward and backward of the `4090` shape at
   2 layers with SDPA restricted to the kernels that path expects (flash or cuDNN; memory-efficient
   with K/V expanded), so a fall to the math kernel raises; the saved bytes per token against
-  fit.py's count, and the pass's peak against the estimate's activations and loss;
+  memory_estimate.py's count, and the pass's peak against the estimate's activations and loss;
 * allocator: issue 20, PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF both set, to opposite
   `expandable_segments` values, in fresh processes: the settings torch parsed and whether its CUDA
   segments are expandable, against the variable `gpu_env` (the engine's allocator line) names;
@@ -105,9 +105,9 @@ import torch  # noqa: E402 - below configure_allocator(), which must run before 
 sys.path.insert(0, str(Path(__file__).parent))
 from machine import record  # noqa: E402 - below configure_allocator(), which must run before torch loads
 
-from lmcockpit.core.hardware import fit  # noqa: E402 - below configure_allocator(), which must run before torch loads
+from lmcockpit.core.hardware import memory_estimate  # noqa: E402 - below configure_allocator(), which must run before torch loads
 from lmcockpit.core.config import load_config  # noqa: E402 - below configure_allocator(), which must run before torch loads
-from lmcockpit.core.run.compare import load_run  # noqa: E402 - below configure_allocator(), which must run before torch loads
+from lmcockpit.core.run.curves import load_run  # noqa: E402 - below configure_allocator(), which must run before torch loads
 from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402 - below configure_allocator(), which must run before torch loads
 
 PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes", "inference", "resume", "ddp", "search",
@@ -119,7 +119,7 @@ MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotu
 TOLERANCE = 0.15  # the issue's ±15% between estimate and measurement
 SAVED_TOLERANCE = 0.05  # per-token counts: the CPU test holds them to 0 (eager) and 3% (compiled)
 GRAD_TOLERANCE = 1e-3  # fp32 without TF32: kernels differ in summation order only
-GiB = fit.GiB
+GiB = memory_estimate.GiB
 
 
 def cli(*args: str, timeout: float = 7200) -> subprocess.CompletedProcess:
@@ -162,14 +162,14 @@ def part_h100(out: Path, steps: int, launch: tuple[str, ...] = ()) -> tuple[bool
     dt = statistics.median(r["dt"] for r in steady)
     peak = max(r["mem"]["peak"] for r in rows)
     reserved = max(r["mem"]["reserved"] for r in rows)
-    est = fit.estimate(cfg, "cuda").allocated
+    est = memory_estimate.estimate(cfg, "cuda").allocated
     ratio = peak / est
     evals = read_metrics(run, "eval")
     val = f"{evals[-1]['val_loss']:.3f}" if evals else "–"
     ok = len(rows) >= steps and abs(ratio - 1) <= TOLERANCE
     return ok, [
         f"`{command}` (compile {cfg.training.compile_mode}, precision "
-        f"auto; {fit.param_counts(cfg).total / 1e6:.1f}M parameters, {cfg.tokens_per_step:,} tokens/step):", "",
+        f"auto; {memory_estimate.param_counts(cfg).total / 1e6:.1f}M parameters, {cfg.tokens_per_step:,} tokens/step):", "",
         "| steps | tokens/s | MFU | step time | compile (step 1 − median) | peak allocated | peak reserved | "
         "estimate | measured / estimate | final val loss |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -181,7 +181,7 @@ def part_h100(out: Path, steps: int, launch: tuple[str, ...] = ()) -> tuple[bool
 
 def part_memory(out: Path, presets: list[str]) -> tuple[bool, list[str]]:
     lines = ["Each preset in a fresh process, its allocator capped with `torch.cuda.set_per_process_memory_fraction`"
-             f" to the card's memory minus the {fit.CUDA_CONTEXT_BYTES / GiB:.2f} GiB CUDA context fit.py assumes "
+             f" to the card's memory minus the {memory_estimate.CUDA_CONTEXT_BYTES / GiB:.2f} GiB CUDA context memory_estimate.py assumes "
              f"(h100: uncapped); 20 steps; ±{TOLERANCE:.0%} wanted.", "",
              "| preset | cap | peak allocated | estimate (allocated) | measured / estimate | out of memory | "
              "estimate's parts (GiB) |", "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
@@ -211,9 +211,9 @@ def measure(name: str, out: Path) -> dict:
                                 "sample.prompts=[]",
                                 "checkpoint.every=0", "hardware.device=\"cuda:0\""])
     total = torch.cuda.get_device_properties(0).total_memory
-    cap = total if name == "h100" else int(cfg.hardware.vram_gb * GiB) - fit.CUDA_CONTEXT_BYTES
+    cap = total if name == "h100" else int(cfg.hardware.vram_gb * GiB) - memory_estimate.CUDA_CONTEXT_BYTES
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), 0)
-    from lmcockpit.core.train.memory_fit import OutOfMemory
+    from lmcockpit.core.train.memory_probe import OutOfMemory
     from lmcockpit.core.train.trainer import run_in_process
 
     run_dir = create_run_dir(cfg, name, str(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out))))
@@ -221,25 +221,25 @@ def measure(name: str, out: Path) -> dict:
         trainer = run_in_process(cfg, run_dir, log=lambda line: print(line, file=sys.stderr))
     except OutOfMemory as e:
         return {"oom": True, "error": str(e)}
-    est = fit.estimate(trainer.cfg, "cuda")
+    est = memory_estimate.estimate(trainer.cfg, "cuda")
     parts = ("weights", "grads", "optimizer", "activations", "loss", "recompute", "muon_step", "inference", "margin")
     return {"peak": torch.cuda.max_memory_allocated(0), "cap": cap, "estimate": est.allocated,
             "parts": {k: getattr(est, k) for k in parts}}
 
 
 def part_saved(presets: list[str], device: str = "cuda") -> tuple[bool, list[str]]:
-    from lmcockpit.core.train.memory_fit import saved_bytes_per_token
+    from lmcockpit.core.train.memory_probe import saved_bytes_per_token
 
     lines = ["Bytes per token autograd keeps for backward (saved-tensor hooks, micro-batch 2 less micro-batch 1) "
-             "in one bf16 forward of each preset's shape at 2 layers and 256 tokens, against fit.py's count "
+             "in one bf16 forward of each preset's shape at 2 layers and 256 tokens, against memory_estimate.py's count "
              f"(the blocks, what follows them and, compiled, the logits); within {SAVED_TOLERANCE:.0%} wanted.", "",
-             "| preset | path | measured | fit.py | measured / fit.py |", "| --- | --- | ---: | ---: | ---: |"]
+             "| preset | path | measured | memory_estimate.py | measured / memory_estimate.py |", "| --- | --- | ---: | ---: | ---: |"]
     ok = True
     for name in presets:
         cfg, _ = load_config(name, ["model.n_layer=2", "training.seq_len=256"])
         for compiled in (False, True):
             measured = saved_bytes_per_token(cfg, device, compiled, torch.bfloat16)
-            counted = fit.saved_per_token(cfg, 2, compiled)
+            counted = memory_estimate.saved_per_token(cfg, 2, compiled)
             ok &= abs(measured / counted - 1) <= SAVED_TOLERANCE
             lines.append(f"| {name} | {'compiled' if compiled else 'eager'} | {measured:,.0f} | {counted:,} | "
                          f"{measured / counted:.3f} |")
@@ -304,11 +304,11 @@ def part_graphs(out: Path, modes: list[str], device: str = "cuda") -> tuple[bool
             (diffs, skipped), error = graph_gradients(mode, device, out), ""
         except Exception as e:  # noqa: BLE001 - the error is the finding: record it and go on
             diffs, skipped, error = [], 0, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        graphs = mode in fit.CUDA_GRAPH_MODES and device == "cuda"
+        graphs = mode in memory_estimate.CUDA_GRAPH_MODES and device == "cuda"
         good = len(diffs) == 4 and max(diffs) <= GRAD_TOLERANCE and not (graphs and skipped)
         ok &= good
         cells = [f"{d:.1e}" for d in diffs] + [""] * (4 - len(diffs))
-        keeps = "yes" if mode in fit.CUDA_GRAPH_MODES else "no"
+        keeps = "yes" if mode in memory_estimate.CUDA_GRAPH_MODES else "no"
         lines.append(f"| {mode} | {keeps} | {skipped} | {' | '.join(cells)} | {'pass' if good else 'FAIL ' + error} |")
     return ok, lines
 
@@ -348,20 +348,20 @@ def part_inference(presets: tuple[str, ...] = ("3060", "h100")) -> tuple[bool, l
     from lmcockpit.core.model.sampling import generate
 
     lines = ["Peak allocated above the weights, bf16 autocast, 2 layers of each preset: one evaluation micro-batch "
-             "(GPT.token_losses) and one sample prefilled at the whole context, against fit.py (the working set "
+             "(GPT.token_losses) and one sample prefilled at the whole context, against memory_estimate.py (the working set "
              f"plus autocast's copies of the matrices); ±{TOLERANCE:.0%} wanted.", "",
-             "| preset | what | measured | fit.py | measured / fit.py |", "| --- | --- | ---: | ---: | ---: |"]
+             "| preset | what | measured | memory_estimate.py | measured / memory_estimate.py |", "| --- | --- | ---: | ---: | ---: |"]
     ok = True
     for name in presets:
         cfg, _ = load_config(name, ["model.n_layer=2"])
         model = GPT(shape_from_config(cfg)).cuda().eval()
-        n = fit.param_counts(cfg)
+        n = memory_estimate.param_counts(cfg)
         casts = 2 * (n.matrices + n.embedding)
         B, T, V, m = cfg.training.micro_batch_size, cfg.training.seq_len, cfg.tokenizer.vocab_size, cfg.model
         x = torch.randint(0, V, (B, T), device="cuda")
-        layer = fit.inference_layer_bytes(cfg, 2)
+        layer = memory_estimate.inference_layer_bytes(cfg, 2)
         evaluation = max(B * T * layer, B * T * (4 * m.d_model + 4)
-                         + 8 * min(B * T, fit.LOSS_BLOCK_ELEMENTS["cuda"] // V) * V)
+                         + 8 * min(B * T, memory_estimate.LOSS_BLOCK_ELEMENTS["cuda"] // V) * V)
         sampling = 2 * m.n_layer * cfg.max_seq_len * m.n_kv_head * cfg.head_dim * 2 + cfg.max_seq_len * layer
         prompt = torch.randint(0, V, (cfg.max_seq_len,)).tolist()
         for what, run, counted in (("evaluation", lambda: model.token_losses(x, x), evaluation),
@@ -442,7 +442,7 @@ def part_search(out: Path) -> tuple[bool, list[str]]:
     trial = float(found.split("the trials peaked at ")[1].split(" GiB")[0]) * GiB if found else 0.0
     cfg, _ = load_config(run / "config.toml")
     peak = max(r["mem"]["peak"] for r in read_metrics(run, "step"))
-    est = fit.estimate(cfg, "cuda").allocated
+    est = memory_estimate.estimate(cfg, "cuda").allocated
     ok = bool(found) and peak <= trial and abs(peak / est - 1) <= TOLERANCE
     return ok, [f"`{found.strip()}`", "", "| trials' peak | training's peak | estimate | training / estimate |",
                 "| ---: | ---: | ---: | ---: |",
@@ -505,7 +505,7 @@ def part_gpt2(out: Path, target: float, overrides: list[str], stop_at_target: bo
     compile_s = max(0.0, steps[0]["dt"] - dt)
     cfg, _ = load_config(run / "config.toml")
     return first is not None, [
-        f"`{command}`{' --stop-at-target' if stop_at_target else ''} ({fit.param_counts(cfg).total / 1e6:.1f}M "
+        f"`{command}`{' --stop-at-target' if stop_at_target else ''} ({memory_estimate.param_counts(cfg).total / 1e6:.1f}M "
         f"parameters, {cfg.tokens_per_step:,} tokens/step, evaluated every {cfg.eval.every} steps on "
         f"{cfg.eval.batches * cfg.training.micro_batch_size * cfg.training.seq_len:,} held-out tokens; "
         f"{'stopped at the target' if stopped else f'exit {proc.returncode}'}):", "",
@@ -733,19 +733,19 @@ def part_attention(device: str = "cuda") -> tuple[bool, list[str]]:
 
     from lmcockpit.core.hardware import attention
     from lmcockpit.core.hardware.device import attention_header, autocast_dtype, compute_capability
-    from lmcockpit.core.train.memory_fit import saved_bytes_per_token
+    from lmcockpit.core.train.memory_probe import saved_bytes_per_token
 
     dev = torch.device(device)
     cc = compute_capability(dev)
     seq, batch = (2048, 4) if device == "cuda" else (128, 2)
     lines = [f"The `{ATTENTION_PRESET}` shape, {batch} × {seq} tokens, eager, compute capability {cc or '–'}, "
              "SDPA restricted to the kernels each path expects. One block's share, 2 layers less 1 (the loss "
-             f"and head cancel): its saved bytes per token (hooks) within {SAVED_TOLERANCE:.0%} of fit.py's "
+             f"and head cancel): its saved bytes per token (hooks) within {SAVED_TOLERANCE:.0%} of memory_estimate.py's "
              f"layer_activation_bytes, and its share of one forward and backward's peak within {TOLERANCE:.0%} "
              "of that count times the tokens; beside it, the fp32 (B, H, T, T) probabilities a math kernel "
              "would have kept per block.", "",
-             "| precision | path | kernels allowed | run header | saved / token / block | fit.py | ratio | "
-             "peak / block | fit.py | ratio | math's probabilities | result |",
+             "| precision | path | kernels allowed | run header | saved / token / block | memory_estimate.py | ratio | "
+             "peak / block | memory_estimate.py | ratio | math's probabilities | result |",
              "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     ok = True
     for precision in ("bf16", "fp16", "fp32"):
@@ -758,7 +758,7 @@ def part_attention(device: str = "cuda") -> tuple[bool, list[str]]:
         cfg = cfgs[1]
         path = attention.path_for(cfg, device, cc)
         expand, amp, a = path != attention.NATIVE, autocast_dtype(precision), 4 if precision == "fp32" else 2
-        counted = fit.layer_activation_bytes(cfg, a, False, path)
+        counted = memory_estimate.layer_activation_bytes(cfg, a, False, path)
         math_bytes = 4 * cfg.model.n_head * seq * batch * seq
         cells, header, error = [""] * 6, "", ""
         try:

@@ -268,7 +268,7 @@ async def test_each_cockpits_chat_asks_under_ids_of_its_own():
     cockpits' first requests must not share an id (each would show the other's answer)."""
     from textual.app import App
 
-    from lmcockpit.tui.widgets.chat import ChatPane
+    from lmcockpit.tui.widgets.chat_pane import ChatPane
 
     sent: list[P.Sample] = []
 

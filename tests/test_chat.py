@@ -16,7 +16,7 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.infer.chat_engine import ChatEngine
 from lmcockpit.core.infer.load import load
 from lmcockpit.core.model.sampling import generate
-from lmcockpit.core.run.checkpoints import find_checkpoint
+from lmcockpit.core.run.checkpoint_folder import find_checkpoint
 from lmcockpit.tui.commands.chat import HELP
 
 from .conftest import NO_GPU, cli
@@ -277,7 +277,7 @@ def test_ctrl_d_and_ctrl_c_at_the_prompt_leave_the_shell_a_line_of_its_own(run, 
 
 # ----------------------------------------------------------------- the cockpit's chat screen
 async def open_chat(pilot, app):
-    from lmcockpit.tui.screens.chat import ChatScreen
+    from lmcockpit.tui.screens.checkpoint_chat import ChatScreen
 
     launch = app.screen
     launch.query_one("#runs").focus()
@@ -296,7 +296,7 @@ async def test_cockpit_chat_says_it_is_still_loading_and_closes_at_once_on_a_bus
     once even when the engine does not answer (held stopped here, as a long load or one slow
     token would hold it), which is killed in the background."""
     from lmcockpit.tui.app import CockpitApp
-    from lmcockpit.tui.widgets.chat import ChatPane
+    from lmcockpit.tui.widgets.chat_pane import ChatPane
 
     from .test_cockpit import wait_for
 
@@ -324,7 +324,7 @@ async def test_cockpit_chat_says_it_is_still_loading_and_closes_at_once_on_a_bus
 
 async def test_cockpit_chat_closes_promptly_during_a_long_generation(run):
     from lmcockpit.tui.app import CockpitApp
-    from lmcockpit.tui.widgets.chat import ChatPane
+    from lmcockpit.tui.widgets.chat_pane import ChatPane
 
     from .test_cockpit import wait_for
 
@@ -345,7 +345,7 @@ async def test_cockpit_chat_closes_promptly_during_a_long_generation(run):
 
 async def test_cockpit_chat_says_why_a_checkpoint_could_not_be_loaded(run, tmp_path):
     from lmcockpit.tui.app import CockpitApp
-    from lmcockpit.tui.widgets.chat import ChatPane
+    from lmcockpit.tui.widgets.chat_pane import ChatPane
 
     from .test_cockpit import wait_for
 

@@ -25,10 +25,10 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.model.gpt import GPT, shape_from_config
 from lmcockpit.core.run.checkpoint_pickle import ALLOWED, DTYPES
-from lmcockpit.core.run.checkpoints import check_checkpoint, checkpoint_config
+from lmcockpit.core.run.checkpoint_folder import check_checkpoint, checkpoint_config
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.core.run.resume import ResumePlan
-from lmcockpit.core.train import checkpoint
+from lmcockpit.core.train import checkpoint_io
 from lmcockpit.core.train.optim import build_optimizers
 
 from .conftest import cli, drive_engine
@@ -108,7 +108,7 @@ def test_the_check_imports_nothing_a_metadata_names(crafted, trained_run):
     probe = ("import sys\n"
              "from pathlib import Path\n"
              "from lmcockpit.core.config import ConfigError\n"
-             "from lmcockpit.core.run.checkpoints import check_checkpoint\n"
+             "from lmcockpit.core.run.checkpoint_folder import check_checkpoint\n"
              f"assert check_checkpoint(Path({str(real)!r})) == 6\n"
              "try:\n"
              f"    check_checkpoint(Path({str(ckpt)!r}))\n"
@@ -138,7 +138,7 @@ def test_a_metadata_that_runs_a_command_is_refused_by_the_engines_loader(crafted
     ckpt, marker = crafted
     model, optimizers = model_and_optimizers(ckpt)
     with pytest.raises(ConfigError) as refused:
-        checkpoint.load(ckpt, model, optimizers)
+        checkpoint_io.load(ckpt, model, optimizers)
     assert_refused_in_one_line(str(refused.value), ckpt, "train_state/.metadata")
     assert not marker.exists()
 
@@ -186,7 +186,7 @@ def test_an_entry_that_runs_a_command_is_refused_by_the_engines_loader(crafted_e
     check_checkpoint(ckpt)  # its metadata is DCP's own: nothing in it to refuse
     model, optimizers = model_and_optimizers(ckpt)
     with pytest.raises(ConfigError) as refused:
-        checkpoint.load(ckpt, model, optimizers)
+        checkpoint_io.load(ckpt, model, optimizers)
     assert_refused_in_one_line(str(refused.value), ckpt, "train_state entry optim.param_groups.0.lr")
     assert not marker.exists()
 
@@ -202,7 +202,7 @@ def test_a_damaged_metadata_is_one_line_from_the_check_and_the_loader(copied, da
     with pytest.raises(ConfigError) as checked:
         check_checkpoint(copied)
     with pytest.raises(ConfigError) as loaded:
-        checkpoint.load(copied, *model_and_optimizers(copied))
+        checkpoint_io.load(copied, *model_and_optimizers(copied))
     for refused in (checked, loaded):
         message = str(refused.value)
         assert message.startswith(f"{copied}: train_state/.metadata is not a checkpoint's metadata (")
@@ -217,7 +217,7 @@ def test_a_metadata_pointing_outside_its_folder_is_refused(copied):
     write_metadata(copied, metadata)
     expected = (f"{copied}: train_state/.metadata points to the shard file '../state.json', outside its own "
                 "folder: refused")
-    for attempt in (lambda: check_checkpoint(copied), lambda: checkpoint.load(copied, *model_and_optimizers(copied))):
+    for attempt in (lambda: check_checkpoint(copied), lambda: checkpoint_io.load(copied, *model_and_optimizers(copied))):
         with pytest.raises(ConfigError) as refused:
             attempt()
         assert str(refused.value) == expected
@@ -237,9 +237,9 @@ def test_a_metadata_written_under_python_3_13_is_read_by_both(copied, monkeypatc
     with pytest.raises(ModuleNotFoundError):
         FileSystemReader(copied / "train_state").read_metadata()
     assert check_checkpoint(copied) == 6
-    checkpoint.load(copied, *model_and_optimizers(copied))
+    checkpoint_io.load(copied, *model_and_optimizers(copied))
     with open(copied / "train_state" / ".metadata", "rb") as fh:
-        read = checkpoint.unpickle_metadata(fh, "here")
+        read = checkpoint_io.unpickle_metadata(fh, "here")
     assert type(read.storage_meta.checkpoint_id) is Path(".").__class__
 
 

@@ -165,9 +165,9 @@ def test_lmcockpit_preset_and_resume_open_the_cockpit_on_a_terminal(tmp_path, te
 # ------------------------------------------------------------------ the live progress line
 def progressed_view(steps: int = 45, max_steps: int = 400, mfu: float | None = None):
     from lmcockpit.core import protocol as P
-    from lmcockpit.tui.runview import RunView
+    from lmcockpit.tui.run_state import RunState
 
-    view = RunView()
+    view = RunState()
     view.apply(P.RunStarted("run", {}, 1000, "cpu", "fp32", 0, max_steps, 4096))
     view.apply(P.StateChanged(P.RUNNING))
     for step in range(1, steps + 1):
@@ -214,9 +214,9 @@ def test_the_progress_line_of_a_cpu_run_shows_what_matters_within_80_columns():
 def test_the_progress_line_counts_what_the_preparation_counts():
     from lmcockpit.core import protocol as P
     from lmcockpit.tui.headless import progress_line
-    from lmcockpit.tui.runview import RunView
+    from lmcockpit.tui.run_state import RunState
 
-    view = RunView()
+    view = RunState()
     view.apply(P.Progress("sizing the files", 1234, 4936, "files"))
     assert progress_line(view, None, None) == "Preparing data: sizing the files [█████               ] 25% (1,234/4,936 files)"
     view.apply(P.Progress("tokenizing", 2_500_000, 10_000_000, "bytes"))

@@ -295,16 +295,16 @@ async def test_quitting_the_cockpit_after_its_run_failed_exits_1(tmp_path):
 
 def test_a_sessions_exit_code_is_its_worst_outcome():
     from lmcockpit.tui.app import exit_code_of
-    from lmcockpit.tui.runview import RunView
+    from lmcockpit.tui.run_state import RunState
 
-    def ended(state: str, failure: P.Failure | None = None) -> RunView:
-        view = RunView()
+    def ended(state: str, failure: P.Failure | None = None) -> RunState:
+        view = RunState()
         if failure:
             view.apply(failure)
         view.apply(P.StateChanged(state))
         return view
 
-    finished, aborted, training = ended(P.FINISHED), ended(P.ABORTED), RunView()
+    finished, aborted, training = ended(P.FINISHED), ended(P.ABORTED), RunState()
     interrupted, failed = ended(P.INTERRUPTED), ended(P.FAILED, P.Failure("non-finite loss"))
     refused = ended(P.FAILED, P.Failure("data.source: no such file", user_error=True))
     assert exit_code_of([]) == exit_code_of([finished, aborted, training]) == 0

@@ -133,9 +133,9 @@ async def test_pause_checkpoint_resume(tmp_path):
 
 def test_paused_holds_through_a_checkpoint_or_evaluation_taken_while_paused():
     """"p" must resume a run paused then asked for a checkpoint, whatever state it reports meanwhile."""
-    from lmcockpit.tui.runview import RunView
+    from lmcockpit.tui.run_state import RunState
 
-    view = RunView()
+    view = RunState()
     for state, paused in [(P.RUNNING, False), (P.PAUSED, True), (P.CHECKPOINTING, True), (P.EVALUATING, True),
                           (P.PAUSED, True), (P.RUNNING, False), (P.CHECKPOINTING, False), (P.PAUSED, True),
                           (P.INTERRUPTED, False)]:
@@ -447,7 +447,7 @@ asyncio.run(main())
 
 
 async def test_chat_pane_samples_the_live_model_while_it_trains(tmp_path):
-    from lmcockpit.tui.widgets.chat import ChatPane
+    from lmcockpit.tui.widgets.chat_pane import ChatPane
 
     async with training_cockpit(tmp_path, (120, 40)) as (app, pilot, dash):
         await pilot.press("t")
@@ -473,9 +473,9 @@ async def test_launch_screen_opens_a_past_run_in_chat(trained_run, monkeypatch):
     settings the pane should have sent (the run's [sample] ones: 16 new tokens, temperature
     0.8, top-k 50; the seed counting up from 0 with each request)."""
     from lmcockpit.core.infer.load import load
-    from lmcockpit.core.run.checkpoints import find_checkpoint
-    from lmcockpit.tui.screens.chat import ChatScreen
-    from lmcockpit.tui.widgets.chat import ChatPane
+    from lmcockpit.core.run.checkpoint_folder import find_checkpoint
+    from lmcockpit.tui.screens.checkpoint_chat import ChatScreen
+    from lmcockpit.tui.widgets.chat_pane import ChatPane
 
     run, _ = trained_run
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the chat engine samples on the CPU, as this process does
@@ -648,10 +648,10 @@ def test_the_rates_shown_follow_one_smoothed_step_time():
     dashboard and on the headless progress line alike."""
     from lmcockpit.tui.headless import progress_line
     from lmcockpit.tui.formatting import fmt_count
-    from lmcockpit.tui.runview import RunView
+    from lmcockpit.tui.run_state import RunState
     from lmcockpit.tui.widgets.panels import throughput_rows
 
-    view = RunView()
+    view = RunState()
     view.apply(P.RunStarted("run", {}, 1000, "cpu", "fp32", 0, 100, 4096))
     view.apply(P.StateChanged(P.RUNNING))
     for step, dt in enumerate([30.0, 1.0, 1.0, 1.0, 1.0, 0.25], 1):  # compile, then steady, then a fast step
@@ -669,10 +669,10 @@ def test_the_rates_shown_follow_one_smoothed_step_time():
 
 @pytest.mark.parametrize("end", sorted(P.TERMINAL_STATES))
 def test_elapsed_stops_when_the_run_ends(end):
-    from lmcockpit.tui.runview import RunView
+    from lmcockpit.tui.run_state import RunState
 
     now = [100.0]
-    view = RunView(clock=lambda: now[0])
+    view = RunState(clock=lambda: now[0])
     view.apply(P.StateChanged(P.RUNNING))
     now[0] = 130.0
     view.apply(P.StateChanged(P.PAUSED))
@@ -688,9 +688,9 @@ def test_elapsed_stops_when_the_run_ends(end):
 
 
 def test_an_ended_run_has_no_time_left():
-    from lmcockpit.tui.runview import RunView
+    from lmcockpit.tui.run_state import RunState
 
-    view = RunView()
+    view = RunState()
     view.apply(P.RunStarted("run", {}, 1, "cpu", "fp32", 0, 100, 512))
     for step in (1, 2, 3):
         view.apply(P.StepMetrics(step, 5.0, 1e-3, 1.0, 1000.0, None, 0.5, 512 * step))

@@ -264,9 +264,9 @@ async def test_p_does_nothing_with_fewer_than_two_gpus(tmp_path, monkeypatch, gp
 
 def test_the_headless_progress_line_reads_the_run_s_own_gpu():
     from lmcockpit.tui.headless import progress_line
-    from lmcockpit.tui.runview import RunView
+    from lmcockpit.tui.run_state import RunState
 
-    view = RunView()
+    view = RunState()
     for ev in (run_started("cuda:1"), P.StateChanged(P.RUNNING),
                P.StepMetrics(1, 5.0, 1e-3, 1.0, 1000.0, None, 0.1, 4096)):
         view.apply(ev)

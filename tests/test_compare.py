@@ -11,10 +11,10 @@ import pytest
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
-from lmcockpit.core.run.compare import differing_settings, load_run
+from lmcockpit.core.run.curves import differing_settings, load_run
 from lmcockpit.core.run.folder import METRICS, read_metrics
 from lmcockpit.tui.app import CockpitApp
-from lmcockpit.tui.screens.compare import CompareScreen
+from lmcockpit.tui.screens.side_by_side import CompareScreen
 from lmcockpit.tui.screens.launch import LaunchScreen
 from lmcockpit.tui.widgets.compare_chart import CompareChart
 
@@ -211,7 +211,7 @@ async def test_b_draws_a_finished_run_under_the_live_curves_and_takes_it_away(ru
     curves (its smoothed loss and validation points), and b again offers to remove it."""
     from textual.widgets import OptionList
 
-    from lmcockpit.core.run.compare import ema
+    from lmcockpit.core.run.curves import ema
     from lmcockpit.tui.screens.dialogs import BaselinePicker
     from lmcockpit.tui.widgets.charts import LossChart
 

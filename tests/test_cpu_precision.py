@@ -7,7 +7,7 @@ import pytest
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.hardware import cpu_precision as cp
-from lmcockpit.core.hardware import fit
+from lmcockpit.core.hardware import memory_estimate
 from lmcockpit.core.hardware.device import choose_precision
 from lmcockpit.core.run.folder import read_metrics
 
@@ -76,12 +76,12 @@ def test_a_first_run_probes_once_and_later_ones_read_the_verdict(tmp_path, monke
 def test_the_memory_estimate_follows_the_cached_verdict():
     cfg = tiny_config()
     with cpu_verdict(cp.decide(0.921, 0.582)):
-        assert fit.amp_bytes(cfg, "cpu") == 2
-        bf16 = fit.estimate(cfg, "cpu")
+        assert memory_estimate.amp_bytes(cfg, "cpu") == 2
+        bf16 = memory_estimate.estimate(cfg, "cpu")
     with cpu_verdict(cp.decide(0.72, 1.15)):
-        assert fit.amp_bytes(cfg, "cpu") == 4
-        assert fit.estimate(cfg, "cpu") != bf16
-    assert fit.amp_bytes(tiny_config('training.precision="bf16"'), "cpu") == 2
+        assert memory_estimate.amp_bytes(cfg, "cpu") == 4
+        assert memory_estimate.estimate(cfg, "cpu") != bf16
+    assert memory_estimate.amp_bytes(tiny_config('training.precision="bf16"'), "cpu") == 2
 
 
 def header_of(events) -> str:

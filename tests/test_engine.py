@@ -274,7 +274,7 @@ def train_in_process(cfg, run_dir):
 def test_cuda_graph_modes_keep_gradients_and_train_the_same(tmp_path):
     """Under CUDA graphs ("reduce-overhead", "max-autotune") a gradient that backward creates lives
     in the graphs' pool, and the next replay overwrites it: accumulation would add a micro-batch's
-    gradient to itself (fit.keeps_grads). So those modes allocate every gradient once and zero it in
+    gradient to itself (memory_estimate.keeps_grads). So those modes allocate every gradient once and zero it in
     place. On a CPU they compile as the default mode does: the same losses, with and without
     evaluation and sampling between steps, while every gradient keeps its storage."""
     common = ("training.compile=true", "training.max_steps=4", "training.grad_accum_steps=2",

@@ -44,7 +44,7 @@ def hf(exported):
 @pytest.fixture(scope="module")
 def ours(exported):
     from lmcockpit.core.infer.load import load
-    from lmcockpit.core.run.checkpoints import find_checkpoint
+    from lmcockpit.core.run.checkpoint_folder import find_checkpoint
 
     return load(find_checkpoint(str(exported[0])), "cpu")
 

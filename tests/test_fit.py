@@ -5,10 +5,10 @@ import torch
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import load_config
-from lmcockpit.core.hardware import attention, fit
+from lmcockpit.core.hardware import attention, memory_estimate
 from lmcockpit.core.model.gpt import GPT, GPTShape
 from lmcockpit.core.model.muon import Muon
-from lmcockpit.core.train import memory_fit
+from lmcockpit.core.train import memory_probe
 from lmcockpit.core.train.optim import split_params
 
 from .conftest import drive_engine, tiny_config
@@ -27,7 +27,7 @@ def model_of(cfg) -> GPT:
 ])
 def test_parameter_count_formula_equals_the_model(preset, overrides):
     cfg, _ = load_config(preset, overrides)
-    counts, model = fit.param_counts(cfg), model_of(cfg)
+    counts, model = memory_estimate.param_counts(cfg), model_of(cfg)
     assert counts.total == model.num_params()
     muon, adamw = split_params(model)
     assert counts.muon == sum(p.numel() for _, p in muon)
@@ -44,21 +44,21 @@ ADAMW, MUON = 32768 + 384, 73728
 
 def test_hand_worked_parts():
     cfg = tiny_config(*HAND)
-    assert N == 106880 and fit.param_counts(cfg).total == N
-    assert (fit.param_counts(cfg).adamw, fit.param_counts(cfg).muon) == (ADAMW, MUON)
+    assert N == 106880 and memory_estimate.param_counts(cfg).total == N
+    assert (memory_estimate.param_counts(cfg).adamw, memory_estimate.param_counts(cfg).muon) == (ADAMW, MUON)
     # Muon stacks same shapes: its largest working set is gate and up, 4 matrices of 128×64: the
     # fp32 stack and the last update, the two iterates (bf16 on a GPU, fp32 on a CPU) and two
     # 64×64 Gram products each.
-    assert fit.muon_step_bytes(cfg, "cuda") == 4 * 128 * 64 * (4 + 2 * 2) + 4 * 128 * 64 + 4 * 2 * 2 * 64 * 64
-    assert fit.muon_step_bytes(cfg, "cpu") == 4 * 128 * 64 * (4 + 2 * 4) + 4 * 128 * 64 + 4 * 2 * 4 * 64 * 64
+    assert memory_estimate.muon_step_bytes(cfg, "cuda") == 4 * 128 * 64 * (4 + 2 * 2) + 4 * 128 * 64 + 4 * 2 * 2 * 64 * 64
+    assert memory_estimate.muon_step_bytes(cfg, "cpu") == 4 * 128 * 64 * (4 + 2 * 4) + 4 * 128 * 64 + 4 * 2 * 4 * 64 * 64
 
 
-# fit.py's per-token counts against what autograd saves in a real forward on the CPU.
+# memory_estimate.py's per-token counts against what autograd saves in a real forward on the CPU.
 @pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["fp32", "bf16"])
 def test_eager_activations_are_what_autograd_saves(amp):
     cfg = tiny_config(*HAND)
-    measured = memory_fit.saved_bytes_per_token(cfg, "cpu", compiled=False, amp_dtype=amp)
-    assert measured == fit.saved_per_token(cfg, 2 if amp else 4, compiled=False)
+    measured = memory_probe.saved_bytes_per_token(cfg, "cpu", compiled=False, amp_dtype=amp)
+    assert measured == memory_estimate.saved_per_token(cfg, 2 if amp else 4, compiled=False)
 
 
 @pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["fp32", "bf16"])
@@ -68,31 +68,31 @@ def test_expanded_kv_activations_are_what_autograd_saves(amp):
     more per token in each of the 2 layers."""
     cfg = tiny_config(*HAND)
     a = 2 if amp else 4
-    measured = memory_fit.saved_bytes_per_token(cfg, "cpu", compiled=False, amp_dtype=amp, expand_kv=True)
-    assert measured == fit.saved_per_token(cfg, a, compiled=False, path=attention.EXPAND)
-    assert measured - fit.saved_per_token(cfg, a, compiled=False) == 2 * 2 * a * (64 - 32)
+    measured = memory_probe.saved_bytes_per_token(cfg, "cpu", compiled=False, amp_dtype=amp, expand_kv=True)
+    assert measured == memory_estimate.saved_per_token(cfg, a, compiled=False, path=attention.EXPAND)
+    assert measured - memory_estimate.saved_per_token(cfg, a, compiled=False) == 2 * 2 * a * (64 - 32)
 
 
 def test_the_estimate_counts_the_expanded_kv_where_no_kernel_takes_gqa():
     tokens, extra = 512, 2 * 2 * (64 - 32)  # per layer and token at 2 bytes; 2 layers
-    base = fit.estimate(tiny_config(*HAND, "training.compile=true"), "cuda")  # bf16 flash: GQA native
-    t4 = fit.estimate(tiny_config(*HAND, "training.compile=true"), "cuda", compute_capability=(7, 5))  # fp16
+    base = memory_estimate.estimate(tiny_config(*HAND, "training.compile=true"), "cuda")  # bf16 flash: GQA native
+    t4 = memory_estimate.estimate(tiny_config(*HAND, "training.compile=true"), "cuda", compute_capability=(7, 5))  # fp16
     assert t4.activations - base.activations == tokens * 2 * extra
     fp32 = tiny_config(*HAND, "training.compile=true", 'training.precision="fp32"')
-    assert (fit.estimate(fp32, "cuda").activations - fit.estimate(fp32, "cpu").activations
+    assert (memory_estimate.estimate(fp32, "cuda").activations - memory_estimate.estimate(fp32, "cpu").activations
             == tokens * 2 * 2 * extra)  # a = 4; the CPU's flash kernel takes GQA in fp32
     # The micro-batch search asks the estimate with the GPU's compute capability: 8 fits exactly
     # on an Ampere card, not on a T4, whose attention keeps the repeated K/V.
     cfg = tiny_config(*HAND)
-    budget = fit.estimate(cfg, "cuda", 8).reserved
-    assert fit.largest_micro_batch(cfg, budget, limit=8) == 8
-    assert fit.largest_micro_batch(cfg, budget, limit=8, compute_capability=(7, 5)) < 8
+    budget = memory_estimate.estimate(cfg, "cuda", 8).reserved
+    assert memory_estimate.largest_micro_batch(cfg, budget, limit=8) == 8
+    assert memory_estimate.largest_micro_batch(cfg, budget, limit=8, compute_capability=(7, 5)) < 8
 
 
 def test_compiled_activations_are_what_the_partitioner_saves():
     cfg = tiny_config(*HAND)
-    measured = memory_fit.saved_bytes_per_token(cfg, "cpu", compiled=True, amp_dtype=torch.bfloat16)
-    assert measured == pytest.approx(fit.saved_per_token(cfg, 2, compiled=True), rel=0.03)
+    measured = memory_probe.saved_bytes_per_token(cfg, "cpu", compiled=True, amp_dtype=torch.bfloat16)
+    assert measured == pytest.approx(memory_estimate.saved_per_token(cfg, 2, compiled=True), rel=0.03)
 
 
 def cpu_bytes_held(fn) -> int:
@@ -122,7 +122,7 @@ def test_muons_step_holds_what_fit_counts(preset, overrides):
     for _, p in muon:
         p.grad = torch.randn_like(p)
     opt.step()  # creates the momentum buffers, which stay: the optimizer state, counted apart
-    assert cpu_bytes_held(opt.step) == fit.muon_step_bytes(cfg, "cpu")
+    assert cpu_bytes_held(opt.step) == memory_estimate.muon_step_bytes(cfg, "cpu")
 
 
 @pytest.mark.parametrize("micro_batch, accum, recompute", [(1, 1, False), (16, 1, False), (8, 2, False),
@@ -146,7 +146,7 @@ def test_an_eager_step_on_the_cpu_peaks_where_fit_says(tmp_path, micro_batch, ac
                    if torch.is_tensor(v))]
         held = sum(t.untyped_storage().nbytes() for t in state) + cpu_bytes_held(trainer.train_step)
         # Checkpointing: the estimate counts a block's new gradients whole; the peak comes partway.
-        assert held == pytest.approx(fit.estimate(trainer.cfg, "cpu").allocated, rel=0.015 if recompute else 0.01)
+        assert held == pytest.approx(memory_estimate.estimate(trainer.cfg, "cpu").allocated, rel=0.015 if recompute else 0.01)
     finally:
         trainer.close()
         torch.use_deterministic_algorithms(False)  # the trainer set it for this whole process
@@ -167,14 +167,14 @@ def test_an_eager_fp16_step_holds_the_plain_loss_that_fit_counts():
 
     step()
     model.zero_grad(set_to_none=True)
-    e = fit.estimate(cfg, "cpu")
-    casts = e.weights - 4 * fit.param_counts(cfg).total
+    e = memory_estimate.estimate(cfg, "cpu")
+    casts = e.weights - 4 * memory_estimate.param_counts(cfg).total
     assert cpu_bytes_held(step) == pytest.approx(casts + e.activations + e.loss, rel=0.01)
 
 
 def test_estimate_compiled_bf16_with_accumulation_by_hand():
     cfg = tiny_config(*HAND, "training.compile=true", "training.grad_accum_steps=2")
-    e = fit.estimate(cfg, "cuda")
+    e = memory_estimate.estimate(cfg, "cuda")
     a = 2  # bf16
     assert e.weights == 4 * N + 2 * (N - 384)  # fp32 master weights + bf16 copies of the matrices and the head
     assert e.grads == 4 * N  # accumulation: all gradients alive at the second micro-batch's peak
@@ -189,18 +189,18 @@ def test_estimate_compiled_bf16_with_accumulation_by_hand():
     assert e.activations == 512 * (2 * layer + 8 + 4 * 64 + 4 + a * 64 + 8)
     # The logits in bf16, and the head's bf16 gradient beside the lookup's fp32 one.
     assert e.loss == 512 * 512 * a + (4 + a) * 512 * 64
-    assert e.muon_step == fit.muon_step_bytes(cfg, "cuda") == 360448
+    assert e.muon_step == memory_estimate.muon_step_bytes(cfg, "cuda") == 360448
     peak = e.weights + e.grads + e.optimizer + e.activations + e.loss  # above the optimizer step's
     assert peak == 4767744
-    assert e.margin == int(peak * fit.COMPILE_MARGIN)
+    assert e.margin == int(peak * memory_estimate.COMPILE_MARGIN)
     assert e.allocated == peak + e.margin
-    assert e.reserved == int(e.allocated * (1 + fit.ALLOCATOR_MARGIN))
-    assert e.total == e.reserved + fit.CUDA_CONTEXT_BYTES
+    assert e.reserved == int(e.allocated * (1 + memory_estimate.ALLOCATOR_MARGIN))
+    assert e.total == e.reserved + memory_estimate.CUDA_CONTEXT_BYTES
 
 
 def test_estimate_eager_fp32_with_checkpointing_by_hand():
     cfg = tiny_config(*HAND, "training.activation_checkpointing=true")
-    e = fit.estimate(cfg, "cpu")
+    e = memory_estimate.estimate(cfg, "cpu")
     a = 4  # fp32 on the CPU
     assert e.weights == 4 * N  # no low-precision copies
     assert e.grads == 0  # no accumulation: backward has made none yet at the peak
@@ -224,25 +224,25 @@ def test_estimate_eager_fp32_with_checkpointing_by_hand():
     held = e.weights + e.optimizer
     assert e.allocated == held + 512 * 2 * 4 * 64 + e.recompute == 4699264 and e.margin == 0
     assert held + e.activations + e.loss < e.allocated
-    assert e.total == e.reserved == int(4699264 * (1 + fit.ALLOCATOR_MARGIN))  # no CUDA context on a CPU
+    assert e.total == e.reserved == int(4699264 * (1 + memory_estimate.ALLOCATOR_MARGIN))  # no CUDA context on a CPU
 
 
 def test_the_estimator_uses_the_models_loss_block():
     from lmcockpit.core.model.gpt import LinearCrossEntropy
-    assert fit.LOSS_BLOCK_ELEMENTS == {"cuda": LinearCrossEntropy.GPU_BLOCK_ELEMENTS,
+    assert memory_estimate.LOSS_BLOCK_ELEMENTS == {"cuda": LinearCrossEntropy.GPU_BLOCK_ELEMENTS,
                                        "cpu": LinearCrossEntropy.BLOCK_ELEMENTS}
 
 
 def test_fsdp_keeps_a_share_of_the_state_per_gpu_and_ddp_all_of_it():
-    one = fit.estimate(tiny_config(*HAND, "training.compile=true", "training.grad_accum_steps=2"), "cuda")
-    ddp = fit.estimate(tiny_config(*HAND, "training.compile=true", "training.grad_accum_steps=2",
+    one = memory_estimate.estimate(tiny_config(*HAND, "training.compile=true", "training.grad_accum_steps=2"), "cuda")
+    ddp = memory_estimate.estimate(tiny_config(*HAND, "training.compile=true", "training.grad_accum_steps=2",
                                    "distributed.nproc=4"), "cuda")
-    fsdp = fit.estimate(tiny_config(*HAND, "training.compile=true", "training.grad_accum_steps=2",
+    fsdp = memory_estimate.estimate(tiny_config(*HAND, "training.compile=true", "training.grad_accum_steps=2",
                                     "distributed.nproc=4", "distributed.strategy=\"fsdp\""), "cuda")
     # A whole model per GPU; gradients are views into DDP's buckets, which stay between steps.
     assert ddp.grads == one.grads == 4 * N and ddp.inference == one.inference + 4 * N
     assert dataclasses.replace(ddp, inference=one.inference) == one
-    no_accumulation = fit.estimate(tiny_config(*HAND, "training.compile=true", "distributed.nproc=4"), "cuda")
+    no_accumulation = memory_estimate.estimate(tiny_config(*HAND, "training.compile=true", "distributed.nproc=4"), "cuda")
     assert no_accumulation.grads == 4 * N  # the buckets exist at the peak of a step without accumulation too
     # A quarter of the fp32 weights, gradients and moments, plus what is gathered at a time: the
     # embedding (32768) and two blocks' matrices and norms ((MUON + 384 - 64) / 2 layers each).
@@ -254,12 +254,12 @@ def test_fsdp_keeps_a_share_of_the_state_per_gpu_and_ddp_all_of_it():
 
 
 def test_checkpointing_and_cuda_graphs_move_the_estimate_the_right_way():
-    base = fit.estimate(tiny_config(*HAND, "training.compile=true"), "cuda")
-    ckpt = fit.estimate(tiny_config(*HAND, "training.compile=true", "training.activation_checkpointing=true"), "cuda")
-    graphs = fit.estimate(tiny_config(*HAND, "training.compile=true", "training.compile_mode=\"reduce-overhead\""),
+    base = memory_estimate.estimate(tiny_config(*HAND, "training.compile=true"), "cuda")
+    ckpt = memory_estimate.estimate(tiny_config(*HAND, "training.compile=true", "training.activation_checkpointing=true"), "cuda")
+    graphs = memory_estimate.estimate(tiny_config(*HAND, "training.compile=true", "training.compile_mode=\"reduce-overhead\""),
                           "cuda")
     assert ckpt.activations < base.activations
-    # CUDA graphs keep every gradient between steps (fit.keeps_grads), and evaluation has its own
+    # CUDA graphs keep every gradient between steps (memory_estimate.keeps_grads), and evaluation has its own
     # pool beside the graphs'.
     assert base.grads == 0 and graphs.grads == 4 * N
     assert graphs.allocated > base.allocated and graphs.reserved - base.reserved > graphs.allocated - base.allocated
@@ -267,19 +267,19 @@ def test_checkpointing_and_cuda_graphs_move_the_estimate_the_right_way():
 
 def test_verdict_thresholds():
     card = 1000
-    assert fit.verdict(900, card) == "fits"
-    assert fit.verdict(901, card) == "tight"
-    assert fit.verdict(1000, card) == "tight"
-    assert fit.verdict(1001, card) == "does not fit"
+    assert memory_estimate.verdict(900, card) == "fits"
+    assert memory_estimate.verdict(901, card) == "tight"
+    assert memory_estimate.verdict(1000, card) == "tight"
+    assert memory_estimate.verdict(1001, card) == "does not fit"
 
 
 def test_largest_micro_batch_is_the_edge_of_the_budget():
     cfg, _ = load_config("4090")
-    budget = 20 * fit.GiB
-    mb = fit.largest_micro_batch(cfg, budget, limit=256)
+    budget = 20 * memory_estimate.GiB
+    mb = memory_estimate.largest_micro_batch(cfg, budget, limit=256)
     assert 1 <= mb < 256
-    assert fit.estimate(cfg, "cuda", mb).reserved <= budget < fit.estimate(cfg, "cuda", mb + 1).reserved
-    assert fit.largest_micro_batch(cfg, 1) == 0
+    assert memory_estimate.estimate(cfg, "cuda", mb).reserved <= budget < memory_estimate.estimate(cfg, "cuda", mb + 1).reserved
+    assert memory_estimate.largest_micro_batch(cfg, 1) == 0
 
 
 @pytest.mark.parametrize("effective, start, limit, tried, chosen", [
@@ -296,7 +296,7 @@ def test_choose_micro_batch_halves_and_keeps_the_effective_batch(effective, star
         seen.append(mb)
         return mb <= limit
 
-    assert fit.choose_micro_batch(effective, start, fits) == chosen
+    assert memory_estimate.choose_micro_batch(effective, start, fits) == chosen
     assert seen == tried
     assert all(effective % mb == 0 for mb in seen)
 
@@ -305,16 +305,16 @@ def test_out_of_memory_message_says_where_how_much_and_what_to_change():
     cfg, _ = load_config("4090")
     error = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.64 GiB of which "
              "1.10 GiB is free.\nIncluding non-PyTorch memory, this process has 22.5 GiB memory in use.")
-    msg = fit.out_of_memory_message(cfg, 12, error, "NVIDIA GeForce RTX 4090", int(23.64 * fit.GiB),
-                                    int(21.3 * fit.GiB), 10)
+    msg = memory_estimate.out_of_memory_message(cfg, 12, error, "NVIDIA GeForce RTX 4090", int(23.64 * memory_estimate.GiB),
+                                    int(21.3 * memory_estimate.GiB), 10)
     assert msg.startswith("out of GPU memory at step 12 (tried to allocate 2.00 gib): micro-batch 8 × 2048 tokens, "
                           "config sized for RTX 4090 (24 GB), on NVIDIA GeForce RTX 4090 with 23.6 GiB; "
                           "peak allocated 21.3 GiB (estimated ")
     assert ("Change: --set training.micro_batch_size=4 --set training.grad_accum_steps=16 (the same tokens per "
             "step), or training.auto_micro_batch=true, or training.activation_checkpointing=true") in msg
     assert msg.endswith("; the checkpoint of step 10 is kept.")
-    one = fit.out_of_memory_message(tiny_config("training.micro_batch_size=1"), 1, "a micro-batch of 1 did not fit",
-                                    "GPU", fit.GiB, 0, None)
+    one = memory_estimate.out_of_memory_message(tiny_config("training.micro_batch_size=1"), 1, "a micro-batch of 1 did not fit",
+                                    "GPU", memory_estimate.GiB, 0, None)
     assert "(a micro-batch of 1 did not fit)" in one and "a shorter training.seq_len" in one
     assert one.endswith("no checkpoint had been written yet.")
 
@@ -322,7 +322,7 @@ def test_out_of_memory_message_says_where_how_much_and_what_to_change():
     # (one process, not searched already); checkpointing only where it is off.
     def change(*overrides):
         cfg = tiny_config(*overrides)
-        return fit.out_of_memory_message(cfg, 3, "x", "GPU", fit.GiB, 0, 2).split("Change: ")[1]
+        return memory_estimate.out_of_memory_message(cfg, 3, "x", "GPU", memory_estimate.GiB, 0, 2).split("Change: ")[1]
 
     assert change("training.micro_batch_size=6", "training.grad_accum_steps=2") == (
         "--set training.micro_batch_size=3 --set training.grad_accum_steps=4 (the same tokens per step), or "
@@ -335,7 +335,7 @@ def test_out_of_memory_message_says_where_how_much_and_what_to_change():
 
 
 def test_an_out_of_memory_error_is_found_behind_the_compilers_wrapping():
-    from lmcockpit.core.train.memory_fit import oom_in
+    from lmcockpit.core.train.memory_probe import oom_in
 
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB.")
     try:

@@ -9,7 +9,7 @@ import sys
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.hardware.telemetry import GPUReading, Telemetry
-from lmcockpit.tui.runview import RunView
+from lmcockpit.tui.run_state import RunState
 from lmcockpit.tui.widgets.glance import fit, gpu_cell, step_text
 
 GiB = 2**30
@@ -23,7 +23,7 @@ def test_fit_drops_the_least_useful_fields_first_and_keeps_their_order():
 
 
 def test_the_step_line_keeps_step_loss_and_speed_on_a_narrow_terminal():
-    v = RunView(clock=lambda: 0.0)
+    v = RunState(clock=lambda: 0.0)
     v.apply(P.RunStarted("r", {}, 1, "cuda:0", "bf16", 0, 400, 4096))
     v.apply(P.StateChanged(P.RUNNING))
     for step in (1, 2, 3):
@@ -74,13 +74,13 @@ def test_the_cpu_load_is_the_runs_whole_process_tree():
 
 
 def test_the_run_view_keeps_the_loss_ema_a_step_at_a_time():
-    """The chart draws the RunView's EMA rather than recomputing it over the whole history on
+    """The chart draws the RunState's EMA rather than recomputing it over the whole history on
     every redraw: the two must be the same numbers."""
     import math
 
-    from lmcockpit.core.run.compare import ema
+    from lmcockpit.core.run.curves import ema
 
-    v = RunView(clock=lambda: 0.0)
+    v = RunState(clock=lambda: 0.0)
     losses = [5 + math.sin(i / 3) + 3 * math.exp(-i / 50) for i in range(500)]
     for step, loss in enumerate(losses, 1):
         v.apply(P.StepMetrics(step, loss, 1e-3, 1.0, 1.0, None, 0.1, step))

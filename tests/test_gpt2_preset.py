@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from lmcockpit.core.config import ConfigError, load_config
-from lmcockpit.core.hardware import fit
+from lmcockpit.core.hardware import memory_estimate
 
 from .fake_hub import FakeHub
 from .test_hub_fetch import closed_port, hub_env  # noqa: F401 - closed_port is a fixture
@@ -259,12 +259,12 @@ def test_the_shipped_preset_is_gpt2_small_on_fineweb_for_an_h100():
     assert 9.5e9 < t.max_steps * cfg.tokens_per_step < 10.5e9  # llm.c's 10B-token budget
     assert cfg.data.source == "hf:HuggingFaceFW/fineweb/sample/10BT" and cfg.tokenizer.kind == f"hf:{MODEL}"
     assert cfg.tokenizer.vocab_size >= 50_257 and cfg.tokenizer.vocab_size % 128 == 0
-    assert 120e6 < fit.param_counts(cfg).total < 128e6  # GPT-2 small's 124M, its embedding tied
+    assert 120e6 < memory_estimate.param_counts(cfg).total < 128e6  # GPT-2 small's 124M, its embedding tied
     assert cfg.eval.every > 0 and cfg.eval.batches * t.micro_batch_size * t.seq_len >= 10_000_000
     hw = cfg.hardware
     assert (hw.gpu_class, hw.vram_gb, hw.device, t.precision, t.compile) == ("H100", 80, "auto", "auto", True)
-    needed = fit.estimate(cfg, "cuda").total
-    assert needed <= 0.9 * hw.vram_gb * fit.GiB and fit.judge(cfg, None)[1] == "fits"
+    needed = memory_estimate.estimate(cfg, "cuda").total
+    assert needed <= 0.9 * hw.vram_gb * memory_estimate.GiB and memory_estimate.judge(cfg, None)[1] == "fits"
     assert "3.28" in Path(path).read_text().split("[model]")[0]  # the header names the target
 
 

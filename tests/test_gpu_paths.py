@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.hardware import fit
+from lmcockpit.core.hardware import memory_estimate
 from lmcockpit.core.model.gpt import GPT, shape_from_config
 from lmcockpit.core.model.sampling import generate
 from lmcockpit.core.run.folder import create_run_dir, list_checkpoints
-from lmcockpit.core.train import checkpoint, memory_fit
+from lmcockpit.core.train import checkpoint_io, memory_probe
 from lmcockpit.core.train.trainer import Trainer, run_in_process
 
 from .conftest import tiny_config
@@ -49,9 +49,9 @@ def test_evaluation_with_a_large_vocabulary_peaks_where_fit_says(amp):
             model.token_losses(x, y)
 
     a = 2 if amp else 4
-    n = fit.param_counts(cfg)
+    n = memory_estimate.param_counts(cfg)
     casts = 2 * (n.matrices + n.embedding) if amp else 0  # autocast's copies, held until it exits
-    expected = fit.inference_bytes(cfg, a, tokens, "cpu") + casts
+    expected = memory_estimate.inference_bytes(cfg, a, tokens, "cpu") + casts
     assert cpu_bytes_held(evaluate) == pytest.approx(expected, rel=0.01)
     assert expected < tokens * 32768 * 4 / 3  # a third of one float32 copy of the logits
 
@@ -74,17 +74,17 @@ def test_sampling_at_a_full_context_peaks_where_fit_says():
     prompt = torch.randint(0, 4096, (ctx,)).tolist()
     held = cpu_bytes_held(lambda: list(generate(model, prompt, 4, seed=1)))
     m = cfg.model
-    sampling = 2 * m.n_layer * ctx * m.n_kv_head * cfg.head_dim * 4 + ctx * fit.inference_layer_bytes(cfg, 4)
+    sampling = 2 * m.n_layer * ctx * m.n_kv_head * cfg.head_dim * 4 + ctx * memory_estimate.inference_layer_bytes(cfg, 4)
     assert held == pytest.approx(sampling, rel=0.01)
-    assert fit.inference_bytes(cfg, 4, cfg.training.seq_len, "cpu") >= sampling
+    assert memory_estimate.inference_bytes(cfg, 4, cfg.training.seq_len, "cpu") >= sampling
 
 
 def test_the_estimate_counts_evaluation_beside_what_stays_held():
     cfg = tiny_config("tokenizer.vocab_size=32768", "training.micro_batch_size=4")
-    e = fit.estimate(cfg, "cpu")
-    n = fit.param_counts(cfg)
+    e = memory_estimate.estimate(cfg, "cpu")
+    n = memory_estimate.param_counts(cfg)
     between = 4 * n.total + 8 * n.adamw + 4 * n.muon  # fp32 weights and moments; gradients freed after the step
-    assert e.inference == between + fit.inference_bytes(cfg, 4, 4 * cfg.training.seq_len, "cpu")
+    assert e.inference == between + memory_estimate.inference_bytes(cfg, 4, 4 * cfg.training.seq_len, "cpu")
     assert e.allocated >= e.inference
 
 
@@ -117,7 +117,7 @@ def trainer_with_oom(where: str, tmp_path, *overrides: str, commands=()) -> tupl
 def test_running_out_of_memory_in_evaluation_saves_the_step_and_says_so(tmp_path):
     trainer, events, _ = trainer_with_oom("token_losses", tmp_path)
     try:
-        with pytest.raises(memory_fit.OutOfMemory) as failure:
+        with pytest.raises(memory_probe.OutOfMemory) as failure:
             trainer.run()
     finally:
         trainer.close()
@@ -126,7 +126,7 @@ def test_running_out_of_memory_in_evaluation_saves_the_step_and_says_so(tmp_path
     assert message.endswith("; the checkpoint of step 3 is kept.")
     # The weights of step 3 were whole: they are on disk, a run that resumes from them loses nothing.
     assert [c.name for c in list_checkpoints(trainer.run_dir / "checkpoints")] == ["step_000003"]
-    assert isinstance(memory_fit.OutOfMemory(message), P.RunFailure)  # reported as a message, no traceback
+    assert isinstance(memory_probe.OutOfMemory(message), P.RunFailure)  # reported as a message, no traceback
     assert not any(isinstance(e, P.EvalMetrics) for e in events)
 
 
@@ -149,16 +149,16 @@ def test_a_sample_that_runs_out_of_memory_is_dropped_and_training_goes_on(tmp_pa
 def test_two_saved_gpu_random_states_resume_on_one_gpu():
     states = {"python": None, "cuda_by_rank": ["rank0", "rank1"]}
     cuda0 = torch.device("cuda", 0)
-    assert checkpoint.device_rng_plan(states, 0, 1, cuda0) == (
+    assert checkpoint_io.device_rng_plan(states, 0, 1, cuda0) == (
         "rank0", "the GPU random states of 1 rank(s) beyond the 1 now running are not used")
-    assert checkpoint.device_rng_plan(states, 1, 2, torch.device("cuda", 1)) == ("rank1", "")
-    assert checkpoint.device_rng_plan(states, 2, 4, cuda0)[0] is None  # a rank the checkpoint never had
+    assert checkpoint_io.device_rng_plan(states, 1, 2, torch.device("cuda", 1)) == ("rank1", "")
+    assert checkpoint_io.device_rng_plan(states, 2, 4, cuda0)[0] is None  # a rank the checkpoint never had
     # Checkpoints written before per-rank states: every GPU the saving process saw, by CUDA index.
     legacy = {"cuda": ["gpu0", "gpu1"]}
-    assert checkpoint.device_rng_plan(legacy, 0, 1, cuda0) == ("gpu0", "")
-    assert checkpoint.device_rng_plan({"cuda": ["gpu0"]}, 0, 1, torch.device("cuda", 1)) == (
+    assert checkpoint_io.device_rng_plan(legacy, 0, 1, cuda0) == ("gpu0", "")
+    assert checkpoint_io.device_rng_plan({"cuda": ["gpu0"]}, 0, 1, torch.device("cuda", 1)) == (
         None, "no GPU random state for cuda:1 in the checkpoint (it has 1): it starts from the seed")
-    assert checkpoint.device_rng_plan(legacy, 0, 1, torch.device("cpu"))[1] == (
+    assert checkpoint_io.device_rng_plan(legacy, 0, 1, torch.device("cpu"))[1] == (
         "the checkpoint's 2 GPU random state(s) are not used on the CPU")
 
 
@@ -168,7 +168,7 @@ def test_a_checkpoint_from_two_gpus_resumes_on_the_cpu_and_says_what_is_not_exac
     ckpt = list_checkpoints(first.run_dir / "checkpoints")[-1]
     state = json.loads((ckpt / "state.json").read_text())
     assert "cuda_by_rank" not in state["rng"]  # a CPU run saves no GPU state
-    gpu_state = checkpoint._b64(torch.get_rng_state()[:16])
+    gpu_state = checkpoint_io._b64(torch.get_rng_state()[:16])
     state["rng"]["cuda_by_rank"] = [gpu_state, gpu_state]
     (ckpt / "state.json").write_text(json.dumps(state))
     lines: list[str] = []
@@ -236,7 +236,7 @@ def test_ddp_gradients_stay_views_into_its_buckets_across_steps(tmp_path):
 
 # ------------------------------------------------------------------ micro-batch search
 class StandInGPU:
-    """The caching allocator's counters as memory_fit.CudaMemory reads them: each trial of
+    """The caching allocator's counters as memory_probe.CudaMemory reads them: each trial of
     micro-batch `mb` peaks at `mb` MiB, and up to 4 fit."""
 
     def __init__(self):
@@ -263,7 +263,7 @@ def test_the_peak_counts_afresh_after_the_micro_batch_search(tmp_path):
     try:
         trainer.setup()
         gpu = StandInGPU()
-        trial_peak = memory_fit.fit_micro_batch(trainer, gpu)
+        trial_peak = memory_probe.fit_micro_batch(trainer, gpu)
     finally:
         trainer.close()
     # Tried 16 and 8 (too large), then 4: the trials' peak was 16's; training's starts from zero.

@@ -196,6 +196,17 @@ def summaryless(modules: dict[str, Module]) -> list[str]:
     return sorted(problems)
 
 
+def summary_retold(modules: dict[str, Module]) -> list[str]:
+    """Each module whose prose opens by saying its summary line again (the same first three
+    words): the summary is read first, the prose goes on from it."""
+    problems = []
+    for mod in modules.values():
+        paragraphs = (docstring(mod) or "").split("\n\n")
+        if len(paragraphs) > 1 and paragraphs[0].split()[:3] == paragraphs[1].split()[:3]:
+            problems.append(f"{mod.path}: {paragraphs[1].splitlines()[0]}")
+    return sorted(problems)
+
+
 # ------------------------------------------------------------------------------------ the tests
 def test_no_module_imports_one_that_imports_it_back():
     found = cycles(import_graph())
@@ -234,6 +245,11 @@ def test_every_module_docstring_opens_with_a_one_line_summary():
     problems = summaryless(import_graph())
     assert not problems, ("module docstrings with no one-line summary (a line of its own, then a blank "
                           "line):\n" + "\n".join(problems))
+
+
+def test_no_module_docstring_tells_its_summary_twice():
+    problems = summary_retold(import_graph())
+    assert not problems, "module docstrings whose prose opens with their summary again:\n" + "\n".join(problems)
 
 
 COMMANDS = "lmcockpit.tui.commands"
@@ -333,7 +349,9 @@ def test_the_checks_see_an_unnamed_module_and_a_missing_summary(tmp_path):
     (pkg / "low" / "b.py").write_text('"""B, whose first sentence runs\non into a second line."""\n')
     (pkg / "low" / "c.py").write_text("x = 1\n")
     (pkg / "low" / "d.py").write_text('"""\nD, after an empty first line."""\n')
+    (pkg / "low" / "e.py").write_text('"""E holds the e: once.\n\nE holds the e: twice."""\n')
     modules = import_graph({"lmcockpit.core": pkg})
-    assert unnamed_modules(modules) == [f"{pkg / 'low' / '__init__.py'}: names no `{m}` ({m}.py)" for m in "bcd"]
+    assert unnamed_modules(modules) == [f"{pkg / 'low' / '__init__.py'}: names no `{m}` ({m}.py)" for m in "bcde"]
     assert summaryless(modules) == [f"{pkg / 'low' / 'b.py'}: B, whose first sentence runs",
                                     f"{pkg / 'low' / 'c.py'}: (no docstring)", f"{pkg / 'low' / 'd.py'}: "]
+    assert summary_retold(modules) == [f"{pkg / 'low' / 'e.py'}: E holds the e: twice."]

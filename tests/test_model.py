@@ -99,27 +99,27 @@ def test_a_checkpoint_without_room_on_the_disk_leaves_nothing_and_the_one_before
 
     import pytest
 
-    from lmcockpit.core.train import checkpoint
+    from lmcockpit.core.train import checkpoint_io
 
     from .conftest import fill
 
     model = GPT(SHAPE)
     opts = build_optimizers(model, OptimizerConfig(), torch.device("cpu"))
     root = small_disk / "checkpoints"
-    checkpoint.save(root, 1, model, opts, {}, "", keep=2)
+    checkpoint_io.save(root, 1, model, opts, {}, "", keep=2)
     filler = fill(small_disk)
-    with pytest.raises(checkpoint.NoSpace, match=rf"not enough free disk for a checkpoint in {root}: .*GiB free"):
-        checkpoint.save(root, 2, model, opts, {}, "", keep=2)
+    with pytest.raises(checkpoint_io.NoSpace, match=rf"not enough free disk for a checkpoint in {root}: .*GiB free"):
+        checkpoint_io.save(root, 2, model, opts, {}, "", keep=2)
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001"]
     # Room measured before, then taken by another writer: the disk's own "No space left on device".
     real = shutil.disk_usage
-    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: real(path)._replace(free=1 << 40))
-    with pytest.raises(checkpoint.NoSpace, match=r"the disk filled while .*\(No space left on device\)"):
-        checkpoint.save(root, 2, model, opts, {}, "", keep=2)
+    monkeypatch.setattr(checkpoint_io.shutil, "disk_usage", lambda path: real(path)._replace(free=1 << 40))
+    with pytest.raises(checkpoint_io.NoSpace, match=r"the disk filled while .*\(No space left on device\)"):
+        checkpoint_io.save(root, 2, model, opts, {}, "", keep=2)
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001"]
     assert (root / "latest").read_text() == "step_000001\n"
     filler.unlink()
-    checkpoint.save(root, 2, model, opts, {}, "", keep=2)
+    checkpoint_io.save(root, 2, model, opts, {}, "", keep=2)
     assert (root / "latest").read_text() == "step_000002\n" and (root / "step_000002" / "state.json").is_file()
 
 

@@ -5,7 +5,7 @@ import torch
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError, load_config
-from lmcockpit.core.hardware import fit
+from lmcockpit.core.hardware import memory_estimate
 from lmcockpit.core.model.gpt import GPT, shape_from_config
 from lmcockpit.core.model.muon import Muon
 from lmcockpit.core.run.folder import read_metrics
@@ -45,12 +45,12 @@ def test_muon_is_the_default_and_keeps_the_block_matrices():
 
 def test_the_memory_estimate_counts_adams_two_moments_for_every_parameter():
     muon, adamw = tiny_config(), tiny_config(*ADAMW)
-    n = fit.param_counts(adamw)
+    n = memory_estimate.param_counts(adamw)
     assert (n.adamw, n.muon) == (n.total, 0)
-    assert fit.estimate(adamw, "cpu").optimizer == 8 * n.total
-    assert fit.estimate(adamw, "cpu").muon_step == 0
+    assert memory_estimate.estimate(adamw, "cpu").optimizer == 8 * n.total
+    assert memory_estimate.estimate(adamw, "cpu").muon_step == 0
     # Muon keeps one momentum buffer for its matrices where AdamW keeps two
-    assert fit.estimate(muon, "cpu").optimizer == 8 * n.total - 4 * n.matrices
+    assert memory_estimate.estimate(muon, "cpu").optimizer == 8 * n.total - 4 * n.matrices
 
 
 def test_an_unknown_kind_is_refused_by_name():

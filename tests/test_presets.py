@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from lmcockpit.core.config import ConfigError, load_config, shipped_presets
-from lmcockpit.core.hardware import fit
+from lmcockpit.core.hardware import memory_estimate
 
 from .conftest import cli
 
@@ -23,15 +23,15 @@ def test_gpu_preset_fits_its_class_with_headroom_and_uses_it(name):
     hw, t = cfg.hardware, cfg.training
     assert hw.vram_gb == GPU_PRESETS[name] and hw.gpu_class not in ("", "cpu")
     assert hw.device == "auto" and t.precision == "auto" and t.compile
-    card = int(hw.vram_gb * fit.GiB)
-    needed = fit.estimate(cfg, "cuda").total
-    assert needed <= 0.9 * card, f"{name}: {needed / fit.GiB:.1f} GiB of {hw.vram_gb} GB leaves under 10% free"
-    assert fit.verdict(needed, card) == "fits"
-    assert needed >= 0.6 * card, f"{name}: {needed / fit.GiB:.1f} GiB leaves most of a {hw.vram_gb} GB card idle"
+    card = int(hw.vram_gb * memory_estimate.GiB)
+    needed = memory_estimate.estimate(cfg, "cuda").total
+    assert needed <= 0.9 * card, f"{name}: {needed / memory_estimate.GiB:.1f} GiB of {hw.vram_gb} GB leaves under 10% free"
+    assert memory_estimate.verdict(needed, card) == "fits"
+    assert needed >= 0.6 * card, f"{name}: {needed / memory_estimate.GiB:.1f} GiB leaves most of a {hw.vram_gb} GB card idle"
 
 
 def test_bigger_cards_get_bigger_models():
-    params = {name: fit.param_counts(load_config(name)[0]).total for name in GPU_PRESETS}
+    params = {name: memory_estimate.param_counts(load_config(name)[0]).total for name in GPU_PRESETS}
     assert params["3060"] < params["4070ti"] < params["3090"] < params["4090"] < params["a100-40gb"]
     assert params["a100-40gb"] < params["a100-80gb"] < params["h100"]
 
@@ -50,19 +50,19 @@ def test_presets_command_lists_every_preset_against_this_machines_gpu_or_its_cla
     if card is None:
         assert "no GPU found" in title and "judged against the GPU class it was sized for" in title
     else:
-        assert f"verdicts for GPU {card.index}: {card.name}, {card.mem_total / fit.GiB:.1f} GiB" in title
+        assert f"verdicts for GPU {card.index}: {card.name}, {card.mem_total / memory_estimate.GiB:.1f} GiB" in title
     rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line.split() and line.split()[0] in
             shipped_presets()}
     assert set(rows) == set(shipped_presets())
     for name in GPU_PRESETS:
         cfg, _ = load_config(name)
-        assert f"{fit.param_counts(cfg).total / 1e6:.1f}M" in rows[name]
+        assert f"{memory_estimate.param_counts(cfg).total / 1e6:.1f}M" in rows[name]
         assert f"{cfg.tokens_per_step:,}" in rows[name]
-        assert f"{fit.estimate(cfg, 'cuda').total / fit.GiB:.1f} GiB" in rows[name]
+        assert f"{memory_estimate.estimate(cfg, 'cuda').total / memory_estimate.GiB:.1f} GiB" in rows[name]
         if card is None:
             assert rows[name].rstrip().endswith("fits")  # each fits the class it was sized for
     for name in shipped_presets():
-        verdict = fit.judge(load_config(name)[0], card.mem_total if card else None)[1]
+        verdict = memory_estimate.judge(load_config(name)[0], card.mem_total if card else None)[1]
         assert rows[name].rstrip().endswith(verdict), (name, verdict, rows[name])
     if card is None:
         assert rows["cpu"].rstrip().endswith("–")  # no GPU and no class to judge against

@@ -288,7 +288,7 @@ def test_checkpoints_are_ordered_by_step_number_not_by_name(reference, tmp_path)
     import shutil
 
     from lmcockpit.core.run.resume import plan_resume
-    from lmcockpit.core.train.checkpoint import _prune
+    from lmcockpit.core.train.checkpoint_io import _prune
 
     run, ref = tmp_path / "run", reference / "checkpoints" / "step_000020"
     (run / "checkpoints").mkdir(parents=True)
@@ -319,11 +319,11 @@ def test_a_kill_while_a_checkpoint_is_pruned_leaves_none_half_deleted(reference,
     import sys
 
     from lmcockpit.core.run.folder import list_checkpoints
-    from lmcockpit.core.train.checkpoint import _prune
+    from lmcockpit.core.train.checkpoint_io import _prune
 
     root = tmp_path / "run" / "checkpoints"
     shutil.copytree(reference / "checkpoints", root)
-    prune = ("import sys, pathlib; from lmcockpit.core.train.checkpoint import _prune; "
+    prune = ("import sys, pathlib; from lmcockpit.core.train.checkpoint_io import _prune; "
              "_prune(pathlib.Path(sys.argv[1]), 1)")
     proc = subprocess.Popen([sys.executable, "-c", prune, str(root)],
                             env={**os.environ, "LMCOCKPIT_TEST_HOLD_PRUNE": "step_000020"})
@@ -509,7 +509,7 @@ def test_out_of_memory_advice_is_what_a_resume_takes(reference, tmp_path):
     import re
 
     from lmcockpit.core.config import load_config
-    from lmcockpit.core.hardware.fit import out_of_memory_message
+    from lmcockpit.core.hardware.memory_estimate import out_of_memory_message
     from lmcockpit.core.run.resume import plan_resume
 
     ckpt = reference / "checkpoints" / "step_000020"

@@ -11,7 +11,7 @@ from lmcockpit.core.config import ConfigError
 from lmcockpit.core.infer.load import load
 from lmcockpit.core.model.gpt import GPT, GPTShape, KVCache
 from lmcockpit.core.model.sampling import TextStream, answer, filter_logits, generate
-from lmcockpit.core.run.checkpoints import find_checkpoint
+from lmcockpit.core.run.checkpoint_folder import find_checkpoint
 from lmcockpit.core.run.folder import read_metrics
 
 from .conftest import drive_engine, losses, tiny_config

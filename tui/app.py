@@ -25,12 +25,12 @@ from lmcockpit.core.process.viewer import NotLive, RunViewer
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.core.run.resume import plan_resume
 from lmcockpit.tui.runplan import RunPlan
-from lmcockpit.tui.runview import RunView
+from lmcockpit.tui.run_state import RunState
 from lmcockpit.tui.screens.dashboard import DashboardScreen
 from lmcockpit.tui.screens.launch import LaunchScreen
 
 
-def exit_code_of(views: list[RunView]) -> int:
+def exit_code_of(views: list[RunState]) -> int:
     """The exit code of a session that watched these runs, as `--run` says it for one: 1 if one
     failed, else 2 if one was refused for a mistake in its input, else 130 if one was interrupted,
     else 0 (finished, aborted, or left training)."""

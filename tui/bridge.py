@@ -1,6 +1,6 @@
 """Engine events into Textual, posted in batches so that a fast run never floods the message loop.
 
-Engine events into Textual: a thread worker blocks on the engine's queue and posts what
+A thread worker blocks on the engine's queue and posts what
 arrives in batches (everything queued within a 50 ms window becomes one message), so a fast run
 never floods the message loop."""
 

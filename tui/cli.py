@@ -149,13 +149,13 @@ def cmd_cockpit(args: argparse.Namespace) -> int:
     if args.preset or args.resume:
         start = plan_run(args, args.preset)
     if args.detach:
-        return start_detached(start)
+        return detach_run(start)
     app = CockpitApp(start)
     app.run()  # runs left training go on: each has a host of its own
     return app.exit_code
 
 
-def start_detached(plan: RunPlan | None) -> int:
+def detach_run(plan: RunPlan | None) -> int:
     from lmcockpit.tui import detach
 
     if plan is None:

@@ -1,6 +1,6 @@
 """What each argument of `lmcockpit` completes to on Tab: commands, presets, run folders, config keys.
 
-What each argument of `lmcockpit` completes to on Tab: commands, shipped presets, run folders,
+Commands, shipped presets, run folders,
 config keys. Each is an argcomplete completer (called with the word typed so far as `prefix`),
 set on an argument as `parser.add_argument(...).completer = ...`; a mapping's values are the
 descriptions zsh and fish show beside each completion.

@@ -26,7 +26,7 @@ from lmcockpit.core.process import host
 from lmcockpit.core.process.report import Reports
 from lmcockpit.tui.headless import EXIT_CODES, progress_line
 from lmcockpit.tui.runplan import RunPlan, discard_unstarted_run
-from lmcockpit.tui.runview import RunView
+from lmcockpit.tui.run_state import RunState
 from lmcockpit.tui.usage import error, new_console
 
 START_WAIT = 30.0  # seconds --detach waits for the engine to start training
@@ -95,7 +95,7 @@ def wait_for_start(reports: Reports) -> dict:
     START_WAIT has passed. Shown on stderr after QUIET_FOR: a line redrawn on a terminal, one line
     when piped."""
     console = new_console(stderr=True)
-    view = RunView()
+    view = RunState()
     t0 = time.monotonic()
 
     def doing() -> str:

@@ -16,13 +16,13 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.hardware.telemetry import Reading, Telemetry, find_gpu, run_gpu_indices
 from lmcockpit.core.process.runner import EngineProcess
 from lmcockpit.tui.formatting import DASH, bar, fmt_count, fmt_duration
-from lmcockpit.tui.runview import RunView
+from lmcockpit.tui.run_state import RunState
 from lmcockpit.tui.usage import new_console
 
 EXIT_CODES = {P.FINISHED: 0, P.ABORTED: 0, P.INTERRUPTED: 130, P.FAILED: 1}
 
 
-def progress_line(v: RunView, reading: Reading | None, gpu_index: int | None = 0) -> str:
+def progress_line(v: RunState, reading: Reading | None, gpu_index: int | None = 0) -> str:
     """`gpu_index`: the NVML index of the run's (first) GPU; None for a run on the CPU."""
     if v.state == P.PREPARING or v.max_steps == 0:
         p = v.progress
@@ -56,7 +56,7 @@ def progress_line(v: RunView, reading: Reading | None, gpu_index: int | None = 0
     return " | ".join(f for f in fields if f)
 
 
-def step_line(ev: P.StepMetrics, v: RunView) -> str:
+def step_line(ev: P.StepMetrics, v: RunState) -> str:
     mfu = f"{100 * ev.mfu:.1f}%" if ev.mfu is not None else DASH
     eta = fmt_duration(v.eta) if v.eta is not None else DASH
     return (f"step {ev.step}/{v.max_steps} | loss {ev.loss:.4f} | lr {ev.lr:.2e} | grad norm {ev.grad_norm:.3f} | "
@@ -75,7 +75,7 @@ class Headless:
         self.interactive = self.console.is_terminal
         self.console.on_broken_pipe = self._output_gone
         self.log_every = log_every
-        self.view = RunView()
+        self.view = RunState()
         self.telemetry = Telemetry()
         self.reading: Reading | None = None
         self.read_at = 0.0

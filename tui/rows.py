@@ -8,8 +8,8 @@ not in a command's module, because a screen never imports a command.
 from __future__ import annotations
 
 from lmcockpit.core.config import load_config, shipped_presets, toml_value
-from lmcockpit.core.hardware import fit
-from lmcockpit.core.run.compare import RunCurves, differing_settings
+from lmcockpit.core.hardware import memory_estimate
+from lmcockpit.core.run.curves import RunCurves, differing_settings
 from lmcockpit.tui.formatting import DASH, fmt_duration
 
 VERDICT_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
@@ -20,11 +20,11 @@ def preset_rows(card: int | None) -> list[tuple[str, str, str, str, str, str]]:
     smallest card first; judged against `card` bytes, or each preset's own class when None."""
     configs = [(name, load_config(name)[0]) for name in shipped_presets()]
     rows = []
-    for name, cfg in sorted(configs, key=lambda nc: (nc[1].hardware.vram_gb, fit.param_counts(nc[1]).total)):
-        estimate, verdict = fit.judge(cfg, card)
+    for name, cfg in sorted(configs, key=lambda nc: (nc[1].hardware.vram_gb, memory_estimate.param_counts(nc[1]).total)):
+        estimate, verdict = memory_estimate.judge(cfg, card)
         on_gpu = card is not None or cfg.hardware.vram_gb > 0
-        rows.append((name, cfg.hardware.gpu_class, f"{fit.param_counts(cfg).total / 1e6:.1f}M",
-                     f"{cfg.tokens_per_step:,}", f"{estimate.total / fit.GiB:.1f} GiB" + ("" if on_gpu else " RAM"),
+        rows.append((name, cfg.hardware.gpu_class, f"{memory_estimate.param_counts(cfg).total / 1e6:.1f}M",
+                     f"{cfg.tokens_per_step:,}", f"{estimate.total / memory_estimate.GiB:.1f} GiB" + ("" if on_gpu else " RAM"),
                      verdict))
     return rows
 

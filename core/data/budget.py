@@ -1,6 +1,6 @@
 """What a run's step budget makes of its source: tokens held, epochs made of them, tokens per parameter.
 
-What a run's step budget makes of its source: how many tokens the source holds, how many epochs
+How many tokens the source holds, how many epochs
 the run will make of them, and tokens per parameter (compute-optimal is about 20, after
 Chinchilla). Said in every run's header, in `lmcockpit presets` and on the launch screen, with a
 warning past MANY_EPOCHS, where the model learns its corpus by heart rather than the language.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Config, ConfigError, DataConfig, SourcePart
-from ..hardware.fit import param_counts
+from ..hardware.memory_estimate import param_counts
 from . import sources, split
 from .readers import sized_by_reading, text_bytes
 from .store import cache_root, find_cache, mixture_tokenizer_key, read_meta

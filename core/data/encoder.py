@@ -1,6 +1,6 @@
 """Documents to token ids at corpus scale: by tiktoken where it gives the tokenizer's ids, else `tokenizers`.
 
-Documents to token ids at corpus scale: tiktoken where it gives the tokenizer's very ids, else
+It uses tiktoken where it gives the tokenizer's very ids, else
 `tokenizers`, and a hashed share of documents checked against `tokenizers` as the cache is built.
 
 The BPE is trained and saved with `tokenizers` (sampling, chat and export read that), but a

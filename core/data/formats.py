@@ -1,6 +1,6 @@
 """The files a data source holds, by suffix: those read, those skipped as not text, those refused.
 
-The files a data source holds, by suffix: what the readers read (and how each is compressed),
+What the readers read (and how each is compressed),
 what is skipped as not text, and what is refused by name rather than read as bytes of noise.
 Shared by sources.py, which lists a local source, and hub.py, which chooses what to fetch."""
 

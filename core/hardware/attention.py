@@ -1,7 +1,7 @@
 """Which kernel grouped-query attention runs on, decided before a run starts and without torch.
 
-Which kernel grouped-query attention runs on, decided from what a run knows before it starts: no
-torch, so the memory estimate (fit.py) and the launch screen follow the same decision as the model.
+Decided from what a run knows before it starts, with no torch, so the memory estimate
+(memory_estimate.py) and the launch screen follow the same decision as the model.
 
 `F.scaled_dot_product_attention(enable_gqa=True)` picks a kernel by the checks in torch's
 aten/src/ATen/native/transformers/cuda/sdp_utils.cpp (CUDA) and sdp_utils_cpp.cpp (CPU), with

@@ -95,7 +95,7 @@ def main(checkpoint: str, device: str, events, commands) -> None:
     failure = None
     try:
         events.put(P.StateChanged(P.PREPARING, f"loading {checkpoint}"))
-        from ..run.checkpoints import find_checkpoint
+        from ..run.checkpoint_folder import find_checkpoint
         from .load import load
 
         loaded = load(find_checkpoint(checkpoint), device)

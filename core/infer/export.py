@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import Config, ConfigError
-from ..run.checkpoints import WEIGHTS, check_checkpoint, checkpoint_config, find_checkpoint, tokenizer_file
+from ..run.checkpoint_folder import WEIGHTS, check_checkpoint, checkpoint_config, find_checkpoint, tokenizer_file
 from ..run.safe_files import current_umask
 
 PREFIX = "model."

@@ -1,7 +1,7 @@
 """A trained model outside training: a checkpoint's weights and tokenizer loaded for sampling.
 
 Importing this imports no torch: `load` does when called (in the chat engine process). Finding
-and checking the checkpoint (run.checkpoints) and the sampling settings (protocol) come first, in
+and checking the checkpoint (run.checkpoint_folder) and the sampling settings (protocol) come first, in
 the front-end, so bad input is refused before any engine starts.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from .. import protocol as P
 from ..config import Config, ConfigError
-from ..run.checkpoints import WEIGHTS, check_checkpoint, checkpoint_config, tokenizer_file
+from ..run.checkpoint_folder import WEIGHTS, check_checkpoint, checkpoint_config, tokenizer_file
 
 
 @dataclass

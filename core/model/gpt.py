@@ -12,7 +12,7 @@ Architecture choices, and why:
   Ampere) torch would fall without a word to the math kernel, whose (B, H, T, T) probabilities the
   memory estimate never counted; there the trainer sets `expand_kv` (hardware/attention.py
   decides), and K/V are repeated to the query's heads for the memory-efficient kernel, at
-  2·(n_head − n_kv_head)·head_dim more saved elements per token and layer, which fit.py counts.
+  2·(n_head − n_kv_head)·head_dim more saved elements per token and layer, which memory_estimate.py counts.
   A decoded token's query heads go in as rows of their K/V head instead: no kernel needs GQA for
   that, and the cache is never repeated.
 * RMSNorm on queries and keys per head (QK-norm, as Qwen3), applied before rotary: keeps

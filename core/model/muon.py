@@ -35,7 +35,7 @@ def iteration_dtype(device_type: str, capability: tuple[int, int] | None = None,
     largest, 65504. At the small end fp16 rounds an entry x to within max(2⁻¹¹·|x|, 2⁻²⁵) against
     bf16's 2⁻⁸·|x|: closer than the bf16 that newer GPUs iterate in for every |x| above 2⁻¹⁷, and
     below that within 3e-8 of a matrix whose norm is 1. fp16 is 2 bytes like bf16, which is what
-    fit.muon_step_bytes counts for the iterate on any GPU.
+    memory_estimate.muon_step_bytes counts for the iterate on any GPU.
     """
     if device_type != "cuda":
         return torch.float32
@@ -105,7 +105,7 @@ class Muon(torch.optim.Optimizer):
 
     def _step_shape(self, shape: torch.Size, params: list[torch.Tensor], group: dict) -> None:
         """One batched orthogonalisation for every matrix of `shape`; its temporaries die with the
-        call, before the next shape's (fit.muon_step_bytes counts one shape at a time)."""
+        call, before the next shape's (memory_estimate.muon_step_bytes counts one shape at a time)."""
         lr, beta, wd = group["lr"], group["momentum"], group["weight_decay"]
         stacked = None  # the updates are written straight into one stack: no list of them beside it
         for i, p in enumerate(params):

@@ -1,7 +1,7 @@
 """Where a detachable run can be found while it trains, and whether it still does: torch-free.
 
-Where a detachable run can be found while it trains, whether it still is, and whether what
-answers there is the user's own run host: torch-free.
+Its `live.json` says where to connect; a run is live while its host answers there, and only
+the user's own run host is believed.
 
 A run started from the cockpit (or with `--detach`) is owned by a run host (host.py) that
 outlives every front-end. The host serves the run on a Unix socket with a random key and says so

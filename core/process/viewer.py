@@ -1,7 +1,6 @@
 """A front-end's handle on a run that a run host serves, as `lmcockpit attach` and the dashboards hold it.
 
-A front-end's handle on a run that a run host (host.py) serves: what `lmcockpit attach` and the
-cockpit's dashboards hold. Torch-free.
+It connects to the run host (host.py) through the address in the run's `live.json`. Torch-free.
 
 It offers what runner.ProcessHandle offers the dashboard (`poll`, `send`, `done`, `final_state`,
 `failure`, `run_dir`), so a dashboard does not know whether it owns its engine or watches one.

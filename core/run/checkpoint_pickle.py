@@ -11,7 +11,7 @@ them again and compares), and both readers take nothing else:
 * `check_metadata` (resume, chat and export, before any engine starts) gives each allowed name an
   inert stand-in that keeps its arguments and imports nothing: the check runs no code of the
   file's, nor of torch's;
-* the engine's reader (train/checkpoint.py) resolves the same names to the real classes.
+* the engine's reader (train/checkpoint_io.py) resolves the same names to the real classes.
 
 Either refuses any other name with one line, and a file that is no metadata pickle as damaged.
 The shard files the metadata points to must lie in its own folder (`shard_problem`).

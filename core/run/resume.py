@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Config, ConfigError, apply_overrides, config_from_dict, parse_override, read_toml
-from .checkpoints import check_checkpoint, is_run_dir
+from .checkpoint_folder import check_checkpoint, is_run_dir
 from .extras import require_logger_packages
 from .folder import (CHECKPOINTS, CONFIG, METRICS, check_not_training, create_run_dir, latest_checkpoint,
                      remove_checkpoints, step_dirs, write_config)

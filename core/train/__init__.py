@@ -1,8 +1,8 @@
 """Training: the Trainer and everything its steps use.
 
 The Trainer and its step (`trainer`), optimizer groups and schedule (`optim`), checkpoints
-written and loaded (`checkpoint`), the NaN report (`nan_debug`), the micro-batch that fits memory
-(`memory_fit`), the process group, DDP or FSDP2 (`group`), and the loggers that copy the metrics
+written and loaded (`checkpoint_io`), the NaN report (`nan_debug`), the micro-batch that fits memory
+(`memory_probe`), the process group, DDP or FSDP2 (`group`), and the loggers that copy the metrics
 to TensorBoard and Weights & Biases (`loggers`).
 
 Torch: every module, at import (loggers only when TensorBoard's starts). Only engine-side processes

@@ -1,6 +1,6 @@
 """What the trainer asks of a run's other processes: `Group` for one process, `ProcessGroup` for several.
 
-What the trainer asks of the other processes of a run: one `Group` for a single process (every
+One `Group` for a single process (every
 collective is the identity) and `ProcessGroup` for several, on torch.distributed.
 
 The trainer is written once against this interface, so a one-process run executes the same loop
@@ -152,7 +152,7 @@ class ProcessGroup(Group):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         # Gradients as views into DDP's buckets: otherwise DDP keeps a second copy of every gradient
-        # (and the trainer zeroes them in place, fit.grads_between_steps: set to None, they would
+        # (and the trainer zeroes them in place, memory_estimate.grads_between_steps: set to None, they would
         # come back as fresh tensors beside the buckets). The only buffers are the rotary tables,
         # equal on every rank by construction: broadcasting them before each forward would be a
         # collective per micro-batch for nothing.

@@ -26,17 +26,17 @@ from ..config import Config, ConfigError
 from ..data import batches, budget as data_budget
 from ..data.cache import TokenData
 from ..data.prepare import prepare
-from ..hardware import cpu_precision, fit
+from ..hardware import cpu_precision, memory_estimate
 from ..hardware.device import autocast_dtype, device_uuids, memory_stats, peak_flops, resolve_device, resolve_precision
 from ..hardware.device import attention_header, expands_kv
 from ..model import sampling
 from ..model.gpt import GPT, shape_from_config
-from ..run.checkpoints import STATE, checkpoint_config, tokenizer_file
+from ..run.checkpoint_folder import STATE, checkpoint_config, tokenizer_file
 from ..run.folder import CHECKPOINTS, METRICS, MetricsLog, TOKENIZER, list_checkpoints
-from . import checkpoint, memory_fit, nan_debug
+from . import checkpoint_io, memory_probe, nan_debug
 from .group import Group
 from .loggers import Metrics, start_loggers
-from .memory_fit import OutOfMemory, oom_in
+from .memory_probe import OutOfMemory, oom_in
 from .optim import (build_optimizers, clip_grad_norm, describe, lr_multiplier, schedule_warning, set_lr, set_peak_lrs,
                     step_optimizers)
 
@@ -147,10 +147,10 @@ class Trainer:
         if self.resume_from:
             self.load_checkpoint(self.resume_from)
         self.train_model = self.compiled_model()
-        self.keep_grads = fit.keeps_grads(cfg)
+        self.keep_grads = memory_estimate.keeps_grads(cfg)
         # Resumed too, where --set asks for it: the data is drawn in the checkpoint's own batches.
         if cfg.training.auto_micro_batch:
-            memory_fit.fit_micro_batch(self, memory_fit.device_memory(self))  # logs the trials' peak
+            memory_probe.fit_micro_batch(self, memory_probe.device_memory(self))  # logs the trials' peak
             cfg = self.cfg
         self.data_unit = self.agreed_data_unit()
         self.allocate_grads()
@@ -264,20 +264,20 @@ class Trainer:
         return torch.compile(self.wrapped, mode=t.compile_mode, dynamic=False) if t.compile else self.wrapped
 
     def allocate_grads(self) -> None:
-        """Every gradient, zeroed, before the first backward, when the run keeps them (fit.keeps_grads)."""
+        """Every gradient, zeroed, before the first backward, when the run keeps them (memory_estimate.keeps_grads)."""
         if self.keep_grads:
             for p in self.model.parameters():
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
 
     def clear_grads(self) -> None:
-        in_place = self.keep_grads or self.group.bucketed  # fit.grads_between_steps, for this group
+        in_place = self.keep_grads or self.group.bucketed  # memory_estimate.grads_between_steps, for this group
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=not in_place)
 
     def load_checkpoint(self, path: Path) -> None:
         try:
-            state = checkpoint.load(path, self.model, self.optimizers)
+            state = checkpoint_io.load(path, self.model, self.optimizers)
         except ConfigError:  # refused by checkpoint.load's allow-list: its one line, no hint of another
             raise
         except Exception as e:  # noqa: BLE001 - safetensors, torch and pickle each raise their own
@@ -288,7 +288,7 @@ class Trainer:
         if Path(path).resolve().parent == (self.run_dir / CHECKPOINTS).resolve():
             self.saved_step = self.step  # in place; from another run's checkpoint, this run has none yet
         self.nan_skips = state.get("nan_skips", 0)
-        rng_note = checkpoint.restore_rng_state(state["rng"], self.group.rank, self.group.world, self.device)
+        rng_note = checkpoint_io.restore_rng_state(state["rng"], self.group.rank, self.group.world, self.device)
         if rng_note:
             self.log(f"resume: {rng_note}")
         if self.scaler and state.get("grad_scaler"):
@@ -434,7 +434,7 @@ class Trainer:
             return result
         if doing != "training" and not self.group.distributed and self.step > 0:
             self.save_final()
-        raise OutOfMemory(memory_fit.out_of_memory_message(self, error, doing))
+        raise OutOfMemory(memory_probe.out_of_memory_message(self, error, doing))
 
     def unless_out_of_memory(self, work: Callable[[], object]) -> tuple[object, str | None]:
         """(work(), None), or (None, the out-of-memory error's text) with the memory it held
@@ -592,7 +592,7 @@ class Trainer:
         if self.step == self.saved_step:
             # Saved already (a periodic checkpoint, then an abort; or the step it resumed from):
             # writing it again would only double the time a stop takes.
-            self.emit(P.CheckpointWritten(self.step, str(self.run_dir / CHECKPOINTS / checkpoint.step_dir_name(self.step))))
+            self.emit(P.CheckpointWritten(self.step, str(self.run_dir / CHECKPOINTS / checkpoint_io.step_dir_name(self.step))))
             return True
         self.emit(P.StateChanged(P.CHECKPOINTING))
         state = {"tokens_seen": self.tokens_seen, "nan_skips": self.nan_skips, "world": self.group.world,
@@ -603,9 +603,9 @@ class Trainer:
                  # fp16's loss scale: a resumed run that restarted at 65536 would skip steps
                  "grad_scaler": self.scaler.state_dict() if self.scaler else None}
         try:
-            path = checkpoint.save(self.run_dir / CHECKPOINTS, self.step, self.model, self.optimizers, state,
+            path = checkpoint_io.save(self.run_dir / CHECKPOINTS, self.step, self.model, self.optimizers, state,
                                    self.cfg.to_toml(), self.cfg.checkpoint.keep, self.group)
-        except checkpoint.NoSpace as e:
+        except checkpoint_io.NoSpace as e:
             self.log(f"warning: checkpoint of step {self.step} not written: {e}; the last written is "
                      f"{self.last_written}" + ("" if last else "; training goes on"))
             self.emit(P.StateChanged(P.PAUSED if self.paused else P.RUNNING))

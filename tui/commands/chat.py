@@ -20,7 +20,7 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.infer.chat_engine import ChatEngine
 from lmcockpit.core.protocol import SAMPLE_SETTINGS, parse_setting
-from lmcockpit.core.run.checkpoints import find_checkpoint
+from lmcockpit.core.run.checkpoint_folder import find_checkpoint
 from lmcockpit.tui.commands import command_parser
 from lmcockpit.tui.completers import run_folders
 from lmcockpit.tui.usage import UsageError, error

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lmcockpit.core.run.compare import AXES, RunCurves, axis_scale, load_runs
+from lmcockpit.core.run.curves import AXES, RunCurves, axis_scale, load_runs
 from lmcockpit.tui.commands import command_parser
 from lmcockpit.tui.completers import run_folders
 from lmcockpit.tui.rows import labels, result_rows, setting_rows

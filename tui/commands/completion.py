@@ -1,6 +1,6 @@
 """`lmcockpit completion SHELL`: tab completion for bash, zsh or fish, and what runs on each Tab.
 
-`lmcockpit completion SHELL`: the script that gives `lmcockpit` tab completion in bash, zsh or
+The script that gives `lmcockpit` tab completion in bash, zsh or
 fish; and `complete`, what the `lmcockpit` process does when that script runs it on Tab.
 
 argcomplete does the work (its scripts, and the reading of argparse parsers): the script runs

@@ -1,7 +1,7 @@
 """`lmcockpit presets`: every shipped preset, its size, its estimated peak memory, and whether it fits the GPU this machine has.
 
 Torch-free like the rest of the front-end: parameter counts and memory come from
-`core.hardware.fit`'s arithmetic, the GPU from NVML (`core.hardware.telemetry`). Without a GPU
+`core.hardware.memory_estimate`'s arithmetic, the GPU from NVML (`core.hardware.telemetry`). Without a GPU
 each preset is judged against the card it was sized for; `--memory GB` judges them all against a
 card you are thinking of buying.
 """
@@ -15,7 +15,7 @@ from rich.table import Table
 
 from lmcockpit.core.config import load_config
 from lmcockpit.core.data import budget as data_budget
-from lmcockpit.core.hardware import fit
+from lmcockpit.core.hardware import memory_estimate
 from lmcockpit.core.hardware.telemetry import Telemetry
 from lmcockpit.tui.commands import command_parser
 from lmcockpit.tui.formatting import DASH
@@ -37,14 +37,14 @@ def main(argv: list[str]) -> int:
         return error(f"--memory {args.memory:g}: expected a positive, finite number of GiB")
 
     if args.memory is not None:
-        card, title = int(args.memory * fit.GiB), f"verdicts for a GPU with {args.memory:g} GiB"
+        card, title = int(args.memory * memory_estimate.GiB), f"verdicts for a GPU with {args.memory:g} GiB"
     else:
         telemetry = Telemetry()
         listed = telemetry.read().gpus
         gpus = [g for g in listed if g.mem_total is not None]  # a card whose memory NVML will not say judges nothing
         if gpus:
             gpu = max(gpus, key=lambda g: g.mem_total)
-            card, title = gpu.mem_total, f"verdicts for GPU {gpu.index}: {gpu.name}, {gpu.mem_total / fit.GiB:.1f} GiB"
+            card, title = gpu.mem_total, f"verdicts for GPU {gpu.index}: {gpu.name}, {gpu.mem_total / memory_estimate.GiB:.1f} GiB"
         else:
             card = None
             head = ("NVML will not say the GPU's memory" if listed
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
     console = new_console()
     console.print(table)
     console.print(epochs_line([row[0] for row in rows]))
-    console.print(f"Estimates are fit.py's arithmetic with a {fit.HEADROOM:.0%} headroom for \"fits\"; "
+    console.print(f"Estimates are memory_estimate.py's arithmetic with a {memory_estimate.HEADROOM:.0%} headroom for \"fits\"; "
                   "`--set training.auto_micro_batch=true` finds the largest micro-batch a card takes.")
     return 0
 

@@ -1,4 +1,4 @@
 """The cockpit's screens.
 
-`launch` (hardware, presets and runs), `dashboard` (a live run), `chat` (chat with a past run),
-`compare` (runs side by side) and `dialogs` (the modal dialogs)."""
+`launch` (hardware, presets and runs), `dashboard` (a live run), `checkpoint_chat` (chat with a past
+run's checkpoint), `side_by_side` (runs compared) and `dialogs` (the modal dialogs)."""

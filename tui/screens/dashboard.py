@@ -1,7 +1,7 @@
 """The dashboard: a live run's charts, panels, log, controls, failure panel and chat pane.
 
 Engine events arrive in batches through the bridge's thread worker. Applying a batch only folds
-events into the RunView and writes log lines; panels and charts redraw from a timer at a bounded
+events into the RunState and writes log lines; panels and charts redraw from a timer at a bounded
 rate.
 """
 
@@ -23,13 +23,13 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.hardware.telemetry import ProcessLoad, Reading, Telemetry, find_gpu, run_gpu_indices
 from lmcockpit.core.process.viewer import RunViewer
-from lmcockpit.core.run.compare import load_run
+from lmcockpit.core.run.curves import load_run
 from lmcockpit.core.run.folder import recent_runs, run_summary
 from lmcockpit.tui.bridge import EngineEvents, drain
-from lmcockpit.tui.runview import RunView
+from lmcockpit.tui.run_state import RunState
 from lmcockpit.tui.screens.dialogs import AbortDialog, BaselinePicker, HelpScreen, QuitDialog
 from lmcockpit.tui.widgets.charts import Baseline, LossChart
-from lmcockpit.tui.widgets.chat import ChatPane
+from lmcockpit.tui.widgets.chat_pane import ChatPane
 from lmcockpit.tui.widgets.glance import cpu_line, gpu_lines, step_text
 from lmcockpit.tui.widgets.panels import (Panel, SideColumn, gpu_layout, gpu_panel, host_rows, memory_rows, spark,
                                           state_text, throughput_rows)
@@ -63,7 +63,7 @@ class DashboardScreen(Screen):
         super().__init__()
         self.engine = engine
         self.run_title = title
-        self.view = RunView(clock=clock)
+        self.view = RunState(clock=clock)
         if engine is not None:  # known before the engine says anything, so a failure can show it
             self.view.run_dir = str(engine.run_dir)
         self.telemetry = telemetry

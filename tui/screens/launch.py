@@ -1,6 +1,6 @@
 """The launch screen: the hardware, the presets and their settings, and the runs to attach or resume.
 
-The launch screen: this machine's hardware, the presets, the selected preset's settings (edited
+This machine's hardware, the presets, the selected preset's settings (edited
 with validation as you type, saved as a new TOML), and the runs: those training in the background
 first (Enter attaches; dead ones say so and resume), then the recent ones to resume."""
 
@@ -447,7 +447,7 @@ class LaunchScreen(Screen):
 
     def action_open_chat(self) -> None:
         if run := self.selected_run():
-            from lmcockpit.tui.screens.chat import ChatScreen
+            from lmcockpit.tui.screens.checkpoint_chat import ChatScreen
 
             self.app.push_screen(ChatScreen(run))
 
@@ -475,8 +475,8 @@ class LaunchScreen(Screen):
     @work(thread=True, exclusive=True, group="compare")
     def read_runs(self, paths: list[Path]) -> None:
         """In a thread: a long run's metrics.jsonl takes a second or more to read."""
-        from lmcockpit.core.run.compare import load_runs
-        from lmcockpit.tui.screens.compare import CompareScreen
+        from lmcockpit.core.run.curves import load_runs
+        from lmcockpit.tui.screens.side_by_side import CompareScreen
 
         try:
             runs = load_runs(paths)

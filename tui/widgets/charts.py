@@ -1,6 +1,6 @@
 """The loss chart: train loss raw and smoothed, validation points, and an optional baseline run.
 
-The loss chart: train loss raw and smoothed, validation points, optional log scale, and
+Train loss raw and smoothed, validation points, optional log scale, and
 optionally a finished run's curves underneath as a baseline.
 
 plotext rebuilds every point on each draw, so the chart plots the whole history downsampled to
@@ -22,7 +22,7 @@ from rich.text import Text
 from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
-from lmcockpit.core.run.compare import RunCurves
+from lmcockpit.core.run.curves import RunCurves
 
 
 def downsample(xs: list[int], ys: list[float], points: int) -> tuple[list[float], list[float]]:
@@ -129,7 +129,7 @@ class LossChart(Chart):
         self.smoothed: list[float] = []
 
     def set_data(self, steps, losses, smoothed, val_steps, val_losses) -> None:
-        """`smoothed`: the losses' EMA, kept by the RunView a step at a time."""
+        """`smoothed`: the losses' EMA, kept by the RunState a step at a time."""
         self.steps, self.losses, self.smoothed = steps, losses, smoothed
         self.val_steps, self.val_losses = val_steps, val_losses
 

@@ -1,6 +1,6 @@
 """The compare view's chart: several runs' losses on one plot, a colour each.
 
-The compare view's chart: several runs' losses on one plot, a colour each, against step,
+Several runs' losses on one plot, a colour each, against step,
 tokens seen or training time, optionally on a log scale.
 
 Built on plotext as LossChart is, with its helpers: each curve downsampled to about twice the
@@ -10,7 +10,7 @@ on every render from the runs it holds.
 
 from __future__ import annotations
 
-from lmcockpit.core.run.compare import RunCurves, axis_scale
+from lmcockpit.core.run.curves import RunCurves, axis_scale
 from lmcockpit.tui.widgets.charts import Chart, downsample, plotted, set_log_ticks
 
 COLORS = ("cyan", "orange", "green", "magenta", "red", "blue", "yellow", "white")

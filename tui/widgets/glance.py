@@ -1,6 +1,6 @@
 """The dashboard's one-line readings: the step line, and a bar per GPU (or the CPU run's own use).
 
-The dashboard's one-line readings, for a terminal of any size: the step line (step/total, loss,
+For a terminal of any size: the step line (step/total, loss,
 tokens/s, MFU, ETA) and a bar per GPU (or, on a CPU run, the run's own CPU and memory).
 
 Each line is fitted to the width it gets: fields are dropped least useful first and bars shrink,
@@ -16,7 +16,7 @@ from rich.text import Text
 from lmcockpit.core import protocol as P
 from lmcockpit.core.hardware.telemetry import GPUReading, ProcessLoad, Reading, find_gpu
 from lmcockpit.tui.formatting import DASH, bar, fmt_count, fmt_duration
-from lmcockpit.tui.runview import RunView
+from lmcockpit.tui.run_state import RunState
 from lmcockpit.tui.widgets.panels import gib
 
 SEP = " · "
@@ -33,7 +33,7 @@ def fit(fields: list[tuple[int, str]], width: int, sep: str = SEP) -> str:
     return sep.join(t for _, t in kept)
 
 
-def step_text(v: RunView, width: int) -> Text:
+def step_text(v: RunState, width: int) -> Text:
     """step/total with a bar, then loss, tokens/s, MFU and ETA; the bar takes what is left."""
     frac = v.step / v.max_steps if v.max_steps else 0.0
     state = "" if v.state in (P.RUNNING, P.PAUSED) else f"{v.state.upper()}  "  # paused shows in the top bar

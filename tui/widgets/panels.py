@@ -1,6 +1,6 @@
 """The dashboard's number panels: run state, throughput, memory, GPU and host.
 
-Each renders from the RunView (engine figures) and the latest telemetry Reading (NVML/psutil,
+Each renders from the RunState (engine figures) and the latest telemetry Reading (NVML/psutil,
 sampled at 1 Hz).
 
 A run's GPUs are the devices RunStarted names, mapped from CUDA's numbering to NVML's: a panel
@@ -16,7 +16,7 @@ from textual.widgets import Static
 from lmcockpit.core import protocol as P
 from lmcockpit.core.hardware.telemetry import GPUReading, Reading, find_gpu
 from lmcockpit.tui.formatting import DASH, fmt_count, fmt_duration
-from lmcockpit.tui.runview import RunView
+from lmcockpit.tui.run_state import RunState
 
 STATE_STYLE = {P.RUNNING: "bold green", P.PAUSED: "bold yellow", P.FAILED: "bold red", P.FINISHED: "bold cyan",
                P.ABORTED: "bold magenta", P.INTERRUPTED: "bold magenta", P.COMPILING: "bold blue",
@@ -42,7 +42,7 @@ def kv_table(rows: list[tuple[str, str]]) -> Table:
     return t
 
 
-def state_text(v: RunView) -> Text:
+def state_text(v: RunState) -> Text:
     text = Text(v.state.upper(), style=STATE_STYLE.get(v.state, "bold"))
     if v.progress and v.state == P.PREPARING and v.progress.total:
         text.append(f"  {v.progress.phase} {100 * v.progress.done / v.progress.total:.0f}%", style="dim")
@@ -51,7 +51,7 @@ def state_text(v: RunView) -> Text:
     return text
 
 
-def throughput_rows(v: RunView) -> list[tuple[str, str]]:
+def throughput_rows(v: RunState) -> list[tuple[str, str]]:
     return [
         ("tokens/s", fmt_count(v.tokens_per_s) if v.tokens_per_s else DASH),
         ("steps/s", f"{v.steps_per_s:.2f}" if v.steps_per_s else DASH),
@@ -65,7 +65,7 @@ def throughput_rows(v: RunView) -> list[tuple[str, str]]:
     ]
 
 
-def memory_rows(v: RunView, gpu: GPUReading | None) -> list[tuple[str, str]]:
+def memory_rows(v: RunState, gpu: GPUReading | None) -> list[tuple[str, str]]:
     """Allocator figures from the engine; "GPU used" from NVML for `gpu`, the run's first device."""
     mem = v.mem or {}
     return [

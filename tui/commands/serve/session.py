@@ -1,7 +1,6 @@
 """One browser tab's cockpit, as `lmcockpit serve` starts it, quitting if the server dies.
 
-One browser tab's cockpit, as `lmcockpit serve` starts it: the bare `lmcockpit` command (the
-launch screen), which also quits if the server dies without telling it to.
+It runs the bare `lmcockpit` command (the launch screen), which also quits if the server dies without telling it to.
 
 textual-serve tells each cockpit to quit when its tab closes or the server stops; a server that is
 killed outright cannot, and Textual's web driver does not quit when its input ends, so the cockpit

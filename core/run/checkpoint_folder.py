@@ -1,6 +1,6 @@
 """A checkpoint folder on disk, without torch: its files, whether it is whole, and which one a path names.
 
-A checkpoint folder on disk, without torch: its files, whether it is whole, the one a user's
+Its files, whether it is whole, the one a user's
 path names (a run folder's latest, or a checkpoint folder), and its config and tokenizer.
 Resume, chat, export and the trainer all find and check checkpoints here."""
 
@@ -18,7 +18,7 @@ STATE = "state.json"
 TRAIN_STATE = "train_state"  # the torch.distributed.checkpoint folder: weights and optimizer state
 METADATA = f"{TRAIN_STATE}/.metadata"  # a pickle: read only through checkpoint_pickle
 CHECKPOINT_FILES = (WEIGHTS, METADATA, STATE, CONFIG)
-FORMAT_VERSION = 2  # train.checkpoint writes it; kept here so the front-end needs no torch
+FORMAT_VERSION = 2  # train.checkpoint_io writes it; kept here so the front-end needs no torch
 
 
 def is_run_dir(path: Path) -> bool:

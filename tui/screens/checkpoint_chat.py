@@ -16,7 +16,7 @@ from textual.widgets import Footer, RichLog, Static
 from lmcockpit.core import protocol as P
 from lmcockpit.core.infer.chat_engine import ChatEngine
 from lmcockpit.tui.bridge import EngineEvents, drain
-from lmcockpit.tui.widgets.chat import ChatPane
+from lmcockpit.tui.widgets.chat_pane import ChatPane
 
 
 CLOSE_GRACE = 5.0  # seconds a closing chat engine gets to exit on its own before it is killed

@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
-from lmcockpit.core.run.compare import AXES, RunCurves
+from lmcockpit.core.run.curves import AXES, RunCurves
 from lmcockpit.tui.rows import labels, result_rows, setting_rows
 from lmcockpit.tui.widgets.compare_chart import CompareChart
 

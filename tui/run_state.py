@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass, field
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.run.compare import EMA_BETA
+from lmcockpit.core.run.curves import EMA_BETA
 
 @dataclass
-class RunView:
+class RunState:
     """The run as the front-end knows it, folded from events."""
     state: str = P.PREPARING
     # Paused stays true through a checkpoint or evaluation asked for while paused (their states

@@ -1,9 +1,9 @@
 """Memory on the GPU: the largest micro-batch that fits, and what a CUDA out-of-memory error becomes.
 
-Memory on the GPU: the largest micro-batch that fits (training.auto_micro_batch), and the
+The largest micro-batch that fits (training.auto_micro_batch), and the
 message a CUDA out-of-memory error becomes. Functions of a set-up trainer (`Fitting`: what they
 use of it, so this module need not import the Trainer that imports it): they read its model, data
-and device, and replace its config's micro-batch. Also the measurement fit.py's per-token
+and device, and replace its config's micro-batch. Also the measurement memory_estimate.py's per-token
 counts are checked against (`saved_bytes_per_token`)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .. import protocol as P
 from ..config import Config
 from ..data import batches
 from ..data.cache import TokenData
-from ..hardware import fit
+from ..hardware import memory_estimate
 from ..hardware.device import compute_capability
 from ..model.gpt import GPT, shape_from_config
 
@@ -98,7 +98,7 @@ def fit_micro_batch(trainer: Fitting, memory: CudaMemory | HostMemory) -> int | 
     effective = t.micro_batch_size * t.grad_accum_steps
     # Estimated at the precision "auto" became here (fp16 on cards without bf16 keeps the plain loss).
     resolved = dataclasses.replace(trainer.cfg, training=dataclasses.replace(t, precision=trainer.precision))
-    estimated = fit.largest_micro_batch(resolved, memory.budget(), trainer.device.type,
+    estimated = memory_estimate.largest_micro_batch(resolved, memory.budget(), trainer.device.type,
                                         compute_capability=compute_capability(trainer.device))
     tried: list[int] = []
 
@@ -106,7 +106,7 @@ def fit_micro_batch(trainer: Fitting, memory: CudaMemory | HostMemory) -> int | 
         tried.append(n)
         return memory.fits(n)
 
-    mb = fit.choose_micro_batch(effective, max(1, estimated), attempt)
+    mb = memory_estimate.choose_micro_batch(effective, max(1, estimated), attempt)
     if mb is None:
         raise OutOfMemory(out_of_memory_message(trainer, "a micro-batch of 1 did not fit"))
     trial_peak = memory.take_peak()
@@ -114,7 +114,7 @@ def fit_micro_batch(trainer: Fitting, memory: CudaMemory | HostMemory) -> int | 
     # checkpoints' config records it, so a resume (on any number of processes) does not search again.
     trainer.cfg = dataclasses.replace(trainer.cfg, training=dataclasses.replace(
         t, micro_batch_size=mb, grad_accum_steps=effective // mb, auto_micro_batch=False))
-    peak = f"; the trials peaked at {trial_peak / fit.GiB:.2f} GiB allocated" if trial_peak is not None else ""
+    peak = f"; the trials peaked at {trial_peak / memory_estimate.GiB:.2f} GiB allocated" if trial_peak is not None else ""
     trainer.log(f"auto micro-batch: {mb} × {effective // mb} accumulation steps ({effective} sequences a step; "
                 f"the estimate allowed {estimated}, tried {', '.join(map(str, tried))}{peak})")
     return trial_peak
@@ -126,7 +126,7 @@ def trial_step(trainer: Fitting, mb: int) -> bool:
     a block as large as the optimizer state the first real step creates. Leaves the weights,
     the optimizer and every random state untouched."""
     t = trainer.cfg.training
-    n = fit.param_counts(trainer.cfg)
+    n = memory_estimate.param_counts(trainer.cfg)
     x, y = (torch.from_numpy(a).to(trainer.device)
             for a in batches.get_batch(trainer.data.train, t.seed, 0, mb, t.seq_len))
     trainer.log(f"auto micro-batch: trying {mb}")
@@ -165,7 +165,7 @@ def out_of_memory_message(trainer: Fitting, error: str, doing: str = "training")
         name, total, peak = props.name, props.total_memory, torch.cuda.max_memory_allocated(device)
     else:
         name, total, peak = "CPU", psutil.virtual_memory().total, None
-    return fit.out_of_memory_message(cfg, step, error, name, total, peak, trainer.saved_step, doing)
+    return memory_estimate.out_of_memory_message(cfg, step, error, name, total, peak, trainer.saved_step, doing)
 
 
 def saved_bytes_per_token(cfg, device: str, compiled: bool, amp_dtype: torch.dtype | None,
@@ -173,7 +173,7 @@ def saved_bytes_per_token(cfg, device: str, compiled: bool, amp_dtype: torch.dty
     """What autograd keeps for backward from one training forward of `cfg`'s model, per token: the
     bytes of every distinct storage saved at micro-batch 2 less those at micro-batch 1, so what
     does not grow with the batch (weights, their casts, the rotary tables) cancels. What
-    fit.layer_activation_bytes and fit.head_activation_bytes count (and, compiled, the logits).
+    memory_estimate.layer_activation_bytes and memory_estimate.head_activation_bytes count (and, compiled, the logits).
     `expand_kv`: attention repeats K/V to the query's heads (GPT.expand_kv), as where no kernel
     takes grouped-query attention."""
     T, dev = cfg.training.seq_len, torch.device(device)

@@ -58,7 +58,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from ..config import ConfigError
 from ..run.checkpoint_pickle import ALLOWED, AllowListUnpickler, damaged, refusal, shard_problem
-from ..run.checkpoints import FORMAT_VERSION, TRAIN_STATE
+from ..run.checkpoint_folder import FORMAT_VERSION, TRAIN_STATE
 from ..run.folder import CONFIG, DISK_FULL, list_checkpoints, remove_checkpoints
 from ..run.safe_files import write_whole
 from .group import Group

@@ -1,6 +1,6 @@
 """Runs side by side: their loss curves and summaries, and the settings in which they differ.
 
-Runs side by side: a run folder read into its loss curves and a summary, and the settings in
+A run folder read into its loss curves and a summary, and the settings in
 which several runs differ. What `lmcockpit compare`, the launch screen's compare view and a
 dashboard's baseline overlay all read. No torch.
 

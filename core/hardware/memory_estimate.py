@@ -185,7 +185,7 @@ def head_activation_bytes(cfg: Config, a: int, compiled: bool) -> int:
 def saved_per_token(cfg: Config, a: int, compiled: bool, path: str = attention.NATIVE) -> int:
     """Bytes per token autograd keeps for backward without activation checkpointing: the blocks,
     what follows them and, compiled, the logits the fused loss keeps (eager's blockwise loss keeps
-    none). What memory_fit.saved_bytes_per_token measures in a real forward."""
+    none). What memory_probe.saved_bytes_per_token measures in a real forward."""
     return (cfg.model.n_layer * layer_activation_bytes(cfg, a, compiled, path)
             + head_activation_bytes(cfg, a, compiled) + (a * cfg.tokenizer.vocab_size if compiled else 0))
 
