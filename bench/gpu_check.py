@@ -164,7 +164,7 @@ def part_h100(out: Path, steps: int, launch: tuple[str, ...] = ()) -> tuple[bool
     reserved = max(r["mem"]["reserved"] for r in rows)
     est = memory_estimate.estimate(cfg, "cuda").allocated
     ratio = peak / est
-    evals = read_metrics(run, "eval")
+    evals = [r for r in read_metrics(run, "eval") if r.get("val_loss") is not None]  # not a tasks-only row
     val = f"{evals[-1]['val_loss']:.3f}" if evals else "–"
     ok = len(rows) >= steps and abs(ratio - 1) <= TOLERANCE
     return ok, [
@@ -480,7 +480,7 @@ def part_gpt2(out: Path, target: float, overrides: list[str], stop_at_target: bo
         # come every eval.every steps (minutes apart on the GPU).
         while proc.poll() is None:
             if not stopped and (run / "metrics.jsonl").is_file() and any(
-                    r["val_loss"] <= target for r in read_metrics(run, "eval")):
+                    r.get("val_loss") is not None and r["val_loss"] <= target for r in read_metrics(run, "eval")):
                 proc.send_signal(signal.SIGTERM)  # as a user's: the step ends, a checkpoint, exit 130
                 stopped = True
             time.sleep(2)

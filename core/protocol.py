@@ -70,9 +70,15 @@ class StepMetrics:
 
 @dataclass(frozen=True)
 class EvalMetrics:
+    """An evaluation's results: the validation loss, the task scores, or both (each has its own
+    cadence, eval.every and eval.tasks_every). `tasks` maps a task's name to its
+    {"accuracy": A, "centered": C, "items": N}; `core` is the CORE score, when every CORE task
+    was scored."""
     step: int
-    val_loss: float
-    val_bpb: float
+    val_loss: float | None
+    val_bpb: float | None
+    tasks: dict[str, dict[str, float]] = field(default_factory=dict)
+    core: float | None = None
 
 
 @dataclass(frozen=True)

@@ -315,3 +315,31 @@ def test_a_row_cut_by_a_kill_and_written_on_is_passed_over(tmp_path):
         (json.dumps(step) + "\n" + cut).encode() + b"\xff" + (failure + "\n" + json.dumps({**step, "step": 3}) + "\n").encode())
     assert [r["step"] for r in read_metrics(tmp_path, "step")] == [1, 3]
     assert [e.step for e in history(tmp_path, 4) if isinstance(e, P.StepMetrics)] == [1, 3]
+
+
+def test_a_step_s_validation_and_task_scores_reach_a_viewer_once_each(tmp_path):
+    """The validation loss and the task scores have cadences of their own: one step may bring
+    both, as two evaluations. A viewer attaching shows each from the history, and neither again
+    when the engine's events for them come after it (they were written first)."""
+    from .test_cli_failures import serve
+
+    scores = {"python-functions": {"accuracy": 0.43, "centered": 0.24, "items": 111}}
+    val, tasks = P.EvalMetrics(4, 3.41, 1.2), P.EvalMetrics(4, None, None, scores)
+    rows = [{"kind": "eval", "time": 1.0, "step": 4, "val_loss": 3.41, "val_bpb": 1.2},
+            {"kind": "eval", "time": 1.0, "step": 4, "tasks": scores}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    server = serve(tmp_path)
+    try:
+        viewer = RunViewer(tmp_path)
+        wait_until(lambda: server.count == 1, what="the viewer to join")
+        for event in [val, tasks, P.EvalMetrics(8, 3.2, 1.1), P.EvalMetrics(8, None, None, scores, 0.12), P.LogLine("end")]:
+            server.broadcast(event)
+        seen = []
+        while not seen or seen[-1] != P.LogLine("end"):
+            seen.append(viewer.poll(10))
+            assert seen[-1] is not None, f"the events never came: {seen}"
+        assert [e for e in seen if isinstance(e, P.EvalMetrics)] == [
+            val, tasks, P.EvalMetrics(8, 3.2, 1.1), P.EvalMetrics(8, None, None, scores, 0.12)]
+        viewer.close()
+    finally:
+        server.close(grace=1)

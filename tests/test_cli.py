@@ -236,3 +236,40 @@ def test_the_progress_line_shows_gpu_fields_when_known_and_says_a_pause_up_front
     assert progress_line(view, None, None).startswith("step 45/400 [█▏        ] 11% PAUSED | loss 5.2847 |")
     fresh = progressed_view(1)  # the first step's rate is compilation's: no rate yet
     assert progress_line(fresh, None, None).endswith("| loss 5.2847 | ETA – | – tok/s")
+
+
+def test_evaluations_read_back_print_their_scores_and_one_of_tasks_alone_leaves_the_val_loss_shown(tmp_path):
+    """An evaluation may hold the validation loss, the task scores (their own cadence) or both:
+    each prints what it holds, and the val loss the progress line and panels show stays the last
+    one measured."""
+    import json
+
+    from lmcockpit.core import protocol as P
+    from lmcockpit.core.process.viewer import history
+    from lmcockpit.tui.headless import eval_line
+    from lmcockpit.tui.widgets.glance import step_text
+    from lmcockpit.tui.widgets.panels import throughput_rows
+
+    scores = {"python-functions": {"accuracy": 0.43, "centered": 0.24, "items": 111}}
+    later = {"python-functions": {"accuracy": 0.45, "centered": 0.27, "items": 111},
+             "arc-easy": {"accuracy": 0.5, "centered": 0.33, "items": 40}}
+    rows = [{"kind": "eval", "time": 1.0, "step": 20, "val_loss": 3.41, "val_bpb": 1.2},
+            {"kind": "eval", "time": 2.0, "step": 30, "tasks": scores},
+            {"kind": "eval", "time": 3.0, "step": 40, "val_loss": 3.2, "val_bpb": 1.1, "tasks": later, "core": 0.12}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evals = [e for e in history(tmp_path) if isinstance(e, P.EvalMetrics)]
+    assert [eval_line(e) for e in evals] == [
+        "eval step 20 | val loss 3.4100 | val bpb 1.2000",
+        "eval step 30 | python-functions 0.430",
+        "eval step 40 | val loss 3.2000 | val bpb 1.1000 | python-functions 0.450 | arc-easy 0.500 | CORE 0.120"]
+
+    view = progressed_view()
+    for ev in evals[:2]:
+        view.apply(ev)
+    assert view.last_eval == evals[0] and (view.val_steps, view.val_losses) == ([20], [3.41])
+    assert view.tasks == {"python-functions": [(30, 0.43)]} and view.last_tasks == scores and view.last_core is None
+    assert "val 3.4100" in step_text(view, 200).plain and ("val loss", "3.4100 @ 20") in throughput_rows(view)
+    view.apply(evals[2])
+    assert view.last_eval == evals[2] and (view.val_steps, view.val_losses) == ([20, 40], [3.41, 3.2])
+    assert view.tasks == {"python-functions": [(30, 0.43), (40, 0.45)], "arc-easy": [(40, 0.5)]}
+    assert view.last_tasks == later and view.last_core == 0.12

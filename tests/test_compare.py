@@ -14,6 +14,7 @@ from lmcockpit.core.config import ConfigError
 from lmcockpit.core.run.curves import differing_settings, load_run
 from lmcockpit.core.run.folder import METRICS, read_metrics
 from lmcockpit.tui.app import CockpitApp
+from lmcockpit.tui.formatting import DASH
 from lmcockpit.tui.screens.side_by_side import CompareScreen
 from lmcockpit.tui.screens.launch import LaunchScreen
 from lmcockpit.tui.widgets.compare_chart import CompareChart
@@ -78,6 +79,43 @@ def test_a_run_continued_from_an_earlier_step_reads_as_it_stands(runs, tmp_path)
     # the time the run as it stands took: the abandoned steps 7-12 left out
     high_rows, low_rows = read_metrics(runs / "lr-high", "step"), read_metrics(runs / "lr-low", "step")
     assert run.train_time == pytest.approx(sum(r["dt"] for r in high_rows[:6]) + sum(r["dt"] for r in low_rows[6:]))
+
+
+SCORES = {"python-functions": {"accuracy": 0.3, "centered": 0.1, "items": 111}}
+LATER = {"python-functions": {"accuracy": 0.43, "centered": 0.24, "items": 111},
+         "arc-easy": {"accuracy": 0.5, "centered": 0.33, "items": 40}}
+
+
+def scored(runs: Path, where: Path) -> Path:
+    """lr-high's folder as a run that scored tasks writes it: a task-only evaluation at step 6
+    after its validation, and its step-12 evaluation holding the scores and CORE beside the loss."""
+    shutil.copytree(runs / "lr-high", where)
+    lines = []
+    for line in (runs / "lr-high" / METRICS).read_text().splitlines():
+        row = json.loads(line)
+        if row["kind"] == "eval" and row["step"] == 12:
+            row.update(tasks=LATER, core=0.12)
+        lines.append(json.dumps(row))
+        if row["kind"] == "eval" and row["step"] == 6:
+            lines.append(json.dumps({"kind": "eval", "time": row["time"], "step": 6, "tasks": SCORES}))
+    (where / METRICS).write_text("\n".join(lines) + "\n")
+    return where
+
+
+def test_a_run_s_task_scores_read_into_curves_of_their_own(runs, tmp_path):
+    run, high = load_run(scored(runs, tmp_path / "scored")), load_run(runs / "lr-high")
+    assert (run.val_steps, run.val_losses) == (high.val_steps, high.val_losses)  # a task-only row adds no point
+    assert run.tasks == {"python-functions": [(6, 0.3), (12, 0.43)], "arc-easy": [(12, 0.5)]}
+    assert run.core == [(12, 0.12)]
+    assert run.last_tasks == {"python-functions": 0.43, "arc-easy": 0.5} and run.last_core == 0.12
+    assert (high.tasks, high.core, high.last_tasks, high.last_core) == ({}, [], {}, None)
+    # continued from step 7: the scores at step 12 were the abandoned run's
+    steps = [line for line in (runs / "lr-low" / METRICS).read_text().splitlines() if json.loads(line).get("step") == 7]
+    with open(tmp_path / "scored" / METRICS, "a") as fh:
+        fh.write(steps[0] + "\n")
+    run = load_run(tmp_path / "scored")
+    assert run.tasks == {"python-functions": [(6, 0.3)], "arc-easy": []} and run.core == []
+    assert run.last_tasks == {"python-functions": 0.3} and run.last_core is None
 
 
 def test_the_differing_settings_are_exactly_those_that_differ(runs, tmp_path):
@@ -183,6 +221,25 @@ def test_compare_prints_the_differing_setting_and_writes_a_png(runs, tmp_path):
     assert out.read_bytes()[:8] == PNG_SIGNATURE
     height, width, _ = imread(out).shape
     assert (width, height) == (1000, 600)
+
+
+def test_compare_prints_each_task_s_last_score_and_a_dash_where_a_run_has_none(runs, tmp_path):
+    plain = cli("compare", str(runs / "lr-high"), str(runs / "lr-low"))
+    assert plain.returncode == 0, plain.stderr
+    # runs that scored no task: the rows they always had, and no others
+    assert [line.split("\t")[0] for line in plain.stdout.splitlines()] == [
+        "", "optimizer.lr", "final loss (ema)", "final loss", "best val loss", "tokens/s", "time", "steps", "state"]
+    proc = cli("compare", str(scored(runs, tmp_path / "scored")), str(runs / "lr-low"))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    rows = [line.split("\t")[0] for line in lines]
+    added = ["python-functions accuracy", "arc-easy accuracy", "CORE"]
+    assert rows[rows.index("best val loss") + 1:rows.index("tokens/s")] == added
+    assert f"python-functions accuracy\t0.430\t{DASH}" in lines
+    assert f"arc-easy accuracy\t0.500\t{DASH}" in lines and f"CORE\t0.120\t{DASH}" in lines
+    # the rest as plain's: the task rows are all that was added
+    assert [line for line in lines if line.split("\t")[0] not in added] == [
+        line.replace("lr-high", "scored") for line in plain.stdout.splitlines()]
 
 
 def test_compare_refuses_a_missing_folder_and_a_single_run(runs, tmp_path):

@@ -9,6 +9,7 @@ import json
 import os
 import struct
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -199,6 +200,72 @@ def test_a_logger_that_fails_mid_run_is_switched_off_after_one_report(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path) if r["kind"] == "step"] == [1, 2, 3, 4]
 
 
+SCORES = {"python-functions": {"accuracy": 0.3, "centered": 0.1, "items": 111}}
+LATER = {"python-functions": {"accuracy": 0.43, "centered": 0.24, "items": 111},
+         "arc-easy": {"accuracy": 0.5, "centered": 0.33, "items": 40}}
+
+
+def write_evaluations(metrics) -> None:
+    """A validation, then task scores alone (their own cadence), then both with CORE."""
+    metrics.write("eval", step=4, val_loss=3.41, val_bpb=1.2)
+    metrics.write("eval", step=6, tasks=SCORES)
+    metrics.write("eval", step=8, val_loss=3.2, val_bpb=1.1, tasks=LATER, core=0.12)
+    metrics.close()
+
+
+def test_task_scores_and_core_are_charted_under_eval_and_a_task_only_row_has_no_val_point(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from lmcockpit.core.run.folder import MetricsLog
+    from lmcockpit.core.train.loggers import TENSORBOARD, Metrics, TensorBoardLogger
+
+    lines: list[str] = []
+    metrics = Metrics(MetricsLog(tmp_path / "metrics.jsonl"), lines.append)
+    metrics.start([("tensorboard", lambda: TensorBoardLogger(tmp_path, 0))])
+    write_evaluations(metrics)
+    assert lines == [] and [r["step"] for r in read_metrics(tmp_path, "eval")] == [4, 6, 8]
+    events = EventAccumulator(str(tmp_path / TENSORBOARD)).Reload()
+
+    def charted(tag: str) -> list[tuple[int, float]]:
+        return [(e.step, pytest.approx(e.value)) for e in events.Scalars(tag)]
+
+    assert charted("val/loss") == [(4, 3.41), (8, 3.2)] and charted("val/bpb") == [(4, 1.2), (8, 1.1)]
+    assert charted("eval/python-functions/accuracy") == [(6, 0.3), (8, 0.43)]
+    assert charted("eval/python-functions/centered") == [(6, 0.1), (8, 0.24)]
+    assert charted("eval/arc-easy/accuracy") == [(8, 0.5)] and charted("eval/core") == [(8, 0.12)]
+
+
+def written_history(run_folder: Path) -> list[dict[str, float]]:
+    """`wandb_history`, or what of it is whole while W&B still writes the file."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        return wandb_history(run_folder)
+    except (AssertionError, DecodeError):  # its header, or a record, not written yet
+        return []
+
+
+def test_wandb_charts_task_scores_against_the_run_s_step(tmp_path, wandb_env):
+    """W&B's own step only goes up (WandbLogger): every tag prefix, eval/ too, is charted against ours."""
+    from lmcockpit.core.run.folder import MetricsLog
+    from lmcockpit.core.train.loggers import Metrics, WandbLogger
+
+    metrics = Metrics(MetricsLog(tmp_path / "metrics.jsonl"), print)
+    metrics.start([("wandb", lambda: WandbLogger("lmcockpit-tests", tmp_path, {}))])
+    write_evaluations(metrics)
+    (folder,) = (tmp_path / "wandb").glob("offline-run-*")
+    (log,) = folder.glob("run-*.wandb")
+    deadline = time.monotonic() + 60
+    while len(rows := written_history(folder)) < 3:  # W&B's service process may still be writing it
+        assert time.monotonic() < deadline, f"the evaluations never reached {log}: {rows}"
+        time.sleep(0.1)
+    globs = {r.metric.glob_name: r.metric.step_metric for r in wandb_records(log) if r.WhichOneof("record_type") == "metric"}
+    assert globs.get("eval/*") == "step"
+    assert [(row["step"], row["eval/python-functions/accuracy"]) for row in rows if "eval/python-functions/accuracy" in row] == [
+        (6, pytest.approx(0.3)), (8, pytest.approx(0.43))]
+    assert [row["step"] for row in rows if "val/loss" in row] == [4, 8]
+
+
 def test_scalars_take_what_a_row_has_under_the_loggers_tags():
     from lmcockpit.core.train.loggers import scalars
 
@@ -210,6 +277,8 @@ def test_scalars_take_what_a_row_has_under_the_loggers_tags():
     assert scalars("step", {**row, "mfu": None, "mem": None}).keys() == {
         "train/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s"}
     assert scalars("eval", {"step": 3, "val_loss": 2.0, "val_bpb": 1.5}) == {"val/loss": 2.0, "val/bpb": 1.5}
+    assert scalars("eval", {"step": 3, "tasks": SCORES}) == {"eval/python-functions/accuracy": 0.3,
+                                                              "eval/python-functions/centered": 0.1}
     assert scalars("sample", {"step": 3, "prompt": "a", "text": "b"}) == {}
 
 

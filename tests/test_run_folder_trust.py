@@ -34,7 +34,8 @@ from lmcockpit.core.hardware import cpu_precision
 from lmcockpit.core.process import host, live
 from lmcockpit.core.process.runner import EngineProcess
 from lmcockpit.core.process.viewer import NotLive, RunViewer, history
-from lmcockpit.core.run.folder import LOCK, METRICS, TRAIN_LOG, MetricsLog, create_run_dir, hold_run_dir, write_config
+from lmcockpit.core.run.folder import (LOCK, METRICS, TRAIN_LOG, UNREADABLE, MetricsLog, create_run_dir, hold_run_dir,
+                                      read_metrics, run_summary, write_config)
 from lmcockpit.core.run.resume import truncate_metrics
 from lmcockpit.core.run.safe_files import NotOwnFile, current_umask, write_whole
 from lmcockpit.tui.app import CockpitApp
@@ -428,3 +429,49 @@ def test_an_attach_s_history_passes_over_rows_that_are_not_lmcockpit_s(tmp_path)
              {"kind": "eval", "step": 7}, {"kind": "checkpoint", "step": 8, "path": None}, {"kind": ["step"]},
              {**STEP, "step": 9})
     assert [e.step for e in history(tmp_path / "run", 4) if isinstance(e, P.StepMetrics)] == [5, 9]
+
+
+# An evaluation of the validation loss, of the tasks (their own cadence: eval.tasks_every), of both.
+VAL = {"kind": "eval", "time": 1.0, "step": 5, "val_loss": 3.41, "val_bpb": 1.2}
+SCORES = {"python-functions": {"accuracy": 0.43, "centered": 0.24, "items": 111}}
+TASKS = {"kind": "eval", "time": 1.0, "step": 6, "tasks": SCORES}
+BOTH = {**VAL, "step": 8, "tasks": SCORES, "core": 0.12}
+
+
+@pytest.mark.parametrize("row", [
+    {**TASKS, "tasks": [SCORES]},
+    {**TASKS, "tasks": {"python-functions": 0.43}},
+    {**TASKS, "tasks": {"python-functions": {"accuracy": 0.43, "items": 111}}},
+    {**TASKS, "tasks": {"python-functions": {**SCORES["python-functions"], "accuracy": "43%"}}},
+    {**TASKS, "tasks": {"python-functions": {**SCORES["python-functions"], "items": 111.0}}},
+    {**TASKS, "tasks": {"python-functions": {**SCORES["python-functions"], "items": True}}},
+    {**BOTH, "core": "0.12"},
+    {**VAL, "val_loss": "3.41"},
+    {"kind": "eval", "time": 1.0, "step": 7},  # neither a validation loss nor scores: says nothing
+    {**VAL, "val_loss": None, "val_bpb": None},
+], ids=["tasks-a-list", "scores-a-number", "no-centered", "accuracy-text", "items-a-float", "items-a-bool",
+        "core-text", "val-loss-text", "nothing-scored", "val-loss-null"])
+def test_eval_rows_hold_a_validation_loss_task_scores_or_both_and_nothing_else_reads(tmp_path, row):
+    """An evaluation row may lack the validation loss (a task-only row) or the tasks (a
+    validation-only or older row): each reads. One whose scores are not numbers, or not the
+    ones a task has, is not lmcockpit's: passed over, and the run listed as unreadable."""
+    run = past_run(tmp_path / "run", STEP, VAL, TASKS, BOTH, {**STEP, "step": 9})
+    assert [r["step"] for r in read_metrics(run, "eval")] == [5, 6, 8]
+    assert run_summary(run)["status"] == "stopped"
+    (run / METRICS).write_text("".join(json.dumps(r) + "\n" for r in (STEP, VAL, TASKS, row, {**STEP, "step": 9})))
+    assert [r["step"] for r in read_metrics(run, "eval")] == [5, 6]
+    assert run_summary(run)["status"] == UNREADABLE
+
+
+def test_a_step_row_still_needs_its_own_fields_and_may_still_lack_mfu_and_mem(tmp_path):
+    """What an eval row may lack, a step row may not, and the other way round."""
+    bare = {k: v for k, v in STEP.items() if k not in ("mfu", "mem")}
+    run = past_run(tmp_path / "run", bare, {k: v for k, v in {**STEP, "step": 7}.items() if k != "loss"},
+                   {**VAL, "step": 8, "mfu": "x"})
+    assert [(r["kind"], r["step"]) for r in read_metrics(run)] == [("step", 5), ("eval", 8)]
+
+
+def test_an_attach_s_history_carries_task_scores_and_evaluations_without_a_validation_loss(tmp_path):
+    run = past_run(tmp_path / "run", STEP, VAL, TASKS, BOTH, {**TASKS, "step": 9, "tasks": [SCORES]})
+    assert [e for e in history(run, 4) if isinstance(e, P.EvalMetrics)] == [
+        P.EvalMetrics(5, 3.41, 1.2), P.EvalMetrics(6, None, None, SCORES), P.EvalMetrics(8, 3.41, 1.2, SCORES, 0.12)]

@@ -64,7 +64,18 @@ def step_line(ev: P.StepMetrics, v: RunState) -> str:
 
 
 def eval_line(ev: P.EvalMetrics) -> str:
-    return f"eval step {ev.step} | val loss {ev.val_loss:.4f} | val bpb {ev.val_bpb:.4f}"
+    """The validation loss, then each task's accuracy and CORE: an evaluation may hold either."""
+    fields = [f"eval step {ev.step}"]
+    if ev.val_loss is not None:
+        fields += [f"val loss {ev.val_loss:.4f}", f"val bpb {fmt_real(ev.val_bpb)}"]
+    fields += [f"{name} {scores['accuracy']:.3f}" for name, scores in ev.tasks.items()]
+    if ev.core is not None:
+        fields.append(f"CORE {ev.core:.3f}")
+    return " | ".join(fields)
+
+
+def fmt_real(value: float | None, places: int = 4) -> str:
+    return f"{value:.{places}f}" if value is not None else DASH
 
 
 class Headless:
@@ -200,7 +211,7 @@ class Headless:
             if v.first_loss is not None and v.loss is not None:
                 summary += f": loss {v.first_loss:.3f} → {v.loss:.3f}"
             if v.last_eval:
-                summary += f", val loss {v.last_eval.val_loss:.3f} ({v.last_eval.val_bpb:.3f} bits/byte)"
+                summary += f", val loss {v.last_eval.val_loss:.3f} ({fmt_real(v.last_eval.val_bpb, 3)} bits/byte)"
             self.console.print(Text(summary), style="bold green")
         else:
             self.say(f"{state} at step {v.step}")

@@ -59,8 +59,23 @@ def result_rows(runs: list[RunCurves]) -> list[Row]:
         ("final loss (ema)", [fmt_loss(r.final_loss_ema) for r in runs]),
         ("final loss", [fmt_loss(r.final_loss) for r in runs]),
         ("best val loss", [f"{b[0]:.4f} @ {b[1]}" if (b := r.best_val) else DASH for r in runs]),
+        *task_rows(runs),
         ("tokens/s", [f"{t:,.0f}" if (t := r.median_tokens_per_s) is not None else DASH for r in runs]),
         ("time", [fmt_time(r.train_time) if r.steps else DASH for r in runs]),
         ("steps", [str(r.steps[-1]) if r.steps else "0" for r in runs]),
         ("state", [r.status for r in runs]),
     ]
+
+
+def task_rows(runs: list[RunCurves]) -> list[Row]:
+    """Each task's last accuracy, then CORE: a row for each that any of the runs scored (none
+    where none did), a dash where a run did not."""
+    names = dict.fromkeys(name for r in runs for name in r.last_tasks)
+    rows = [(f"{name} accuracy", [fmt_score(r.last_tasks.get(name)) for r in runs]) for name in names]
+    if any(r.core for r in runs):
+        rows.append(("CORE", [fmt_score(r.last_core) for r in runs]))
+    return rows
+
+
+def fmt_score(value: float | None) -> str:
+    return f"{value:.3f}" if value is not None else DASH

@@ -31,7 +31,9 @@ class RunState:
     ended_at: float | None = None  # when the run reached a terminal state: elapsed stops there
     train_started_at: float | None = None
     progress: P.Progress | None = None
-    last_eval: P.EvalMetrics | None = None
+    last_eval: P.EvalMetrics | None = None  # the last one with a validation loss: what the panels show
+    last_tasks: dict[str, dict[str, float]] = field(default_factory=dict)  # each task's latest scores
+    last_core: float | None = None
     first_loss: float | None = None
     last_checkpoint: str = ""
     samples: dict[str, str] = field(default_factory=dict)
@@ -44,6 +46,7 @@ class RunState:
     lrs: list[float] = field(default_factory=list)
     val_steps: list[int] = field(default_factory=list)
     val_losses: list[float] = field(default_factory=list)
+    tasks: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # each task's accuracy by step
     lr: float | None = None
     grad_norm: float | None = None
     tokens_seen: int = 0
@@ -106,9 +109,7 @@ class RunState:
             else:
                 self.dt_ema = 0.9 * self.dt_ema + 0.1 * ev.dt
         elif isinstance(ev, P.EvalMetrics):
-            self.last_eval = ev
-            self.val_steps.append(ev.step)
-            self.val_losses.append(ev.val_loss)
+            self.apply_eval(ev)
         elif isinstance(ev, P.Progress):
             self.progress = ev
         elif isinstance(ev, P.StateChanged):
@@ -123,6 +124,19 @@ class RunState:
             self.last_checkpoint = ev.path
         elif isinstance(ev, P.SampleText):
             self.samples[ev.request_id] = self.samples.get(ev.request_id, "") + ev.text
+
+    def apply_eval(self, ev: P.EvalMetrics) -> None:
+        """The validation loss and the task scores have cadences of their own: an evaluation may
+        bring either, or both."""
+        if ev.val_loss is not None:
+            self.last_eval = ev
+            self.val_steps.append(ev.step)
+            self.val_losses.append(ev.val_loss)
+        for name, scores in ev.tasks.items():
+            self.tasks.setdefault(name, []).append((ev.step, scores["accuracy"]))
+            self.last_tasks[name] = scores
+        if ev.core is not None:
+            self.last_core = ev.core
 
     @property
     def eta(self) -> float | None:

@@ -84,7 +84,8 @@ def history(run_dir: Path, tokens_per_step: int = 0) -> list[object]:
                                             row.get("mfu"), row["dt"], row["step"] * tokens_per_step,
                                             row.get("mem") or {}))
             elif kind == "eval":
-                events.append(P.EvalMetrics(row["step"], row["val_loss"], row["val_bpb"]))
+                events.append(P.EvalMetrics(row["step"], row.get("val_loss"), row.get("val_bpb"),
+                                            row.get("tasks") or {}, row.get("core")))
             elif kind == "checkpoint":
                 events.append(P.CheckpointWritten(row["step"], row["path"]))
     return events
@@ -108,7 +109,7 @@ class RunViewer:
         self.failure: P.Failure | None = None
         self.viewers = 1
         self.last_step = self.record.step
-        self._shown: dict[type, int] = {}  # the last step of each kind shown: what the history gave already
+        self._shown: dict[object, int] = {}  # the last step of each kind shown: what the history gave already
         self._lock = threading.Lock()
         threading.Thread(target=self._receive, name="viewer-receive", daemon=True).start()
 
@@ -185,9 +186,10 @@ class RunViewer:
     def _fresh(self, event: object) -> bool:
         """A step, evaluation or checkpoint at or below one already shown is the history's copy."""
         if isinstance(event, (P.StepMetrics, P.EvalMetrics, P.CheckpointWritten)):
-            if event.step <= self._shown.get(type(event), -1):
+            what = _what(event)
+            if event.step <= self._shown.get(what, -1):
                 return False
-            self._shown[type(event)] = event.step
+            self._shown[what] = event.step
         elif isinstance(event, P.RunStarted):
             self._shown.clear()
         return True
@@ -265,6 +267,15 @@ class RunViewer:
                     both_ends.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass  # closed already: the host went first
+
+
+def _what(event: object) -> object:
+    """What `_fresh` counts steps of: an event's type; for an evaluation, also what it holds. The
+    validation loss and the task scores have cadences of their own: an evaluation of one is no
+    copy of an evaluation of the other at the same step."""
+    if isinstance(event, P.EvalMetrics):
+        return P.EvalMetrics, event.val_loss is not None, bool(event.tasks)
+    return type(event)
 
 
 def _record(run_dir: Path) -> live.LiveRecord:

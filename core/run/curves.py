@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, read_toml
-from .folder import CONFIG, METRICS, run_summary
+from .folder import CONFIG, METRICS, run_summary, well_formed
 
 AXES = ("step", "tokens", "time")
 EMA_BETA = 0.9
@@ -50,6 +50,10 @@ class RunCurves:
     tokens_per_s: list[float] = field(default_factory=list)
     val_steps: list[int] = field(default_factory=list)
     val_losses: list[float] = field(default_factory=list)
+    # Each task's accuracy, and CORE, as (step, value): scored on a cadence of their own
+    # (eval.tasks_every), and a task may be scored at some evaluations and not others.
+    tasks: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    core: list[tuple[int, float]] = field(default_factory=list)
 
     # ------------------------------------------------------------------ summary
     @property
@@ -72,6 +76,15 @@ class RunCurves:
             return None
         i = min(range(len(self.val_losses)), key=self.val_losses.__getitem__)
         return self.val_losses[i], self.val_steps[i]
+
+    @property
+    def last_tasks(self) -> dict[str, float]:
+        """Each task's accuracy when it was last scored."""
+        return {name: points[-1][1] for name, points in self.tasks.items() if points}
+
+    @property
+    def last_core(self) -> float | None:
+        return self.core[-1][1] if self.core else None
 
     @property
     def median_tokens_per_s(self) -> float | None:
@@ -156,8 +169,8 @@ def read_curves(metrics: Path, run: RunCurves) -> None:
                 if kind == "step":
                     add_step(run, step, float(row["loss"]), float(row.get("dt") or 0.0),
                              float(row.get("tokens_per_s") or 0.0))
-                elif kind == "eval":
-                    add_eval(run, step, float(row["val_loss"]))
+                elif kind == "eval" and well_formed(row):  # its tasks are read whole, or not at all
+                    add_eval(run, step, row.get("val_loss"), row.get("tasks") or {}, row.get("core"))
             except (json.JSONDecodeError, RecursionError, KeyError, TypeError, ValueError):
                 continue  # a line cut short by a kill, or not ours
 
@@ -168,18 +181,38 @@ def add_step(run: RunCurves, step: int, loss: float, dt: float, tokens_per_s: fl
         del run.steps[cut:], run.losses[cut:], run.times[cut:], run.tokens_per_s[cut:]
         del_val = bisect_left(run.val_steps, step)
         del run.val_steps[del_val:], run.val_losses[del_val:]
+        for points in [*run.tasks.values(), run.core]:
+            cut_points(points, step)
     run.steps.append(step)
     run.losses.append(loss)
     run.times.append((run.times[-1] if run.times else 0.0) + dt)
     run.tokens_per_s.append(tokens_per_s)
 
 
-def add_eval(run: RunCurves, step: int, val_loss: float) -> None:
-    if run.val_steps and step <= run.val_steps[-1]:
-        cut = bisect_left(run.val_steps, step)
-        del run.val_steps[cut:], run.val_losses[cut:]
-    run.val_steps.append(step)
-    run.val_losses.append(val_loss)
+def add_eval(run: RunCurves, step: int, val_loss: float | None,
+             tasks: dict[str, dict[str, float]] | None = None, core: float | None = None) -> None:
+    """An evaluation's points, each on its own curve: a row may hold the validation loss, the
+    task scores, or both."""
+    if val_loss is not None:
+        if run.val_steps and step <= run.val_steps[-1]:
+            cut = bisect_left(run.val_steps, step)
+            del run.val_steps[cut:], run.val_losses[cut:]
+        run.val_steps.append(step)
+        run.val_losses.append(float(val_loss))
+    for name, scores in (tasks or {}).items():
+        add_point(run.tasks.setdefault(name, []), step, float(scores["accuracy"]))
+    if core is not None:
+        add_point(run.core, step, float(core))
+
+
+def add_point(points: list[tuple[int, float]], step: int, value: float) -> None:
+    cut_points(points, step)  # scored again at a step it had reached: the run went on from earlier
+    points.append((step, value))
+
+
+def cut_points(points: list[tuple[int, float]], step: int) -> None:
+    """`points` without those at or past `step`."""
+    del points[bisect_left(points, step, key=lambda p: p[0]):]
 
 
 def differing_settings(runs: list[RunCurves]) -> list[str]:

@@ -24,9 +24,10 @@ CLOSE_WAIT = 60.0  # s a logger may take to close (W&B uploads what is left) bef
 TAGS = {
     "step": {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
              "tokens_per_s": "perf/tokens_per_s", "mfu": "perf/mfu"},
-    "eval": {"val_loss": "val/loss", "val_bpb": "val/bpb"},
+    "eval": {"val_loss": "val/loss", "val_bpb": "val/bpb", "core": "eval/core"},
 }
-PREFIXES = ("train", "val", "perf", "memory")
+TASK_SCORES = ("accuracy", "centered")  # each task's, as eval/TASK/accuracy; `tasks` is spread below
+PREFIXES = ("train", "val", "perf", "memory", "eval")
 
 
 def scalars(kind: str, fields: dict[str, Any]) -> dict[str, float]:
@@ -35,6 +36,9 @@ def scalars(kind: str, fields: dict[str, Any]) -> dict[str, float]:
     if kind == "step":
         for key, value in (fields.get("mem") or {}).items():  # allocated, reserved, peak: bytes
             out[f"memory/{key}_gib"] = value / 2**30
+    if kind == "eval":
+        for task, scores in (fields.get("tasks") or {}).items():
+            out.update({f"eval/{task}/{key}": float(scores[key]) for key in TASK_SCORES})
     return out
 
 
