@@ -8,6 +8,7 @@ package reads; the packages stand in floors, each importing only those below it:
     process/   the processes: the engine, torchrun's launcher and ranks, the front-end's handle on them
     train/     the training loop: trainer, optimizers, checkpoints, NaN report, memory fitting, process group
     model/     the GPT, Muon, the sampling decoder
+    tasks/     downstream tasks: their items and files, the built-in one, scoring a model on them
     data/      sources, tokenizer, token cache, batches
     hardware/  device and precision, GPU environment, telemetry, doctor, memory arithmetic
     run/       the run folder on disk: its files, checkpoints found and checked, resume planned

@@ -143,6 +143,10 @@ class CheckpointConfig:
 class EvalConfig:
     every: int = 100  # 0: only at the end
     batches: int = 8  # micro-batches of held-out text per evaluation
+    # Downstream tasks scored while training (core/tasks): "python-functions", or a task file's path.
+    tasks: list[str] = field(default_factory=list)
+    tasks_every: int = 0  # steps between task scorings; 0: at every evaluation (eval.every)
+    max_per_task: int = 0  # items scored of each task; 0: all of them
 
 
 @dataclass
@@ -450,6 +454,7 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
     for key, value in [("model.head_dim", m.head_dim), ("model.mlp_hidden", m.mlp_hidden),
                        ("model.max_seq_len", m.max_seq_len),
                        ("checkpoint.every", cfg.checkpoint.every), ("eval.every", cfg.eval.every),
+                       ("eval.tasks_every", cfg.eval.tasks_every), ("eval.max_per_task", cfg.eval.max_per_task),
                        ("sample.every", cfg.sample.every), ("data.max_bytes", cfg.data.max_bytes),
                        ("data.workers", cfg.data.workers),
                        ("optimizer.warmup_steps", o.warmup_steps), ("training.seed", t.seed),

@@ -23,6 +23,7 @@ from lmcockpit.core.run.folder import create_run_dir
 TINY = [
     "training.max_steps=12", "training.log_every=4", "eval.every=6", "eval.batches=2",
     "sample.prompts=[]", "checkpoint.keep=2", "hardware.device=\"cpu\"",
+    "eval.tasks=[]",  # the cpu preset's python-functions costs a run ~2 s; trained_run and test_tasks score it
 ]
 
 
@@ -201,7 +202,8 @@ def start_cli_run(out: Path, *overrides: str, until: str = "step 4/") -> subproc
 
 
 # The trained_run fixture's command (test_cli runs it again to compare).
-TRAINED_RUN = ("--run", "cpu", *as_flags([*SHRINK_CPU, *TINY, "sample.prompts=[\"def \"]", "checkpoint.every=6"]))
+TRAINED_RUN = ("--run", "cpu", *as_flags([*SHRINK_CPU, *TINY, "sample.prompts=[\"def \"]", "checkpoint.every=6",
+                                          "eval.tasks=[\"python-functions\"]"]))
 
 
 @pytest.fixture(scope="session")

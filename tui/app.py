@@ -24,6 +24,7 @@ from lmcockpit.core.process.rendezvous import Rendezvous
 from lmcockpit.core.process.viewer import NotLive, RunViewer
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.core.run.resume import plan_resume
+from lmcockpit.core.tasks import catalog as tasks_catalog
 from lmcockpit.tui.runplan import RunPlan
 from lmcockpit.tui.run_state import RunState
 from lmcockpit.tui.screens.dashboard import DashboardScreen
@@ -143,7 +144,8 @@ class CockpitApp(App):
             if cfg.world > 1:
                 Rendezvous().check(cfg)
             run_dir = create_run_dir(cfg, name, None if self.runs_root == Path("runs") else
-                                     str(self.runs_root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"))
+                                     str(self.runs_root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"),
+                                     check=tasks_catalog.check)
         except ConfigError as e:
             self.notify(str(e), severity="error")
             return
@@ -151,7 +153,7 @@ class CockpitApp(App):
 
     def resume(self, run: str) -> None:
         try:
-            plan = plan_resume(run, [], None)
+            plan = plan_resume(run, [], None, check=tasks_catalog.check)
         except ConfigError as e:
             self.notify(str(e), severity="error")
             return

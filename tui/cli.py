@@ -20,6 +20,7 @@ from lmcockpit.core.process import live
 from lmcockpit.core.process.rendezvous import Rendezvous
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.core.run.resume import plan_resume
+from lmcockpit.core.tasks import catalog as tasks_catalog
 from lmcockpit.tui import completers
 from lmcockpit.tui.commands import COMMANDS, GROUPS, nearest, similarity
 from lmcockpit.tui.runplan import RunPlan, discard_unstarted_run
@@ -114,7 +115,7 @@ def plan_run(args: argparse.Namespace, preset: str | None) -> RunPlan:
         if preset:
             raise UsageError("--resume continues with the checkpoint's own config: drop the preset "
                              "(change the step budget or cadence with --set)")
-        plan = plan_resume(args.resume, overrides_of(args), args.out)
+        plan = plan_resume(args.resume, overrides_of(args), args.out, check=tasks_catalog.check)
         cfg, run_dir, resume_from, title = plan.cfg, plan.run_dir, plan.checkpoint, plan.run_dir.name
         in_place = plan.in_place
     else:
@@ -124,7 +125,8 @@ def plan_run(args: argparse.Namespace, preset: str | None) -> RunPlan:
         rendezvous = rendezvous_of(args)
         if rendezvous is not None:  # before a run folder exists for a run that cannot start
             rendezvous.check(cfg)
-        run_dir, resume_from, title = create_run_dir(cfg, Path(path).stem, args.out), None, Path(path).stem
+        run_dir = create_run_dir(cfg, Path(path).stem, args.out, check=tasks_catalog.check)
+        resume_from, title = None, Path(path).stem
         in_place = False
     return RunPlan(cfg, run_dir, resume_from, title, rendezvous_of(args), in_place)
 

@@ -27,7 +27,8 @@ Architecture choices, and why:
   (`LinearCrossEntropy`): the (tokens × vocabulary) float32 logits and their gradient never exist
   whole. Compiled training keeps the plain form, which inductor fuses itself; so does fp16, whose
   loss scale must reach the logits' gradient before it is rounded. Evaluation's per-token losses
-  (`token_losses`) take the same blocks of rows, without gradients, whatever the precision.
+  (`token_losses`) take the same blocks of rows, without gradients, whatever the precision; task
+  scoring's (`token_scores`) add whether each target was the greedy argmax.
 * Inference has a path of its own (`GPT.decode` with a `KVCache`): a prompt is prefilled with the
   training forward's causal attention, then each new token attends to the cached keys and values.
   The training forward is untouched by it.
@@ -294,16 +295,29 @@ class GPT(nn.Module):
         """Per-token cross-entropy (B, T) in float32, for bits-per-byte; evaluation's loss, without
         gradients. A block of rows at a time, as training's loss: the whole float32 logits of a
         micro-batch (and cross-entropy's copies of them) would be the largest allocation of a run."""
-        h = self.hidden(idx).flatten(0, 1)
-        flat = targets.reshape(-1)
+        return self._head_scores(self.hidden(idx).flatten(0, 1), targets.reshape(-1), argmax=False)[0].view(targets.shape)
+
+    def token_scores(self, idx: torch.Tensor, targets: torch.Tensor,
+                     where: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What task scoring reads: at the positions `where` marks (B, T), in row order, each
+        target's cross-entropy in float32 and whether it was the greedy choice. Only those
+        positions reach the head, which at small scale costs more than every layer below it."""
+        losses, hits = self._head_scores(self.hidden(idx)[where], targets[where], argmax=True)
+        return losses, hits
+
+    def _head_scores(self, h: torch.Tensor, flat: torch.Tensor,
+                     argmax: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         rows = LinearCrossEntropy.rows_per_block(self.shape.vocab_size, h.is_cuda)
         losses = torch.empty(flat.shape, dtype=torch.float32, device=h.device)
+        hits = torch.empty(flat.shape, dtype=torch.bool, device=h.device) if argmax else None
         for start in range(0, len(flat), rows):
             logits = F.linear(h[start:start + rows], self.embed_tokens.weight).float()
             ts = flat[start:start + rows, None]
             losses[start:start + rows] = torch.logsumexp(logits, dim=-1) - logits.gather(1, ts).squeeze(1)
+            if hits is not None:
+                hits[start:start + rows] = logits.argmax(dim=-1) == ts.squeeze(1)
             del logits  # before the next block's matmul, or two blocks are alive at once
-        return losses.view(targets.shape)
+        return losses, hits
 
 
 def _fp16_autocast(device: str) -> bool:

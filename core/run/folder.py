@@ -18,6 +18,7 @@ import re
 import shutil
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,12 @@ def default_run_dir(name: str, runs_root: Path = Path("runs")) -> Path:
     return path
 
 
-def create_run_dir(cfg: Config, name: str, out: str | None) -> Path:
+def create_run_dir(cfg: Config, name: str, out: str | None, check: Callable[[Config], None] | None = None) -> Path:
+    """A new run's folder, made once `cfg` has passed the checks that need more than the config:
+    its optional packages, and `check`, the front-end's (the task files the run will score)."""
     require_logger_packages(cfg)  # every front-end starts a new run through here
+    if check is not None:
+        check(cfg)
     path = Path(out).expanduser() if out else default_run_dir(name)
     if cfg.distributed.nnodes > 1:
         return join_run_dir(cfg, path, out)
@@ -248,6 +253,16 @@ def _step(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _maybe_number(value: object) -> bool:
+    return value is None or _number(value)
+
+
+def _task_scores(name: object, scores: object) -> bool:
+    """A task's entry in an eval row's `tasks`: {"accuracy": A, "centered": C, "items": N}."""
+    return (isinstance(name, str) and isinstance(scores, dict) and _number(scores.get("accuracy"))
+            and _number(scores.get("centered")) and _step(scores.get("items")))
+
+
 # The fields each kind of row holds as the engine writes it, and what each must be: what a reader
 # takes from the row without asking again. A row that lacks one was not written by lmcockpit
 # (a damaged file, or one another account wrote into a folder it can write to).
@@ -255,11 +270,18 @@ ROW_FIELDS = {
     "step": {"step": _step, "loss": _number, "lr": _number, "grad_norm": _number, "tokens_per_s": _number,
              "dt": _number, "mfu": lambda v: v is None or _number(v),
              "mem": lambda v: v is None or isinstance(v, dict) and all(map(_number, v.values()))},
-    "eval": {"step": _step, "val_loss": _number, "val_bpb": _number},
+    "eval": {"step": _step, "val_loss": _maybe_number, "val_bpb": _maybe_number,
+             "tasks": lambda v: isinstance(v, dict) and all(map(_task_scores, v.keys(), v.values())),
+             "core": _maybe_number},
     "checkpoint": {"step": _step, "path": lambda v: isinstance(v, str)},
     "failure": {"step": _step, "message": lambda v: isinstance(v, str)},
 }
-OPTIONAL = {"mfu", "mem"}  # read with .get: a row without them still reads
+# Fields a row of that kind may lack, read with .get: no MFU on a CPU; an evaluation holds the
+# validation loss, the task scores or both (each has its own cadence), CORE only when all its
+# tasks were scored.
+OPTIONAL = {"step": {"mfu", "mem"}, "eval": {"val_loss", "val_bpb", "tasks", "core"}}
+# ...but an evaluation holds one of these at least: a row with neither says nothing of the run.
+ONE_OF = {"eval": {"val_loss", "tasks"}}
 
 
 def well_formed(row: dict[str, Any]) -> bool:
@@ -270,7 +292,9 @@ def well_formed(row: dict[str, Any]) -> bool:
         return False
     if kind not in ROW_FIELDS:
         return "step" not in row or _step(row["step"])
-    return all(fits(row[name]) if name in row else name in OPTIONAL for name, fits in ROW_FIELDS[kind].items())
+    optional = OPTIONAL.get(kind, set())
+    return (all(fits(row[name]) if name in row else name in optional for name, fits in ROW_FIELDS[kind].items())
+            and (kind not in ONE_OF or any(row.get(name) is not None for name in ONE_OF[kind])))
 
 
 def tail_lines(path: Path, max_bytes: int = 65536) -> list[str]:

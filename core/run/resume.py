@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,8 @@ from .folder import (CHECKPOINTS, CONFIG, METRICS, check_not_training, create_ru
                      remove_checkpoints, step_dirs, write_config)
 from .safe_files import write_whole
 
-SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eval.batches", "checkpoint.every",
+SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eval.batches", "eval.tasks",
+                  "eval.tasks_every", "eval.max_per_task", "checkpoint.every",
                   "checkpoint.keep", "hardware.device", "distributed.nproc", "distributed.nnodes",
                   "distributed.strategy", "data.workers",
                   # What gets a run past a loss spike: they change the steps to come, which is the point.
@@ -50,7 +52,8 @@ class ResumePlan:
     in_place: bool
 
 
-def plan_resume(path_arg: str, overrides: list[str], out: str | None) -> ResumePlan:
+def plan_resume(path_arg: str, overrides: list[str], out: str | None,
+                check: Callable[[Config], None] | None = None) -> ResumePlan:
     path = Path(path_arg).expanduser()
     if is_run_dir(path):
         if out:
@@ -87,6 +90,8 @@ def plan_resume(path_arg: str, overrides: list[str], out: str | None) -> ResumeP
                           f"{cfg.training.max_steps}; raise it with --set training.max_steps=N")
     if in_place:
         require_logger_packages(cfg)  # before the run folder is rewritten (create_run_dir checks a new one)
+        if check is not None:
+            check(cfg)
         run_dir = path
         write_config(cfg, run_dir / CONFIG)
         truncate_metrics(run_dir / METRICS, step)
@@ -94,7 +99,7 @@ def plan_resume(path_arg: str, overrides: list[str], out: str | None) -> ResumeP
         remove_checkpoints(path / CHECKPOINTS, [later for later_step, later in step_dirs(path / CHECKPOINTS)
                                                 if later_step > step])
     else:
-        run_dir = create_run_dir(cfg, ckpt.parent.parent.name or "resumed", out)
+        run_dir = create_run_dir(cfg, ckpt.parent.parent.name or "resumed", out, check)
     return ResumePlan(cfg, run_dir, ckpt, step, in_place)
 
 

@@ -33,6 +33,7 @@ from ..model import sampling
 from ..model.gpt import GPT, shape_from_config
 from ..run.checkpoint_folder import STATE, checkpoint_config, tokenizer_file
 from ..run.folder import CHECKPOINTS, METRICS, MetricsLog, TOKENIZER, list_checkpoints
+from ..tasks import catalog as tasks_catalog
 from . import checkpoint_io, memory_probe, nan_debug
 from .group import Group
 from .loggers import Metrics, start_loggers
@@ -129,6 +130,7 @@ class Trainer:
                 self.log(line)
         from tokenizers import Tokenizer
         self.tokenizer = Tokenizer.from_file(str(self.data.tokenizer_dir / "tokenizer.json"))
+        self.tasks = tasks_catalog.load_tasks(cfg.eval.tasks, cfg)
 
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -340,9 +342,9 @@ class Trainer:
             except NonFiniteLoss:
                 self.save_last_good()
                 raise
-            every = self.cfg.eval.every
-            if every and self.step % every == 0 and self.step < t.max_steps:
-                self.within_memory("evaluation", self.evaluate)
+            validation, tasks = self.evaluations_due()
+            if (validation or tasks) and self.step < t.max_steps:
+                self.within_memory("evaluation", lambda: self.evaluate(validation, tasks))
             every = self.cfg.checkpoint.every
             if every and self.step % every == 0 and self.step < t.max_steps:
                 self.save_checkpoint()
@@ -350,7 +352,7 @@ class Trainer:
             if every and self.step % every == 0 and self.step < t.max_steps:  # the last step samples below
                 self.periodic_samples()
         if self.stop is None:
-            self.within_memory("evaluation", self.evaluate)
+            self.within_memory("evaluation", lambda: self.evaluate(True, bool(self.tasks)))
             self.save_final()
             if self.stop is None:  # not given up by an abort
                 self.periodic_samples()
@@ -507,10 +509,39 @@ class Trainer:
             self.stop, self.paused = cmd, False
 
     # ---------------------------------------------------------------------- eval and saving
-    @torch.no_grad()
-    def evaluate(self) -> None:
-        cfg, t = self.cfg, self.cfg.training
+    def evaluations_due(self) -> tuple[bool, bool]:
+        """Whether this step ends with the validation loss, and with the task scores: each has
+        its cadence, the tasks' eval.tasks_every (0: eval.every's)."""
+        e = self.cfg.eval
+        tasks_every = e.tasks_every or e.every
+        return (bool(e.every) and self.step % e.every == 0,
+                bool(self.tasks) and bool(tasks_every) and self.step % tasks_every == 0)
+
+    def evaluate(self, validation: bool = True, tasks: bool = False) -> None:
+        """One `eval` row (and EvalMetrics) with the validation loss, the task scores, or both."""
         self.emit(P.StateChanged(P.EVALUATING))
+        fields = self.validation_loss() if validation else {}
+        scores: dict[str, dict] = {}
+        if tasks:
+            scores = {name: r.row() for name, r in self.score_tasks().items()}
+            fields["tasks"] = scores
+        self.metrics.write("eval", step=self.step, **fields)
+        self.emit(P.EvalMetrics(self.step, fields.get("val_loss"), fields.get("val_bpb"), scores))
+        self.emit(P.StateChanged(P.PAUSED if self.paused else P.RUNNING))
+
+    def score_tasks(self) -> dict:
+        from ..tasks import scoring
+
+        def encode(texts: list[str]) -> list[list[int]]:
+            return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+        t = self.cfg.training
+        return scoring.score_tasks(self.tasks, self.model, encode, self.data.eos_id, t.seq_len, t.micro_batch_size,
+                                   self.device, self.autocast, self.group, self.cfg.eval.max_per_task)
+
+    @torch.no_grad()
+    def validation_loss(self) -> dict[str, float]:
+        cfg, t = self.cfg, self.cfg.training
         # The windows in the run's own batches (the same at every evaluation, whatever a resume
         # changed of the micro-batch), evaluated a micro-batch at a time.
         windows = batches.eval_windows(len(self.data.val), cfg.eval.batches, self.data_unit.rows, t.seq_len).ravel()
@@ -539,9 +570,7 @@ class Trainer:
         nats, n_bytes, n_tokens, loss_sum = totals.tolist()
         val_loss = loss_sum / n_tokens
         val_bpb = nats / (math.log(2) * max(1, n_bytes))
-        self.metrics.write("eval", step=self.step, val_loss=val_loss, val_bpb=val_bpb)
-        self.emit(P.EvalMetrics(self.step, val_loss, val_bpb))
-        self.emit(P.StateChanged(P.PAUSED if self.paused else P.RUNNING))
+        return {"val_loss": val_loss, "val_bpb": val_bpb}
 
     def save_last_good(self) -> None:
         """After a non-finite step: the weights in memory are still the last good step's."""

@@ -1,0 +1,117 @@
+"""A task from a local JSON-lines file: one item a line, its kind read from its fields.
+
+* multiple choice: `{"context": TEXT, "choices": [TEXT, ...], "gold": INDEX}`, with an optional
+  `"neutral": TEXT` (each choice then scored by how much the context lowers its summed loss below
+  its loss after the neutral text);
+* schema: `{"contexts": [TEXT, ...], "continuation": TEXT, "gold": INDEX}`;
+* language modelling: `{"context": TEXT, "continuation": TEXT}`.
+
+A continuation's tokens are those `context + continuation` adds to `context`'s: put the space
+between them where the text has one. A first line with none of these fields sets the task's
+`fewshot` (examples shown before each item; 0 unless it says so), `delimiter` (put between
+context and continuation) and `chance` (the accuracy of a guess; else 1 / choices).
+Torch: never.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..config import ConfigError
+from .items import KINDS, LANGUAGE_MODELING, MULTIPLE_CHOICE, SCHEMA, Item, Task
+
+FIELDS = {MULTIPLE_CHOICE: {"context", "choices", "gold"}, SCHEMA: {"contexts", "continuation", "gold"},
+          LANGUAGE_MODELING: {"context", "continuation"}}
+OPTIONAL_FIELDS = {MULTIPLE_CHOICE: {"neutral"}, SCHEMA: set(), LANGUAGE_MODELING: set()}
+HEADER = {"fewshot": int, "delimiter": str, "chance": (int, float)}
+ITEM_FIELDS = set().union(*FIELDS.values(), *OPTIONAL_FIELDS.values())
+
+
+def read_task(path: Path, name: str | None = None) -> Task:
+    """The task in `path`; a ConfigError naming the file, the line and what was expected."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"eval.tasks: {path}: no such task file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"eval.tasks: {path}: cannot be read as UTF-8 text ({e})") from None
+    header: dict = {}
+    kind, items = None, []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        row = _row(line, where)
+        if not items and kind is None and not header and not row.keys() & ITEM_FIELDS:
+            header = _header(row, where)
+            continue
+        row_kind = kind_of(row, where)
+        if kind is not None and row_kind != kind:
+            raise ConfigError(f"{where}: a {row_kind.replace('_', ' ')} item in a file of {kind.replace('_', ' ')} "
+                              "items: one kind per file")
+        kind = row_kind
+        items.append(_item(row, kind, where))
+    if not items:
+        raise ConfigError(f"eval.tasks: {path}: holds no items (one JSON object a line: see `lmcockpit eval --help`)")
+    return Task(name or path.stem, kind, tuple(items), **header)
+
+
+def _row(line: str, where: str) -> dict:
+    try:
+        row = json.loads(line)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ConfigError(f"{where}: not a JSON object ({getattr(e, 'msg', e)})") from None
+    if not isinstance(row, dict):
+        raise ConfigError(f"{where}: not a JSON object")
+    return row
+
+
+def _header(row: dict, where: str) -> dict:
+    for key, value in row.items():
+        if key not in HEADER:
+            raise ConfigError(f"{where}: {key!r} is neither an item's field nor a task setting "
+                              f"(a multiple choice item has {sorted(FIELDS[MULTIPLE_CHOICE])}; "
+                              f"settings: {sorted(HEADER)})")
+        if not isinstance(value, HEADER[key]) or isinstance(value, bool):
+            raise ConfigError(f"{where}: {key} = {value!r}: expected {'a whole number' if key == 'fewshot' else 'text' if key == 'delimiter' else 'a number'}")
+    if row.get("fewshot", 0) < 0 or not 0 <= row.get("chance", 0) < 1:
+        raise ConfigError(f"{where}: fewshot must be 0 or more and chance between 0 and 1")
+    return row
+
+
+def kind_of(row: dict, where: str) -> str:
+    for kind in KINDS:
+        if FIELDS[kind] <= row.keys() and not row.keys() - FIELDS[kind] - OPTIONAL_FIELDS[kind]:
+            return kind
+    raise ConfigError(f"{where}: fields {sorted(row)} match no kind of item: multiple choice has "
+                      f"{sorted(FIELDS[MULTIPLE_CHOICE])}, schema {sorted(FIELDS[SCHEMA])}, language modelling "
+                      f"{sorted(FIELDS[LANGUAGE_MODELING])}")
+
+
+def _item(row: dict, kind: str, where: str) -> Item:
+    def text(key: str, value) -> str:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: {key} = {value!r}: expected non-empty text")
+        return value
+
+    def texts(key: str) -> tuple[str, ...]:
+        value = row[key]
+        if not isinstance(value, list) or len(value) < 2:
+            raise ConfigError(f"{where}: {key}: expected a list of two or more texts")
+        return tuple(text(f"{key}[{i}]", v) for i, v in enumerate(value))
+
+    if kind == MULTIPLE_CHOICE:
+        contexts, continuations = (text("context", row["context"]),), texts("choices")
+        options = len(continuations)
+    elif kind == SCHEMA:
+        contexts, continuations = texts("contexts"), (text("continuation", row["continuation"]),)
+        options = len(contexts)
+    else:
+        contexts, continuations = (text("context", row["context"]),), (text("continuation", row["continuation"]),)
+        options = 1
+    gold = row.get("gold", 0)
+    if not isinstance(gold, int) or isinstance(gold, bool) or not 0 <= gold < options:
+        raise ConfigError(f"{where}: gold = {gold!r}: expected the index of the right one, 0 to {options - 1}")
+    neutral = text("neutral", row["neutral"]) if "neutral" in row else ""
+    return Item(contexts, continuations, gold, neutral)
