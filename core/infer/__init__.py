@@ -1,7 +1,8 @@
-"""A trained model outside training: loaded for sampling, served to a chat, exported.
+"""A trained model outside training: loaded for sampling, served to a chat, exported, scored.
 
 A checkpoint loaded for sampling (`load`), the chat engine process and its front-end handle
-(`chat_engine`), and the Hugging Face export (`export`).
+(`chat_engine`), the Hugging Face export (`export`), and a checkpoint scored on downstream tasks
+(`task_eval`, what `lmcockpit eval` runs).
 
-Torch: never at import; `load` and `export` import it when called. The front-end imports
+Torch: never at import; `load`, `export` and `task_eval` import it when called. The front-end imports
 `chat_engine` and calls `export`."""

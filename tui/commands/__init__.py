@@ -1,7 +1,7 @@
 """Every `lmcockpit COMMAND`, in one list, and their modules, one each.
 
 The modules: `attach`, `ps`, `compare`, `serve` (a package: the command, its `webserver` and each
-browser tab's `session`), `data`, `chat`, `export`, `presets`, `doctor`, `help` and `completion`.
+browser tab's `session`), `data`, `chat`, `export`, `eval`, `presets`, `doctor`, `help` and `completion`.
 The bare command's own forms (the cockpit, `--run`, `--detach`) are tui/cli.py's.
 
 `lmcockpit --help`, `lmcockpit help COMMAND`, shell completion, the dispatch in `cli.py` and the
@@ -64,6 +64,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("data", "lmcockpit.tui.commands.data", "data", "token caches: prepare, info (a preset's data too), rm"),
     Command("chat", "lmcockpit.tui.commands.chat", "models", "sample from a trained model, at a prompt or once"),
     Command("export", "lmcockpit.tui.commands.export", "models", "write a checkpoint as a Hugging Face model folder"),
+    Command("eval", "lmcockpit.tui.commands.eval", "models", "score a checkpoint on downstream tasks"),
     Command("presets", "lmcockpit.tui.commands.presets", "machine", "the shipped presets: size, memory, whether each fits"),
     Command("doctor", "lmcockpit.tui.commands.doctor", "machine", "check torch, CUDA, GPUs and the compiler here"),
     Command("help", "lmcockpit.tui.commands.help", "help", "this overview, or a command's own: lmcockpit help chat"),

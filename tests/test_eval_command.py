@@ -1,0 +1,132 @@
+"""`lmcockpit eval` on a trained run, task scores while a run trains and across a resume, bad task
+input refused before any run folder exists, and memory that stays flat over rounds."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from lmcockpit.core.run.curves import load_run
+from lmcockpit.core.run.folder import read_metrics
+from tests.conftest import SHRINK_CPU, TINY, as_flags, cli
+
+MC_ROWS = [{"context": "def add(a, b):\n", "choices": ["    return a + b\n", "    pass\n", "    import os\n"], "gold": 0},
+           {"context": "import", "choices": [" os\n", " the\n"], "gold": 0},
+           {"context": "class Point:\n", "choices": ["    x = 0\n", "    return None\n"], "gold": 0}]
+
+
+def write_task(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_eval_json_prints_only_the_scores_with_each_item_s_choice(trained_run, tmp_path):
+    run_dir, proc = trained_run
+    assert proc.returncode == 0, proc.stderr
+    mine = write_task(tmp_path / "mine.jsonl", MC_ROWS)
+    r = cli("eval", str(run_dir), "--tasks", f"python-functions,{mine}", "--max-per-task", "10", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)  # stdout holds the JSON alone: the log went to stderr
+    assert set(out) == {"tasks"} and set(out["tasks"]) == {"python-functions", "mine"}
+    pf, own = out["tasks"]["python-functions"], out["tasks"]["mine"]
+    assert set(pf) == {"accuracy", "centered", "items", "predictions"}
+    assert pf["items"] == 10 and len(pf["predictions"]) == 10 and all(0 <= p < 4 for p in pf["predictions"])
+    assert own["items"] == 3 and len(own["predictions"]) == 3
+    assert own["accuracy"] == sum(p == 0 for p in own["predictions"]) / 3
+    assert own["centered"] == pytest.approx((own["accuracy"] - (1 / 3 + 1 / 2 + 1 / 2) / 3)
+                                            / (1 - (1 / 3 + 1 / 2 + 1 / 2) / 3))
+    assert "eval: mine: 3 items" in r.stderr
+
+
+def test_eval_prints_a_table_and_takes_the_run_s_own_tasks(trained_run):
+    run_dir, _ = trained_run
+    r = cli("eval", str(run_dir), "--max-per-task", "8")
+    assert r.returncode == 0, r.stderr
+    [row] = [line for line in r.stdout.splitlines() if line.strip().startswith("python-functions")]
+    assert row.split()[1:5] == ["multiple", "choice", "8", row.split()[4]] and "0.2500" in row
+
+
+def test_a_run_writes_task_scores_into_its_eval_rows(trained_run):
+    run_dir, _ = trained_run
+    evals = read_metrics(run_dir, "eval")
+    assert [r["step"] for r in evals] == [6, 12]
+    for row in evals:
+        scores = row["tasks"]["python-functions"]
+        assert scores["items"] >= 50 and 0 <= scores["accuracy"] <= 1 and "val_loss" in row
+        assert scores["centered"] == pytest.approx((scores["accuracy"] - 0.25) / 0.75)
+
+
+BAD = {
+    "missing": (None, r"no such task file"),
+    "malformed": (['{"context": "a", "continuation": "b"}', '{"context": "a", "continuation": '], r"bad.jsonl:2: not a JSON"),
+    "empty": ([], r"bad.jsonl: holds no items"),
+    "unknown": ("python-fucntions", r"no task named 'python-fucntions'; did you mean python-functions\?"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_task_input_is_one_error_line_and_no_run_folder(case, tmp_path, trained_run):
+    lines, expected = BAD[case]
+    if isinstance(lines, str):
+        name = lines
+    else:
+        name = str(tmp_path / "bad.jsonl")
+        if lines is not None:
+            (tmp_path / "bad.jsonl").write_text("".join(line + "\n" for line in lines))
+    out = tmp_path / "run"
+    for args in (("--run", "debug", *as_flags([*TINY, f"eval.tasks=[{json.dumps(name)}]"]), "--out", str(out)),
+                 ("eval", str(trained_run[0]), "--tasks", name)):
+        r = cli(*args)
+        assert r.returncode == 2, r.stderr
+        [line] = r.stderr.strip().splitlines()
+        assert line.startswith("error: ") and "Traceback" not in r.stderr
+        assert re.search(expected, line), line
+        assert not out.exists()
+
+
+def test_task_curves_stay_whole_across_a_resume(tmp_path):
+    """Scored at steps 4 and 8 (the last), resumed to 12 scoring every 2 steps: the
+    curve holds every scoring, once."""
+    run = tmp_path / "run"
+    tasks = ["eval.tasks=[\"python-functions\"]", "eval.max_per_task=12", "eval.tasks_every=4", "checkpoint.every=4"]
+    first = cli("--run", "cpu", *as_flags([*SHRINK_CPU, *TINY, *tasks, "training.max_steps=8",
+                                           "training.compile=false"]), "--out", str(run))
+    assert first.returncode == 0, first.stderr
+    again = cli("--run", "--resume", str(run), *as_flags(["training.max_steps=12", "eval.tasks_every=2"]))
+    assert again.returncode == 0, again.stderr
+    curves = load_run(run)
+    assert [step for step, _ in curves.tasks["python-functions"]] == [4, 8, 10, 12]
+    rows = read_metrics(run, "eval")
+    assert [r["step"] for r in rows if "tasks" in r] == [4, 8, 10, 12]
+    assert all(r["tasks"]["python-functions"]["items"] == 12 for r in rows if "tasks" in r)
+
+
+def test_scoring_rounds_do_not_grow_the_process_memory():
+    """Ten rounds of scoring on a model in a process of its own: its resident memory after the
+    tenth is within 2 MB of the first's (the nanochat defect grew it every round)."""
+    code = textwrap.dedent("""
+        import contextlib, json, psutil, torch
+        from lmcockpit.core.config import Config
+        from lmcockpit.core.model.gpt import GPT, shape_from_config
+        from lmcockpit.core.tasks import python_functions, scoring
+        from tests.conftest import tiny_config
+        torch.manual_seed(0)
+        cfg = tiny_config("model.max_seq_len=128", "training.seq_len=128")
+        model = GPT(shape_from_config(cfg)).eval()
+        task = python_functions.task(Config())
+        encode = lambda texts: [[b % cfg.tokenizer.vocab_size for b in t.encode()] for t in texts]
+        rss = []
+        for _ in range(10):
+            scoring.score_tasks([task], model, encode, 0, 128, 8, torch.device("cpu"), contextlib.nullcontext)
+            rss.append(psutil.Process().memory_info().rss)
+        print(json.dumps(rss))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rss = json.loads(r.stdout)
+    assert rss[-1] - rss[0] < 2 * 2**20, [f"{x / 2**20:.1f} MiB" for x in rss]
