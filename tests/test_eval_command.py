@@ -130,3 +130,22 @@ def test_scoring_rounds_do_not_grow_the_process_memory():
     assert r.returncode == 0, r.stderr
     rss = json.loads(r.stdout)
     assert rss[-1] - rss[0] < 2 * 2**20, [f"{x / 2**20:.1f} MiB" for x in rss]
+
+
+def test_a_core_bundle_is_scored_with_its_core_mean_by_eval_and_by_a_run(trained_run, tmp_path):
+    from tests.test_tasks import write_bundle
+
+    bundle = f"core:{write_bundle(tmp_path / 'bundle')}"
+    r = cli("eval", str(trained_run[0]), "--tasks", bundle)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:] if line.strip()}
+    assert set(rows) == {"tiny_mc", "tiny_schema", "tiny_lm", "CORE"}
+    centred = [float(rows[name][-1]) for name in ("tiny_mc", "tiny_schema", "tiny_lm")]
+    assert float(rows["CORE"][-1]) == pytest.approx(sum(centred) / 3, abs=1e-4)
+
+    run = tmp_path / "run"
+    done = cli("--run", "debug", *as_flags([*TINY, f"eval.tasks=[{json.dumps(bundle)}]"]), "--out", str(run))
+    assert done.returncode == 0, done.stderr
+    for row in read_metrics(run, "eval"):
+        assert set(row["tasks"]) == {"tiny_mc", "tiny_schema", "tiny_lm"}
+        assert row["core"] == pytest.approx(sum(t["centered"] for t in row["tasks"].values()) / 3)

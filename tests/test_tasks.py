@@ -7,6 +7,7 @@ import ast
 import contextlib
 import json
 import random
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -92,8 +93,10 @@ def test_centring_and_the_core_mean():
     assert items.centered(0.25, 0.25) == 0 and items.centered(1.0, 0.25) == 1
     assert items.centered(0.5, 0.25) == pytest.approx(1 / 3)
     results = {"a": items.Result(0.5, 0.2, 10), "b": items.Result(0.9, 0.6, 10)}
-    assert items.core_score(results, ["a", "b"]) == pytest.approx(0.4)
-    assert items.core_score(results, ["a", "b", "c"]) is None
+    core = [Task(name, MULTIPLE_CHOICE, (), group="core") for name in "ab"]
+    assert items.core_score(results, core) == pytest.approx(0.4)
+    assert items.core_score(results, [*core, Task("c", MULTIPLE_CHOICE, (), group="core")]) is None
+    assert items.core_score(results, [Task("a", MULTIPLE_CHOICE, ())]) is None  # no CORE task: no CORE
     task = Task("t", MULTIPLE_CHOICE, (Item(("x",), ("a", "b", "c", "d"), 2),) * 4)
     r = items.result_of(task, [0, 1, 2, 3], [2, 2, 0, -1])
     assert (r.accuracy, r.items, r.centered) == (0.5, 4, pytest.approx((0.5 - 0.25) / 0.75))
@@ -251,3 +254,72 @@ def test_padding_and_batch_shapes_stay_few():
     assert result["long"].items == 33
     assert all(rows == 4 and width % scoring.BUCKET == 0 for rows, width in shapes)
     assert len(shapes) == 9 and len(set(shapes)) <= 512 // scoring.BUCKET  # 33 options, 4 a batch
+
+
+# ------------------------------------------------------------------------------- a CORE bundle
+def write_bundle(folder: Path, yaml_text: str | None = None, baselines: str | None = None,
+                 lines: dict[str, list] | None = None) -> Path:
+    """A bundle of CORE's layout with three tasks, one of each kind, as nanochat reads it."""
+    (folder / "eval_data" / "lm").mkdir(parents=True, exist_ok=True)
+    (folder / "core.yaml").write_text(yaml_text if yaml_text is not None else textwrap.dedent("""\
+        icl_tasks:
+        - label: tiny_mc
+          dataset_uri: tiny_mc.jsonl
+          num_fewshot: [1]
+          icl_task_type: multiple_choice
+          continuation_delimiter: " "
+        - label: tiny_schema
+          dataset_uri: tiny_schema.jsonl
+          num_fewshot: [0]
+          icl_task_type: schema
+        - label: tiny_lm
+          dataset_uri: lm/tiny_lm.jsonl
+          num_fewshot: [0]
+          icl_task_type: language_modeling
+          continuation_delimiter: ""
+        """))
+    (folder / "eval_meta_data.csv").write_text(baselines if baselines is not None else
+                                               "Eval Task,Task Category,Random baseline\ntiny_mc,x,25\n"
+                                               "tiny_schema,x,50\ntiny_lm,x,0\n")
+    data = {
+        "tiny_mc.jsonl": [{"query": f"Q{i}:", "choices": ["yes", "no", "maybe", "never"], "gold": i % 4} for i in range(6)],
+        "tiny_schema.jsonl": [{"context_options": ["The cat", "The dog"], "continuation": "barked.", "gold": 1}] * 3,
+        "lm/tiny_lm.jsonl": [{"context": "import os  ", "continuation": "\nimport sys"}],
+    } | (lines or {})
+    for name, rows in data.items():
+        (folder / "eval_data" / name).write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n"
+                                                         for r in rows))
+    return folder
+
+
+def test_a_core_bundle_reads_its_tasks_baselines_and_shots(tmp_path):
+    tasks = catalog.load_tasks([f"core:{write_bundle(tmp_path / 'bundle')}"], Config())
+    assert [(t.name, t.kind, t.fewshot, t.delimiter, t.chance_level(), t.group) for t in tasks] == [
+        ("tiny_mc", MULTIPLE_CHOICE, 1, " ", 0.25, "core"), ("tiny_schema", SCHEMA, 0, " ", 0.5, "core"),
+        ("tiny_lm", LANGUAGE_MODELING, 0, "", 0.0, "core")]
+    assert tasks[0].items[1] == Item(("Q1:",), ("yes", "no", "maybe", "never"), 1)
+    assert tasks[1].items[0].options() == [("The cat", "barked."), ("The dog", "barked.")]
+    assert tasks[2].items[0].contexts == ("import os",)  # stripped, as nanochat does
+    prefix = items.fewshot_prefix(tasks[0], 0)
+    assert prefix.endswith("\n\n") and prefix.count("\n\n") == 1 and prefix.startswith("Q") and "Q0:" not in prefix
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"yaml_text": "icl_tasks: [{label: x, dataset_uri: x.jsonl, icl_task_type: ranking}]"},
+     r"icl_tasks\[1\]: icl_task_type 'ranking': expected one of"),
+    ({"yaml_text": "icl_tasks: [unclosed"}, r"core\.yaml: not readable as YAML"),
+    ({"baselines": "Eval Task,Random baseline\ntiny_mc,25\n"}, r"no random baseline for 'tiny_schema'"),
+    ({"lines": {"tiny_mc.jsonl": ['{"query": "a", "choices": ["b", "c"], "gold": 0}', "{"]}},
+     r"tiny_mc\.jsonl:2: not a JSON object"),
+    ({"lines": {"tiny_mc.jsonl": [{"query": "a", "choices": ["b", "c"]}]}},
+     r"tiny_mc\.jsonl:1: a multiple choice item of CORE's needs choices, gold, query"),
+])
+def test_a_damaged_core_bundle_is_refused_naming_where(tmp_path, change, expected):
+    folder = write_bundle(tmp_path / "bundle", **change)
+    with pytest.raises(ConfigError, match=expected):
+        catalog.load_tasks([f"core:{folder}"], Config())
+
+
+def test_a_missing_core_bundle_says_what_core_path_names(tmp_path):
+    with pytest.raises(ConfigError, match=r"core\.yaml: no such file; core:PATH names a CORE bundle's folder"):
+        catalog.load_tasks([f"core:{tmp_path / 'nowhere'}"], Config())

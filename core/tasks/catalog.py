@@ -1,8 +1,9 @@
 """What a name in `eval.tasks` (or `lmcockpit eval --tasks`) stands for, read into tasks.
 
-A name is a built-in task (`python-functions`), or the path of a task file (files.py): a name
-with a path separator or a `.json`/`.jsonl` suffix, or one that names a file. Anything else is
-refused with the nearest names, before any run folder is made: `check` runs on the front-end.
+A name is a built-in task (`python-functions`), `core:PATH` (the CORE tasks of a local bundle,
+core_bundle.py), or the path of a task file (files.py): a name with a path separator or a
+`.json`/`.jsonl` suffix, or one that names a file. Anything else is refused with the nearest
+names, before any run folder is made: `check` runs on the front-end.
 Torch: never.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..config import Config, ConfigError
-from . import python_functions
+from . import core_bundle, python_functions
 from .files import read_task
 from .items import Task
 
@@ -36,16 +37,19 @@ def load_task(name: str, cfg: Config) -> Task:
         near = difflib.get_close_matches(name, list(BUILT_IN), n=3, cutoff=0.5)
         hint = f"; did you mean {' or '.join(near)}?" if near else ""
         raise ConfigError(f"eval.tasks: no task named {name!r}{hint} (built in: {', '.join(BUILT_IN)}; "
-                          "or the path of a .jsonl task file)")
+                          "core:PATH for a CORE bundle; or the path of a .jsonl task file)")
     if not task.items:
         raise ConfigError(f"eval.tasks: {name} has no items to score")
     return task
 
 
 def load_tasks(names: list[str], cfg: Config) -> list[Task]:
-    tasks = [load_task(name, cfg) for name in names]
+    named = [(name, task) for name in names for task in
+             (core_bundle.read_bundle(Path(name[len(core_bundle.PREFIX):]).expanduser())
+              if name.startswith(core_bundle.PREFIX) else [load_task(name, cfg)])]
+    tasks = [task for _, task in named]
     seen: dict[str, str] = {}
-    for name, task in zip(names, tasks):
+    for name, task in named:
         if task.name in seen:
             raise ConfigError(f"eval.tasks: {seen[task.name]} and {name} are both named {task.name!r}; "
                               "rename one file")

@@ -51,7 +51,7 @@ def read_task(path: Path, name: str | None = None) -> Task:
             raise ConfigError(f"{where}: a {row_kind.replace('_', ' ')} item in a file of {kind.replace('_', ' ')} "
                               "items: one kind per file")
         kind = row_kind
-        items.append(_item(row, kind, where))
+        items.append(item_from_row(row, kind, where))
     if not items:
         raise ConfigError(f"eval.tasks: {path}: holds no items (one JSON object a line: see `lmcockpit eval --help`)")
     return Task(name or path.stem, kind, tuple(items), **header)
@@ -89,7 +89,7 @@ def kind_of(row: dict, where: str) -> str:
                       f"{sorted(FIELDS[LANGUAGE_MODELING])}")
 
 
-def _item(row: dict, kind: str, where: str) -> Item:
+def item_from_row(row: dict, kind: str, where: str) -> Item:
     def text(key: str, value) -> str:
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{where}: {key} = {value!r}: expected non-empty text")

@@ -59,6 +59,7 @@ class Task:
     fewshot: int = 0
     delimiter: str = ""  # between context and continuation: CORE's tasks use " "
     chance: float | None = None  # None: 1 / choices, averaged over the items (0 for language modelling)
+    group: str = ""  # "core": one of the CORE tasks, whose centred accuracies CORE averages
 
     def chance_level(self) -> float:
         if self.chance is not None:
@@ -173,8 +174,10 @@ def centered(accuracy: float, chance: float) -> float:
     return (accuracy - chance) / (1 - chance)
 
 
-def core_score(results: dict[str, Result], core_tasks: Sequence[str]) -> float | None:
-    """CORE: the mean centred accuracy of its tasks, when every one of them was scored."""
-    if not core_tasks or any(name not in results for name in core_tasks):
+def core_score(results: dict[str, Result], tasks: Sequence[Task]) -> float | None:
+    """CORE: the mean centred accuracy of the CORE tasks, when there are some and every one of
+    them was scored."""
+    core = [task.name for task in tasks if task.group == "core"]
+    if not core or any(name not in results for name in core):
         return None
-    return sum(results[name].centered for name in core_tasks) / len(core_tasks)
+    return sum(results[name].centered for name in core) / len(core)

@@ -522,11 +522,22 @@ class Trainer:
         self.emit(P.StateChanged(P.EVALUATING))
         fields = self.validation_loss() if validation else {}
         scores: dict[str, dict] = {}
+        core = None
         if tasks:
-            scores = {name: r.row() for name, r in self.score_tasks().items()}
-            fields["tasks"] = scores
+            from ..tasks.items import core_score
+
+            t0 = time.perf_counter()
+            results = self.score_tasks()
+            scores = fields["tasks"] = {name: r.row() for name, r in results.items()}
+            core = core_score(results, self.tasks)
+            if core is not None:
+                fields["core"] = core
+            if self.group.is_main:  # what a task costs the run, beside what it says
+                self.log(f"tasks: step {self.step} scored in {time.perf_counter() - t0:.1f} s: " + ", ".join(
+                    f"{name} {s['accuracy']:.3f} of {s['items']}" for name, s in scores.items())
+                         + ("" if core is None else f"; CORE {core:.4f}"))
         self.metrics.write("eval", step=self.step, **fields)
-        self.emit(P.EvalMetrics(self.step, fields.get("val_loss"), fields.get("val_bpb"), scores))
+        self.emit(P.EvalMetrics(self.step, fields.get("val_loss"), fields.get("val_bpb"), scores, core))
         self.emit(P.StateChanged(P.PAUSED if self.paused else P.RUNNING))
 
     def score_tasks(self) -> dict:

@@ -64,6 +64,11 @@ def main(argv: list[str]) -> int:
         r = results[task.name]
         table.add_row(task.name, task.kind.replace("_", " "), str(r.items), f"{r.accuracy:.4f}",
                       f"{task.chance_level():.4f}", f"{r.centered:+.4f}")
+    from lmcockpit.core.tasks.items import core_score
+
+    core = core_score(results, tasks)
+    if core is not None:
+        table.add_row("CORE", "mean centred", "", "", "", f"{core:+.4f}")
     new_console(markup=False).print(table)
     sys.stdout.flush()
     return 0

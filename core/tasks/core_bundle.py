@@ -1,0 +1,115 @@
+"""The CORE tasks from a local copy of the bundle nanochat scores (`core:PATH` in `eval.tasks`).
+
+The bundle's layout, as DCLM ships it and nanochat reads it:
+* `core.yaml`: `icl_tasks`, each with a `label`, a `dataset_uri` under `eval_data/`, an
+  `icl_task_type` (multiple_choice, schema or language_modeling), `num_fewshot` (a list; its first
+  count is used) and a `continuation_delimiter` (default " ");
+* `eval_meta_data.csv`: each task's `Random baseline`, in percent, under `Eval Task`;
+* `eval_data/…jsonl`: multiple choice `{"query", "choices", "gold"}`, schema `{"context_options",
+  "continuation", "gold"}`, language modelling `{"context", "continuation"}`.
+
+Each task keeps its label as its name and its random baseline as its chance; CORE is the mean of
+their centred accuracies (items.core_score). A language-modelling context is stripped of
+surrounding whitespace, as nanochat does: the data holds trailing spaces that would otherwise
+merge into the continuation's first token. `core.yaml` is read with `yaml.safe_load`.
+Torch: never.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from ..config import ConfigError
+from .files import item_from_row
+from .items import KINDS, LANGUAGE_MODELING, MULTIPLE_CHOICE, SCHEMA, Task
+
+PREFIX = "core:"
+GROUP = "core"
+FIELDS = {MULTIPLE_CHOICE: {"query", "choices", "gold"}, SCHEMA: {"context_options", "continuation", "gold"},
+          LANGUAGE_MODELING: {"context", "continuation"}}
+RENAMED = {MULTIPLE_CHOICE: {"query": "context"}, SCHEMA: {"context_options": "contexts"}, LANGUAGE_MODELING: {}}  # to files.py's
+
+
+def read_bundle(folder: Path) -> list[Task]:
+    config = _config(folder / "core.yaml")
+    baselines = _baselines(folder / "eval_meta_data.csv")
+    tasks = []
+    for number, entry in enumerate(config, 1):
+        where = f"{folder / 'core.yaml'}: icl_tasks[{number}]"
+        if not isinstance(entry, dict) or not {"label", "dataset_uri", "icl_task_type"} <= entry.keys():
+            raise ConfigError(f"{where}: expected label, dataset_uri and icl_task_type")
+        label, kind = str(entry["label"]), entry["icl_task_type"]
+        if kind not in KINDS:
+            raise ConfigError(f"{where}: icl_task_type {kind!r}: expected one of {', '.join(KINDS)}")
+        if label not in baselines:
+            raise ConfigError(f"{folder / 'eval_meta_data.csv'}: no random baseline for {label!r}")
+        shots = entry.get("num_fewshot", [0])
+        shots = shots[0] if isinstance(shots, list) and shots else shots
+        if not isinstance(shots, int) or shots < 0:
+            raise ConfigError(f"{where}: num_fewshot {entry.get('num_fewshot')!r}: expected a list of counts")
+        items = tuple(_items(folder / "eval_data" / str(entry["dataset_uri"]), kind))
+        tasks.append(Task(label, kind, items, fewshot=shots, delimiter=str(entry.get("continuation_delimiter", " ")),
+                          chance=baselines[label] / 100, group=GROUP))
+    if not tasks:
+        raise ConfigError(f"{folder / 'core.yaml'}: lists no icl_tasks")
+    return tasks
+
+
+def _config(path: Path) -> list:
+    import yaml
+
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"eval.tasks: {path}: no such file; core:PATH names a CORE bundle's folder "
+                          "(core.yaml, eval_meta_data.csv, eval_data/)") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: not readable as YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("icl_tasks"), list):
+        raise ConfigError(f"{path}: expected a mapping with an icl_tasks list")
+    return config["icl_tasks"]
+
+
+def _baselines(path: Path) -> dict[str, float]:
+    try:
+        with open(path, encoding="utf-8", newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except FileNotFoundError:
+        raise ConfigError(f"eval.tasks: {path}: no such file (each CORE task's random baseline)") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError(f"{path}: not readable as CSV ({e})") from None
+    out = {}
+    for number, row in enumerate(rows, 2):
+        try:
+            out[row["Eval Task"]] = float(row["Random baseline"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"{path}:{number}: expected an 'Eval Task' and a numeric 'Random baseline'") from None
+    return out
+
+
+def _items(path: Path, kind: str):
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise ConfigError(f"eval.tasks: {path}: no such task file (named by core.yaml)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot be read as UTF-8 text ({e})") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise ConfigError(f"{where}: not a JSON object ({getattr(e, 'msg', e)})") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{where}: not a JSON object")
+        if not FIELDS[kind] <= row.keys():
+            raise ConfigError(f"{where}: a {kind.replace('_', ' ')} item of CORE's needs "
+                              f"{', '.join(sorted(FIELDS[kind]))}")
+        row = {RENAMED[kind].get(key, key): value for key, value in row.items() if key in FIELDS[kind]}
+        if kind == LANGUAGE_MODELING and isinstance(row.get("context"), str):
+            row["context"] = row["context"].strip()
+        yield item_from_row(row, kind, where)
