@@ -147,6 +147,8 @@ class EvalConfig:
     tasks: list[str] = field(default_factory=list)
     tasks_every: int = 0  # steps between task scorings; 0: at every evaluation (eval.every)
     max_per_task: int = 0  # items scored of each task; 0: all of them
+    # Reference models' scores the cockpit draws beside the run's: {task: {model: accuracy}}.
+    references: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -391,6 +393,11 @@ def _check_type(key: str, value: Any, hint: Any, source: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
             raise ConfigError(f"{source}: {key} must be a list of tables ([[{key}]] entries), got {shown(value)}")
         return [_build_table(f"{key}[{i}]", item, v, source) for i, v in enumerate(value)]
+    if origin is dict:
+        _, inner = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {key} must be a table, got {_toml_type(value)} {shown(value)}")
+        return {name: _check_type(f"{key}.{name}", v, inner, source) for name, v in value.items()}
     if origin is list:
         (item,) = typing.get_args(hint)
         if not isinstance(value, list) or not all(isinstance(v, item) for v in value):

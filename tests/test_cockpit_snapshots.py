@@ -9,6 +9,7 @@ asserts that the chart, the step line and the GPU (or CPU) bars are on screen, u
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from textual.app import App
@@ -19,7 +20,7 @@ from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.screens.dashboard import DashboardScreen
 from lmcockpit.tui.widgets.charts import LossChart
 
-from .test_cockpit import budget_counted
+from .test_cockpit import budget_counted, shown_in
 
 SIZES = [(80, 24), (100, 30), (120, 40)]
 LAUNCH_SIZES = [(80, 24), (120, 40)]
@@ -27,33 +28,51 @@ GiB = 2**30
 H100_UUID = "GPU-5f1c2d3e-0000-4a4a-9b9b-0123456789ab"
 
 
-def fixed_events(device: str = "cpu") -> list[object]:
+TASK_ACCURACY = {100: 0.30, 200: 0.38, 300: 0.43}  # python-functions' (chance 0.25) at each scoring
+
+
+def task_scores(accuracy: float, chance: float = 0.25, items: int = 66) -> dict[str, float]:
+    """A task's entry in EvalMetrics.tasks, centred as the engine centres it."""
+    return {"accuracy": accuracy, "centered": (accuracy - chance) / (1 - chance), "items": items}
+
+
+def fixed_events(device: str = "cpu", tasks: bool = False) -> list[object]:
     """A run at step 240 of 400 with two evaluations and a checkpoint; on `device` ("cpu" or
-    "cuda:0": bf16, MFU and allocator figures as the engine reports them on a GPU)."""
+    "cuda:0": bf16, MFU and allocator figures as the engine reports them on a GPU). With `tasks`,
+    as the cpu preset: at step 300, each of its three evaluations scoring python-functions."""
     gpu = device.startswith("cuda")
     run = f"runs/{'h100' if gpu else 'cpu'}-20261123-120000"
     tokens_per_step = 524_288 if gpu else 4096
+    config = {"sample": {"max_new_tokens": 48}}
+    if tasks:
+        config["eval"] = {"every": 100, "tasks": ["python-functions"], "tasks_every": 0,
+                          "references": {"hellaswag": {"GPT-2 124M": 0.2955}}}  # as gpt2-fineweb names it
     events: list[object] = [
         P.StateChanged(P.PREPARING),
         P.LogLine("data: reusing token cache ~/.cache/lmcockpit/9f7e97d0744113f743ad"),
         P.LogLine("model: 5,245,696 parameters, 4 layers, d_model 256, 4 heads / 2 kv heads"),
-        P.RunStarted(run, {"sample": {"max_new_tokens": 48}}, 5_245_696, device, "bf16" if gpu else "fp32", 0, 400,
+        P.RunStarted(run, config, 5_245_696, device, "bf16" if gpu else "fp32", 0, 400,
                      tokens_per_step, devices=(device,), device_uuids=(H100_UUID,) if gpu else ("",)),
         P.StateChanged(P.RUNNING),
     ]
     mem = {"allocated": 21 * GiB, "reserved": 30 * GiB, "peak": 28 * GiB} if gpu else {}
-    for step in range(1, 241):
+    for step in range(1, last_step(tasks) + 1):
         loss = 3.2 + 5.8 * math.exp(-step / 40) + 0.15 * math.sin(step / 3)
         lr = 0.006 * min(1.0, step / 20) * (0.55 + 0.45 * math.cos(math.pi * step / 400))
         dt = 0.8 if gpu else 0.82
         events.append(P.StepMetrics(step, loss, lr, 0.5, tokens_per_step / dt, 0.41 if gpu else None, dt,
                                     step * tokens_per_step, mem))
         if step % 100 == 0:
-            events.append(P.EvalMetrics(step, loss + 0.2, (loss + 0.2) / 2.4))
+            scores = {"python-functions": task_scores(TASK_ACCURACY[step])} if tasks else {}
+            events.append(P.EvalMetrics(step, loss + 0.2, (loss + 0.2) / 2.4, scores))
             events.append(P.StateChanged(P.RUNNING))
     events += [P.CheckpointWritten(200, f"{run}/checkpoints/step_000200"),
                P.LogLine(f"checkpoint: step 200 written to {run}/checkpoints/step_000200")]
     return events
+
+
+def last_step(tasks: bool) -> int:
+    return 300 if tasks else 240
 
 
 class StandInTelemetry(Telemetry):
@@ -77,13 +96,16 @@ class StandInTelemetry(Telemetry):
 
 class FedDashboard(App):
     """The dashboard with no engine: events come from the test (the fixed ones, then `then`), the
-    clock stands still; with `gpus`, stand-in telemetry (0: a CPU machine's)."""
+    clock stands still; with `gpus`, stand-in telemetry (0: a CPU machine's); with `tasks`, the
+    run scores python-functions."""
     CSS_PATH = CockpitApp.CSS_PATH
 
-    def __init__(self, then: list[object] = (), device: str = "cpu", gpus: int | None = None) -> None:
+    def __init__(self, then: list[object] = (), device: str = "cpu", gpus: int | None = None,
+                 tasks: bool = False) -> None:
         super().__init__()
         self.then = list(then)
         self.device = device
+        self.tasks = tasks
         self.telemetry = StandInTelemetry(gpus) if gpus is not None else None
 
     async def on_mount(self) -> None:
@@ -94,7 +116,7 @@ class FedDashboard(App):
         if self.telemetry is not None:  # a full utilisation history, so the 1 Hz sampling changes nothing
             for _ in range(120):
                 screen.sample_telemetry()
-        screen.apply_events(fixed_events(self.device) + self.then)
+        screen.apply_events(fixed_events(self.device, self.tasks) + self.then)
         screen.redraw()
 
 
@@ -116,7 +138,7 @@ async def assert_at_a_glance(pilot) -> None:
     chart = on_screen(dash, "#loss")
     assert chart.region.width >= width / 2 and chart.region.height >= 6
     step = on_screen(dash, "#stepline").render().plain
-    assert "step 240/400" in step and "loss 3." in step and "tok/s" in step and "ETA" in step
+    assert f"step {last_step(pilot.app.tasks)}/400" in step and "loss 3." in step and "tok/s" in step and "ETA" in step
     devices = on_screen(dash, "#devices").render().plain
     if dash.devices[0].startswith("cuda"):
         assert "MFU 41.0%" in step
@@ -235,3 +257,132 @@ async def test_the_side_column_never_scrolls_even_with_the_chat_pane_open():
         await pilot.press("escape", "t")
         await pilot.pause()
         assert not dash.query_one("#throughput", Panel).collapsed and side.max_scroll_y == 0
+
+
+# ------------------------------------------------------------------------------ the tasks panel
+def braille_columns(line: str) -> list[int]:
+    """Where a screen line has braille dots: a plot's points and lines."""
+    return [n for n, ch in enumerate(line) if 0x2800 < ord(ch) <= 0x28FF]
+
+
+async def assert_tasks_shown(pilot) -> None:
+    """At a glance as any dashboard, and the tasks panel on screen with python-functions' latest
+    accuracy: open where it fits, else a line."""
+    await assert_at_a_glance(pilot)
+    panel = on_screen(pilot.app.screen, "#tasks")
+    assert "0.430" in "\n".join(shown_in(pilot.app, panel))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_task_scores_dashboard_snapshot(snap_compare, size):
+    """The cpu preset's run scoring python-functions at steps 100, 200 and 300: the tasks panel, a
+    line at 80×24 and 100×30, open at 120×40."""
+    app = FedDashboard(device="cpu", gpus=0, tasks=True)
+    assert snap_compare(app, terminal_size=size, run_before=assert_tasks_shown)
+
+
+async def test_the_tasks_panel_shows_each_task_s_accuracy_over_steps():
+    """At 80×24 the tasks panel is one line: python-functions' latest accuracy (its name cut to
+    fit). e opens it: accuracy and centred score, and under them the accuracy at steps 100, 200
+    and 300 as a rising braille line across steps 0 to 300, its range beside it; it still fits
+    beside the chat pane; at 120×40 it is open, its plot wider."""
+    app = FedDashboard(device="cpu", gpus=0, tasks=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        dash = app.screen
+        dash.redraw()
+        await pilot.pause()
+        side, panel = dash.query_one("#side"), on_screen(dash, "#tasks")
+        [line] = shown_in(app, panel)
+        assert panel.collapsed and re.fullmatch(r" ▸ tasks  python-\S*… 0\.430 *", line), line
+
+        await pilot.press("e")  # throughput (chosen at first) → tasks
+        await pilot.pause()
+        assert side.chosen == "tasks" and not panel.collapsed and side.max_scroll_y == 0
+        lines = shown_in(app, on_screen(dash, "#tasks"))
+        assert re.search(r"│ python-\S*… 0\.430 \(\+0\.24\) *│", lines[1]), lines[1]  # the name cut to fit
+        top, bottom = lines[2], lines[3]
+        assert top.rstrip(" │").endswith("0.43") and bottom.rstrip(" │").endswith("0.30")
+        width = top.rindex("0.43") - 3  # the plot's: after the border and padding, before " 0.43"
+        assert braille_columns(top) and braille_columns(bottom)
+        # step 100 of 300 is a third of the way across; the line rises from the bottom row to the top
+        assert width / 4 < braille_columns(bottom)[0] - 2 < braille_columns(top)[0] - 2
+        assert braille_columns(top)[-1] > braille_columns(bottom)[-1]
+
+        await pilot.press("t")  # the chat pane takes half the height: just room for it still
+        await pilot.pause()
+        dash.redraw()
+        await pilot.pause()
+        assert not panel.collapsed and side.max_scroll_y == 0 and shown_in(app, panel)[2:4] == lines[2:4]
+        await pilot.press("escape", "t")
+
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        dash.redraw()
+        await pilot.pause()
+        wide = shown_in(app, on_screen(dash, "#tasks"))
+        assert not panel.collapsed and side.max_scroll_y == 0 and "python-functions 0.430 (+0.24)" in wide[1]
+        assert len(braille_columns(wide[3])) > len(braille_columns(bottom))
+
+
+async def test_the_tasks_panel_is_absent_without_tasks_and_says_when_none_are_scored_yet():
+    """A run that names no task has no tasks panel (the other snapshots are unchanged by it); one
+    that names one says, in its line at 80×24, at which step its first scores come; then shows them."""
+    app = FedDashboard(device="cpu", gpus=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        dash = app.screen
+        dash.redraw()
+        await pilot.pause()
+        panel = dash.query_one("#tasks")
+        assert not panel.display and not any("tasks" in line for line in shown_in(app, dash.query_one("#side")))
+
+        config = {"eval": {"every": 250, "tasks": ["hellaswag.jsonl"], "tasks_every": 500}}
+        dash.apply_events([P.RunStarted("runs/x", config, 124_000_000, "cpu", "fp32", 240, 1000, 4096)])
+        dash.redraw()
+        await pilot.pause()
+        assert panel.display and panel.collapsed  # the run is at step 240: the first scoring at 500
+        assert shown_in(app, on_screen(dash, "#tasks")) == [" ▸ tasks  first at step 500".ljust(panel.region.width)]
+
+        dash.apply_events([P.EvalMetrics(500, None, None, {"hellaswag": task_scores(0.2714)}),
+                           P.StepMetrics(500, 3.1, 1e-3, 0.5, 4096.0, None, 1.0, 500 * 4096)])
+        dash.redraw()
+        await pilot.pause()
+        [line] = shown_in(app, on_screen(dash, "#tasks"))
+        assert "first at" not in line and "hellaswag 0.271" in line
+        await pilot.press("e")
+        await pilot.pause()
+        assert "hellaswag 0.271 (+0.03)" in "\n".join(shown_in(app, on_screen(dash, "#tasks")))
+
+
+async def test_a_task_with_a_reference_model_draws_its_score_as_a_dotted_line():
+    """HellaSwag, which GPT-2 124M scores 0.2955 (llm.c's scoring): the panel draws that score
+    across the task's plot, dotted, and names the model under it. Left of the first scoring
+    (step 100 of 300) the run's line is not yet there: only the reference's dots are."""
+    from lmcockpit.tui.widgets.task_panel import references_of
+
+    hellaswag = [P.EvalMetrics(step, None, None, {"hellaswag": task_scores(acc, items=10042)})
+                 for step, acc in [(100, 0.262), (200, 0.281), (300, 0.309)]]
+    app = FedDashboard(hellaswag, device="cuda:0", gpus=1, tasks=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        dash = app.screen
+        side, panel = dash.query_one("#side"), dash.query_one("#tasks")
+        await pilot.press("e")
+        await pilot.pause()
+        assert side.chosen == "tasks" and not panel.collapsed and side.max_scroll_y == 0
+        lines = shown_in(app, on_screen(dash, "#tasks"))
+        at = next(n for n, line in enumerate(lines) if "hellaswag 0.309 (+0.08)" in line)
+        plot, legend = lines[at + 1:at + 3], lines[at + 3]
+        assert "┄ GPT-2 124M 0.2955" in legend
+        assert plot[0].rstrip(" │").endswith("0.31") and plot[1].rstrip(" │").endswith("0.26")
+        width = plot[0].rindex("0.31") - 3
+        before_first = [[c for c in braille_columns(row) if c - 2 < width / 4] for row in plot]
+        dotted = [row for row in before_first if row]
+        assert len(dotted) == 1 and len(dotted[0]) >= width / 4 - 1  # one row, a dot in every cell
+        # the python-functions plot has no reference: nothing before its first scoring
+        pf = next(n for n, line in enumerate(lines) if "python-functions" in line)
+        assert not any(c - 2 < width / 4 for row in lines[pf + 1:pf + 3] for c in braille_columns(row))
+
+    assert references_of({}) == {}
+    assert references_of({"eval": {"references": {"mine": {"a model": 0.5}}}}) == {"mine": {"a model": 0.5}}

@@ -33,6 +33,7 @@ from lmcockpit.tui.widgets.chat_pane import ChatPane
 from lmcockpit.tui.widgets.glance import cpu_line, gpu_lines, step_text
 from lmcockpit.tui.widgets.panels import (Panel, SideColumn, gpu_layout, gpu_panel, host_rows, memory_rows, spark,
                                           state_text, throughput_rows)
+from lmcockpit.tui.widgets.task_panel import TaskPanel, references_of
 
 REDRAW_EVERY = 0.5  # seconds: plotext rebuilds every point on a draw
 NARROW, SHORT, TALL = 100, 30, 40  # below the first two the side panels and the log shrink; from TALL the log grows
@@ -94,6 +95,7 @@ class DashboardScreen(Screen):
                     with SideColumn(id="side"):
                         yield Panel("run", id="state")
                         yield Panel("throughput", id="throughput")
+                        yield TaskPanel(id="tasks")  # hidden while the run has no tasks
                         yield Vertical(id="gpus")  # one panel per GPU the run uses, mounted by redraw
                         yield Panel("memory", id="memory")
                         yield Panel("host", id="host")
@@ -236,6 +238,10 @@ class DashboardScreen(Screen):
             ("run folder", v.run_dir or "–"),
         ])
         self.query_one("#throughput", Panel).show_rows(throughput_rows(v))
+        side = self.query_one(SideColumn)
+        # an open panel's inside: the column's width less the panel's border and padding
+        inside = (side.size.width or (29 if self.has_class("narrow") else 37)) - 4
+        self.query_one("#tasks", TaskPanel).show_tasks(v, inside, references_of(v.config))
         gpus = self.gpu_indices()
         self.redraw_gpus(gpus)
         self.query_one("#memory", Panel).show_rows(memory_rows(v, find_gpu(self.reading, gpus[0]) if gpus else None))
@@ -247,7 +253,7 @@ class DashboardScreen(Screen):
         width = self.query_one("#stepline").content_region.width or self.size.width
         self.query_one("#stepline", Static).update(step_text(v, width))
         self.query_one("#devices", Static).update(self.device_lines(gpus, width))
-        self.query_one(SideColumn).fit()
+        side.fit()
         chart = self.query_one("#loss", LossChart)
         chart.set_data(v.steps, v.losses, v.smoothed, v.val_steps, v.val_losses)
         chart.redraw()

@@ -1,5 +1,5 @@
 """The cockpit's widgets.
 
 `charts` (the loss chart), `compare_chart` (several runs' losses on one plot), `glance` (the
-dashboard's one-line readings), `panels` (the dashboard's number panels) and `chat_pane` (the
-chat pane)."""
+dashboard's one-line readings), `panels` (the dashboard's number panels), `task_panel` (its task
+scores over steps) and `chat_pane` (the chat pane)."""

@@ -226,7 +226,7 @@ class SideColumn(VerticalScroll):
     chosen (`cycle` moves the choice) stays open where it fits, then as many of the others, in
     order, as fit. Nothing is ever cut off: the column never needs scrolling."""
 
-    GROUPS = ("state", "throughput", "gpu", "memory", "host")
+    GROUPS = ("state", "throughput", "tasks", "gpu", "memory", "host")
 
     def __init__(self, *children, **kwargs):
         super().__init__(*children, **kwargs)
