@@ -62,6 +62,11 @@ Parts, in the order they run (each appends its own section, so they can also run
   target ≥ 1.3× each) and `bench/convergence.py` (the h100 preset's shape on the standard library,
   micro-batch 8, 300 steps: Muon, AdamW and the transformers baseline at three learning rates,
   the time to the baseline's best final loss, target ≤ 0.4×);
+* tasks: issue 41's task scoring at the 124M shape (the `gpt2-fineweb` preset's model, random
+  weights, bf16, eager as the trainer scores): 10,042 synthetic items of HellaSwag's shape (four
+  endings of 15–40 tokens after contexts of 40–110; the lent machine has no network for the real
+  ones) scored under a minute; and ten rounds of 1,000 of them, the allocator's reserved memory
+  after the tenth equal to the first's (nanochat's evaluation grew it every round);
 * gpt2: issue 23's reference run, only when named (it takes hours and needs the Hub): the
   `gpt2-fineweb` preset through the real CLI, FineWeb and GPT-2's tokenizer fetched as the preset
   says (or `--set data.source=DIR` and `--set tokenizer.kind=DIR` where they were downloaded
@@ -72,7 +77,7 @@ Parts, in the order they run (each appends its own section, so they can also run
   (SIGTERM: a checkpoint, exit 130) instead of training out the preset's 9.9B tokens.
 
     python bench/gpu_check.py [--part doctor h100 torchrun memory saved graphs modes inference resume ddp search
-                                      attention allocator muon nvml glance data recipe gpt2] [--steps 300] [--out DIR]
+                                      attention allocator muon nvml glance data recipe tasks gpt2] [--steps 300] [--out DIR]
                               [--target 3.28] [--stop-at-target] [--set KEY=VALUE ...]
 
 Exit 0 when every check passed, 1 otherwise (or without a CUDA GPU). On the lent GPU each part
@@ -111,9 +116,9 @@ from lmcockpit.core.run.curves import load_run  # noqa: E402 - below configure_a
 from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402 - below configure_allocator(), which must run before torch loads
 
 PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes", "inference", "resume", "ddp", "search",
-         "attention", "allocator", "muon", "nvml", "glance", "data", "recipe", "gpt2")
+         "attention", "allocator", "muon", "nvml", "glance", "data", "recipe", "tasks", "gpt2")
 ONLY_NAMED = ("gpt2",)  # not in the default list: hours of training
-CPU_PARTS = ("saved", "graphs", "attention", "gpt2")
+CPU_PARTS = ("saved", "graphs", "attention", "tasks", "gpt2")
 MEMORY_PRESETS = ("h100", "3090", "4090", "4070ti")
 MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 TOLERANCE = 0.15  # the issue's ±15% between estimate and measurement
@@ -728,6 +733,65 @@ ATTENTION_KERNELS = {"native-gqa": ("FLASH_ATTENTION", "CUDNN_ATTENTION"), "expa
                      "math": ("MATH",)}
 
 
+def hellaswag_shaped(n: int, vocab: int, seed: int = 0):
+    """`n` items of HellaSwag's shape as text of token numbers, and the encoder that reads them."""
+    import random
+
+    from lmcockpit.core.tasks.items import MULTIPLE_CHOICE, Item, Task
+
+    rng = random.Random(seed)
+
+    def words(k: int) -> str:
+        return " ".join(str(rng.randrange(vocab)) for _ in range(k))
+
+    items = tuple(Item((words(rng.randint(40, 110)),), tuple(" " + words(rng.randint(15, 40)) for _ in range(4)),
+                       rng.randrange(4)) for _ in range(n))
+
+    def encode(texts: list[str]) -> list[list[int]]:
+        return [[int(w) for w in t.split()] for t in texts]
+
+    return Task("hellaswag-shaped", MULTIPLE_CHOICE, items), encode
+
+
+def part_tasks(device: str = "cuda", items: int = 10_042, rounds: int = 10, per_round: int = 1_000,
+               ) -> tuple[bool, list[str]]:
+    """Issue 41 on the GPU: HellaSwag's size at the 124M shape in under a minute, and reserved
+    memory flat over rounds of scoring."""
+    import contextlib
+
+    from lmcockpit.core.model.gpt import GPT, shape_from_config
+    from lmcockpit.core.tasks import scoring
+
+    cfg, _ = load_config("gpt2-fineweb")
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    model = GPT(shape_from_config(cfg)).to(dev).eval()
+    amp = torch.bfloat16 if dev.type == "cuda" else None
+
+    def autocast():
+        return torch.autocast(dev.type, dtype=amp) if amp else contextlib.nullcontext()
+
+    task, encode = hellaswag_shaped(items, cfg.tokenizer.vocab_size)
+    rows, max_len = cfg.training.micro_batch_size, cfg.training.seq_len
+    t0 = time.perf_counter()
+    result = scoring.score_task(task, model, encode, 0, max_len, rows, dev, autocast)
+    seconds = time.perf_counter() - t0
+    reserved = []
+    small = type(task)(task.name, task.kind, task.items[:per_round])
+    for _ in range(rounds):
+        scoring.score_tasks([small], model, encode, 0, max_len, rows, dev, autocast)
+        reserved.append(torch.cuda.memory_reserved(dev) if dev.type == "cuda" else 0)
+    fast = seconds < 60 or dev.type != "cuda"
+    flat = reserved[-1] <= reserved[0]
+    return fast and flat, [
+        f"{items:,} items of HellaSwag's shape ({4 * items:,} options) at the gpt2-fineweb shape "
+        f"({memory_estimate.param_counts(cfg).total / 1e6:.0f}M parameters), {rows} rows of at most {max_len} tokens, "
+        f"{'bf16' if amp else 'fp32'} on {device}: **{seconds:.1f} s** ({'under' if seconds < 60 else 'over'} "
+        f"the minute), accuracy {result.accuracy:.3f} (random weights: about 0.25)",
+        f"reserved memory after each of {rounds} rounds of {per_round:,} items: "
+        + ", ".join(f"{r / 2**20:.0f} MiB" for r in reserved) + f" ({'flat' if flat else 'GROWS'})"]
+
+
 def part_attention(device: str = "cuda") -> tuple[bool, list[str]]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -823,6 +887,7 @@ def main() -> int:
             good, lines = {"graphs": lambda: part_graphs(out, args.modes, "cpu"),
                            "saved": lambda: part_saved(args.presets, "cpu"),
                            "attention": lambda: part_attention("cpu"),
+                           "tasks": lambda: part_tasks("cpu", items=40, rounds=2, per_round=8),
                            "gpt2": lambda: part_gpt2(out, args.target or GPT2_CPU_TARGET,
                                                      [*GPT2_CPU, *args.overrides], args.stop_at_target)}[part]()
             print("\n".join(lines) + "\n")
@@ -849,6 +914,7 @@ def main() -> int:
                      "ddp": lambda: part_ddp(out), "search": lambda: part_search(out),
                      "allocator": part_allocator, "muon": part_muon, "nvml": part_nvml, "attention": part_attention,
                      "glance": lambda: part_glance(out), "data": part_data, "recipe": part_recipe,
+                     "tasks": part_tasks,
                      "gpt2": lambda: part_gpt2(out, args.target or GPT2_TARGET, args.overrides,
                                                args.stop_at_target)}[part]()
         record(f"gpu_check: {part} ({'pass' if ok else 'FAIL'})",

@@ -18,11 +18,10 @@ Torch: never.
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 from ..config import ConfigError
-from .files import item_from_row
+from .files import item_from_row, json_rows
 from .items import KINDS, LANGUAGE_MODELING, MULTIPLE_CHOICE, SCHEMA, Task
 
 PREFIX = "core:"
@@ -90,22 +89,7 @@ def _baselines(path: Path) -> dict[str, float]:
 
 
 def _items(path: Path, kind: str):
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise ConfigError(f"eval.tasks: {path}: no such task file (named by core.yaml)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot be read as UTF-8 text ({e})") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as e:
-            raise ConfigError(f"{where}: not a JSON object ({getattr(e, 'msg', e)})") from None
-        if not isinstance(row, dict):
-            raise ConfigError(f"{where}: not a JSON object")
+    for where, row in json_rows(path, "no such task file (named by core.yaml)"):
         if not FIELDS[kind] <= row.keys():
             raise ConfigError(f"{where}: a {kind.replace('_', ' ')} item of CORE's needs "
                               f"{', '.join(sorted(FIELDS[kind]))}")

@@ -16,6 +16,7 @@ Torch: never.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..config import ConfigError
@@ -30,19 +31,9 @@ ITEM_FIELDS = set().union(*FIELDS.values(), *OPTIONAL_FIELDS.values())
 
 def read_task(path: Path, name: str | None = None) -> Task:
     """The task in `path`; a ConfigError naming the file, the line and what was expected."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"eval.tasks: {path}: no such task file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"eval.tasks: {path}: cannot be read as UTF-8 text ({e})") from None
     header: dict = {}
     kind, items = None, []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        row = _row(line, where)
+    for where, row in json_rows(path, "no such task file"):
         if not items and kind is None and not header and not row.keys() & ITEM_FIELDS:
             header = _header(row, where)
             continue
@@ -55,6 +46,21 @@ def read_task(path: Path, name: str | None = None) -> Task:
     if not items:
         raise ConfigError(f"eval.tasks: {path}: holds no items (one JSON object a line: see `lmcockpit eval --help`)")
     return Task(name or path.stem, kind, tuple(items), **header)
+
+
+def json_rows(path: Path, missing: str) -> Iterator[tuple[str, dict]]:
+    """(`file:line`, object) for each line of a JSON-lines file that is not blank; a ConfigError
+    naming the file (`missing` when there is none) or the line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"eval.tasks: {path}: {missing}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"eval.tasks: {path}: cannot be read as UTF-8 text ({e})") from None
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            where = f"{path}:{number}"
+            yield where, _row(line, where)
 
 
 def _row(line: str, where: str) -> dict:
