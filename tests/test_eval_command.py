@@ -40,7 +40,8 @@ def test_eval_json_prints_only_the_scores_with_each_item_s_choice(trained_run, t
     assert own["accuracy"] == sum(p == 0 for p in own["predictions"]) / 3
     assert own["centered"] == pytest.approx((own["accuracy"] - (1 / 3 + 1 / 2 + 1 / 2) / 3)
                                             / (1 - (1 / 3 + 1 / 2 + 1 / 2) / 3))
-    assert "eval: mine: 3 items" in r.stderr
+    assert "eval: mine: scoring 3 items (multiple choice, 0-shot)…" in r.stderr
+    assert re.search(r"eval: mine: accuracy [\d.]+ of 3 items in [\d.]+ s", r.stderr)
 
 
 def test_eval_prints_a_table_and_takes_the_run_s_own_tasks(trained_run):

@@ -54,7 +54,9 @@ def score_checkpoint(ckpt: Path, tasks: list[Task], at_most: int = 0, device: st
     results = {}
     for task in tasks:
         t0 = time.perf_counter()
+        count = min(len(task.items), at_most) if at_most else len(task.items)
+        log(f"eval: {task.name}: scoring {count} items ({task.kind.replace('_', ' ')}, {task.fewshot}-shot)…")
         results[task.name] = r = scoring.score_task(task, loaded.model, encode, loaded.eos_id, t.seq_len,
                                                     t.micro_batch_size, loaded.device, autocast, at_most=at_most)
-        log(f"eval: {task.name}: {r.items} items, accuracy {r.accuracy:.4f} in {time.perf_counter() - t0:.1f} s")
+        log(f"eval: {task.name}: accuracy {r.accuracy:.4f} of {r.items} items in {time.perf_counter() - t0:.1f} s")
     return results
