@@ -22,7 +22,8 @@ from lmcockpit.core.run.folder import METRICS, TRAIN_LOG
 from tests.conftest import TINY, as_flags, cli, drive_engine, losses, tiny_config
 
 # Three eval batches over two ranks: under FSDP rank 1 must run a forward pass it does not count.
-STEPS = ["training.max_steps=10", "eval.every=5", "eval.batches=3", "checkpoint.every=5", "training.log_every=1"]
+STEPS = ["training.max_steps=10", "eval.every=5", "eval.batches=3", "checkpoint.every=5", "training.log_every=1",
+         "eval.tasks=[\"python-functions\"]", "eval.max_per_task=21"]  # 21: the ranks' shares differ by one
 REL = 1e-5  # the issue's bound; on this CPU the runs agree exactly
 
 
@@ -75,6 +76,20 @@ def test_two_processes_accumulating_two_give_the_losses_of_one_accumulating_four
     started = next(e for e in events if isinstance(e, P.RunStarted))
     assert started.world == 2 and started.devices == ("cpu", "cpu")
     assert started.tokens_per_step == next(e for e in one_events if isinstance(e, P.RunStarted)).tokens_per_step
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_task_items_are_shared_across_ranks_and_the_choices_summed(runs, strategy):
+    """Each rank scores every other item (11 and 10 of 21), under FSDP with as many forward
+    passes as the other; the summed choices give the one-process run's scores exactly, as its
+    weights are (this CPU's runs agree exactly: REL)."""
+    def scores(run: Path) -> list[dict]:
+        rows = [json.loads(line) for line in (run / METRICS).read_text().splitlines()]
+        return [(r["step"], r["tasks"]["python-functions"]) for r in rows if r["kind"] == "eval"]
+
+    one, two = scores(runs["one"][0]), scores(runs[strategy][0])
+    assert [step for step, _ in two] == [5, 10] and all(s["items"] == 21 for _, s in two)
+    assert two == one
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

@@ -145,7 +145,9 @@ def test_metrics_jsonl_schema(trained_run):
     assert step["step"] == 1 and step["mfu"] is None and step["tokens_per_s"] > 0
     assert [r["step"] for r in read_metrics(run, "step")] == list(range(1, 13))
     ev = read_metrics(run, "eval")[-1]
-    assert set(ev) == {"kind", "time", "step", "val_loss", "val_bpb"} and ev["step"] == 12
+    assert set(ev) == {"kind", "time", "step", "val_loss", "val_bpb", "tasks"} and ev["step"] == 12
+    assert set(ev["tasks"]) == {"python-functions"}  # trained_run scores the cpu preset's task
+    assert set(ev["tasks"]["python-functions"]) == {"accuracy", "centered", "items"}
     val_loss, val_bpb = held_out_loss_and_bits_per_byte(run / "checkpoints" / "step_000012")
     assert ev["val_loss"] == pytest.approx(val_loss, rel=1e-4)
     assert ev["val_bpb"] == pytest.approx(val_bpb, rel=1e-4)

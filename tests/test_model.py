@@ -92,7 +92,7 @@ def test_blockwise_loss_gives_the_plain_loss_and_gradients(monkeypatch):
 
 def test_a_checkpoint_without_room_on_the_disk_leaves_nothing_and_the_one_before_stays_latest(small_disk,
                                                                                                 monkeypatch):
-    """checkpoint.save measures the disk before it writes, and a disk that fills while it writes is
+    """checkpoint_io.save measures the disk before it writes, and a disk that fills while it writes is
     caught too: either way NoSpace says why, no half-written folder is left, and the checkpoint
     before stays the latest; once there is room again, the next save is whole."""
     import shutil

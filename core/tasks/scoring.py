@@ -64,9 +64,9 @@ def batches_of(seqs: list[I.Tokens], rows: int) -> list[list[int]]:
 
 
 def run(seqs: list[I.Tokens], model: torch.nn.Module, rows: int, pad: int, max_len: int, device: torch.device,
-        autocast,
-        batches_at_least: int = 0) -> list[I.Scored]:
-    """Each option's continuation scored, in `seqs`' order."""
+        autocast, batches_at_least: int = 0) -> list[I.Scored]:
+    """Each option's continuation scored, in `seqs`' order, in at least `batches_at_least` forward
+    passes (the other ranks' count, under FSDP: a batch past this rank's own is padding)."""
     scored: list[I.Scored | None] = [None] * len(seqs)
     batches = batches_of(seqs, rows)
     for b in range(max(len(batches), batches_at_least)):

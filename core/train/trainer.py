@@ -280,7 +280,7 @@ class Trainer:
     def load_checkpoint(self, path: Path) -> None:
         try:
             state = checkpoint_io.load(path, self.model, self.optimizers)
-        except ConfigError:  # refused by checkpoint.load's allow-list: its one line, no hint of another
+        except ConfigError:  # refused by checkpoint_io.load's allow-list: its one line, no hint of another
             raise
         except Exception as e:  # noqa: BLE001 - safetensors, torch and pickle each raise their own
             raise ConfigError(f"--resume {path}: the checkpoint does not fit this model or is damaged "
