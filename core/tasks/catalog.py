@@ -1,8 +1,9 @@
 """What a name in `eval.tasks` (or `lmcockpit eval --tasks`) stands for, read into tasks.
 
-A name is a built-in task (`python-functions`), `core:PATH` (the CORE tasks of a local bundle,
-core_bundle.py), or the path of a task file (files.py): a name with a path separator or a
-`.json`/`.jsonl` suffix, or one that names a file. Anything else is refused with the nearest
+A name is a built-in task (`python-functions`), a task on the Hugging Face Hub (`hellaswag`,
+`arc_easy`, ...: hub_tasks.py), `core:PATH` (the CORE tasks of a local bundle, core_bundle.py),
+or the path of a task file (files.py): a name with a path separator or a `.json`/`.jsonl`
+suffix, or one that names a file. Anything else is refused with the nearest
 names, before any run folder is made: `check` runs on the front-end.
 Torch: never.
 """
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..config import Config, ConfigError
-from . import core_bundle, python_functions
+from . import core_bundle, hub_tasks, python_functions
 from .files import read_task
 from .items import Task
 
@@ -31,13 +32,15 @@ def is_file_name(name: str) -> bool:
 def load_task(name: str, cfg: Config) -> Task:
     if name in BUILT_IN:
         task = BUILT_IN[name][0](cfg)
+    elif name in hub_tasks.HUB:
+        task = hub_tasks.read_task(name)
     elif is_file_name(name):
         task = read_task(Path(name).expanduser())
     else:
-        near = difflib.get_close_matches(name, list(BUILT_IN), n=3, cutoff=0.5)
+        near = difflib.get_close_matches(name, [*BUILT_IN, *hub_tasks.HUB], n=3, cutoff=0.5)
         hint = f"; did you mean {' or '.join(near)}?" if near else ""
-        raise ConfigError(f"eval.tasks: no task named {name!r}{hint} (built in: {', '.join(BUILT_IN)}; "
-                          "core:PATH for a CORE bundle; or the path of a .jsonl task file)")
+        raise ConfigError(f"eval.tasks: no task named {name!r}{hint} (built in: {', '.join(BUILT_IN)}; from the "
+                          f"Hub: {', '.join(hub_tasks.HUB)}; core:PATH for a CORE bundle; or a .jsonl task file)")
     if not task.items:
         raise ConfigError(f"eval.tasks: {name} has no items to score")
     return task
