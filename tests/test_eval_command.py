@@ -98,7 +98,8 @@ def test_task_curves_stay_whole_across_a_resume(tmp_path):
     first = cli("--run", "cpu", *as_flags([*SHRINK_CPU, *TINY, *tasks, "training.max_steps=8",
                                            "training.compile=false"]), "--out", str(run))
     assert first.returncode == 0, first.stderr
-    again = cli("--run", "--resume", str(run), *as_flags(["training.max_steps=12", "eval.tasks_every=2"]))
+    again = cli("--run", "--resume", str(run), *as_flags(["training.max_steps=12", "eval.tasks_every=2",
+                                                          "eval.references={python-functions={a=0.5}}"]))
     assert again.returncode == 0, again.stderr
     curves = load_run(run)
     assert [step for step, _ in curves.tasks["python-functions"]] == [4, 8, 10, 12]

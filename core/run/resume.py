@@ -31,7 +31,7 @@ from .folder import (CHECKPOINTS, CONFIG, METRICS, check_not_training, create_ru
 from .safe_files import write_whole
 
 SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eval.batches", "eval.tasks",
-                  "eval.tasks_every", "eval.max_per_task", "checkpoint.every",
+                  "eval.tasks_every", "eval.max_per_task", "eval.references", "checkpoint.every",
                   "checkpoint.keep", "hardware.device", "distributed.nproc", "distributed.nnodes",
                   "distributed.strategy", "data.workers",
                   # What gets a run past a loss spike: they change the steps to come, which is the point.

@@ -22,10 +22,9 @@ from pathlib import Path
 
 from ..config import ConfigError
 from .files import item_from_row, json_rows
-from .items import KINDS, LANGUAGE_MODELING, MULTIPLE_CHOICE, SCHEMA, Task
+from .items import CORE_GROUP, KINDS, LANGUAGE_MODELING, MULTIPLE_CHOICE, SCHEMA, Task
 
 PREFIX = "core:"
-GROUP = "core"
 FIELDS = {MULTIPLE_CHOICE: {"query", "choices", "gold"}, SCHEMA: {"context_options", "continuation", "gold"},
           LANGUAGE_MODELING: {"context", "continuation"}}
 RENAMED = {MULTIPLE_CHOICE: {"query": "context"}, SCHEMA: {"context_options": "contexts"}, LANGUAGE_MODELING: {}}  # to files.py's
@@ -50,7 +49,7 @@ def read_bundle(folder: Path) -> list[Task]:
             raise ConfigError(f"{where}: num_fewshot {entry.get('num_fewshot')!r}: expected a list of counts")
         items = tuple(_items(folder / "eval_data" / str(entry["dataset_uri"]), kind))
         tasks.append(Task(label, kind, items, fewshot=shots, delimiter=str(entry.get("continuation_delimiter", " ")),
-                          chance=baselines[label] / 100, group=GROUP))
+                          chance=baselines[label] / 100, group=CORE_GROUP))
     if not tasks:
         raise ConfigError(f"{folder / 'core.yaml'}: lists no icl_tasks")
     return tasks

@@ -27,6 +27,7 @@ MULTIPLE_CHOICE, SCHEMA, LANGUAGE_MODELING = "multiple_choice", "schema", "langu
 KINDS = (MULTIPLE_CHOICE, SCHEMA, LANGUAGE_MODELING)
 FEWSHOT_SEED = 1234  # nanochat's: the same examples for the same item list
 FEWSHOT_SEPARATOR = "\n\n"
+CORE_GROUP = "core"  # Task.group of the CORE tasks, whose centred accuracies CORE averages
 
 Encode = Callable[[list[str]], list[list[int]]]  # texts to token ids, nothing special added
 
@@ -59,7 +60,7 @@ class Task:
     fewshot: int = 0
     delimiter: str = ""  # between context and continuation: CORE's tasks use " "
     chance: float | None = None  # None: 1 / choices, averaged over the items (0 for language modelling)
-    group: str = ""  # "core": one of the CORE tasks, whose centred accuracies CORE averages
+    group: str = ""  # CORE_GROUP for a CORE task
 
     def chance_level(self) -> float:
         if self.chance is not None:
@@ -177,7 +178,7 @@ def centered(accuracy: float, chance: float) -> float:
 def core_score(results: dict[str, Result], tasks: Sequence[Task]) -> float | None:
     """CORE: the mean centred accuracy of the CORE tasks, when there are some and every one of
     them was scored."""
-    core = [task.name for task in tasks if task.group == "core"]
+    core = [task.name for task in tasks if task.group == CORE_GROUP]
     if not core or any(name not in results for name in core):
         return None
     return sum(results[name].centered for name in core) / len(core)
