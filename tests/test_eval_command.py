@@ -110,8 +110,10 @@ def test_task_curves_stay_whole_across_a_resume(tmp_path):
 
 def test_scoring_rounds_do_not_grow_the_process_memory():
     """Ten rounds of scoring on a model in a process of its own: its resident memory after the
-    tenth is within 1 MiB of the second's (the nanochat defect grew it every round). The first
-    round pays what is paid once (malloc's arenas, kernels' workspaces): 1.8 MiB in one CI run."""
+    tenth is within 8 MiB of the second's, where a 256 KiB tensor kept per batch (a leak of the nanochat
+    kind) grows it by 48 MB. malloc moves it by a few MiB either way
+    (CI runs saw 341.5 → 344.7 → 343.4 MiB over the rounds), and the first round pays what is paid
+    once (arenas, kernels' workspaces)."""
     code = textwrap.dedent("""
         import contextlib, json, psutil, torch
         from lmcockpit.core.config import Config
@@ -132,7 +134,7 @@ def test_scoring_rounds_do_not_grow_the_process_memory():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     rss = json.loads(r.stdout)
-    assert rss[-1] - rss[1] < 2**20, [f"{x / 2**20:.1f} MiB" for x in rss]
+    assert rss[-1] - rss[1] < 8 * 2**20, [f"{x / 2**20:.1f} MiB" for x in rss]
 
 
 def test_a_core_bundle_is_scored_with_its_core_mean_by_eval_and_by_a_run(trained_run, tmp_path):
