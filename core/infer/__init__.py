@@ -2,7 +2,7 @@
 
 A checkpoint loaded for sampling (`load`), the chat engine process and its front-end handle
 (`chat_engine`), the Hugging Face export (`export`), and a checkpoint scored on downstream tasks
-(`task_eval`, what `lmcockpit eval` runs).
+(`task_eval`, what `lmcockpit eval` runs; `harness`, the same by lm-evaluation-harness).
 
-Torch: never at import; `load`, `export` and `task_eval` import it when called. The front-end imports
+Torch: never at import; `load`, `export`, `task_eval` and `harness` import it when called. The front-end imports
 `chat_engine` and calls `export`."""

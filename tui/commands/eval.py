@@ -1,9 +1,10 @@
 """`lmcockpit eval RUN_OR_CHECKPOINT`: a checkpoint's accuracy on downstream tasks.
 
-The tasks are those `eval.tasks` names (core/tasks/catalog.py): the built-in `python-functions` or
-a JSON-lines task file. Everything the user typed is checked before the model loads (torch is
-imported only then, by core/infer/task_eval.py); the log goes to stderr, the table (or with
-`--json` only the JSON) to stdout.
+The tasks are those `eval.tasks` names (core/tasks/catalog.py): the built-in `python-functions`, a
+JSON-lines task file, a CORE bundle, a named Hub task. `--harness` hands the checkpoint's export to
+EleutherAI's lm-evaluation-harness instead (core/infer/harness.py), or as well when `--tasks` is
+given too. Everything the user typed is checked before the model loads (torch is imported only
+then); the log goes to stderr, the tables (or with `--json` only the JSON) to stdout.
 """
 
 from __future__ import annotations
@@ -30,17 +31,23 @@ these fields may set {"fewshot": K, "delimiter": TEXT, "chance": P} (default: ze
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = command_parser(__name__, description="Score a checkpoint on downstream tasks: the built-in python-functions "
-                       "or JSON-lines task files, each item's choice made by the model's losses.", epilog=FORMAT,
+    p = command_parser(__name__, description="Score a checkpoint on downstream tasks (the built-in python-functions, "
+                       "Hub tasks, a CORE bundle, JSON-lines task files), each item's choice made by the model's "
+                       "losses; or by EleutherAI's lm-evaluation-harness.", epilog=FORMAT,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", metavar="RUN_OR_CHECKPOINT", help="a run folder (its latest checkpoint) or a checkpoint folder"
                    ).completer = run_folders
     p.add_argument("--tasks", metavar="TASK,...", default="",
                    help="task names or .jsonl files, comma-separated (default: the run's eval.tasks, else python-functions)")
+    p.add_argument("--harness", metavar="TASK,...", default="",
+                   help="score with EleutherAI's lm-evaluation-harness (pip install 'lmcockpit[harness]') through the "
+                   "Hugging Face export: its task names, or task YAML files; only these unless --tasks is given too")
     p.add_argument("--max-per-task", metavar="N", type=int, default=0,
-                   help="score at most N items of each task, a fixed spread of them (default: all)")
+                   help="score at most N items of each task, a fixed spread of them; with --harness, its first N "
+                   "(default: all)")
     p.add_argument("--json", action="store_true",
-                   help='print only {"tasks": {NAME: {accuracy, centered, items, predictions}}}')
+                   help='print only {"tasks": {NAME: {accuracy, centered, items, predictions}}}, and with --harness '
+                   '"harness": {TASK: {METRIC: VALUE, ..., items}}')
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"), help="default fp32")
     return p
@@ -50,15 +57,38 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.max_per_task < 0:
         raise UsageError(f"--max-per-task {args.max_per_task}: expected 0 (all) or more")
+    from lmcockpit.core.infer import harness
     from lmcockpit.core.infer.task_eval import resolve, score_checkpoint
+    from lmcockpit.core.run.checkpoint_folder import find_checkpoint
 
-    names = [n.strip() for n in args.tasks.split(",") if n.strip()]
-    ckpt, tasks = resolve(args.path, names)
+    names, harness_specs = (split_list(args.tasks), split_list(args.harness))
     log = new_console(stderr=True, markup=False)
-    results = score_checkpoint(ckpt, tasks, args.max_per_task, args.device, args.precision, log=log.print)
+    if harness_specs and not names:
+        ckpt, tasks = find_checkpoint(args.path), []
+    else:
+        ckpt, tasks = resolve(args.path, names)
+    harness_tasks = harness.resolve(harness_specs, log=log.print) if harness_specs else None
+    results = score_checkpoint(ckpt, tasks, args.max_per_task, args.device, args.precision,
+                               log=log.print) if tasks else {}
+    harness_results = harness.score(ckpt, harness_tasks, args.max_per_task, args.device, args.precision,
+                                    log=log.print) if harness_tasks else {}
     if args.json:
-        print(json.dumps({"tasks": {name: {**r.row(), "predictions": r.predictions} for name, r in results.items()}}))
+        out = {"tasks": {name: {**r.row(), "predictions": r.predictions} for name, r in results.items()}}
+        print(json.dumps({**out, "harness": harness_results} if harness_tasks else out))
         return 0
+    if tasks:
+        print_tasks(tasks, results)
+    if harness_tasks:
+        print_harness(harness_results)
+    sys.stdout.flush()
+    return 0
+
+
+def split_list(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def print_tasks(tasks, results) -> None:
     table = Table("task", "kind", "items", "accuracy", "chance", "centered", box=None, header_style="bold")
     for task in tasks:
         r = results[task.name]
@@ -70,5 +100,17 @@ def main(argv: list[str]) -> int:
     if core is not None:
         table.add_row("CORE", "mean centred", "", "", "", f"{core:+.4f}")
     new_console(markup=False).print(table)
-    sys.stdout.flush()
-    return 0
+
+
+def print_harness(results: dict[str, dict[str, float]]) -> None:
+    """A row per task and metric, as lm-eval's own table has them, its standard error beside."""
+    table = Table("lm-eval task", "items", "metric", "value", "stderr", box=None, header_style="bold")
+    for name, metrics in results.items():
+        items = str(int(metrics["items"])) if "items" in metrics else ""
+        for metric, value in metrics.items():
+            if metric == "items" or metric.split(",")[0].endswith("_stderr"):
+                continue
+            stderr = metrics.get(metric.replace(",", "_stderr,", 1) if "," in metric else f"{metric}_stderr")
+            table.add_row(name, items, metric, f"{value:.4f}", f"±{stderr:.4f}" if stderr is not None else "")
+            name = items = ""
+    new_console(markup=False).print(table)

@@ -1,0 +1,129 @@
+"""`lmcockpit eval --harness`: EleutherAI's lm-evaluation-harness scoring a trained run's export,
+offline, on a task the test writes (lm-eval's local `dataset_path: json`), against the same
+choices computed in `transformers` from the export's per-choice log-likelihoods; and the
+harness's bad input refused before anything is exported."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from tests.conftest import cli
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+# Choices of very different lengths and likelihoods: a near tie would let batching's rounding decide.
+ROWS = [
+    {"context": "def add(a, b):\n   ", "choices": ["return a + b\n", "zq zq zq zq\n"], "gold": 0},
+    {"context": "import", "choices": ["os\n", ")))\n", "the the the the the\n"], "gold": 0},
+    {"context": "for i in", "choices": ["range(10):\n", "def def def:\n"], "gold": 1},
+    {"context": "class Point:\n   ", "choices": ["x = 0\n", "return None\n", "Q\n"], "gold": 2},
+    {"context": "if x", "choices": ["== 0:\n", "import sys import sys\n"], "gold": 0},
+    {"context": "    return", "choices": ["None\n", "self\n", "((((\n"], "gold": 1},
+]
+
+
+def write_local_task(folder) -> str:
+    data = folder / "items.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    yaml_file = folder / "python_bits.yaml"
+    yaml_file.write_text(textwrap.dedent(f"""\
+        task: python_bits
+        dataset_path: json
+        dataset_kwargs:
+          data_files:
+            test: {data}
+        test_split: test
+        output_type: multiple_choice
+        doc_to_text: "{{{{context}}}}"
+        doc_to_choice: "{{{{choices}}}}"
+        doc_to_target: gold
+        metric_list:
+          - metric: acc
+            aggregation: mean
+            higher_is_better: true
+          - metric: acc_norm
+            aggregation: mean
+            higher_is_better: true
+        """))
+    return str(yaml_file)
+
+
+def choices_by_transformers(export_dir) -> tuple[list[int], list[int]]:
+    """Each row's choice by summed log-likelihood and by it over the choice's bytes (lm-eval's acc
+    and acc_norm), the continuation being the tokens `context + " " + choice` adds to `context`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(export_dir)
+    by_sum, by_bytes = [], []
+    for row in ROWS:
+        context = tok(row["context"], add_special_tokens=False).input_ids
+        scores = []
+        for choice in row["choices"]:
+            whole = tok(row["context"] + " " + choice, add_special_tokens=False).input_ids
+            assert whole[:len(context)] == context
+            with torch.no_grad():
+                logp = model(torch.tensor([whole])).logits[0].float().log_softmax(-1)
+            scores.append(sum(logp[i - 1, whole[i]].item() for i in range(len(context), len(whole))))
+        by_sum.append(max(range(len(scores)), key=scores.__getitem__))
+        lengths = [len((" " + c).encode()) for c in row["choices"]]
+        by_bytes.append(max(range(len(scores)), key=lambda i: scores[i] / lengths[i]))
+    return by_sum, by_bytes
+
+
+def test_the_harness_scores_a_local_task_on_the_export_offline(trained_run, tmp_path):
+    run_dir, proc = trained_run
+    assert proc.returncode == 0, proc.stderr
+    task = write_local_task(tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    r = cli("eval", str(run_dir), "--harness", task, "--tasks", "python-functions", "--max-per-task", str(len(ROWS)),
+            "--json", env={**OFFLINE, "TMPDIR": str(scratch)})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)  # the harness's own log went to stderr
+    assert set(out) == {"tasks", "harness"} and set(out["harness"]) == {"python_bits"}
+    assert out["tasks"]["python-functions"]["items"] == len(ROWS)  # ours scored as well, --tasks given
+    scores = out["harness"]["python_bits"]
+    assert scores["items"] == len(ROWS)
+    assert {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"} <= set(scores)
+    assert list(scratch.glob("lmcockpit-harness-*")) == []  # the export made for the harness is gone
+
+    export_dir = tmp_path / "export"
+    assert cli("export", str(run_dir), str(export_dir)).returncode == 0
+    by_sum, by_bytes = choices_by_transformers(export_dir)
+    gold = [row["gold"] for row in ROWS]
+    assert scores["acc"] == pytest.approx(sum(p == g for p, g in zip(by_sum, gold)) / len(ROWS))
+    assert scores["acc_norm"] == pytest.approx(sum(p == g for p, g in zip(by_bytes, gold)) / len(ROWS))
+
+
+def test_the_harness_table_has_a_row_per_metric_with_its_standard_error(capsys):
+    from lmcockpit.tui.commands.eval import print_harness
+
+    print_harness({"python_bits": {"acc": 0.5, "acc_stderr": 0.2236, "acc_norm": 0.6667, "acc_norm_stderr": 0.2108,
+                                   "items": 6.0},
+                   "lambada_openai": {"perplexity": 812.5, "acc": 0.0, "acc_stderr": 0.0, "items": 5153.0}})
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert rows[0] == ["lm-eval", "task", "items", "metric", "value", "stderr"]
+    assert rows[1:] == [["python_bits", "6", "acc", "0.5000", "±0.2236"], ["acc_norm", "0.6667", "±0.2108"],
+                        ["lambada_openai", "5153", "perplexity", "812.5000"], ["acc", "0.0000", "±0.0000"]]
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("hellaswagg", "error: --harness hellaswagg: not a task lm-eval knows; did you mean hellaswag"),
+    ("hellaswag", "error: --harness hellaswag: its dataset could not be loaded"),
+    ("missing.yaml", "error: --harness missing.yaml: no such task file"),
+])
+def test_harness_bad_input_is_one_error_line_before_any_export(trained_run, tmp_path, spec, expected):
+    run_dir, _ = trained_run
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    r = cli("eval", str(run_dir), "--harness", spec, cwd=tmp_path, env={**OFFLINE, "TMPDIR": str(scratch)})
+    assert r.returncode == 2
+    [error] = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith(expected), r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert list(scratch.glob("lmcockpit-harness-*")) == []
