@@ -80,12 +80,14 @@ def test_bad_task_input_is_one_error_line_and_no_run_folder(case, tmp_path, trai
         if lines is not None:
             (tmp_path / "bad.jsonl").write_text("".join(line + "\n" for line in lines))
     out = tmp_path / "run"
-    for args in (("--run", "debug", *as_flags([*TINY, f"eval.tasks=[{json.dumps(name)}]"]), "--out", str(out)),
-                 ("eval", str(trained_run[0]), "--tasks", name)):
+    for key, args in (("eval.tasks", ("--run", "debug", *as_flags([*TINY, f"eval.tasks=[{json.dumps(name)}]"]),
+                                       "--out", str(out))),
+                      ("--tasks", ("eval", str(trained_run[0]), "--tasks", name))):
         r = cli(*args)
         assert r.returncode == 2, r.stderr
         [line] = r.stderr.strip().splitlines()
-        assert line.startswith("error: ") and "Traceback" not in r.stderr
+        # named as the user gave it; a line of a file by the file and line alone
+        assert line.startswith((f"error: {key}: ", f"error: {name}:")) and "Traceback" not in r.stderr
         assert re.search(expected, line), line
         assert not out.exists()
 

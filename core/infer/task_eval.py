@@ -26,7 +26,13 @@ def resolve(spec: str, names: list[str]) -> tuple[Path, list[Task]]:
     built-in one."""
     ckpt = find_checkpoint(spec)
     cfg = checkpoint_config(ckpt)
-    return ckpt, catalog.load_tasks(names or cfg.eval.tasks or [python_functions.NAME], cfg)
+    try:
+        return ckpt, catalog.load_tasks(names or cfg.eval.tasks or [python_functions.NAME], cfg)
+    except ConfigError as e:
+        # The catalog names the config key; here the user typed the names after --tasks.
+        if names and str(e).startswith("eval.tasks:"):
+            raise ConfigError("--tasks:" + str(e).removeprefix("eval.tasks:")) from None
+        raise
 
 
 def score_checkpoint(ckpt: Path, tasks: list[Task], at_most: int = 0, device: str = "auto", precision: str = "fp32",
