@@ -10,6 +10,12 @@ request.
 and a model repo's the same, under /api/models/OWNER/NAME... and /OWNER/NAME/resolve/REV/PATH
 (a model's files are addressed without a type prefix).
 
+REV is a revision's name or its commit; a repo has "main" alone, or the revisions it is given,
+each with files and a commit of its own. A name may hold slashes ("refs/convert/parquet", where
+the Hub keeps a dataset's Parquet conversion): the client sends it quoted as one segment
+(refs%2Fconvert%2Fparquet), so paths are split before they are unquoted. An unknown revision is
+a 404 RevisionNotFound, as the Hub answers.
+
 Files are served as the Hub serves a regular (non-Xet) file: no X-Xet-* header and no Xet hash in
 the listing, so the client downloads them over plain HTTP. Anything else is a 404.
 """
@@ -32,37 +38,45 @@ class Request:
     method: str
     path: str  # unquoted, without the query
     headers: dict[str, str]  # names lowercased
+    raw: str  # the path as sent, still quoted: where a revision's slashes are not separators
 
     @property
     def file(self) -> str | None:
         """The repo file a resolve request is for (OWNER/NAME:PATH), else None."""
-        m = RESOLVE.fullmatch(self.path)
-        return f"{m[2]}:{m[3]}" if m else None
+        m = RESOLVE.fullmatch(self.raw)
+        return f"{unquote(m[2])}:{unquote(m[4])}" if m else None
+
+    @property
+    def revision(self) -> str | None:
+        """The revision (a name or a commit) a resolve request is for, else None."""
+        m = RESOLVE.fullmatch(self.raw)
+        return unquote(m[3]) if m else None
 
     @property
     def repo_type(self) -> str | None:
         """"datasets" or "models": the kind of repo an API or resolve request is for."""
-        if m := re.match(r"/api/(datasets|models)/", self.path):
+        if m := re.match(r"/api/(datasets|models)/", self.raw):
             return m[1]
-        if m := RESOLVE.fullmatch(self.path):
+        if m := RESOLVE.fullmatch(self.raw):
             return m[1] or "models"
         return None
 
 
-RESOLVE = re.compile(r"/(?:(datasets)/)?([^/]+/[^/]+)/resolve/[^/]+/(.+)")
+RESOLVE = re.compile(r"/(?:(datasets)/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)")
+API = re.compile(r"/api/(?:datasets|models)/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+)(?:/(.*))?)?")
 
 
 class FakeHub:
-    """`repos`: "OWNER/NAME" → the folder whose files are the dataset repo's, at one commit;
-    `models` the same for model repos.
+    """`repos`: "OWNER/NAME" → the folder whose files are the dataset repo's at "main", or a dict
+    {revision: folder} for a repo with other revisions; `models` the same for model repos.
 
     `drop_once`: "OWNER/NAME:PATH" → how many bytes of that file the first GET of it sends before
     the connection is closed under it (a download cut midway); later GETs are answered whole."""
 
-    def __init__(self, repos: dict[str, Path], drop_once: dict[str, int] | None = None,
-                 models: dict[str, Path] | None = None):
-        self.repos = {name: self._index(folder) for name, folder in repos.items()}
-        self.models = {name: self._index(folder) for name, folder in (models or {}).items()}
+    def __init__(self, repos: dict[str, Path | dict[str, Path]], drop_once: dict[str, int] | None = None,
+                 models: dict[str, Path | dict[str, Path]] | None = None):
+        self.repos = {name: self._revisions(folders) for name, folders in repos.items()}
+        self.models = {name: self._revisions(folders) for name, folders in (models or {}).items()}
         self.drop_once = dict(drop_once or {})
         self.requests: list[Request] = []
         self.lock = threading.Lock()
@@ -85,12 +99,24 @@ class FakeHub:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
+    @classmethod
+    def _revisions(cls, folders: Path | dict[str, Path]) -> dict[str, dict]:
+        folders = folders if isinstance(folders, dict) else {"main": folders}
+        return {revision: cls._index(revision, folder) for revision, folder in folders.items()}
+
     @staticmethod
-    def _index(folder: Path) -> dict:
+    def _index(revision: str, folder: Path) -> dict:
         files = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
         digests = {name: hashlib.sha256(p.read_bytes()).hexdigest() for name, p in files.items()}
-        commit = hashlib.sha1(json.dumps(digests, sort_keys=True).encode()).hexdigest()
+        # The revision's name is part of its commit: two revisions with the same files still have
+        # commits of their own, so a request by commit says whose files to serve.
+        commit = hashlib.sha1(json.dumps([revision, digests], sort_keys=True).encode()).hexdigest()
         return {"files": files, "sha256": digests, "commit": commit}
+
+    @staticmethod
+    def _at(repo: dict[str, dict], revision: str) -> dict | None:
+        """The repo's files at `revision`, a name or a commit; None for one it does not have."""
+        return repo.get(revision) or next((r for r in repo.values() if r["commit"] == revision), None)
 
     def __enter__(self) -> FakeHub:
         self.thread.start()
@@ -101,8 +127,8 @@ class FakeHub:
         self.server.server_close()
         self.thread.join(timeout=10)
 
-    def commit(self, repo: str) -> str:
-        return {**self.models, **self.repos}[repo]["commit"]
+    def commit(self, repo: str, revision: str = "main") -> str:
+        return {**self.models, **self.repos}[repo][revision]["commit"]
 
     def got(self, repo: str) -> list[str]:
         """The paths in `repo` whose bytes were asked for (GET, not HEAD), in the order asked."""
@@ -116,29 +142,35 @@ class FakeHub:
     # ------------------------------------------------------------------------------ answers
     def _answer(self, h: BaseHTTPRequestHandler, body: bool) -> None:
         url = urlsplit(h.path)
-        req = Request(h.command, unquote(url.path), {k.lower(): v for k, v in h.headers.items()})
+        req = Request(h.command, unquote(url.path), {k.lower(): v for k, v in h.headers.items()}, url.path)
         with self.lock:
             self.requests.append(req)
         table = self._table(req)
-        api = re.fullmatch(r"/api/(?:datasets|models)/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+)(?:/(.*))?)?", req.path)
-        if api and api[1] not in table:  # as the Hub answers for a missing, private or gated repo
+        api = API.fullmatch(req.raw)
+        name = unquote(api[1]) if api else None
+        if api and name not in table:  # as the Hub answers for a missing, private or gated repo
             return self._json(h, 404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
-        if api and body and api[1] in table:
-            repo = table[api[1]]
-            if api[3] not in (None, "main", repo["commit"]):
-                return self._json(h, 404, {"error": "Revision not found"}, {"X-Error-Code": "RevisionNotFound"})
+        if api and body:
+            revision = unquote(api[3]) if api[3] else "main"
+            if (repo := self._at(table[name], revision)) is None:
+                return self._revision_not_found(h)
             if api[2] in (None, "revision"):
-                return self._json(h, 200, {"id": api[1], "sha": repo["commit"], "private": False,
+                return self._json(h, 200, {"id": name, "sha": repo["commit"], "private": False,
                                            "siblings": [{"rfilename": n} for n in repo["files"]]})
             recursive = parse_qs(url.query).get("recursive", ["false"])[0].lower() == "true"
-            return self._json(h, 200, self._tree(repo, (api[4] or "").strip("/"), recursive))
+            return self._json(h, 200, self._tree(repo, unquote(api[4] or "").strip("/"), recursive))
         if req.file:
             name, path = req.file.split(":", 1)
-            repo = table.get(name)
+            repo = self._at(table[name], req.revision) if name in table else None
+            if name in table and repo is None:
+                return self._revision_not_found(h)
             if repo and path in repo["files"]:
                 return self._file(h, repo, req.file, path, body)
             return self._json(h, 404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
         return self._json(h, 404, {"error": "Not found"})
+
+    def _revision_not_found(self, h: BaseHTTPRequestHandler) -> None:
+        self._json(h, 404, {"error": "Revision not found"}, {"X-Error-Code": "RevisionNotFound"})
 
     @staticmethod
     def _tree(repo: dict, under: str, recursive: bool) -> list[dict]:

@@ -5,8 +5,10 @@ becomes an item. The files are fetched with `huggingface_hub` as `hf:` data sour
 (data/hub.py: HF_TOKEN and HF_HUB_OFFLINE honoured); offline, or the Hub out of reach, what was
 fetched before serves, and with nothing fetched the refusal gives the command that downloads it.
 The prompts are the usual ones: HellaSwag as llm.c scores it (the context, then each ending after
-a space), ARC as the evaluation harness asks it (`Question: ...\\nAnswer:`), LAMBADA's last word
-after the rest of its passage, right only when every token of it is the greedy choice.
+a space), ARC and PIQA as the evaluation harness asks them (`Question: ...\\nAnswer:`), LAMBADA's
+last word after the rest of its passage, right only when every token of it is the greedy choice.
+A task's files are named by an fnmatch pattern over the repo's paths, `*` crossing `/`, as the
+Hub's client chooses what to fetch: the same pattern then finds them in the fetched snapshot.
 Torch: never.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from ..config import ConfigError
@@ -23,7 +26,7 @@ from .items import LANGUAGE_MODELING, MULTIPLE_CHOICE, Item, Task
 @dataclass(frozen=True)
 class HubTask:
     repo: str
-    files: str  # a pattern of the split's data files in the repo (Parquet)
+    files: str  # the split's data files (Parquet): an fnmatch pattern over the repo's paths, see matches()
     kind: str
     item: Callable[[dict], Item]
     revision: str = "main"
@@ -39,6 +42,10 @@ def arc(row: dict) -> Item:
                 list(choices["label"]).index(row["answerKey"]))
 
 
+def piqa(row: dict) -> Item:
+    return Item((f"Question: {row['goal']}\nAnswer:",), (" " + row["sol1"], " " + row["sol2"]), int(row["label"]))
+
+
 def lambada(row: dict) -> Item:
     context, word = row["text"].rsplit(" ", 1)
     return Item((context,), (" " + word,))
@@ -50,7 +57,26 @@ HUB: dict[str, HubTask] = {
     "arc_easy": HubTask("allenai/ai2_arc", "ARC-Easy/test-*.parquet", MULTIPLE_CHOICE, arc),
     "arc_challenge": HubTask("allenai/ai2_arc", "ARC-Challenge/test-*.parquet", MULTIPLE_CHOICE, arc),
     "lambada": HubTask("EleutherAI/lambada_openai", "default/test/*.parquet", LANGUAGE_MODELING, lambada),
+    # The harness (0.4.13) scores PIQA's validation split from baber/piqa. Its files' layout is
+    # not pinned here (data/validation-*.parquet, or a folder a split), so the pattern names the
+    # split anywhere in the path; neither "train" nor "test" holds "validation".
+    "piqa": HubTask("baber/piqa", "*validation*.parquet", MULTIPLE_CHOICE, piqa),
 }
+
+
+def matches(spec: HubTask, path: str) -> bool:
+    """Whether the repo file at `path` (posix, relative to the repo) is one of the task's."""
+    # What snapshot_download's allow_patterns does (huggingface_hub.utils._paths.filter_repo_objects):
+    # fnmatch.fnmatchcase on the whole repo path, so `*` crosses `/`, unlike pathlib's glob. The
+    # files found in the snapshot afterwards must be chosen by this same rule, or a pattern that
+    # fetched a file would not find it.
+    return fnmatchcase(path, spec.files)
+
+
+def local_files(spec: HubTask, folder: Path) -> list[Path]:
+    """The task's files in a fetched snapshot `folder`, in the order of their repo paths."""
+    found = ((p.relative_to(folder).as_posix(), p) for p in folder.rglob("*") if p.is_file())
+    return [p for path, p in sorted(found) if matches(spec, path)]
 
 
 def download_command(spec: HubTask) -> str:
@@ -76,13 +102,13 @@ def fetched_files(name: str) -> list[Path]:
             folder = download(local_files_only=True)
         except (LocalEntryNotFoundError, OSError):
             return None
-        return folder if any(folder.glob(spec.files)) else None
+        return folder if local_files(spec, folder) else None
 
     folder = hub.fetch_or_cached(
         f"eval.tasks: {name}", spec.repo, "dataset", download, cached,
         lambda reason: f"eval.tasks: {name} is not downloaded yet, and {reason}. Download it into the Hub's cache "
                        f"(HF_HOME) on a machine with a network, then copy that cache here:\n  {download_command(spec)}")
-    files = sorted(folder.glob(spec.files))
+    files = local_files(spec, folder)
     if not files:
         raise ConfigError(f"eval.tasks: {name}: {spec.repo} holds no {spec.files} at {spec.revision}")
     return files
