@@ -323,3 +323,19 @@ def test_a_damaged_core_bundle_is_refused_naming_where(tmp_path, change, expecte
 def test_a_missing_core_bundle_says_what_core_path_names(tmp_path):
     with pytest.raises(ConfigError, match=r"core\.yaml: no such file; core:PATH names a CORE bundle's folder"):
         catalog.load_tasks([f"core:{tmp_path / 'nowhere'}"], Config())
+
+
+def test_ranks_that_read_different_items_are_refused_alike():
+    """What every rank decides from the ranks' answers (items.agree): the same digest everywhere
+    passes; another digest, or a rank that could not read its tasks, stops them all, named."""
+    from lmcockpit.core.tasks.items import Digest, agree, digest
+
+    here = [Task("t", "multiple_choice", (Item(("a",), (" b", " c"), 0),))]
+    there = [Task("t", "multiple_choice", (Item(("a",), (" b", " d"), 0),))]
+    assert digest(here) == digest([Task("t", "multiple_choice", (Item(("a",), (" b", " c"), 0),))])
+    assert digest(here) != digest(there) and digest(here) != digest([Task("t", "multiple_choice", (), fewshot=1)])
+    agree([Digest(digest(here))] * 3)
+    with pytest.raises(ConfigError, match=r"rank 0 and rank 2 differ\): every machine must hold the same task files"):
+        agree([Digest(digest(here)), Digest(digest(here)), Digest(digest(there))])
+    with pytest.raises(ConfigError, match=r"^rank 1: eval.tasks: /data/mine.jsonl: no such task file$"):
+        agree([Digest(digest(here)), "eval.tasks: /data/mine.jsonl: no such task file", Digest(digest(here))])

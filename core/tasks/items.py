@@ -23,6 +23,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ..config import ConfigError
+
 MULTIPLE_CHOICE, SCHEMA, LANGUAGE_MODELING = "multiple_choice", "schema", "language_modeling"
 KINDS = (MULTIPLE_CHOICE, SCHEMA, LANGUAGE_MODELING)
 FEWSHOT_SEED = 1234  # nanochat's: the same examples for the same item list
@@ -173,6 +175,36 @@ def result_of(task: Task, chosen: list[int], predictions: list[int]) -> Result:
 def centered(accuracy: float, chance: float) -> float:
     """CORE's centring: 0 at chance, 1 at every item right."""
     return (accuracy - chance) / (1 - chance)
+
+
+class Digest(str):
+    """A rank's tasks as `digest` gives them; any other answer a rank gives is why it read none."""
+
+
+def digest(tasks: list[Task]) -> str:
+    """What ranks compare before sharing tasks' items out: the same names, settings and items in
+    the same order give the same digest on any machine."""
+    import hashlib
+
+    return hashlib.sha256(repr([(t.name, t.kind, t.fewshot, t.delimiter, t.chance, t.group, t.items)
+                                for t in tasks]).encode()).hexdigest()[:16]
+
+
+def agree(answers: list[str]) -> None:
+    """Refuse, on every rank alike, tasks that are not the same on every rank: each rank's answer
+    (by rank) is its `Digest`, or the reason it could not read them. Items that differ between
+    machines would have the ranks sum choices made on different items, or hang the sum when the
+    counts differ: python-functions is made from each machine's own standard library, and a task
+    file may differ from node to node."""
+    for rank, answer in enumerate(answers):
+        if not isinstance(answer, Digest):
+            raise ConfigError(f"rank {rank}: {answer}")
+    apart = [rank for rank, answer in enumerate(answers) if answer != answers[0]]
+    if apart:
+        raise ConfigError(f"eval.tasks: the ranks read different items (rank 0 and rank{'s' * (len(apart) > 1)} "
+                          f"{', '.join(map(str, apart))} differ): every machine must hold the same task files, and "
+                          f"python-functions, made from each machine's Python standard library, needs the same "
+                          f"Python version everywhere")
 
 
 def core_score(results: dict[str, Result], tasks: Sequence[Task]) -> float | None:

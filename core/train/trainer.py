@@ -33,7 +33,7 @@ from ..model import sampling
 from ..model.gpt import GPT, shape_from_config
 from ..run.checkpoint_folder import STATE, checkpoint_config, tokenizer_file
 from ..run.folder import CHECKPOINTS, METRICS, MetricsLog, TOKENIZER, list_checkpoints
-from ..tasks import catalog as tasks_catalog
+from ..tasks import catalog as tasks_catalog, items as task_items
 from . import checkpoint_io, memory_probe, nan_debug
 from .group import Group
 from .loggers import Metrics, start_loggers
@@ -130,7 +130,7 @@ class Trainer:
                 self.log(line)
         from tokenizers import Tokenizer
         self.tokenizer = Tokenizer.from_file(str(self.data.tokenizer_dir / "tokenizer.json"))
-        self.tasks = tasks_catalog.load_tasks(cfg.eval.tasks, cfg)
+        self.tasks = self.agreed_tasks()
 
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -215,6 +215,19 @@ class Trainer:
         if verdicts[0].precision == "fp32" or all(v.precision == "bf16" for v in verdicts):
             return verdicts[0]
         return cpu_precision.Verdict("fp32", why="bf16 measured faster on some of the run's machines, not all")
+
+    def agreed_tasks(self) -> list:
+        """eval.tasks read on every rank, and the same everywhere (task_items.agree): the ranks
+        score every world-th item and sum the choices. A rank that cannot read them stops them all."""
+        try:
+            tasks, local = tasks_catalog.load_tasks(self.cfg.eval.tasks, self.cfg), None
+        except ConfigError as e:
+            tasks, local = [], e
+        answers = self.group.gather(str(local) if local is not None else task_items.Digest(task_items.digest(tasks)))
+        if local is not None:
+            raise local
+        task_items.agree(answers)
+        return tasks
 
     def prepare_data(self) -> TokenData:
         """The token cache, tokenised once: the first process of each machine builds it while the
