@@ -81,6 +81,13 @@ def footer_keys(app) -> str:
     return screen_lines(app)[-1]
 
 
+async def prepared(app, pilot) -> None:
+    """Until the run launched or resumed is checked and started, or refused (app.preparing, a
+    thread: the checks may fetch from the Hub)."""
+    await app.preparing.wait()
+    await pilot.pause()
+
+
 def dashboard(app) -> DashboardScreen:
     assert isinstance(app.screen, DashboardScreen), app.screen
     return app.screen
@@ -361,6 +368,7 @@ async def test_after_a_run_ends_n_goes_back_to_the_launch_screen_which_lists_it(
                                                            "eval.every=0", "training.max_steps=100000"])
         launch.show_settings()
         await pilot.press("enter")  # the presets have the focus: Enter launches
+        await prepared(app, pilot)
         dash = dashboard(app)
         await wait_for(pilot, lambda: dash.view.step >= 2, what="training to start")
         keys = footer_keys(app)
@@ -536,10 +544,12 @@ async def test_r_on_the_launch_screen_resumes_a_stopped_run_in_place(trained_run
         table.focus()
         table.move_cursor(row=table.get_row_index(str(finished)))
         await pilot.press("r")
+        await prepared(app, pilot)
         assert app.screen is launch and not app.engines
         assert any("training.max_steps is 12" in n.message for n in app._notifications)
         table.move_cursor(row=table.get_row_index(str(stopped)))
         await pilot.press("r")
+        await prepared(app, pilot)
         dash = dashboard(app)
         await wait_for(pilot, lambda: dash.view.state in P.TERMINAL_STATES, timeout=180, what="the run to end")
         assert dash.view.state == P.FINISHED, dash.engine.failure
@@ -557,7 +567,7 @@ async def test_launching_several_machines_from_the_cockpit_says_what_is_missing(
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
     async with app.run_test() as pilot:
         app.launch(shrunk_cpu("distributed.nnodes=2"), "cpu")
-        await pilot.pause()
+        await prepared(app, pilot)
         assert not app.engines and not (tmp_path / "runs").exists()
         assert any("--rdzv-endpoint" in n.message for n in app._notifications)
 
@@ -568,7 +578,7 @@ async def test_a_cuda_graph_mode_launches_from_the_cockpit_in_one_process(tmp_pa
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
     async with app.run_test() as pilot:
         app.launch(shrunk_cpu("training.compile=true", "training.compile_mode=\"reduce-overhead\""), "cpu")
-        await pilot.pause()
+        await prepared(app, pilot)
         assert not [n.message for n in app._notifications if n.severity == "error"]
         assert len(app.engines) == 1 and (tmp_path / "runs").exists()
         dash = dashboard(app)
@@ -579,6 +589,55 @@ async def test_a_cuda_graph_mode_launches_from_the_cockpit_in_one_process(tmp_pa
     log = (dash.engine.run_dir / "train.log").read_text()
     assert re.search(r"^model: .*, compile on, [\d,]+ tokens/step$", log, re.M), log  # one process says no "N processes"
     assert not re.search(r"^(rank\d+|launcher): ", log, re.M)
+
+
+async def test_the_cockpit_keeps_answering_while_a_launch_is_checked(tmp_path):
+    """A launch's checks run in a thread (a first Hub task fetch takes minutes): with its task file
+    arriving late (a FIFO, read only once something writes it), the launch returns at once, a
+    second one is refused meanwhile, and the run starts once the file has come."""
+    import json
+    import os
+    import threading
+
+    late = tmp_path / "late.jsonl"
+    os.mkfifo(late)
+    rows = "".join(json.dumps(r) + "\n" for r in (
+        {"context": "import", "choices": [" os\n", " the\n"], "gold": 0},
+        {"context": "def f():\n", "choices": ["    return 1\n", "    x x x\n"], "gold": 0}))
+    sent = threading.Event()
+
+    def send() -> None:
+        with open(late, "w") as f:  # open once the cockpit's check opens it to read
+            f.write(rows)
+            # A plain file in the FIFO's place before the check reads to its end: the engine started
+            # after the check reads that one.
+            (tmp_path / "plain.jsonl").write_text(rows)
+            os.replace(tmp_path / "plain.jsonl", late)
+        sent.set()
+
+    # Only if the launch blocks the cockpit (the defect): the file comes anyway, and the test fails
+    # instead of hanging.
+    rescue = threading.Timer(60, send)
+    rescue.daemon = True
+    rescue.start()
+    cfg = shrunk_cpu(f"eval.tasks=[{json.dumps(str(late))}]", "eval.tasks_every=6")
+    app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
+    async with app.run_test() as pilot:
+        worker = app.launch(cfg, "cpu")
+        assert worker is not None and not sent.is_set()  # back at once, the file not there yet
+        assert app.launch(cfg, "cpu") is None
+        await pilot.pause()
+        assert isinstance(app.screen, LaunchScreen) and not app.engines
+        assert any("being prepared: one at a time" in n.message for n in app._notifications)
+        rescue.cancel()
+        threading.Thread(target=send, daemon=True).start()
+        await prepared(app, pilot)
+        dash = dashboard(app)
+        await wait_for(pilot, lambda: dash.view.state in P.TERMINAL_STATES, timeout=180, what="the run to end")
+        assert dash.view.state == P.FINISHED, dash.engine.failure
+        dash.engine.join(timeout=30)
+    scored = [r for r in read_metrics(dash.engine.run_dir, "eval") if "tasks" in r]
+    assert [r["step"] for r in scored] == [6, 12] and all(r["tasks"]["late"]["items"] == 2 for r in scored)
 
 
 # ------------------------------------------------------------------ the dashboard fed events

@@ -225,6 +225,8 @@ async def test_p_cycles_processes_through_the_gpus_into_the_launched_run(tmp_pat
         assert "(edited)" in settings.border_title
         launch.query_one("#presets").focus()
         await pilot.press("enter")
+        await app.preparing.wait()  # checked and made in a thread
+        await pilot.pause()
         dash = app.screen
         assert isinstance(dash, DashboardScreen)
         await wait_for(pilot, lambda: dash.view.state in P.TERMINAL_STATES, timeout=240, what="the run to end")

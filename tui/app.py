@@ -12,9 +12,11 @@ Only the quit dialog's "stop" (or the abort dialog) stops a run.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from textual.app import App
+from textual.worker import Worker
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import Config, ConfigError
@@ -24,7 +26,7 @@ from lmcockpit.core.process.rendezvous import Rendezvous
 from lmcockpit.core.process.viewer import NotLive, RunViewer
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.core.run.resume import plan_resume
-from lmcockpit.core.tasks import catalog as tasks_catalog
+from lmcockpit.core.tasks import catalog as tasks_catalog, hub_tasks
 from lmcockpit.tui.runplan import RunPlan
 from lmcockpit.tui.run_state import RunState
 from lmcockpit.tui.screens.dashboard import DashboardScreen
@@ -55,6 +57,7 @@ class CockpitApp(App):
         self.engines: list[RunViewer] = []  # the runs this cockpit watches (started here or attached to)
         self.dashboards: list[DashboardScreen] = []  # every run of this session, in order, kept after going back
         self.run_dirs: list[Path] = []  # their folders: the launch screen lists them wherever they are
+        self.preparing: Worker | None = None  # the run being checked and made, before its host starts
 
     def run(self, *args, **kwargs):
         """The app in the terminal; once the terminal is back, each run's folder is printed there."""
@@ -137,8 +140,9 @@ class CockpitApp(App):
         else:
             self.switch_screen(self.launch_screen())
 
-    def launch(self, cfg: Config, name: str) -> None:
-        try:
+    def launch(self, cfg: Config, name: str) -> Worker | None:
+        """A new run of `cfg` from the launch screen: checked, its folder made, its host started."""
+        def prepare() -> RunPlan:
             # Several machines meet at an endpoint only the command line gives (--rdzv-endpoint):
             # say so here, before a run folder exists, rather than fail in the engine.
             if cfg.world > 1:
@@ -146,18 +150,38 @@ class CockpitApp(App):
             run_dir = create_run_dir(cfg, name, None if self.runs_root == Path("runs") else
                                      str(self.runs_root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"),
                                      check=tasks_catalog.check)
-        except ConfigError as e:
-            self.notify(str(e), severity="error")
-            return
-        self.start_run(RunPlan(cfg, run_dir, None, name))
+            return RunPlan(cfg, run_dir, None, name)
 
-    def resume(self, run: str) -> None:
-        try:
+        if hub := [task for task in cfg.eval.tasks if task in hub_tasks.HUB]:
+            self.notify(f"eval.tasks: {', '.join(hub)}: read from the Hugging Face Hub's cache, fetched into it "
+                        "the first time…", timeout=10)
+        return self.prepare_then_start(prepare)
+
+    def resume(self, run: str) -> Worker | None:
+        def prepare() -> RunPlan:
             plan = plan_resume(run, [], None, check=tasks_catalog.check)
-        except ConfigError as e:
-            self.notify(str(e), severity="error")
-            return
-        self.start_run(RunPlan(plan.cfg, plan.run_dir, plan.checkpoint, Path(run).name, in_place=plan.in_place))
+            return RunPlan(plan.cfg, plan.run_dir, plan.checkpoint, Path(run).name, in_place=plan.in_place)
+
+        return self.prepare_then_start(prepare)
+
+    def prepare_then_start(self, prepare: Callable[[], RunPlan]) -> Worker | None:
+        """`prepare` in a thread, then its run started, or its refusal shown: the checks may fetch a
+        Hub task (minutes, the first time) or reach a rendezvous endpoint, and the cockpit keeps
+        drawing meanwhile. One run is prepared at a time; `self.preparing` is its worker."""
+        if self.preparing is not None and self.preparing.is_running:
+            self.notify("a run is being prepared: one at a time", severity="warning")
+            return None
+
+        def work() -> None:
+            try:
+                plan = prepare()
+            except ConfigError as e:
+                self.call_from_thread(self.notify, str(e), severity="error")
+                return
+            self.call_from_thread(self.start_run, plan)
+
+        self.preparing = self.run_worker(work, name="prepare a run", group="prepare", thread=True)
+        return self.preparing
 
     def on_unmount(self) -> None:
         """However the app ends, the runs go on (their hosts serve them): it only lets go of them."""
