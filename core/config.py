@@ -113,6 +113,21 @@ class TrainingConfig:
     log_every: int = 10
     on_nan: Literal["stop", "skip"] = "stop"
     max_nan_skips: int = 10
+    # A loss spike: a step's loss that many standard deviations above the mean of the last
+    # spike_window steps (llm.c's test; the window must be full first). "warn" says so; "skip" drops
+    # that update; "rollback" goes back to the last checkpoint and steps past the batches since
+    # (with the learning rate times spike_lr_factor for spike_lr_steps steps), at most max_rollbacks
+    # times before the run fails; "stop" ends the run with a checkpoint.
+    on_spike: Literal["warn", "skip", "rollback", "stop"] = "warn"
+    spike_window: int = 100
+    spike_zscore: float = 6.0  # on the loss; 0: not watched
+    spike_grad_zscore: float = 0.0  # on the gradient norm, the same way; 0: not watched
+    spike_lr_factor: float = 1.0
+    spike_lr_steps: int = 0
+    max_rollbacks: int = 3
+    # The validation loss aimed at: its time of arrival fitted from the evaluations so far; 0: none.
+    target_val_loss: float = 0.0
+    stop_at_target: bool = False  # end the run with a checkpoint once an evaluation reaches it
 
 
 @dataclass
@@ -166,6 +181,7 @@ class HardwareConfig:
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     gpu_class: str = "cpu"  # the card this preset was sized for
     vram_gb: float = 0.0  # its memory, for the fit verdict
+    cost_per_hour: float = 0.0  # what the machine costs an hour, for the time to target in money; 0: not said
 
 
 @dataclass
@@ -185,6 +201,17 @@ class LoggingConfig:
 
 
 @dataclass
+class NotifyConfig:
+    """Where word of a run's events goes (finished, failed, nan, spike, rollback, stalled, target),
+    sent by the process that owns the engine, never in training's way."""
+    terminal: bool = True  # every attached cockpit: the terminal's notification escape and the bell
+    webhook: str = ""  # a URL that gets each event as a JSON POST; "env:NAME" reads it from the environment
+    ntfy: str = ""  # an ntfy topic URL (https://ntfy.sh/TOPIC or a server of your own); env:NAME too
+    apprise: list[str] = field(default_factory=list)  # Apprise URLs (Slack, Discord, e-mail...): lmcockpit[notify]
+    stall_after: float = 600.0  # seconds without a step (and many times the run's step time) before "stalled"
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -197,6 +224,7 @@ class Config:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
 
     # Derived values the rest of the code reads, so the 0-means-default rules live in one place.
     @property
@@ -466,6 +494,10 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
                        ("data.workers", cfg.data.workers),
                        ("optimizer.warmup_steps", o.warmup_steps), ("training.seed", t.seed),
                        ("training.max_nan_skips", t.max_nan_skips), ("sample.top_k", cfg.sample.top_k),
+                       ("training.spike_zscore", t.spike_zscore), ("training.spike_grad_zscore", t.spike_grad_zscore),
+                       ("training.spike_lr_steps", t.spike_lr_steps), ("training.max_rollbacks", t.max_rollbacks),
+                       ("training.target_val_loss", t.target_val_loss), ("notify.stall_after", cfg.notify.stall_after),
+                       ("hardware.cost_per_hour", cfg.hardware.cost_per_hour),
                        ("tokenizer.train_bytes", cfg.tokenizer.train_bytes)]:
         need(value >= 0, f"{key} = {value} must be 0 or more")
     need(m.n_head % m.n_kv_head == 0,
@@ -504,6 +536,8 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
     need(0 <= o.decay_fraction <= 1, f"optimizer.decay_fraction = {o.decay_fraction} must be in [0, 1]")
     need(o.weight_decay >= 0, f"optimizer.weight_decay = {o.weight_decay} must be 0 or more")
     need(t.grad_clip >= 0, f"training.grad_clip = {t.grad_clip} must be 0 or more")
+    need(t.spike_window >= 2, f"training.spike_window = {t.spike_window} must be 2 steps or more")
+    need(0 < t.spike_lr_factor <= 1, f"training.spike_lr_factor = {t.spike_lr_factor} must be in (0, 1]")
     need(t.compile or t.compile_mode == "default",
          f"training.compile_mode = {t.compile_mode!r} needs training.compile = true")
     need(cfg.world == 1 or t.compile_mode not in CUDA_GRAPH_MODES, cuda_graphs_need_one_process(

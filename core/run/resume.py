@@ -36,11 +36,14 @@ SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eva
                   "distributed.strategy", "data.workers",
                   # What gets a run past a loss spike: they change the steps to come, which is the point.
                   "optimizer.lr", "optimizer.muon_lr", "training.grad_clip", "training.on_nan",
-                  "training.max_nan_skips",
+                  "training.max_nan_skips", "training.on_spike", "training.spike_window", "training.spike_zscore",
+                  "training.spike_grad_zscore", "training.spike_lr_factor", "training.spike_lr_steps",
+                  "training.max_rollbacks", "training.target_val_loss", "training.stop_at_target",
+                  "hardware.cost_per_hour",
                   # What gets it past running out of memory: the same sequences a step, split otherwise.
                   "training.micro_batch_size", "training.grad_accum_steps", "training.auto_micro_batch",
                   "training.activation_checkpointing"}
-SAFE_SECTIONS = {"sample", "logging"}  # neither changes a step
+SAFE_SECTIONS = {"sample", "logging", "notify"}  # none changes a step
 
 
 @dataclass(frozen=True)
