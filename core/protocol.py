@@ -88,6 +88,22 @@ class CheckpointWritten:
 
 
 @dataclass(frozen=True)
+class SpikeSeen:
+    """A loss spike at `step`, and what training.on_spike did: warn, skip, rollback or stop."""
+    step: int
+    loss: float
+    action: str
+
+
+@dataclass(frozen=True)
+class RolledBack:
+    """Training went back from the spike at `step` to the checkpoint of `to_step`: the steps after
+    `to_step` shown so far are no longer the run's, and will come again on other batches."""
+    step: int
+    to_step: int
+
+
+@dataclass(frozen=True)
 class SampleText:
     """A piece of generated text of sample `row`; `done` marks the end of the whole request."""
     request_id: str

@@ -4,6 +4,8 @@ Torch-free. Its figures are written out by `formatting`."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 import time
 from dataclasses import dataclass, field
 
@@ -47,6 +49,8 @@ class RunState:
     val_steps: list[int] = field(default_factory=list)
     val_losses: list[float] = field(default_factory=list)
     tasks: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # each task's accuracy by step
+    spikes: list[tuple[int, float, str]] = field(default_factory=list)  # (step, loss, what was done), for the chart
+    rollbacks: int = 0
     lr: float | None = None
     grad_norm: float | None = None
     tokens_seen: int = 0
@@ -124,6 +128,24 @@ class RunState:
             self.last_checkpoint = ev.path
         elif isinstance(ev, P.SampleText):
             self.samples[ev.request_id] = self.samples.get(ev.request_id, "") + ev.text
+        elif isinstance(ev, P.SpikeSeen):
+            self.spikes.append((ev.step, ev.loss, ev.action))
+        elif isinstance(ev, P.RolledBack):
+            self.roll_back(ev.to_step)
+
+    def roll_back(self, to_step: int) -> None:
+        """The curves as they were at `to_step`: the steps after it come again, on other batches."""
+        self.rollbacks += 1
+        cut = bisect_right(self.steps, to_step)
+        del self.steps[cut:], self.losses[cut:], self.smoothed[cut:], self.lrs[cut:]
+        # The EMA as it stood: the bias-corrected value times the correction undone.
+        self.ema_sum = self.smoothed[-1] * (1 - EMA_BETA ** len(self.smoothed)) if self.smoothed else 0.0
+        cut = bisect_right(self.val_steps, to_step)
+        del self.val_steps[cut:], self.val_losses[cut:]
+        for scores in self.tasks.values():
+            del scores[bisect_right([step for step, _ in scores], to_step):]
+        self.step = to_step
+        self.loss = self.losses[-1] if self.losses else None
 
     def apply_eval(self, ev: P.EvalMetrics) -> None:
         """The validation loss and the task scores have cadences of their own: an evaluation may

@@ -88,6 +88,10 @@ def history(run_dir: Path, tokens_per_step: int = 0) -> list[object]:
                                             row.get("tasks") or {}, row.get("core")))
             elif kind == "checkpoint":
                 events.append(P.CheckpointWritten(row["step"], row["path"]))
+            elif kind == "spike":
+                events.append(P.SpikeSeen(row["step"], row["loss"], row["action"]))
+            elif kind == "rollback":
+                events.append(P.RolledBack(row["step"], row["to_step"]))
     return events
 
 
@@ -192,6 +196,9 @@ class RunViewer:
             self._shown[what] = event.step
         elif isinstance(event, P.RunStarted):
             self._shown.clear()
+        elif isinstance(event, P.RolledBack):
+            # The steps after to_step come again, on other batches: not copies of those shown.
+            self._shown = {what: min(step, event.to_step) for what, step in self._shown.items()}
         return True
 
     def _observe(self, event: object) -> object:

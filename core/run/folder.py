@@ -275,6 +275,10 @@ ROW_FIELDS = {
              "core": _maybe_number},
     "checkpoint": {"step": _step, "path": lambda v: isinstance(v, str)},
     "failure": {"step": _step, "message": lambda v: isinstance(v, str)},
+    "spike": {"step": _step, "loss": _number, "mean_loss": _number, "z": _number, "grad_norm": _number,
+              "z_grad": _maybe_number, "action": lambda v: v in ("warn", "skip", "rollback", "stop")},
+    "rollback": {"step": _step, "to_step": _step, "batches_skipped": _step, "rollbacks": _step,
+                 "lr_factor": _number, "lr_steps": _step},
 }
 # Fields a row of that kind may lack, read with .get: no MFU on a CPU; an evaluation holds the
 # validation loss, the task scores or both (each has its own cadence), CORE only when all its

@@ -132,6 +132,9 @@ def same_sequences_per_step(saved: Config, cfg: Config, accum_given: bool = Fals
     return dataclasses.replace(cfg, training=dataclasses.replace(new, grad_accum_steps=accum))
 
 
+KEPT_ROWS = {"spike", "rollback"}
+
+
 def truncate_metrics(path: Path, step: int) -> None:
     """Drop the lines past `step`, atomically: a crash here leaves the old file whole. The new file
     goes through a fresh name (safe_files.write_whole), never one another account could have
@@ -144,7 +147,8 @@ def truncate_metrics(path: Path, step: int) -> None:
             row = json.loads(line)
         except (json.JSONDecodeError, RecursionError):
             continue  # a line cut short by a kill, or nested past reading (never one of ours)
-        if isinstance(row, dict) and _at_or_before(row.get("step", 0), step):
+        # Spikes and rollbacks stay: what happened to the run, which a resume does not undo.
+        if isinstance(row, dict) and (_at_or_before(row.get("step", 0), step) or row.get("kind") in KEPT_ROWS):
             kept.append(line)
     write_whole(path, "".join(k + "\n" for k in kept))
 

@@ -2,8 +2,8 @@
 
 The Trainer and its step (`trainer`), optimizer groups and schedule (`optim`), checkpoints
 written and loaded (`checkpoint_io`), the NaN report (`nan_debug`), the micro-batch that fits memory
-(`memory_probe`), the process group, DDP or FSDP2 (`group`), and the loggers that copy the metrics
-to TensorBoard and Weights & Biases (`loggers`).
+(`memory_probe`), the process group, DDP or FSDP2 (`group`), loss spikes told from noise (`spikes`),
+and the loggers that copy the metrics to TensorBoard and Weights & Biases (`loggers`).
 
-Torch: every module, at import (loggers only when TensorBoard's starts). Only engine-side processes
+Torch: every module, at import (loggers only when TensorBoard's starts; spikes never). Only engine-side processes
 load this package."""

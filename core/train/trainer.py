@@ -32,12 +32,13 @@ from ..hardware.device import attention_header, expands_kv
 from ..model import sampling
 from ..model.gpt import GPT, shape_from_config
 from ..run.checkpoint_folder import STATE, checkpoint_config, tokenizer_file
-from ..run.folder import CHECKPOINTS, METRICS, MetricsLog, TOKENIZER, list_checkpoints
+from ..run.folder import CHECKPOINTS, METRICS, MetricsLog, TOKENIZER, list_checkpoints, step_dirs
 from ..tasks import catalog as tasks_catalog, items as task_items
 from . import checkpoint_io, memory_probe, nan_debug
 from .group import Group
 from .loggers import Metrics, start_loggers
 from .memory_probe import OutOfMemory, oom_in
+from .spikes import Spike, SpikeWatch
 from .optim import (build_optimizers, clip_grad_norm, describe, lr_multiplier, schedule_warning, set_lr, set_peak_lrs,
                     step_optimizers)
 
@@ -53,6 +54,10 @@ class StoppedInSetup(Exception):
 
 class NonFiniteLoss(P.RunFailure):
     pass
+
+
+class SpikeStop(P.RunFailure):
+    """A loss spike the run's policy ends it for (on_spike "stop", or rollbacks used up)."""
 
 
 class DataUnit(NamedTuple):
@@ -101,6 +106,12 @@ class Trainer:
         self.step = 0  # optimizer steps completed
         self.tokens_seen = 0
         self.nan_skips = 0
+        t = cfg.training
+        self.spikes = SpikeWatch(t.spike_window, t.spike_zscore, t.spike_grad_zscore)
+        self.spiking = False  # inside a stretch of spikes: said once, at its start
+        self.rollbacks = 0
+        self.batch_offset = 0  # batches stepped past by rollbacks: step s trains on batch s + this
+        self.lr_cut_until = 0  # steps before this one train at spike_lr_factor × the schedule
         self.saved_step: int | None = None  # the newest checkpoint on disk
         self.compiling = False  # until the first step this process trains has compiled the model
         self.data_unit: DataUnit | None = None  # a resumed run's, from its checkpoint
@@ -303,6 +314,10 @@ class Trainer:
         if Path(path).resolve().parent == (self.run_dir / CHECKPOINTS).resolve():
             self.saved_step = self.step  # in place; from another run's checkpoint, this run has none yet
         self.nan_skips = state.get("nan_skips", 0)
+        spikes = state.get("spikes") or {}
+        self.spikes.restore(spikes.get("window"))
+        self.rollbacks, self.batch_offset = spikes.get("rollbacks", 0), spikes.get("batch_offset", 0)
+        self.lr_cut_until = spikes.get("lr_cut_until", 0)
         rng_note = checkpoint_io.restore_rng_state(state["rng"], self.group.rank, self.group.world, self.device)
         if rng_note:
             self.log(f"resume: {rng_note}")
@@ -377,13 +392,15 @@ class Trainer:
     def train_step(self) -> None:
         cfg, t = self.cfg, self.cfg.training
         t0 = time.perf_counter()
-        set_lr(self.optimizers, lr_multiplier(self.step, t.max_steps, cfg.optimizer))
+        cut = t.spike_lr_factor if self.step < self.lr_cut_until else 1.0
+        set_lr(self.optimizers, lr_multiplier(self.step, t.max_steps, cfg.optimizer) * cut)
         loss_sum = torch.zeros((), device=self.device)
         step_batches = []
         for micro in range(t.grad_accum_steps):
             first = (self.group.rank * t.grad_accum_steps + micro) * t.micro_batch_size
             x, y = (torch.from_numpy(a).to(self.device, non_blocking=True)
-                    for a in step_rows(self.draw, self.data_unit, self.step, first, t.micro_batch_size))
+                    for a in step_rows(self.draw, self.data_unit, self.step + self.batch_offset, first,
+                                       t.micro_batch_size))
             step_batches.append((x, y))
             if t.compile:
                 # Each micro-batch is a whole forward and backward: nothing the graphs' pool holds
@@ -411,6 +428,11 @@ class Trainer:
             if self.scaler:  # it refuses the next step's unscale_ until an update ends this one
                 self.scaler.update()
             return
+        spike = self.spikes.check(loss_val, norm_val)
+        if spike is not None and self.on_spike(spike):
+            return
+        self.spiking = spike is not None
+        self.spikes.add(loss_val, norm_val)
         step_optimizers(self.optimizers, self.scaler, norm_val)
         self.clear_grads()
         self.step += 1
@@ -465,6 +487,65 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         return None, error
+
+    def on_spike(self, spike: Spike) -> bool:
+        """What training.on_spike does with a spike at step self.step + 1, said in a metrics row and
+        the log; whether the update was dropped (skip, rollback) rather than taken (warn)."""
+        t, step = self.cfg.training, self.step + 1
+        action = t.on_spike
+        if action == "rollback" and self.rollbacks >= t.max_rollbacks:
+            action = "stop"
+        self.metrics.write("spike", step=step, loss=spike.loss, mean_loss=spike.mean_loss, z=min(spike.z_loss, 1e9),
+                           grad_norm=spike.grad_norm, z_grad=spike.z_grad if math.isfinite(spike.z_grad) else None,
+                           action=action)
+        self.emit(P.SpikeSeen(step, spike.loss, action))
+        if action == "warn":
+            if not self.spiking:  # a stretch of spikes is one warning; each is a metrics row
+                self.log(f"warning: loss spike at step {step}: {spike.describe()}; training goes on "
+                         "(training.on_spike = \"warn\")")
+            return False
+        self.clear_grads()
+        if action == "skip":
+            self.log(f"warning: loss spike at step {step}: {spike.describe()}; update skipped")
+            self.step = step
+            self.tokens_seen += self.cfg.tokens_per_step
+            return True
+        if action == "rollback" and self.roll_back(step, spike):
+            return True
+        self.save_last_good()
+        why = (f"after {self.rollbacks} rollback(s), training.max_rollbacks = {t.max_rollbacks}"
+               if t.on_spike == "rollback" else "training.on_spike = \"stop\"")
+        raise SpikeStop(f"loss spike at step {step}: {spike.describe()}; stopped ({why}) with the weights of step "
+                        f"{self.step} saved. Resume with lower learning rates or a rollback policy "
+                        f"(lmcockpit --run --resume {self.run_dir} --set training.on_spike='\"rollback\"').")
+
+    def roll_back(self, spike_step: int, spike: Spike) -> bool:
+        """Back to the last checkpoint, past the batches since (those of the spike's step too), with
+        the learning rate cut for a while if asked; False with no checkpoint to go back to."""
+        t = self.cfg.training
+        found = [p for step, p in step_dirs(self.run_dir / CHECKPOINTS)
+                 if step < spike_step and (p / "state.json").is_file()]
+        if not found:
+            self.log(f"warning: loss spike at step {spike_step}: {spike.describe()}; no checkpoint to roll back to")
+            return False
+        state = checkpoint_io.load(found[-1], self.model, self.optimizers)
+        set_peak_lrs(self.optimizers, self.cfg.optimizer)
+        back = state["step"]
+        self.step, self.tokens_seen, self.saved_step = back, state["tokens_seen"], back
+        # The window as it was at that step: the steps rolled back are no longer the run's.
+        self.spikes.restore(state.get("spikes", {}).get("window"))
+        self.spiking = False
+        self.batch_offset += spike_step - back
+        self.lr_cut_until = back + t.spike_lr_steps
+        self.rollbacks += 1
+        self.metrics.write("rollback", step=spike_step, to_step=back, batches_skipped=spike_step - back,
+                           rollbacks=self.rollbacks, lr_factor=t.spike_lr_factor, lr_steps=t.spike_lr_steps)
+        self.emit(P.RolledBack(spike_step, back))
+        cut = (f", learning rate × {t.spike_lr_factor:g} for {t.spike_lr_steps} steps"
+               if t.spike_lr_steps and t.spike_lr_factor < 1 else "")
+        self.log(f"warning: loss spike at step {spike_step}: {spike.describe()}; rolled back to step {back}, "
+                 f"past {spike_step - back} step(s) of batches{cut} (rollback {self.rollbacks}/{t.max_rollbacks})")
+        return True
 
     def on_non_finite(self, loss: float, grad_norm: float, step_batches) -> None:
         lr = self.optimizers[0].param_groups[0]["lr"]
@@ -649,6 +730,9 @@ class Trainer:
             return True
         self.emit(P.StateChanged(P.CHECKPOINTING))
         state = {"tokens_seen": self.tokens_seen, "nan_skips": self.nan_skips, "world": self.group.world,
+                 # what a resume needs to judge and draw the next steps as this run would
+                 "spikes": {"window": self.spikes.state(), "rollbacks": self.rollbacks,
+                            "batch_offset": self.batch_offset, "lr_cut_until": self.lr_cut_until},
                  "data_unit": list(self.data_unit),
                  "config_hash": self.cfg.hash(),
                  # what precision "auto" chose on a CPU: a resume keeps it (resumed_cpu_verdict)

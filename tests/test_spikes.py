@@ -1,0 +1,183 @@
+"""Loss spikes: the detector on made-up values, then the real engine provoked as the issue says
+(a run resumed with a learning-rate surge, `--set optimizer.lr=5.0`): warned about, rolled back
+past and recovered from, replayed exactly by a resume after the rollback, stopped, and failed when
+rollbacks run out; spike and rollback rows survive a resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+
+from lmcockpit.core import protocol as P
+from lmcockpit.core.process.viewer import history
+from lmcockpit.core.run.curves import load_run
+from lmcockpit.core.run.folder import read_metrics
+from lmcockpit.core.run.resume import truncate_metrics
+from lmcockpit.core.train.spikes import SpikeWatch
+from lmcockpit.tui.run_state import RunState
+from tests.conftest import SHRINK_CPU, TINY, as_flags, cli
+
+# The shrunk cpu preset, uncompiled, with a window short enough for a 40-step run to fill.
+BASE = as_flags([*SHRINK_CPU, *TINY, "training.compile=false", "eval.every=0", "training.spike_window=20"])
+SURGE = as_flags(["training.max_steps=80", "optimizer.lr=5.0", "optimizer.muon_lr=5.0", "checkpoint.every=20"])
+# What gets past a surge that stays: back to the last checkpoint, then the rate cut back to about
+# where it was (5.0 × 0.004 = 0.02) for the rest of the run.
+RECOVER = as_flags(['training.on_spike="rollback"', "training.spike_lr_factor=0.004", "training.spike_lr_steps=100"])
+
+
+def test_a_spike_is_far_above_a_full_window_and_only_above():
+    watch = SpikeWatch(window=4, z_loss=6.0, z_grad=0.0)
+    for loss in (3.0, 3.1, 2.9, 3.0):
+        assert watch.check(loss, 1.0) is None  # the window is still filling: nothing is judged
+        watch.add(loss, 1.0)
+    assert watch.check(3.2, 1.0) is None  # 2.8 sd: noise
+    assert watch.check(0.5, 1.0) is None  # far below: a loss that falls is what training is for
+    assert watch.check(3.0, 1e6) is None  # the gradient norm is not watched (z_grad 0)
+    spike = watch.check(3.6, 1.0)
+    assert spike is not None and spike.z_loss == pytest.approx((3.6 - 3.0) / math.sqrt(0.005))
+    assert spike.mean_loss == pytest.approx(3.0)
+    grads = SpikeWatch(window=4, z_loss=0.0, z_grad=5.0)
+    for norm in (1.0, 1.2, 0.8, 1.0):
+        grads.add(3.0, norm)
+    assert grads.check(100.0, 1.5) is None and grads.check(100.0, 3.0).z_grad > 5  # the loss not watched
+    again = SpikeWatch(window=3, z_loss=6.0, z_grad=0.0)
+    again.restore(watch.state())  # a shorter window keeps the last values
+    assert list(again.losses) == [3.1, 2.9, 3.0] and again.check(3.6, 1.0) is not None
+
+
+@pytest.fixture(scope="module")
+def before_surge(tmp_path_factory):
+    """40 healthy steps, a checkpoint at 20 and 40: what each test resumes with a surge."""
+    run = tmp_path_factory.mktemp("spikes") / "base"
+    r = cli("--run", "cpu", *BASE, *as_flags(["training.max_steps=40", "checkpoint.every=20"]), "--out", str(run))
+    assert r.returncode == 0, r.stderr
+    return run
+
+
+def copy_of(run, tmp_path):
+    shutil.copytree(run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def steps_and_losses(run) -> dict[int, float]:
+    curve = load_run(run)
+    return dict(zip(curve.steps, curve.losses))
+
+
+def test_a_surge_warned_about_trains_on_with_one_warning(before_surge, tmp_path):
+    run = copy_of(before_surge, tmp_path)
+    r = cli("--run", "--resume", str(run), *SURGE)
+    assert r.returncode == 0, r.stderr
+    spikes = read_metrics(run, "spike")
+    assert spikes and all(s["action"] == "warn" and s["z"] > 6 for s in spikes)
+    assert spikes[0]["step"] == 42  # step 41's update at lr 5 shows in step 42's loss
+    log = (run / "train.log").read_text()
+    assert log.count("warning: loss spike at step") == 1, log  # a stretch of spikes is one warning
+    assert "loss spike at step 42" in log and 'training.on_spike = "warn"' in log
+
+
+def test_a_rollback_steps_past_the_spike_and_a_resume_replays_it(before_surge, tmp_path):
+    run = copy_of(before_surge, tmp_path)
+    r = cli("--run", "--resume", str(run), *SURGE, *RECOVER)
+    assert r.returncode == 0, r.stderr
+    [spike] = read_metrics(run, "spike")
+    [rollback] = read_metrics(run, "rollback")
+    assert spike["step"] == 42 and spike["action"] == "rollback" and spike["loss"] > 20
+    assert (rollback["step"], rollback["to_step"], rollback["batches_skipped"], rollback["rollbacks"]) == (42, 40, 2, 1)
+    losses = steps_and_losses(run)
+    assert sorted(losses) == list(range(1, 81))  # the steps rolled back are no longer in the curve
+    assert math.isfinite(losses[80]) and losses[80] < losses[40] < spike["loss"]
+    log = (run / "train.log").read_text()
+    assert "rolled back to step 40, past 2 step(s) of batches, learning rate × 0.004 for 100 steps" in log
+
+    # From the checkpoint written after the rollback: the same batches, rates and losses.
+    again = tmp_path / "again"
+    r = cli("--run", "--resume", str(run / "checkpoints" / "step_000060"), *SURGE, *RECOVER, "--out", str(again))
+    assert r.returncode == 0, r.stderr
+    replayed = steps_and_losses(again)
+    assert {s: replayed[s] for s in range(61, 81)} == {s: losses[s] for s in range(61, 81)}
+    assert not read_metrics(again, "spike")
+
+    # What a cockpit attaching later folds from the folder: the curve the run has now, the mark.
+    view = RunState()
+    for event in history(run):
+        view.apply(event)
+    assert view.steps == list(range(1, 81)) and view.losses == [losses[s] for s in range(1, 81)]
+    assert view.spikes == [(42, spike["loss"], "rollback")] and view.rollbacks == 1
+
+
+def test_rollbacks_used_up_fail_the_run_with_a_checkpoint(before_surge, tmp_path):
+    run = copy_of(before_surge, tmp_path)
+    # The surge stays (no rate cut): each rollback meets it again.
+    r = cli("--run", "--resume", str(run), *SURGE, *as_flags(['training.on_spike="rollback"', "training.max_rollbacks=2"]))
+    assert r.returncode == 1, r.stderr
+    assert [row["to_step"] for row in read_metrics(run, "rollback")] == [40, 40]
+    assert [row["action"] for row in read_metrics(run, "spike")] == ["rollback", "rollback", "stop"]
+    assert "after 2 rollback(s), training.max_rollbacks = 2" in r.stderr
+
+
+def test_stop_ends_the_run_at_the_spike_with_a_checkpoint(before_surge, tmp_path):
+    run = copy_of(before_surge, tmp_path)
+    r = cli("--run", "--resume", str(run), *SURGE, *as_flags(['training.on_spike="stop"']))
+    assert r.returncode == 1
+    assert 'loss spike at step 42' in r.stderr and 'training.on_spike = "stop"' in r.stderr
+    assert (run / "checkpoints" / "step_000041" / "state.json").is_file()
+    assert [row["action"] for row in read_metrics(run, "spike")] == ["stop"]
+
+
+def test_skip_drops_each_spiking_update(before_surge, tmp_path):
+    run = copy_of(before_surge, tmp_path)
+    r = cli("--run", "--resume", str(run), *SURGE, *as_flags(['training.on_spike="skip"', "training.max_steps=50"]))
+    assert r.returncode == 0, r.stderr
+    skipped = [row["step"] for row in read_metrics(run, "spike")]
+    assert skipped and all(row["action"] == "skip" for row in read_metrics(run, "spike"))
+    trained = set(steps_and_losses(run))
+    assert not trained & set(skipped) and trained | set(skipped) == set(range(1, 51))
+
+
+def step(n: int, loss: float) -> P.StepMetrics:
+    return P.StepMetrics(n, loss, 1e-3, 1.0, 1000.0, None, 0.1, n * 512, {})
+
+
+def test_a_rollback_cuts_the_cockpit_s_curves_back_to_where_it_went():
+    """Shown steps 41-45 then a rollback to 40: the curves, their smoothing and the evaluations
+    are those of a run that never took them, and the steps that come again are appended."""
+    seen, never = RunState(), RunState()
+    for n in range(1, 41):
+        seen.apply(step(n, 5 - n / 20))
+        never.apply(step(n, 5 - n / 20))
+    seen.apply(P.EvalMetrics(20, 4.2, 1.0))
+    never.apply(P.EvalMetrics(20, 4.2, 1.0))
+    for n in range(41, 46):
+        seen.apply(step(n, 30.0 + n))
+    seen.apply(P.EvalMetrics(45, 40.0, 9.0, {"t": {"accuracy": 0.1, "centered": 0.0, "items": 4}}))
+    seen.apply(P.SpikeSeen(46, 90.0, "rollback"))
+    seen.apply(P.RolledBack(46, 40))
+    assert (seen.step, seen.loss, seen.val_steps, seen.tasks) == (40, never.loss, [20], {"t": []})
+    for n in range(41, 44):
+        seen.apply(step(n, 3.0))
+        never.apply(step(n, 3.0))
+    assert seen.steps == never.steps and seen.losses == never.losses and seen.lrs == never.lrs
+    assert seen.smoothed == pytest.approx(never.smoothed, rel=1e-12)
+    assert seen.spikes == [(46, 90.0, "rollback")] and seen.rollbacks == 1
+
+
+def test_a_resume_keeps_the_rows_of_spikes_and_rollbacks(tmp_path):
+    rows = [{"kind": "step", "step": 41, "loss": 3.0}, {"kind": "spike", "step": 42, "loss": 99.0},
+            {"kind": "rollback", "step": 42, "to_step": 40}, {"kind": "step", "step": 41, "loss": 3.1},
+            {"kind": "eval", "step": 45, "val_loss": 3.0}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    truncate_metrics(path, 40)
+    assert [json.loads(line)["kind"] for line in path.read_text().splitlines()] == ["spike", "rollback"]
+
+
+def test_an_unknown_spike_policy_is_one_error_line(tmp_path):
+    r = cli("--run", "debug", "--set", "training.on_spike=ignore", "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == ("error: --set: training.on_spike = 'ignore' is not one of "
+                                "'warn' | 'skip' | 'rollback' | 'stop'")
+    assert not (tmp_path / "run").exists()
