@@ -4,7 +4,7 @@ Its layout, lock and metrics log (`folder`), a checkpoint folder found and check
 (`checkpoint_folder`), what a checkpoint's pickled metadata may name, checked without running any of it
 (`checkpoint_pickle`), a resume planned before any engine starts (`resume`), the optional
 packages a run's config needs, looked for before its folder is made (`extras`), runs read side by
-side as loss curves (`curves`), and files written where another account may have planted a name first
+side as loss curves (`curves`), when a run will reach its target loss (`target`), and files written where another account may have planted a name first
 (`safe_files`).
 
 Torch: never. The front-end reads all of it."""
