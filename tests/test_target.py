@@ -211,3 +211,48 @@ def test_a_real_runs_two_evaluations_are_too_few(trained_run):
     fc = forecast(evals, target=0.5, tokens_per_step=8 * 64, max_steps=12, seconds_per_step=0.1)
     assert fc.status == "too_few" and fc.evals == 2 and fc.at_step == 12
     assert fc.short() == "needs 3 evaluations (has 2)"
+
+
+def test_a_run_says_when_it_will_get_there_and_stops_at_its_target(tmp_path):
+    """The same run twice (CPU training repeats itself exactly): once to learn its validation
+    losses, then with the one at step 30 as its target and stop_at_target: each evaluation line
+    says how far the target is, and the run ends at step 30 with a checkpoint."""
+    from tests.conftest import SHRINK_CPU, TINY, as_flags, cli
+
+    flags = as_flags([*SHRINK_CPU, *TINY, "training.compile=false", "training.max_steps=50", "eval.every=10"])
+    first = cli("--run", "cpu", *flags, "--out", str(tmp_path / "first"))
+    assert first.returncode == 0, first.stderr
+    losses = {row["step"]: row["val_loss"] for row in read_metrics(tmp_path / "first", "eval")}
+    assert losses[30] < losses[20]  # the run is learning: a target it meets at 30, not before
+
+    run = tmp_path / "aimed"
+    r = cli("--run", "cpu", *flags, *as_flags([f"training.target_val_loss={losses[30]!r}", "training.stop_at_target=true",
+                                                "hardware.cost_per_hour=2.5"]), "--out", str(run))
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.startswith("eval step")]
+    assert [line.split(" | target ")[1] for line in lines] == [
+        "needs 3 evaluations (has 1)", "needs 3 evaluations (has 2)", "reached at step 30"]
+    assert read_metrics(run, "target") == [{"kind": "target", "time": read_metrics(run, "target")[0]["time"],
+                                            "step": 30, "val_loss": losses[30], "target": losses[30]}]
+    assert [row["step"] for row in read_metrics(run, "eval")] == [10, 20, 30]  # not evaluated twice at 30
+    assert (run / "checkpoints" / "step_000030" / "state.json").is_file()
+    assert "the run ends here (training.stop_at_target)" in (run / "train.log").read_text()
+
+
+def test_the_dashboard_shows_the_forecast_in_time_and_money():
+    """The throughput panel's target row, from the evaluations a cockpit has seen (here made up
+    on a known power law, as above)."""
+    from lmcockpit.core import protocol as P
+    from lmcockpit.tui.run_state import RunState
+    from lmcockpit.tui.widgets.panels import throughput_rows
+
+    view = RunState()
+    view.apply(P.RunStarted("run", {"training": {"target_val_loss": 2.3}, "hardware": {"cost_per_hour": 3.0}},
+                            1000, "cpu", "fp32", 0, 100_000, TOKENS))
+    assert dict(throughput_rows(view))["target"] == "needs 3 evaluations (has 0)"
+    for step in (1, 2):  # the first step's time is compilation's: the second sets the step time
+        view.apply(P.StepMetrics(step, 9.0, 1e-3, 1.0, 1000.0, None, 0.5, step * TOKENS, {}))
+    for step in range(100, 1001, 100):
+        view.apply(P.EvalMetrics(step, loss_at(step), 1.0))
+    ahead = forecast([(s, loss_at(s)) for s in range(100, 1001, 100)], 2.3, TOKENS, 100_000, 0.5)
+    assert dict(throughput_rows(view))["target"] == ahead.short(3.0) and "$" in ahead.short(3.0)

@@ -187,7 +187,10 @@ class Headless:
             if not self.interactive and (ev.step % self.log_every == 0 or ev.step == 1 or last):
                 self.say(step_line(ev, self.view))
         elif isinstance(ev, P.EvalMetrics):
-            self.say(eval_line(ev))
+            line = eval_line(ev)
+            if ev.val_loss is not None and (ahead := self.view.forecast) is not None:
+                line += f" | target {ahead.short(self.view.cost_per_hour)}"
+            self.say(line)
         elif isinstance(ev, P.Progress) and not self.interactive:
             now = time.monotonic()
             if now - self._last_progress_print >= 5 or (ev.total and ev.done == ev.total):

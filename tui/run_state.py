@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.run.curves import EMA_BETA
+from lmcockpit.core.run.target import Forecast, forecast
+
+# A fit costs a few milliseconds per evaluation (its range refits it several times): a long run's
+# hundreds of evaluations are fitted through this many, spread evenly, the last always among them.
+FIT_EVALS = 60
 
 @dataclass
 class RunState:
@@ -50,6 +55,7 @@ class RunState:
     val_losses: list[float] = field(default_factory=list)
     tasks: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # each task's accuracy by step
     spikes: list[tuple[int, float, str]] = field(default_factory=list)  # (step, loss, what was done), for the chart
+    _forecast: Forecast | None = None  # fitted again only after a new evaluation, when asked for
     rollbacks: int = 0
     lr: float | None = None
     grad_norm: float | None = None
@@ -142,6 +148,7 @@ class RunState:
         self.ema_sum = self.smoothed[-1] * (1 - EMA_BETA ** len(self.smoothed)) if self.smoothed else 0.0
         cut = bisect_right(self.val_steps, to_step)
         del self.val_steps[cut:], self.val_losses[cut:]
+        self._forecast = None
         for scores in self.tasks.values():
             del scores[bisect_right([step for step, _ in scores], to_step):]
         self.step = to_step
@@ -154,11 +161,35 @@ class RunState:
             self.last_eval = ev
             self.val_steps.append(ev.step)
             self.val_losses.append(ev.val_loss)
+            self._forecast = None
         for name, scores in ev.tasks.items():
             self.tasks.setdefault(name, []).append((ev.step, scores["accuracy"]))
             self.last_tasks[name] = scores
         if ev.core is not None:
             self.last_core = ev.core
+
+    @property
+    def target(self) -> float:
+        """training.target_val_loss as the run's config says; 0: none."""
+        return float(self.config.get("training", {}).get("target_val_loss") or 0.0)
+
+    @property
+    def cost_per_hour(self) -> float:
+        return float(self.config.get("hardware", {}).get("cost_per_hour") or 0.0)
+
+    @property
+    def forecast(self) -> Forecast | None:
+        """When the validation loss should reach the target (core/run/target.py), fitted to at
+        most FIT_EVALS evaluations spread over the run; None without a target."""
+        if not self.target:
+            return None
+        if self._forecast is None:
+            n = len(self.val_steps)
+            picked = (sorted({round(i * (n - 1) / (FIT_EVALS - 1)) for i in range(FIT_EVALS)})
+                      if n > FIT_EVALS else range(n))
+            self._forecast = forecast([(self.val_steps[i], self.val_losses[i]) for i in picked], self.target,
+                                      self.tokens_per_step, self.max_steps, self.dt_ema)
+        return self._forecast
 
     @property
     def eta(self) -> float | None:

@@ -112,6 +112,7 @@ class Trainer:
         self.rollbacks = 0
         self.batch_offset = 0  # batches stepped past by rollbacks: step s trains on batch s + this
         self.lr_cut_until = 0  # steps before this one train at spike_lr_factor × the schedule
+        self.target_reached: int | None = None  # the step whose evaluation first met target_val_loss
         self.saved_step: int | None = None  # the newest checkpoint on disk
         self.compiling = False  # until the first step this process trains has compiled the model
         self.data_unit: DataUnit | None = None  # a resumed run's, from its checkpoint
@@ -318,6 +319,9 @@ class Trainer:
         self.spikes.restore(spikes.get("window"))
         self.rollbacks, self.batch_offset = spikes.get("rollbacks", 0), spikes.get("batch_offset", 0)
         self.lr_cut_until = spikes.get("lr_cut_until", 0)
+        target = state.get("target") or {}  # reached already, unless the resume aims elsewhere
+        if target.get("val_loss") == self.cfg.training.target_val_loss:
+            self.target_reached = target.get("reached_at")
         rng_note = checkpoint_io.restore_rng_state(state["rng"], self.group.rank, self.group.world, self.device)
         if rng_note:
             self.log(f"resume: {rng_note}")
@@ -361,7 +365,7 @@ class Trainer:
         t = self.cfg.training
         self.compiling = t.compile
         self.emit(P.StateChanged(P.COMPILING if t.compile else P.RUNNING))
-        while self.step < t.max_steps:
+        while self.step < t.max_steps and not self.at_target:
             self.handle_commands()
             if self.stop:
                 break
@@ -380,7 +384,8 @@ class Trainer:
             if every and self.step % every == 0 and self.step < t.max_steps:  # the last step samples below
                 self.periodic_samples()
         if self.stop is None:
-            self.within_memory("evaluation", lambda: self.evaluate(True, bool(self.tasks)))
+            if not self.at_target:  # evaluated at that step already
+                self.within_memory("evaluation", lambda: self.evaluate(True, bool(self.tasks)))
             self.save_final()
             if self.stop is None:  # not given up by an abort
                 self.periodic_samples()
@@ -632,7 +637,24 @@ class Trainer:
                          + ("" if core is None else f"; CORE {core:.4f}"))
         self.metrics.write("eval", step=self.step, **fields)
         self.emit(P.EvalMetrics(self.step, fields.get("val_loss"), fields.get("val_bpb"), scores, core))
+        if validation:
+            self.check_target(fields["val_loss"])
         self.emit(P.StateChanged(P.PAUSED if self.paused else P.RUNNING))
+
+    def check_target(self, val_loss: float) -> None:
+        """The first evaluation at or under training.target_val_loss: a `target` row and a log line,
+        and with stop_at_target the last step."""
+        t = self.cfg.training
+        if not t.target_val_loss or self.target_reached is not None or val_loss > t.target_val_loss:
+            return
+        self.target_reached = self.step
+        self.metrics.write("target", step=self.step, val_loss=val_loss, target=t.target_val_loss)
+        self.log(f"target: validation loss {val_loss:.4f} reached training.target_val_loss = {t.target_val_loss:g} "
+                 f"at step {self.step}" + ("; the run ends here (training.stop_at_target)" if t.stop_at_target else ""))
+
+    @property
+    def at_target(self) -> bool:
+        return self.cfg.training.stop_at_target and self.target_reached is not None
 
     def score_tasks(self) -> dict:
         from ..tasks import scoring
@@ -733,6 +755,7 @@ class Trainer:
                  # what a resume needs to judge and draw the next steps as this run would
                  "spikes": {"window": self.spikes.state(), "rollbacks": self.rollbacks,
                             "batch_offset": self.batch_offset, "lr_cut_until": self.lr_cut_until},
+                 "target": {"val_loss": self.cfg.training.target_val_loss, "reached_at": self.target_reached},
                  "data_unit": list(self.data_unit),
                  "config_hash": self.cfg.hash(),
                  # what precision "auto" chose on a CPU: a resume keeps it (resumed_cpu_verdict)

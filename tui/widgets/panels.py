@@ -62,7 +62,7 @@ def throughput_rows(v: RunState) -> list[tuple[str, str]]:
         ("loss", f"{v.loss:.4f}" if v.loss is not None else DASH),
         ("val loss", f"{v.last_eval.val_loss:.4f} @ {v.last_eval.step}" if v.last_eval else DASH),
         ("lr", f"{v.lr:.2e}" if v.lr is not None else DASH),
-    ]
+    ] + ([("target", ahead.short(v.cost_per_hour))] if (ahead := v.forecast) is not None else [])
 
 
 def memory_rows(v: RunState, gpu: GPUReading | None) -> list[tuple[str, str]]:
