@@ -24,6 +24,8 @@ FINISHED = "finished"
 ABORTED = "aborted"
 FAILED = "failed"
 INTERRUPTED = "interrupted"
+# Not the engine's: what the process owning it says when the engine has gone silent (process/stall.py).
+STALLED = "stalled"
 TERMINAL_STATES = frozenset({FINISHED, ABORTED, FAILED, INTERRUPTED})
 
 

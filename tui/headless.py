@@ -15,6 +15,7 @@ from rich.text import Text
 from lmcockpit.core import protocol as P
 from lmcockpit.core.hardware.telemetry import Reading, Telemetry, find_gpu, run_gpu_indices
 from lmcockpit.core.process.runner import EngineProcess
+from lmcockpit.core.process.stall import StallWatch
 from lmcockpit.tui.formatting import DASH, bar, fmt_count, fmt_duration
 from lmcockpit.tui.run_state import RunState
 from lmcockpit.tui.usage import new_console
@@ -79,8 +80,10 @@ def fmt_real(value: float | None, places: int = 4) -> str:
 
 
 class Headless:
-    def __init__(self, engine: EngineProcess, log_every: int, console: Console | None = None):
+    def __init__(self, engine: EngineProcess, log_every: int, console: Console | None = None,
+                 stall_after: float = 600.0):
         self.engine = engine
+        self.stall_after = stall_after
         self.console = console or new_console()
         self.errors = new_console(stderr=True)
         self.interactive = self.console.is_terminal
@@ -169,11 +172,18 @@ class Headless:
         return self.reading
 
     def _loop(self, redraw) -> None:
+        watch = StallWatch(self.stall_after)
         while not self.engine.done:
             ev = self.engine.poll(timeout=0.25)
             if ev is not None:
+                if back := watch.heard(ev):  # the state the stall hid, given back
+                    self.say(back)
+                    self.view.apply(P.StateChanged(watch.state))
                 self.view.apply(ev)
                 self._print_event(ev)
+            elif stalled := watch.check():
+                self.say(stalled)
+                self.view.apply(P.StateChanged(P.STALLED, watch.detail))
             redraw()
         self.engine.join(timeout=30)
 

@@ -52,6 +52,7 @@ from . import live
 from .rendezvous import Rendezvous
 from .report import Reports, StartReport
 from .runner import EngineProcess
+from .stall import StallWatch
 
 VIEWER_QUEUE = 4096  # events held for one viewer before it counts as fallen behind
 RECORD_EVERY = 1.0  # seconds between rewrites of live.json's summary
@@ -324,16 +325,27 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
     report = StartReport(ready_fd)
     report.ready()  # serving: the front-end that started us may connect
     stopping = False
+    watch = StallWatch(cfg.notify.stall_after)
     while not engine.done:
         if stop.is_set() and not stopping:
             stopping = True  # SIGTERM: the run checkpoints and stops, as a headless one would
             engine.send(P.Abort(save=True, interrupted=True))
         event = engine.poll(timeout=0.5)
+        news = [event] if event is not None else []
+        said = watch.heard(event) if event is not None else watch.check()
+        if said:  # a stall begins or ends: live.json says so at once, for `ps`
+            log(said)
+            if watch.stalled:
+                news.append(P.StateChanged(P.STALLED, watch.detail))
+            elif not isinstance(event, P.StateChanged):  # the state the stall hid, given back
+                news.insert(0, P.StateChanged(watch.state))
+        for news_event in news:
+            summary.apply(news_event)
+            server.broadcast(news_event)
         if event is not None:
-            summary.apply(event)
-            server.broadcast(event)
             report.event(event)
-        summary.write(server.count)
+        summary.write(server.count, force=bool(said))
+
     report.ended(engine.final_state or P.FAILED, engine.failure)
     stop_serving(run_dir, server)
     return 0 if engine.failure is None else 1

@@ -20,7 +20,8 @@ from lmcockpit.tui.run_state import RunState
 
 STATE_STYLE = {P.RUNNING: "bold green", P.PAUSED: "bold yellow", P.FAILED: "bold red", P.FINISHED: "bold cyan",
                P.ABORTED: "bold magenta", P.INTERRUPTED: "bold magenta", P.COMPILING: "bold blue",
-               P.PREPARING: "bold blue", P.EVALUATING: "bold blue", P.CHECKPOINTING: "bold blue"}
+               P.PREPARING: "bold blue", P.EVALUATING: "bold blue", P.CHECKPOINTING: "bold blue",
+               P.STALLED: "bold red"}
 SPARK = "▁▂▃▄▅▆▇█"
 
 
