@@ -561,6 +561,31 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
          f"hardware.device = {shown(dev)} names one GPU, but distributed.nproc = {cfg.distributed.nproc} "
          "processes each take their own (process i uses GPU i); use \"auto\" or \"cuda\", and "
          "CUDA_VISIBLE_DEVICES to choose GPUs")
+    # [notify]: a URL nothing can post to would otherwise show itself only when the run's first
+    # event is lost, hours in. env:NAME is checked for its form only: the variable is read by the
+    # process that sends (core/process/notify.py), whose environment this may not be.
+    from urllib.parse import urlsplit
+
+    def env_name(value: str) -> bool:
+        return re.fullmatch(r"env:[A-Za-z_][A-Za-z0-9_]*", value) is not None
+
+    def http_url(value: str) -> bool:
+        try:
+            parts = urlsplit(value)
+            parts.port  # a port beyond 65535, or not a number, raises here rather than at send time
+        except ValueError:
+            return False
+        # urllib refuses spaces and control characters only when it sends
+        return (parts.scheme in ("http", "https") and bool(parts.hostname)
+                and not any(c.isspace() or not c.isprintable() for c in value))
+
+    n = cfg.notify
+    for key, value in (("notify.webhook", n.webhook), ("notify.ntfy", n.ntfy)):
+        need(value == "" or env_name(value) or http_url(value),
+             f"{key} = {shown(value)} must be an http(s) URL or env:NAME")
+    for i, value in enumerate(n.apprise):
+        need(env_name(value) or bool(re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", value)),
+             f"notify.apprise[{i}] = {shown(value)} must be an Apprise URL (SCHEME://...) or env:NAME")
 
 
 def _float_values(cfg: Config):

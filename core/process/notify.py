@@ -1,0 +1,405 @@
+"""Word of a run's events sent where its owner is (issue #42): a webhook, an ntfy topic, Apprise URLs.
+
+`Notifier` is what the process that owns the engine hands each event to. An event is a JSON object,
+`{"event": "finished" | "failed" | "nan" | "spike" | "rollback" | "stalled" | "target", "run": NAME,
+"step": N, ...}`. Sending must never be in training's way: `send` only puts the event on a bounded
+queue, and one daemon thread delivers it to each target, so a webhook that refuses or hangs costs
+that thread its time and nobody else any.
+
+Per target:
+- webhook: an HTTP POST of the event's JSON (Content-Type application/json).
+- ntfy: an HTTP POST of one line of text to the topic URL, the title and tags in headers, as ntfy's
+  publishing API takes them (a "failed" or "stalled" event at priority high).
+- apprise: each URL through the Apprise library (lmcockpit[notify]), imported only when one is given:
+  a maintained library that speaks to a hundred services, rather than a client of ours for each.
+- terminal: not sent from here; every attached cockpit shows it, with `terminal_escape`'s escapes.
+
+Delivery: a connection error, a timeout, HTTP 5xx, 408 or 429 (and any Apprise failure, which does
+not say which it was) is tried again after 1, 2, 4... seconds (`backoff`, doubled, at most
+`max_backoff`), `tries` times in all; another 4xx is not tried again: the target said no.
+
+Rate limit: at most `per_minute` messages (10 by default) per target in any 60 seconds. Events
+beyond it are dropped, not coalesced, and counted: the next message that target gets carries the
+count (`"dropped": N` in the webhook's JSON, "(N earlier events not sent)" in a text), as do the
+events the full queue dropped and those that failed every try. "finished", "failed" and "target"
+come at most once a run and are the ones worth being woken for: the limit never drops them.
+
+Secrets: a URL may be written `env:NAME`, read from the environment when the Notifier is built. A
+URL's path, query and user part may hold a token, so no log line names more than the target's kind
+and host (an Apprise URL only its scheme: many services put their token in the host's place), and
+an error's text has those parts cut out. user:password@ in a webhook or ntfy URL is sent as HTTP
+basic authentication, which urllib would not do by itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import math
+import os
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from ..config import ConfigError, NotifyConfig
+
+EVENTS = ("finished", "failed", "nan", "spike", "rollback", "stalled", "target")
+NEVER_LIMITED = frozenset({"finished", "failed", "target"})  # once a run at most: see the docstring
+WINDOW = 60.0  # seconds over which per_minute counts
+ENV_NAME = re.compile(r"env:([A-Za-z_][A-Za-z0-9_]*)")
+NEEDS_APPRISE = "notify.apprise: needs the apprise package: pip install 'lmcockpit[notify]'"
+
+# What a text says of each event (ntfy, Apprise), with ntfy's tags (emoji short codes).
+SAID = {"finished": "finished", "failed": "failed", "nan": "NaN loss", "spike": "loss spike",
+        "rollback": "rolled back to a checkpoint", "stalled": "no step for a while",
+        "target": "reached the target loss"}
+TAGS = {"finished": "white_check_mark", "failed": "x", "nan": "warning", "spike": "chart_with_upwards_trend",
+        "rollback": "rewind", "stalled": "hourglass", "target": "dart"}
+URGENT = frozenset({"failed", "stalled"})  # a run that no longer trains: worth ntfy's "high"
+TEXT_CHARS = 300  # of a text message: an error's whole traceback belongs in train.log, not on a phone
+
+
+def terminal_escape(title: str, body: str) -> str:
+    """The terminal's own notification: OSC 777 (foot, Ghostty, WezTerm, VTE terminals such as
+    GNOME Terminal), OSC 9 (iTerm2, Windows Terminal, kitty, Ghostty, WezTerm) and a bell, which every
+    terminal understands in some way. A terminal ignores an OSC it does not know. Control characters
+    and ';' are taken out of `title` and `body`: either would end the sequence early or start one of
+    the run's choosing.
+
+    Under tmux an OSC reaches the outer terminal only through passthrough (`set -g allow-passthrough
+    on`, tmux 3.3 or later, and the sequence wrapped in tmux's DCS by the writer); the bell gets
+    through always, and tmux marks the window that rang it."""
+    title, body = _clean(title), _clean(body)
+    return f"\x1b]777;notify;{title};{body}\x07\x1b]9;{title}: {body}\x07\x07"
+
+
+def _clean(text: str) -> str:
+    return "".join(c for c in str(text) if c != ";" and c.isprintable())
+
+
+def describe(event: Mapping[str, Any]) -> tuple[str, str]:
+    """(title, body) of an event as a person reads it: "RUN: finished", "finished at step 400, loss 2.5"."""
+    kind = str(event.get("event", "event"))
+    title = f"{event['run']}: {kind}" if event.get("run") else kind
+    body = SAID.get(kind, kind)
+    if "step" in event:
+        body += f" at step {event['step']}"
+    extra = [f"{k} {_short(v)}" for k, v in event.items() if k not in ("event", "run", "step", "dropped")]
+    if extra:
+        body += ", " + ", ".join(extra)
+    if event.get("dropped"):
+        body += f" ({event['dropped']} earlier events not sent)"
+    body = " ".join(body.split())  # one line: an error's message may hold several
+    return title, body if len(body) <= TEXT_CHARS else body[:TEXT_CHARS - 1] + "…"
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+class _Failure(Exception):
+    """One try that did not deliver: `why` is safe to log (no URL in it), `retry` whether to try again."""
+
+    def __init__(self, why: str, retry: bool):
+        super().__init__(why)
+        self.why, self.retry = why, retry
+
+
+@dataclass
+class _Target:
+    label: str  # what a log line names: the kind and the host, never the URL
+    deliver: Callable[[dict[str, Any]], None]  # raises _Failure
+    sent_at: deque[float] = field(default_factory=deque)  # within the last WINDOW seconds
+    unsent: int = 0  # events this target has not had since its last delivery
+    limited: bool = False  # said in the log since its last delivery that the rate limit drops events
+
+
+class Notifier:
+    """Sends a run's events to the targets of its [notify] section, from one daemon thread.
+
+    `send` never blocks and never raises; `close` flushes with a bounded wait. `log` gets a line for
+    each delivery given up on and the like, never a URL. The other parameters are for tests and for
+    the unusual server: `backoff` the first wait before a retry, `queue_size` the events held at most
+    (a full queue drops its oldest), `timeout` each HTTP request's."""
+
+    terminal_escape = staticmethod(terminal_escape)
+
+    def __init__(self, config: NotifyConfig, run: str, *, log: Callable[[str], None] = lambda line: None,
+                 environ: Mapping[str, str] | None = None, tries: int = 4, backoff: float = 1.0,
+                 max_backoff: float = 30.0, per_minute: int = 10, queue_size: int = 100, timeout: float = 10.0):
+        self.run, self._log = run, log
+        self.tries, self.backoff, self.max_backoff = max(1, tries), backoff, max_backoff
+        self.per_minute, self.timeout = per_minute, timeout
+        # Events no target was tried with: the oldest of a full queue, one that could not be read,
+        # one sent after close.
+        self.dropped = 0
+        environ = os.environ if environ is None else environ
+        self._targets: list[_Target] = []
+        if config.webhook:
+            url = _http_url("notify.webhook", _resolve("notify.webhook", config.webhook, environ))
+            self._targets.append(_Target(f"webhook {urlsplit(url).hostname}", self._webhook(url)))
+        if config.ntfy:
+            url = _http_url("notify.ntfy", _resolve("notify.ntfy", config.ntfy, environ))
+            self._targets.append(_Target(f"ntfy {urlsplit(url).hostname}", self._ntfy(url)))
+        if config.apprise:
+            try:
+                import apprise
+            except ImportError:
+                raise ConfigError(NEEDS_APPRISE) from None
+            for i, entry in enumerate(config.apprise):
+                key = f"notify.apprise[{i}]"
+                self._targets.append(self._apprise(apprise, key, _resolve(key, entry, environ),
+                                                   f"apprise[{i}]" if len(config.apprise) > 1 else "apprise"))
+        self._queue: deque[dict[str, Any]] = deque()
+        self._queue_size = max(1, queue_size)
+        self._cond = threading.Condition()
+        self._closed = False
+        self._seen_dropped = 0  # of self.dropped, what the targets' unsent counts already hold
+        self._abandon = threading.Event()  # close's wait is over: deliver nothing more
+        self._thread = None
+        if self._targets:  # the terminal alone needs no thread
+            self._thread = threading.Thread(target=self._work, name="lmcockpit-notify", daemon=True)
+            self._thread.start()
+
+    @property
+    def targets(self) -> list[str]:
+        """What is sent to, as a log line would name each: "webhook hooks.example.com"."""
+        return [t.label for t in self._targets]
+
+    def send(self, event: dict[str, Any]) -> None:
+        """Queue an event for every target; returns at once. The run's name is filled in if the
+        event has none. Values that JSON cannot hold are sent as text (NaN as "nan")."""
+        try:
+            item = _plain(event)
+            if not isinstance(item, dict):
+                raise TypeError(f"an event is a JSON object, not {type(event).__name__}")
+            item.setdefault("run", self.run)
+        # A malformed event must not end the run that sent it: counted, and the owner's log says so.
+        except Exception as e:  # noqa: BLE001 -- send never raises, whatever it is given
+            with self._cond:
+                self.dropped += 1
+            self._say(f"notify: an event could not be read and was dropped ({type(e).__name__})")
+            return
+        if self._thread is None:  # nothing to send to
+            return
+        with self._cond:
+            if self._closed:
+                self.dropped += 1
+                return
+            if len(self._queue) >= self._queue_size:
+                self._queue.popleft()
+                self.dropped += 1
+            self._queue.append(item)
+            self._cond.notify()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Deliver what is queued, waiting at most `timeout` seconds, then stop. What is still
+        undelivered then is given up on (and said in the log); a request under way keeps the daemon
+        thread until its own timeout, never the caller."""
+        if self._thread is None:
+            return
+        with self._cond:
+            if self._closed:  # a second close has nothing left to wait for
+                return
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(max(0.0, timeout))
+        if self._thread.is_alive():
+            self._abandon.set()
+            with self._cond:
+                left = len(self._queue)
+            self._say(f"notify: closed after {timeout:g} s with a target still being tried and {left} more "
+                      "event(s) queued: not delivered")
+
+    # ---------------------------------------------------------------- the thread
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue or self._abandon.is_set():
+                    return
+                event = self._queue.popleft()
+                lost, self._seen_dropped = self.dropped - self._seen_dropped, self.dropped
+            for target in self._targets:
+                if self._abandon.is_set():
+                    return
+                target.unsent += lost
+                self._to(target, event)
+
+    def _to(self, target: _Target, event: dict[str, Any]) -> None:
+        now = time.monotonic()
+        while target.sent_at and now - target.sent_at[0] >= WINDOW:
+            target.sent_at.popleft()
+        if len(target.sent_at) >= self.per_minute and event.get("event") not in NEVER_LIMITED:
+            target.unsent += 1
+            if not target.limited:
+                target.limited = True
+                self._say(f"notify: {target.label}: more than {self.per_minute} events a minute; "
+                          "dropping them, the next message says how many")
+            return
+        target.sent_at.append(now)
+        message = {**event, "dropped": target.unsent} if target.unsent else event
+        for attempt in range(1, self.tries + 1):
+            try:
+                target.deliver(message)
+            except _Failure as f:
+                if not f.retry:
+                    self._say(f"notify: {target.label} refused the event ({f.why})")
+                elif attempt < self.tries:
+                    if not self._abandon.wait(min(self.backoff * 2 ** (attempt - 1), self.max_backoff)):
+                        continue
+                    self._say(f"notify: {target.label} given up at close after {attempt} tries ({f.why})")
+                else:
+                    self._say(f"notify: {target.label} failed after {attempt} tries ({f.why})")
+                target.unsent += 1
+                return
+            # One broken target (or a bug in a library) must not stop the others' deliveries.
+            except Exception as e:  # noqa: BLE001 -- the thread outlives anything a target does
+                self._say(f"notify: {target.label} failed ({type(e).__name__})")
+                target.unsent += 1
+                return
+            target.unsent, target.limited = 0, False
+            return
+
+    def _say(self, line: str) -> None:
+        try:
+            self._log(line)
+        except Exception:  # noqa: BLE001 -- a broken log must not stop deliveries, nor raise into send
+            pass
+
+    # ---------------------------------------------------------------- the targets
+    def _webhook(self, url: str) -> Callable[[dict[str, Any]], None]:
+        def deliver(event: dict[str, Any]) -> None:
+            self._post(url, json.dumps(event).encode(), {"Content-Type": "application/json"})
+        return deliver
+
+    def _ntfy(self, url: str) -> Callable[[dict[str, Any]], None]:
+        def deliver(event: dict[str, Any]) -> None:
+            title, body = describe(event)
+            kind = event.get("event")
+            headers = {"Title": _header(title), "Content-Type": "text/plain; charset=utf-8"}
+            if kind in TAGS:
+                headers["Tags"] = TAGS[kind]
+            if kind in URGENT:
+                headers["Priority"] = "high"
+            self._post(url, body.encode(), headers)
+        return deliver
+
+    def _apprise(self, apprise: Any, key: str, url: str, name: str) -> _Target:
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+            raise ConfigError(f"{key}: the value must be an Apprise URL (SCHEME://...)")
+        client = apprise.Apprise()
+        if not client.add(url):  # the URL itself is not said: it may hold a token
+            raise ConfigError(f"{key}: Apprise does not take this {scheme}:// URL (an unknown service, or a part "
+                              "it needs is missing): see https://github.com/caronc/apprise/wiki")
+        kinds = {"failed": apprise.NotifyType.FAILURE, "finished": apprise.NotifyType.SUCCESS,
+                 "target": apprise.NotifyType.SUCCESS}
+
+        def deliver(event: dict[str, Any]) -> None:
+            title, body = describe(event)
+            if not client.notify(body=body, title=title,
+                                 notify_type=kinds.get(event.get("event"), apprise.NotifyType.WARNING)):
+                raise _Failure("Apprise could not deliver", retry=True)
+        return _Target(f"{name} {scheme}://", deliver)
+
+    def _post(self, url: str, data: bytes, headers: dict[str, str]) -> None:
+        parts = urlsplit(url)
+        if parts.username is not None:  # urllib sends no credentials from the URL on its own
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            headers = {**headers, "Authorization": "Basic " + base64.b64encode(pair).decode()}
+            netloc = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+            url = urlunsplit(parts._replace(netloc=netloc + (f":{parts.port}" if parts.port else "")))
+        request = urllib.request.Request(url, data=data, method="POST",
+                                         headers={"User-Agent": "lmcockpit", **headers})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                response.read()
+        except urllib.error.HTTPError as e:
+            e.close()
+            raise _Failure(f"HTTP {e.code}", retry=e.code >= 500 or e.code in (408, 429)) from None
+        except (OSError, http.client.HTTPException) as e:
+            raise _Failure(_scrub(_reason(e), url), retry=True) from None
+        except ValueError as e:  # a URL urllib cannot send to: trying again will not change it
+            raise _Failure(_scrub(_reason(e), url), retry=False) from None
+
+
+# -------------------------------------------------------------------- helpers
+def _resolve(key: str, value: str, environ: Mapping[str, str]) -> str:
+    found = ENV_NAME.fullmatch(value)
+    if not found:
+        return value
+    name = found.group(1)
+    if not environ.get(name, "").strip():
+        raise ConfigError(f"{key} = {value!r}: the environment variable {name} is "
+                          f"{'empty' if name in environ else 'not set'}")
+    return environ[name].strip()
+
+
+def _http_url(key: str, url: str) -> str:
+    """`url` if it is one urllib can post to; the message names the key, never the value (which may
+    have come from the environment, token and all)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # a port beyond 65535, or not a number, raises here rather than at send time
+    except ValueError:
+        parts = None
+    if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname
+            or any(c.isspace() or not c.isprintable() for c in url)):
+        raise ConfigError(f"{key}: must be an http(s) URL with a host")
+    return url
+
+
+def _header(text: str) -> str:
+    """A header value: HTTP's are Latin-1, so any other text goes as RFC 2047's encoded word, which
+    ntfy decodes in its Title."""
+    text = _clean(text)
+    if text.isascii():
+        return text
+    return "=?UTF-8?B?" + base64.b64encode(text.encode()).decode() + "?="
+
+
+def _reason(e: BaseException) -> str:
+    """Why a request failed, in a few words: "connection refused", "timed out"."""
+    if isinstance(e, urllib.error.URLError) and isinstance(e.reason, BaseException):
+        e = e.reason
+    if isinstance(e, TimeoutError):
+        return "timed out"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror[0].lower() + e.strerror[1:]
+    if isinstance(e, urllib.error.URLError):
+        return str(e.reason)
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def _scrub(text: str, url: str) -> str:
+    """`text` without any part of `url` that may hold a secret: its path, query and user part."""
+    parts = urlsplit(url)
+    secrets = [url, parts.path, parts.query, parts.fragment, parts.username, parts.password,
+               *parts.path.split("/"), *re.split(r"[&=]", parts.query)]
+    for secret in sorted((s for s in secrets if s and len(s) > 2), key=len, reverse=True):
+        text = text.replace(secret, "…")
+    return text
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """`value` as plain JSON, copied (the caller may change its own afterwards): what JSON cannot hold
+    becomes text, NaN and the infinities included (a strict JSON reader refuses them)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if depth < 8 and isinstance(value, Mapping):
+        return {str(k): _plain(v, depth + 1) for k, v in value.items()}
+    if depth < 8 and isinstance(value, (list, tuple)):
+        return [_plain(v, depth + 1) for v in value]
+    return str(value)
