@@ -106,6 +106,21 @@ class RolledBack:
 
 
 @dataclass(frozen=True)
+class TargetReached:
+    """The first evaluation at or under training.target_val_loss."""
+    step: int
+    val_loss: float
+    target: float
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """A non-finite loss or gradient at `step`; `action` "skip" (training goes on) or "stop"."""
+    step: int
+    action: str
+
+
+@dataclass(frozen=True)
 class SampleText:
     """A piece of generated text of sample `row`; `done` marks the end of the whole request."""
     request_id: str

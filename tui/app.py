@@ -26,8 +26,8 @@ from lmcockpit.core.process.rendezvous import Rendezvous
 from lmcockpit.core.process.viewer import NotLive, RunViewer
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.core.run.resume import plan_resume
-from lmcockpit.core.tasks import catalog as tasks_catalog, hub_tasks
-from lmcockpit.tui.runplan import RunPlan
+from lmcockpit.core.tasks import hub_tasks
+from lmcockpit.tui.runplan import RunPlan, check_before_start
 from lmcockpit.tui.run_state import RunState
 from lmcockpit.tui.screens.dashboard import DashboardScreen
 from lmcockpit.tui.screens.launch import LaunchScreen
@@ -149,7 +149,7 @@ class CockpitApp(App):
                 Rendezvous().check(cfg)
             run_dir = create_run_dir(cfg, name, None if self.runs_root == Path("runs") else
                                      str(self.runs_root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"),
-                                     check=tasks_catalog.check)
+                                     check=check_before_start)
             return RunPlan(cfg, run_dir, None, name)
 
         if hub := [task for task in cfg.eval.tasks if task in hub_tasks.HUB]:
@@ -159,7 +159,7 @@ class CockpitApp(App):
 
     def resume(self, run: str) -> Worker | None:
         def prepare() -> RunPlan:
-            plan = plan_resume(run, [], None, check=tasks_catalog.check)
+            plan = plan_resume(run, [], None, check=check_before_start)
             return RunPlan(plan.cfg, plan.run_dir, plan.checkpoint, Path(run).name, in_place=plan.in_place)
 
         return self.prepare_then_start(prepare)

@@ -20,10 +20,9 @@ from lmcockpit.core.process import live
 from lmcockpit.core.process.rendezvous import Rendezvous
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.core.run.resume import plan_resume
-from lmcockpit.core.tasks import catalog as tasks_catalog
 from lmcockpit.tui import completers
 from lmcockpit.tui.commands import COMMANDS, GROUPS, nearest, similarity
-from lmcockpit.tui.runplan import RunPlan, discard_unstarted_run
+from lmcockpit.tui.runplan import RunPlan, check_before_start, discard_unstarted_run
 from lmcockpit.tui.usage import Parser, UsageError, error
 
 # The bare command's two forms, listed in `--help` under "train" before that group's commands.
@@ -115,7 +114,7 @@ def plan_run(args: argparse.Namespace, preset: str | None) -> RunPlan:
         if preset:
             raise UsageError("--resume continues with the checkpoint's own config: drop the preset "
                              "(change the step budget or cadence with --set)")
-        plan = plan_resume(args.resume, overrides_of(args), args.out, check=tasks_catalog.check)
+        plan = plan_resume(args.resume, overrides_of(args), args.out, check=check_before_start)
         cfg, run_dir, resume_from, title = plan.cfg, plan.run_dir, plan.checkpoint, plan.run_dir.name
         in_place = plan.in_place
     else:
@@ -125,7 +124,7 @@ def plan_run(args: argparse.Namespace, preset: str | None) -> RunPlan:
         rendezvous = rendezvous_of(args)
         if rendezvous is not None:  # before a run folder exists for a run that cannot start
             rendezvous.check(cfg)
-        run_dir = create_run_dir(cfg, Path(path).stem, args.out, check=tasks_catalog.check)
+        run_dir = create_run_dir(cfg, Path(path).stem, args.out, check=check_before_start)
         resume_from, title = None, Path(path).stem
         in_place = False
     return RunPlan(cfg, run_dir, resume_from, title, rendezvous_of(args), in_place)
@@ -138,7 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = plan_run(args, args.run or args.preset)
     live.forget(plan.run_dir)  # a run whose host died, resumed here: no longer listed as dead
     engine = EngineProcess(plan.cfg, plan.run_dir, plan.resume_from, plan.rendezvous)
-    code = Headless(engine, plan.cfg.training.log_every, stall_after=plan.cfg.notify.stall_after).run()
+    code = Headless(engine, plan.cfg.training.log_every, notify=plan.cfg.notify).run()
     if code == 2:
         discard_unstarted_run(plan)
     return code

@@ -8,12 +8,16 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
+
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
 from lmcockpit.core import protocol as P
+from lmcockpit.core.config import NotifyConfig
 from lmcockpit.core.hardware.telemetry import Reading, Telemetry, find_gpu, run_gpu_indices
+from lmcockpit.core.process.notify import Announcer, Notifier
 from lmcockpit.core.process.runner import EngineProcess
 from lmcockpit.core.process.stall import StallWatch
 from lmcockpit.tui.formatting import DASH, bar, fmt_count, fmt_duration
@@ -81,9 +85,9 @@ def fmt_real(value: float | None, places: int = 4) -> str:
 
 class Headless:
     def __init__(self, engine: EngineProcess, log_every: int, console: Console | None = None,
-                 stall_after: float = 600.0):
+                 notify: NotifyConfig | None = None):
         self.engine = engine
-        self.stall_after = stall_after
+        self.notify = notify or NotifyConfig()
         self.console = console or new_console()
         self.errors = new_console(stderr=True)
         self.interactive = self.console.is_terminal
@@ -172,7 +176,8 @@ class Headless:
         return self.reading
 
     def _loop(self, redraw) -> None:
-        watch = StallWatch(self.stall_after)
+        watch = StallWatch(self.notify.stall_after)
+        word = Announcer(Notifier(self.notify, Path(self.engine.run_dir).name, log=self.say))
         while not self.engine.done:
             ev = self.engine.poll(timeout=0.25)
             if ev is not None:
@@ -181,11 +186,14 @@ class Headless:
                     self.view.apply(P.StateChanged(watch.state))
                 self.view.apply(ev)
                 self._print_event(ev)
+                word.heard(ev)
             elif stalled := watch.check():
                 self.say(stalled)
                 self.view.apply(P.StateChanged(P.STALLED, watch.detail))
+                word.stalled(watch.detail)
             redraw()
         self.engine.join(timeout=30)
+        word.ended(self.engine.final_state or P.FAILED, self.engine.failure)
 
     def _print_event(self, ev: object) -> None:
         if isinstance(ev, P.RunStarted):

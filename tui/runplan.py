@@ -22,6 +22,16 @@ class RunPlan:
     in_place: bool = False  # an existing run folder resumed in place; else a folder made for this run
 
 
+def check_before_start(cfg: Config) -> None:
+    """What a run's config names that only a look outside the config can refuse (task files and Hub
+    tasks, notification targets and their env:NAME), refused before any run folder is made."""
+    from lmcockpit.core.process import notify
+    from lmcockpit.core.tasks import catalog
+
+    catalog.check(cfg)
+    notify.check(cfg)
+
+
 def discard_unstarted_run(plan: RunPlan) -> None:
     """A run folder made for a run that the engine refused (a GPU that is not there, data it cannot
     read, a checkpoint that does not fit), a new run's or a checkpoint's continuation's, holds only

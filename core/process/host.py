@@ -52,6 +52,7 @@ from . import live
 from .rendezvous import Rendezvous
 from .report import Reports, StartReport
 from .runner import EngineProcess
+from .notify import Announcer, Notifier
 from .stall import StallWatch
 
 VIEWER_QUEUE = 4096  # events held for one viewer before it counts as fallen behind
@@ -326,6 +327,7 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
     report.ready()  # serving: the front-end that started us may connect
     stopping = False
     watch = StallWatch(cfg.notify.stall_after)
+    word = Announcer(Notifier(cfg.notify, run_dir.name, log=log))  # its targets checked before the run folder was made
     while not engine.done:
         if stop.is_set() and not stopping:
             stopping = True  # SIGTERM: the run checkpoints and stops, as a headless one would
@@ -337,16 +339,19 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
             log(said)
             if watch.stalled:
                 news.append(P.StateChanged(P.STALLED, watch.detail))
+                word.stalled(watch.detail)
             elif not isinstance(event, P.StateChanged):  # the state the stall hid, given back
                 news.insert(0, P.StateChanged(watch.state))
         for news_event in news:
             summary.apply(news_event)
             server.broadcast(news_event)
+            word.heard(news_event)
         if event is not None:
             report.event(event)
         summary.write(server.count, force=bool(said))
 
     report.ended(engine.final_state or P.FAILED, engine.failure)
+    word.ended(engine.final_state or P.FAILED, engine.failure)
     stop_serving(run_dir, server)
     return 0 if engine.failure is None else 1
 

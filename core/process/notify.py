@@ -403,3 +403,47 @@ def _plain(value: Any, depth: int = 0) -> Any:
     if depth < 8 and isinstance(value, (list, tuple)):
         return [_plain(v, depth + 1) for v in value]
     return str(value)
+
+
+def check(cfg) -> None:
+    """The [notify] targets of `cfg` built as the run's owner will build them (env:NAME read, Apprise
+    imported), so a mistake is refused before any run folder is made; nothing is sent."""
+    Notifier(cfg.notify, "check").close(timeout=0)
+
+
+class Announcer:
+    """Which of the engine's events are word worth sending, as notification events: what the
+    process that owns the engine feeds every event it reads, each stall it notices, and the end."""
+
+    def __init__(self, notifier: Notifier):
+        self.notifier = notifier
+        self.step, self.loss = 0, None
+
+    def heard(self, event: object) -> None:
+        from .. import protocol as P
+
+        if isinstance(event, P.StepMetrics):
+            self.step, self.loss = event.step, event.loss
+        elif isinstance(event, P.SpikeSeen):
+            self.notifier.send({"event": "spike", "step": event.step, "loss": event.loss, "action": event.action})
+        elif isinstance(event, P.RolledBack):
+            self.notifier.send({"event": "rollback", "step": event.step, "to_step": event.to_step})
+        elif isinstance(event, P.TargetReached):
+            self.notifier.send({"event": "target", "step": event.step, "val_loss": event.val_loss,
+                                "target": event.target})
+        elif isinstance(event, P.NonFinite):
+            self.notifier.send({"event": "nan", "step": event.step, "action": event.action})
+
+    def stalled(self, detail: str) -> None:
+        self.notifier.send({"event": "stalled", "step": self.step, "detail": detail})
+
+    def ended(self, state: str, failure, timeout: float = 5.0) -> None:
+        """The run's last word, flushed within `timeout` seconds before the owner exits."""
+        from .. import protocol as P
+
+        if failure is not None:
+            message = (failure.message.strip().splitlines() or [""])[0]
+            self.notifier.send({"event": "failed", "step": self.step, "message": message})
+        elif state == P.FINISHED:
+            self.notifier.send({"event": "finished", "step": self.step, "loss": self.loss})
+        self.notifier.close(timeout)

@@ -560,7 +560,9 @@ class Trainer:
             self.log(report)
         self.clear_grads()
         what = f"loss {loss}, grad norm {grad_norm}; report in {folder}"
-        if self.cfg.training.on_nan == "skip" and self.nan_skips < self.cfg.training.max_nan_skips:
+        skip = self.cfg.training.on_nan == "skip" and self.nan_skips < self.cfg.training.max_nan_skips
+        self.emit(P.NonFinite(self.step + 1, "skip" if skip else "stop"))
+        if skip:
             self.nan_skips += 1
             self.log(f"warning: non-finite values at step {self.step + 1} ({what}); update skipped "
                      f"({self.nan_skips}/{self.cfg.training.max_nan_skips})")
@@ -649,6 +651,7 @@ class Trainer:
             return
         self.target_reached = self.step
         self.metrics.write("target", step=self.step, val_loss=val_loss, target=t.target_val_loss)
+        self.emit(P.TargetReached(self.step, val_loss, t.target_val_loss))
         self.log(f"target: validation loss {val_loss:.4f} reached training.target_val_loss = {t.target_val_loss:g} "
                  f"at step {self.step}" + ("; the run ends here (training.stop_at_target)" if t.stop_at_target else ""))
 

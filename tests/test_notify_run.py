@@ -1,0 +1,101 @@
+"""Word of a real run's events at a local HTTP server of the test's own: finished and failed from
+`--run`'s front-end, stalled from a detached run's host; a webhook that hangs changes nothing in
+the run (the same losses) and costs its end at most the notifier's bounded flush."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import psutil
+
+from lmcockpit.core.process import live
+from lmcockpit.core.run.folder import read_metrics
+from tests.conftest import TINY, as_flags, cli
+from tests.test_attach import detached, last_step, stop, wait_until
+from tests.test_notify import Server
+
+NO_PROXY = {"no_proxy": "*", "NO_PROXY": "*"}  # a proxy in the environment would take 127.0.0.1's posts elsewhere
+
+
+def events(server: Server) -> list[dict]:
+    return [json.loads(r.body) for r in server.received]
+
+
+def losses(run) -> list[float]:
+    return [row["loss"] for row in read_metrics(run, "step")]
+
+
+def test_a_finished_run_and_a_failed_one_send_their_word(tmp_path):
+    server = Server()
+    try:
+        hook = f"notify.webhook={json.dumps(server.url + '/hook')}"
+        r = cli("--run", "debug", *as_flags([*TINY, hook]), "--out", str(tmp_path / "done"), env=NO_PROXY)
+        assert r.returncode == 0, r.stderr
+        [finished] = server.wait_for(1)
+        assert finished.path == "/hook" and finished.headers["Content-Type"] == "application/json"
+        assert json.loads(finished.body) == {"event": "finished", "run": "done", "step": 12,
+                                             "loss": losses(tmp_path / "done")[-1]}
+
+        r = cli("--run", "debug", *as_flags([*TINY, hook, "optimizer.lr=1e30", "optimizer.muon_lr=1e30",
+                                             "training.grad_clip=0"]), "--out", str(tmp_path / "blown"), env=NO_PROXY)
+        assert r.returncode == 1
+        server.wait_for(3)
+        nan, failed = events(server)[1:]
+        assert nan == {"event": "nan", "run": "blown", "step": nan["step"], "action": "stop"}
+        assert failed["event"] == "failed" and failed["message"].startswith(f"non-finite values at step {nan['step']}")
+    finally:
+        server.stop()
+
+
+def test_a_hanging_webhook_changes_nothing_in_training(tmp_path):
+    plain = cli("--run", "debug", *as_flags(TINY), "--out", str(tmp_path / "plain"))
+    assert plain.returncode == 0, plain.stderr
+    server = Server(hold=threading.Event())  # answers nothing until the test ends
+    try:
+        t0 = time.monotonic()
+        r = cli("--run", "debug", *as_flags([*TINY, f"notify.webhook={json.dumps(server.url + '/hook-secret')}"]),
+                "--out", str(tmp_path / "hooked"), env=NO_PROXY)
+        took = time.monotonic() - t0
+        assert r.returncode == 0, r.stderr
+        assert losses(tmp_path / "hooked") == losses(tmp_path / "plain")
+        assert len(server.received) == 1  # the finished event, posted and never answered
+        assert took < 60  # the flush gives up after 5 s; it never waits out the hook's minute
+        said = r.stdout + r.stderr
+        assert "notify: closed after 5 s with a target still being tried" in said and "hook-secret" not in said
+    finally:
+        server.stop()
+
+
+def test_a_stalled_run_s_host_sends_word(tmp_path, monkeypatch):
+    for name, value in NO_PROXY.items():
+        monkeypatch.setenv(name, value)  # the host inherits this process's environment
+    server = Server()
+    run = detached(tmp_path, "run", "notify.stall_after=2", f"notify.webhook={json.dumps(server.url)}")
+    engine = []
+    try:
+        wait_until(lambda: last_step(run) >= 3, what="training to start")
+        engine = psutil.Process(live.LiveRecord.read(run).pid).children(recursive=True)
+        for process in engine:
+            process.send_signal(signal.SIGSTOP)
+        [stalled] = server.wait_for(1, timeout=60)
+        word = json.loads(stalled.body)
+        assert word["event"] == "stalled" and word["run"] == "run" and word["step"] >= 3
+        assert word["detail"].startswith("no word for ")
+    finally:
+        for process in engine:
+            process.send_signal(signal.SIGCONT)
+        stop(run)
+        server.stop()
+    assert os.path.exists(run / "train.log")
+
+
+def test_a_webhook_named_by_a_missing_variable_is_refused_before_the_run_folder(tmp_path):
+    r = cli("--run", "debug", "--set", 'notify.webhook="env:LMCOCKPIT_TEST_NO_SUCH_HOOK"', "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == ("error: notify.webhook = 'env:LMCOCKPIT_TEST_NO_SUCH_HOOK': "
+                                "the environment variable LMCOCKPIT_TEST_NO_SUCH_HOOK is not set")
+    assert not (tmp_path / "run").exists()
