@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -181,3 +182,24 @@ def test_an_unknown_spike_policy_is_one_error_line(tmp_path):
     assert r.stderr.strip() == ("error: --set: training.on_spike = 'ignore' is not one of "
                                 "'warn' | 'skip' | 'rollback' | 'stop'")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_healthy_cpu_preset_run_never_trips_the_default_thresholds():
+    """The 300 steps of a real `lmcockpit --run cpu` (tests/data/cpu_preset_curve.json, recorded
+    with the machine it ran on) judged as the trainer judges them, at the preset's own settings:
+    no spike, its largest z-score far below the threshold; the same run's losses with one step
+    made a spike as the learning-rate surge made one (3.69 to 22.1) is caught."""
+    from lmcockpit.core.config import load_config
+    from lmcockpit.core.train.spikes import zscore
+
+    curve = json.loads((Path(__file__).parent / "data" / "cpu_preset_curve.json").read_text())
+    assert len(curve["loss"]) == 300
+    t = load_config("cpu", [])[0].training
+    watch, largest = SpikeWatch(t.spike_window, t.spike_zscore, t.spike_grad_zscore), 0.0
+    for loss, norm in zip(curve["loss"], curve["grad_norm"]):
+        assert watch.check(loss, norm) is None
+        if len(watch.losses) == t.spike_window:
+            largest = max(largest, zscore(loss, watch.losses))
+        watch.add(loss, norm)
+    assert largest < t.spike_zscore / 3
+    assert watch.check(curve["loss"][-1] * 22.1 / 3.69, curve["grad_norm"][-1]) is not None
