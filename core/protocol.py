@@ -95,6 +95,7 @@ class SpikeSeen:
     step: int
     loss: float
     action: str
+    live: bool = True  # False: read back from metrics.jsonl by a viewer catching up, not news
 
 
 @dataclass(frozen=True)

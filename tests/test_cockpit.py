@@ -756,3 +756,24 @@ def test_an_ended_run_has_no_time_left():
     assert view.eta == 0.5 * 97
     view.apply(P.StateChanged(P.ABORTED))
     assert view.eta is None
+
+
+async def test_spikes_stalls_and_the_target_are_announced_and_spikes_marked():
+    """What happened live is a toast (and in a real terminal its notification escape and bell);
+    a spike read back from the folder by an attaching viewer is marked on the chart, not announced."""
+    from lmcockpit.tui.widgets.charts import LossChart
+
+    from .test_cockpit_snapshots import FedDashboard
+
+    app = FedDashboard(then=[P.SpikeSeen(30, 41.5, "rollback", live=False), P.SpikeSeen(60, 88.0, "skip"),
+                             P.StateChanged(P.STALLED, "no word for 11 min"), P.StateChanged(P.RUNNING),
+                             P.TargetReached(70, 3.1, 3.2)])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        dash = dashboard(app)
+        said = [n.message for n in app._notifications]
+        assert said == ["loss spike at step 60: 88 (skip)", f"run stalled at step {dash.view.step}: no word for 11 min",
+                        "target val loss 3.2 reached at step 70"]
+        chart = dash.query_one("#loss", LossChart)
+        assert chart.spikes == [30, 60] and "spike" in chart.render().plain
+        assert chart.error == ""

@@ -89,7 +89,7 @@ def history(run_dir: Path, tokens_per_step: int = 0) -> list[object]:
             elif kind == "checkpoint":
                 events.append(P.CheckpointWritten(row["step"], row["path"]))
             elif kind == "spike":
-                events.append(P.SpikeSeen(row["step"], row["loss"], row["action"]))
+                events.append(P.SpikeSeen(row["step"], row["loss"], row["action"], live=False))
             elif kind == "rollback":
                 events.append(P.RolledBack(row["step"], row["to_step"]))
     return events

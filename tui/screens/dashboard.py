@@ -20,6 +20,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, RichLog, Static
 
 from lmcockpit.core import protocol as P
+from lmcockpit.core.process.notify import terminal_escape
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.hardware.telemetry import ProcessLoad, Reading, Telemetry, find_gpu, run_gpu_indices
 from lmcockpit.core.process.viewer import RunViewer
@@ -147,14 +148,31 @@ class DashboardScreen(Screen):
                 self.device_uuids = ev.device_uuids
             elif isinstance(ev, P.StateChanged) and ev.state in P.TERMINAL_STATES:
                 self.on_terminal(ev)
+            elif isinstance(ev, P.StateChanged) and ev.state == P.STALLED:
+                self.announce("stalled", f"run stalled at step {self.view.step}: {ev.detail}", "error")
+            elif isinstance(ev, P.SpikeSeen) and ev.live:
+                self.announce("spike", f"loss spike at step {ev.step}: {ev.loss:.4g} ({ev.action})", "warning")
+            elif isinstance(ev, P.TargetReached):
+                self.announce("target", f"target val loss {ev.target:g} reached at step {ev.step}")
         self.dirty = True
+
+    def announce(self, what: str, text: str, severity: str = "information") -> None:
+        """A toast; with notify.terminal, the terminal's own notification (OSC 777 and 9, which
+        tmux passes on with allow-passthrough) and its bell, which always gets through."""
+        self.notify(text, severity=severity, timeout=10)
+        if not (self.view.config.get("notify") or {}).get("terminal", True):
+            return
+        app = self.app
+        if not app.is_headless and app._driver is not None:  # as App.bell writes its BEL
+            app._driver.write(terminal_escape(f"lmcockpit: {what}", text))
 
     def on_terminal(self, ev: P.StateChanged) -> None:
         v = self.view
         if ev.state == P.FAILED:
             self.show_failure()
+            self.announce("failed", f"run failed at step {v.step}", "error")
         else:
-            self.notify(f"run {ev.state} at step {v.step}: n goes back to the launch screen", timeout=8)
+            self.announce(ev.state, f"run {ev.state} at step {v.step}: n goes back to the launch screen")
         self.refresh_bindings()  # p, c and a leave the footer; n joins it
         if self.quit_when_done:
             self.app.exit()
@@ -255,7 +273,7 @@ class DashboardScreen(Screen):
         self.query_one("#devices", Static).update(self.device_lines(gpus, width))
         side.fit()
         chart = self.query_one("#loss", LossChart)
-        chart.set_data(v.steps, v.losses, v.smoothed, v.val_steps, v.val_losses)
+        chart.set_data(v.steps, v.losses, v.smoothed, v.val_steps, v.val_losses, [s for s, _, _ in v.spikes])
         chart.redraw()
 
     # -------------------------------------------------------------------------------- actions

@@ -127,11 +127,14 @@ class LossChart(Chart):
         self.val_losses: list[float] = []
         self.baseline: Baseline | None = None
         self.smoothed: list[float] = []
+        self.spikes: list[int] = []
 
-    def set_data(self, steps, losses, smoothed, val_steps, val_losses) -> None:
-        """`smoothed`: the losses' EMA, kept by the RunState a step at a time."""
+    def set_data(self, steps, losses, smoothed, val_steps, val_losses, spikes=()) -> None:
+        """`smoothed`: the losses' EMA, kept by the RunState a step at a time; `spikes`: the steps
+        of loss spikes, marked."""
         self.steps, self.losses, self.smoothed = steps, losses, smoothed
         self.val_steps, self.val_losses = val_steps, val_losses
+        self.spikes = list(spikes)
 
     def redraw(self) -> None:
         self.refresh()
@@ -164,6 +167,11 @@ class LossChart(Chart):
             plt.plot(sx, y(sy), label="ema", color="cyan", marker="braille")
         if self.val_steps:
             plt.scatter(self.val_steps, y(self.val_losses), label="val", color="orange", marker="dot")
+        if self.spikes and self.losses:
+            # At the top of the losses drawn: a spike's own loss (often tens of times the run's) would
+            # squash every curve into the bottom row.
+            top = max(self.losses + self.val_losses)
+            plt.scatter(self.spikes, y([top] * len(self.spikes)), label="spike", color="red", marker="x")
         if log:
             set_log_ticks(plt, self.values())
         plt.xlabel("step")
