@@ -256,3 +256,29 @@ def test_the_dashboard_shows_the_forecast_in_time_and_money():
         view.apply(P.EvalMetrics(step, loss_at(step), 1.0))
     ahead = forecast([(s, loss_at(s)) for s in range(100, 1001, 100)], 2.3, TOKENS, 100_000, 0.5)
     assert dict(throughput_rows(view))["target"] == ahead.short(3.0) and "$" in ahead.short(3.0)
+
+
+def test_ps_says_when_a_background_run_should_reach_its_target(tmp_path):
+    """The run host refits the forecast at each evaluation into live.json, where ps reads it."""
+    import subprocess
+    import sys
+
+    from tests.test_attach import detached, stop, wait_until
+
+    run = detached(tmp_path, "run", "eval.every=3", "training.target_val_loss=0.5")
+
+    def target() -> str | None:
+        out = subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "ps"], capture_output=True, text=True,
+                             timeout=60).stdout
+        header, *lines = [line.split("\t") for line in out.splitlines()]
+        row = next((dict(zip(header, line)) for line in lines if line[0] == str(run.resolve())), None)
+        return row and row["target"]
+
+    try:
+        # 0.5 is far below what a 2-layer model of 64 wide reaches: the fit says so once it has three
+        # evaluations (before, "needs 3 evaluations"; they come a second apart, too fast to catch)
+        final = wait_until(lambda: (t := target()) not in (None, "–") and not t.startswith("needs") and t,
+                           what="a fitted forecast")
+        assert final.startswith(("not reachable by the fitted curve", "not within this run's budget", "val 0.50 at"))
+    finally:
+        stop(run)

@@ -11,11 +11,7 @@ from dataclasses import dataclass, field
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.run.curves import EMA_BETA
-from lmcockpit.core.run.target import Forecast, forecast
-
-# A fit costs a few milliseconds per evaluation (its range refits it several times): a long run's
-# hundreds of evaluations are fitted through this many, spread evenly, the last always among them.
-FIT_EVALS = 60
+from lmcockpit.core.run.target import Forecast, forecast, spread
 
 @dataclass
 class RunState:
@@ -180,14 +176,11 @@ class RunState:
     @property
     def forecast(self) -> Forecast | None:
         """When the validation loss should reach the target (core/run/target.py), fitted to at
-        most FIT_EVALS evaluations spread over the run; None without a target."""
+        most target.SPREAD evaluations spread over the run; None without a target."""
         if not self.target:
             return None
         if self._forecast is None:
-            n = len(self.val_steps)
-            picked = (sorted({round(i * (n - 1) / (FIT_EVALS - 1)) for i in range(FIT_EVALS)})
-                      if n > FIT_EVALS else range(n))
-            self._forecast = forecast([(self.val_steps[i], self.val_losses[i]) for i in picked], self.target,
+            self._forecast = forecast(spread(list(zip(self.val_steps, self.val_losses))), self.target,
                                       self.tokens_per_step, self.max_steps, self.dt_ema)
         return self._forecast
 

@@ -45,9 +45,10 @@ from multiprocessing import AuthenticationError, connection
 from pathlib import Path
 
 from .. import protocol as P
-from ..config import config_from_dict, read_toml
+from ..config import Config, config_from_dict, read_toml
 from ..run.folder import CONFIG, TRAIN_LOG
 from ..run.safe_files import open_log
+from ..run.target import forecast, spread
 from . import live
 from .rendezvous import Rendezvous
 from .report import Reports, StartReport
@@ -275,11 +276,15 @@ def _inode(path: Path) -> tuple[int, int] | None:
 
 
 class Summary:
-    """live.json's figures, folded from events, rewritten at most once a RECORD_EVERY."""
+    """live.json's figures, folded from events, rewritten at most once a RECORD_EVERY; with a
+    target, its forecast refitted at each evaluation."""
 
-    def __init__(self, record: live.LiveRecord):
+    def __init__(self, record: live.LiveRecord, cfg: Config | None = None):
         self.record = record
         self.written = 0.0
+        self.cfg = cfg
+        self.evals: list[tuple[int, float]] = []
+        self.step_time: float | None = None
 
     def apply(self, event: object) -> None:
         r = self.record
@@ -289,8 +294,17 @@ class Summary:
             r.step, r.loss = event.step, event.loss
             if event.dt > 0 and r.max_steps:
                 r.eta_s = (r.max_steps - event.step) * event.dt
+            if event.dt > 0:
+                self.step_time = event.dt if self.step_time is None else 0.9 * self.step_time + 0.1 * event.dt
         elif isinstance(event, P.StateChanged):
             r.state = event.state
+        elif isinstance(event, P.EvalMetrics) and event.val_loss is not None and self.cfg is not None:
+            t = self.cfg.training
+            if t.target_val_loss:
+                self.evals = [(s, v) for s, v in self.evals if s < event.step] + [(event.step, event.val_loss)]
+                ahead = forecast(spread(self.evals), t.target_val_loss, self.cfg.tokens_per_step, t.max_steps,
+                                 self.step_time)
+                r.target = ahead.short(self.cfg.hardware.cost_per_hour)
 
     def write(self, viewers: int, force: bool = False) -> None:
         now = time.monotonic()
@@ -319,7 +333,7 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
     server = RunServer(run_dir, engine.send, log)
     record = live.LiveRecord(str(run_dir.resolve()), os.getpid(), socket.gethostname(), str(server.path),
                              preset=label or run_dir.name, max_steps=cfg.training.max_steps, started=time.time())
-    summary = Summary(record)
+    summary = Summary(record, cfg)
     summary.write(0, force=True)
     live.register(run_dir)
     engine.start()

@@ -119,6 +119,7 @@ class LiveRecord:
     eta_s: float | None = None
     viewers: int = 0
     started: float = 0.0
+    target: str = ""  # when the validation loss should reach training.target_val_loss (run/target.py)
 
     def write(self) -> None:
         write_whole(Path(self.run_dir) / RECORD, json.dumps(self.__dict__), mode=0o600)
@@ -174,6 +175,7 @@ def _pid(value: object) -> bool:
 # What each of live.json's fields must be for a listing or an attach to use it as it is.
 _FIELDS = {
     "run_dir": _text, "pid": _pid, "machine": _text, "socket": _text, "preset": _text, "state": _text,
+    "target": _text,
     "step": _count, "max_steps": _count, "viewers": _count, "started": _number,
     "loss": lambda v: v is None or _real(v),
     "eta_s": lambda v: v is None or _number(v),

@@ -340,3 +340,15 @@ def _duration(seconds: float) -> str:
     if days:
         return f"{days} d {hours:02d} h"
     return f"{hours} h {mins:02d} m" if hours else f"{mins} m"
+
+
+SPREAD = 60  # evaluations a fit is given at most: see spread()
+
+
+def spread(evals: list[tuple[int, float]], most: int = SPREAD) -> list[tuple[int, float]]:
+    """At most `most` of `evals`, evenly spread, the first and last among them: a fit costs a few
+    milliseconds an evaluation (its range refits it several times), and a long run has hundreds."""
+    n = len(evals)
+    if n <= most:
+        return list(evals)
+    return [evals[i] for i in sorted({round(k * (n - 1) / (most - 1)) for k in range(most)})]

@@ -1,7 +1,8 @@
 """`lmcockpit ps`: the runs training in the background, and those whose engine died.
 
 Each line is a run a run host serves (started from the cockpit or with `--detach`): its folder,
-preset, step, loss, time left and how many cockpits watch it. A run whose host and engine died
+preset, step, loss, time left, when it should reach its target loss (training.target_val_loss),
+how many cockpits watch it, and its state (`stalled` when its engine has gone silent). A run whose host and engine died
 without ending it is listed as dead, with the command that resumes it, never as live. One whose
 live.json cannot be acted on (damaged, a link, someone else's, writable by others) is listed as
 unreadable, saying why, and nothing more is read from it: the user learns where a run went, and
@@ -34,9 +35,9 @@ def rows(runs: list[live.LiveRun], unreadable: list[live.Unreadable] = ()) -> li
             state, eta, viewers = r.state, fmt_duration(r.eta_s) if r.eta_s is not None else DASH, str(r.viewers)
         else:
             state, eta, viewers = f"dead: {run.resume_command}", DASH, DASH
-        out.append((str(run.run_dir), r.preset, step, loss, eta, viewers, state))
+        out.append((str(run.run_dir), r.preset, step, loss, eta, r.target or DASH, viewers, state))
     for bad in unreadable:
-        out.append((str(bad.run_dir), DASH, DASH, DASH, DASH, DASH, f"unreadable: {bad.why}"))
+        out.append((str(bad.run_dir), DASH, DASH, DASH, DASH, DASH, DASH, f"unreadable: {bad.why}"))
     return out
 
 
@@ -47,7 +48,7 @@ def main(argv: list[str]) -> int:
     if not runs and not unreadable:
         console.print("no run is training in the background (start one with `lmcockpit PRESET --detach`)")
         return 0
-    columns = ("run", "preset", "step", "loss", "ETA", "viewers", "state")
+    columns = ("run", "preset", "step", "loss", "ETA", "target", "viewers", "state")
     if not console.is_terminal:  # piped: one tab-separated line per run, whole, for scripts and grep
         for row in [columns, *rows(runs, unreadable)]:
             print("\t".join(row))
