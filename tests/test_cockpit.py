@@ -777,3 +777,23 @@ async def test_spikes_stalls_and_the_target_are_announced_and_spikes_marked():
         chart = dash.query_one("#loss", LossChart)
         assert chart.spikes == [30, 60] and "spike" in chart.render().plain
         assert chart.error == ""
+
+
+async def test_the_launch_screen_says_how_long_a_gpu_preset_should_train(tmp_path):
+    """On a machine without a GPU, each preset's time on the card it was sized for, beside its
+    token budget; a CPU preset has none."""
+    from lmcockpit.core.hardware.compute_estimate import training_time
+
+    app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        launch = app.screen
+        await budget_counted(launch)
+        settings = launch.query_one("#settings")
+        assert " on " not in str(settings.border_subtitle)  # the cpu preset
+        presets = launch.query_one("#presets")
+        launch.counted.clear()
+        presets.move_cursor(row=presets.get_row_index("4090"))
+        await wait_for(pilot, lambda: launch.preset_name == "4090", what="the 4090 preset shown")
+        await budget_counted(launch)
+        took = training_time(launch.current_config(), "RTX 4090")
+        assert str(settings.border_subtitle).endswith(f" · {took.short()} on geforce rtx 4090")

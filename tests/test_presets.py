@@ -6,7 +6,7 @@ import pytest
 from lmcockpit.core.config import ConfigError, load_config, shipped_presets
 from lmcockpit.core.hardware import memory_estimate
 
-from .conftest import cli
+from .conftest import NO_GPU, cli
 
 GPU_PRESETS = {"3060": 12, "4070ti": 12, "3090": 24, "4090": 24, "a100-40gb": 40, "a100-80gb": 80, "h100": 80}
 # Reference runs sized to a known result, not to fill a card (tests/test_gpt2_preset.py).
@@ -116,3 +116,47 @@ def test_bad_gpu_key_on_the_command_line_exits_2(tmp_path):
     assert proc.returncode == 2
     assert "--set: training.compile_mode = 'turbo' is not one of" in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_the_flops_a_token_costs_are_counted_without_torch_as_the_model_counts_them():
+    from lmcockpit.core.hardware.compute_estimate import flops_per_token
+    from lmcockpit.core.model.gpt import GPT, shape_from_config
+
+    for name, overrides in (("debug", []), ("cpu", []), ("debug", ["model.n_kv_head=1", "model.head_dim=32"])):
+        cfg = load_config(name, overrides)[0]
+        model = GPT(shape_from_config(cfg))
+        assert flops_per_token(cfg) == model.flops_per_token(cfg.training.seq_len), (name, overrides)
+
+
+def test_training_time_is_the_run_s_flops_over_the_card_s_peak_at_the_stated_mfu():
+    from lmcockpit.core.hardware.compute_estimate import (ASSUMED_MFU, PEAK_BF16_TFLOPS, card_model,
+                                                          flops_per_token, training_time)
+
+    for name in shipped_presets():
+        cfg = load_config(name)[0]
+        took = training_time(cfg, cfg.hardware.gpu_class)
+        if cfg.hardware.gpu_class == "cpu":
+            assert took is None  # no peak: no figure rather than a wrong one
+            continue
+        assert took is not None, name  # every GPU class a preset is sized for has a peak
+        flops = cfg.training.max_steps * cfg.tokens_per_step * flops_per_token(cfg)
+        assert took.seconds == pytest.approx(flops / (PEAK_BF16_TFLOPS[took.card] * 1e12 * ASSUMED_MFU))
+        assert not took.measured and took.short().endswith("*") and "assumed" in took.note()
+    assert card_model("NVIDIA A100-SXM4-80GB") == card_model("A100 80GB") == "nvidia a100 sxm4"
+    assert card_model("NVIDIA GeForce RTX 4090") == card_model("RTX 4090") == "nvidia geforce rtx 4090"
+    assert card_model("NVIDIA GeForce RTX 4090 Laptop GPU") is None and card_model("cpu") is None
+    # Two processes: twice the tokens a step, on twice the cards.
+    one, two = load_config("h100")[0], load_config("h100", ["distributed.nproc=2"])[0]
+    assert two.tokens_per_step == 2 * one.tokens_per_step
+    assert training_time(two, "H100").seconds == pytest.approx(training_time(one, "H100").seconds)
+
+
+def test_presets_command_says_how_long_each_preset_should_train():
+    from lmcockpit.core.hardware.compute_estimate import training_time
+
+    r = cli("presets", env=NO_GPU)
+    assert r.returncode == 0, r.stderr
+    [line] = [line for line in r.stdout.splitlines() if line.startswith("Training time")]
+    assert line.startswith("Training time on the card each was sized for") and "40% MFU" in line
+    h100 = load_config("h100")[0]
+    assert f"h100 {training_time(h100, 'H100').short()}" in line and "cpu –" in line

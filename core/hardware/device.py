@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Callable
 
 import torch
@@ -10,46 +9,7 @@ from torch.nn.attention import SDPBackend
 
 from ..config import ConfigError
 from . import attention, gpu_env
-
-# Dense bf16 tensor-core peak (fp32 accumulate, no sparsity), TFLOP/s, by GPU model: the name CUDA
-# reports as `gpu_model` shortens it. Exact names only: a cut-down or laptop part shares its
-# desktop sibling's name plus a word ("RTX 4090 D", "RTX 4090 Laptop GPU", "H800 PCIe") and has a
-# lower peak, so any model not listed has no peak rather than a wrong one.
-# GeForce cards run bf16 with fp32 accumulation at half their fp16-accumulate rate: these are the
-# fp32-accumulate figures (RTX 4090: 165, not 330), the ones a training matmul gets.
-PEAK_BF16_TFLOPS = {
-    "nvidia b200": 2250.0, "nvidia h200": 989.0, "nvidia gh200": 989.0, "nvidia h100": 989.0,
-    "nvidia h100 nvl": 835.0, "nvidia h100 pcie": 756.0, "nvidia h800": 989.0,
-    "nvidia a100 sxm4": 312.0, "nvidia a100 pcie": 312.0, "nvidia a800 sxm4": 312.0, "nvidia a800 pcie": 312.0,
-    "nvidia a40": 149.7, "nvidia a10": 125.0, "nvidia a10g": 70.0, "nvidia rtx a6000": 155.0,
-    "nvidia rtx 6000 ada generation": 364.0, "nvidia l40s": 362.0, "nvidia l40": 181.0, "nvidia l4": 121.0,
-    "nvidia geforce rtx 4090": 165.0, "nvidia geforce rtx 4080 super": 104.0, "nvidia geforce rtx 4080": 97.5,
-    "nvidia geforce rtx 4070 ti super": 88.2, "nvidia geforce rtx 4070 ti": 80.0,
-    "nvidia geforce rtx 4070 super": 71.0, "nvidia geforce rtx 4070": 58.0,
-    "nvidia geforce rtx 4060 ti": 44.1, "nvidia geforce rtx 4060": 30.2,
-    "nvidia geforce rtx 3090 ti": 80.0, "nvidia geforce rtx 3090": 71.0, "nvidia geforce rtx 3080 ti": 68.2,
-    "nvidia geforce rtx 3080": 59.5, "nvidia geforce rtx 3070": 40.6, "nvidia geforce rtx 3060 ti": 32.4,
-    "nvidia geforce rtx 3060": 25.6,
-    # no bf16 on these: their fp16 tensor-core peak, which precision "auto" uses
-    "tesla v100 sxm2": 125.0, "tesla v100 pcie": 112.0, "tesla v100s pcie": 130.0, "tesla t4": 65.0,
-}
-
-
-def gpu_model(name: str) -> str:
-    """A CUDA device name without what varies within one model: case, hyphens, memory size and
-    type ("NVIDIA A100-SXM4-80GB" → "nvidia a100 sxm4", "NVIDIA H100 80GB HBM3" → "nvidia h100")."""
-    words = name.replace("-", " ").lower().split()
-    return " ".join(w for w in words if not re.fullmatch(r"\d+gb?|hbm\d*e?", w))
-
-
-def peak_tflops(name: str) -> float | None:
-    """The table's dense bf16 peak for a CUDA device name, or None for a model it does not list."""
-    return PEAK_BF16_TFLOPS.get(gpu_model(name))
-
-
-def unknown_peak_note(name: str) -> str:
-    return f"MFU: no peak FLOP/s known for {name!r}; MFU is not shown"
-
+from .compute_estimate import peak_tflops, unknown_peak_note
 
 def resolve_device(spec: str) -> torch.device:
     """The device a run trains on, made the current CUDA device (inductor's kernels and CUDA

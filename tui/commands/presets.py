@@ -1,4 +1,4 @@
-"""`lmcockpit presets`: every shipped preset, its size, its estimated peak memory, and whether it fits the GPU this machine has.
+"""`lmcockpit presets`: every shipped preset, its size, its estimated peak memory, whether it fits the GPU this machine has, and how long it should train.
 
 Torch-free like the rest of the front-end: parameter counts and memory come from
 `core.hardware.memory_estimate`'s arithmetic, the GPU from NVML (`core.hardware.telemetry`). Without a GPU
@@ -16,6 +16,7 @@ from rich.table import Table
 from lmcockpit.core.config import load_config
 from lmcockpit.core.data import budget as data_budget
 from lmcockpit.core.hardware import memory_estimate
+from lmcockpit.core.hardware.compute_estimate import ASSUMED_MFU, training_time
 from lmcockpit.core.hardware.telemetry import Telemetry
 from lmcockpit.tui.commands import command_parser
 from lmcockpit.tui.formatting import DASH
@@ -36,6 +37,7 @@ def main(argv: list[str]) -> int:
     if args.memory is not None and not (math.isfinite(args.memory) and args.memory > 0):
         return error(f"--memory {args.memory:g}: expected a positive, finite number of GiB")
 
+    gpu_name = ""  # the GPU the times are for: this machine's, else each preset's own class
     if args.memory is not None:
         card, title = int(args.memory * memory_estimate.GiB), f"verdicts for a GPU with {args.memory:g} GiB"
     else:
@@ -45,6 +47,7 @@ def main(argv: list[str]) -> int:
         if gpus:
             gpu = max(gpus, key=lambda g: g.mem_total)
             card, title = gpu.mem_total, f"verdicts for GPU {gpu.index}: {gpu.name}, {gpu.mem_total / memory_estimate.GiB:.1f} GiB"
+            gpu_name = gpu.name
         else:
             card = None
             head = ("NVML will not say the GPU's memory" if listed
@@ -63,7 +66,21 @@ def main(argv: list[str]) -> int:
     console.print(epochs_line([row[0] for row in rows]))
     console.print(f"Estimates are memory_estimate.py's arithmetic with a {memory_estimate.HEADROOM:.0%} headroom for \"fits\"; "
                   "`--set training.auto_micro_batch=true` finds the largest micro-batch a card takes.")
+    console.print(times_line([row[0] for row in rows], gpu_name))
     return 0
+
+
+def times_line(names: list[str], gpu_name: str) -> str:
+    """How long each preset's steps should take on `gpu_name`, else on the card it was sized for."""
+    parts = []
+    for name in names:
+        cfg = load_config(name)[0]
+        took = training_time(cfg, gpu_name or cfg.hardware.gpu_class)
+        parts.append(f"{name} {took.short() if took else DASH}")
+    where = f"on {gpu_name}" if gpu_name else "on the card each was sized for"
+    return (f"Training time {where} (every step's FLOPs, 6·params + attention per token, over the card's bf16 "
+            f"peak at {ASSUMED_MFU:.0%} MFU; *: that MFU assumed, no run on the card measured yet; {DASH}: a CPU "
+            f"or a card with no known peak): " + ", ".join(parts) + ".")
 
 
 def epochs_line(names: list[str]) -> str:

@@ -22,6 +22,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, toml_value
 from lmcockpit.core.data import budget as data_budget
+from lmcockpit.core.hardware.compute_estimate import training_time
 from lmcockpit.core.hardware.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count
 from lmcockpit.core.process import live
 from lmcockpit.core.run.folder import CONFIG, UNREADABLE, recent_runs, run_summary, write_config
@@ -134,6 +135,7 @@ class LaunchScreen(Screen):
         self.marked: list[str] = []  # run folders (the runs table's row keys) marked to compare, in order
         self.live: dict[str, live.LiveRun] = {}  # by run folder: the runs a host serves, or did until it died
         self.gpu_count = 0  # GPUs CUDA may use here: `p` offers 1 to this many processes
+        self.card = ""  # this machine's first GPU, by name: what the training time is worked out for
         self.shown: Config | None = None  # the settings on screen, whose budget is being counted or shown
         self.counted = asyncio.Event()  # set once the budget of the settings shown is on screen
 
@@ -167,6 +169,7 @@ class LaunchScreen(Screen):
         for label, _ in PRESET_COLUMNS:
             presets.add_column(label, width=FIT_WIDTH if label == "fit" else None)
         card = reading.gpus[0].mem_total if reading and reading.gpus else None
+        self.card = reading.gpus[0].name if reading and reading.gpus else ""
         rows = preset_rows(card)
         for row in rows:
             cells = [*row[:-1], Text(row[-1], style=VERDICT_STYLE.get(row[-1], ""))]
@@ -244,6 +247,8 @@ class LaunchScreen(Screen):
             self.counted.set()
             return
         short = data_budget.whole(cfg, parts).short(parts)
+        if took := training_time(cfg, self.card or cfg.hardware.gpu_class):  # on this GPU, or the one it was sized for
+            short += f" · {took.short()} on {took.card.removeprefix('nvidia ')}"
         table.border_subtitle = f"[yellow]{short}[/]" if any(p.budget.warning() for p in parts) else short
         for i, part in enumerate(parts if cfg.data.sources else []):
             style = "yellow" if part.budget.warning() else "dim"
