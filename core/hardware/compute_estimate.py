@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 from ..config import Config
+from ..run.target import duration
 from .memory_estimate import param_counts
 
 # Dense bf16 tensor-core peak (fp32 accumulate, no sparsity), TFLOP/s, by GPU model: the name CUDA
@@ -85,8 +86,6 @@ class TrainingTime:
     measured: bool  # the MFU a run of this card measured, not the assumption
 
     def short(self) -> str:
-        from ..process.stall import duration
-
         mark = "" if self.measured else "*"
         return f"~{duration(self.seconds)}{mark}"
 

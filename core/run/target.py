@@ -70,7 +70,7 @@ class Forecast:
         if self.step_low is not None and self.step_high is not None:
             text += f" ({_range(self.step_low, self.step_high)})"
         if self.seconds is not None:
-            text += f", in {_duration(self.seconds)}"
+            text += f", in {duration(self.seconds)}"
             if cost_per_hour > 0 and math.isfinite(cost_per_hour):
                 text += f" ≈ ${self.seconds / 3600 * cost_per_hour:,.2f}"
         return text
@@ -330,7 +330,8 @@ def _range(low: float, high: float) -> str:
     return f"{_steps(low, math.floor)}–{_steps(high, math.ceil)}"
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """A time to come, to the minute: "1 h 05 m", "12 m", "2 d 03 h"."""
     if not math.isfinite(seconds):
         return "never"
     if seconds < 60:
