@@ -99,3 +99,32 @@ def test_a_webhook_named_by_a_missing_variable_is_refused_before_the_run_folder(
     assert r.stderr.strip() == ("error: notify.webhook = 'env:LMCOCKPIT_TEST_NO_SUCH_HOOK': "
                                 "the environment variable LMCOCKPIT_TEST_NO_SUCH_HOOK is not set")
     assert not (tmp_path / "run").exists()
+
+
+def test_each_engine_event_worth_word_becomes_its_notification(monkeypatch):
+    """What the owner of an engine sends for each event it reads (notify.Announcer), to a real
+    server: spike, rollback, target and nan as they come, finished with the last step's loss."""
+    from lmcockpit.core import protocol as P
+    from lmcockpit.core.config import NotifyConfig
+    from lmcockpit.core.process.notify import Announcer, Notifier
+
+    for name, value in NO_PROXY.items():
+        monkeypatch.setenv(name, value)
+    server = Server()
+    try:
+        word = Announcer(Notifier(NotifyConfig(webhook=server.url), "run-a"))
+        for event in (P.StepMetrics(41, 3.5, 1e-3, 1.0, 1e3, None, 0.1, 0, {}), P.SpikeSeen(42, 141.0, "rollback"),
+                      P.RolledBack(42, 40), P.LogLine("not news"), P.TargetReached(60, 3.1, 3.2),
+                      P.NonFinite(61, "skip"), P.StepMetrics(80, 3.0, 1e-3, 1.0, 1e3, None, 0.1, 0, {})):
+            word.heard(event)
+        word.stalled("no word for 11 min")
+        word.ended(P.FINISHED, None)
+        assert events(server) == [
+            {"event": "spike", "run": "run-a", "step": 42, "loss": 141.0, "action": "rollback"},
+            {"event": "rollback", "run": "run-a", "step": 42, "to_step": 40},
+            {"event": "target", "run": "run-a", "step": 60, "val_loss": 3.1, "target": 3.2},
+            {"event": "nan", "run": "run-a", "step": 61, "action": "skip"},
+            {"event": "stalled", "run": "run-a", "step": 80, "detail": "no word for 11 min"},
+            {"event": "finished", "run": "run-a", "step": 80, "loss": 3.0}]
+    finally:
+        server.stop()
