@@ -86,8 +86,13 @@ class TrainingTime:
     measured: bool  # the MFU a run of this card measured, not the assumption
 
     def short(self) -> str:
-        mark = "" if self.measured else "*"
-        return f"~{duration(self.seconds)}{mark}"
+        """"~1h21m*": narrow enough for a border beside the token budget (* : the MFU assumed)."""
+        return f"~{duration(self.seconds).replace(' ', '')}{'' if self.measured else '*'}"
+
+    @property
+    def card_name(self) -> str:
+        """The card as a person names it: "4090", "h100", "a100 sxm4"."""
+        return re.sub(r"^(nvidia |tesla )?(geforce )?(rtx )?", "", self.card)
 
     def note(self) -> str:
         how = "measured on this card" if self.measured else "assumed: no run on this card measured yet"

@@ -248,7 +248,7 @@ class LaunchScreen(Screen):
             return
         short = data_budget.whole(cfg, parts).short(parts)
         if took := training_time(cfg, self.card or cfg.hardware.gpu_class):  # on this GPU, or the one it was sized for
-            short += f" · {took.short()} on {took.card.removeprefix('nvidia ')}"
+            short = f"{took.short()} on {took.card_name} · {short}"  # first: a narrow border cuts the end
         table.border_subtitle = f"[yellow]{short}[/]" if any(p.budget.warning() for p in parts) else short
         for i, part in enumerate(parts if cfg.data.sources else []):
             style = "yellow" if part.budget.warning() else "dim"
