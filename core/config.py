@@ -127,7 +127,10 @@ class TrainingConfig:
     max_rollbacks: int = 3
     # The validation loss aimed at: its time of arrival fitted from the evaluations so far; 0: none.
     target_val_loss: float = 0.0
-    stop_at_target: bool = False  # end the run with a checkpoint once an evaluation reaches it
+    # Or a task's accuracy aimed at instead: a task of eval.tasks, by the name its scores have.
+    target_task: str = ""
+    target_accuracy: float = 0.0
+    stop_at_target: bool = False  # end the run with a checkpoint once an evaluation reaches the target
 
 
 @dataclass
@@ -537,6 +540,12 @@ def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozens
     need(o.weight_decay >= 0, f"optimizer.weight_decay = {o.weight_decay} must be 0 or more")
     need(t.grad_clip >= 0, f"training.grad_clip = {t.grad_clip} must be 0 or more")
     need(t.spike_window >= 2, f"training.spike_window = {t.spike_window} must be 2 steps or more")
+    need(not (t.target_task and t.target_val_loss),
+         "training.target_val_loss and training.target_task: one target at a time (set the other to its default)")
+    need(not t.target_task or 0 < t.target_accuracy <= 1,
+         f"training.target_accuracy = {t.target_accuracy} must be in (0, 1] with training.target_task")
+    need(t.target_accuracy == 0 or bool(t.target_task),
+         f"training.target_accuracy = {t.target_accuracy} needs training.target_task, the task it is of")
     need(0 < t.spike_lr_factor <= 1, f"training.spike_lr_factor = {t.spike_lr_factor} must be in (0, 1]")
     need(t.compile or t.compile_mode == "default",
          f"training.compile_mode = {t.compile_mode!r} needs training.compile = true")

@@ -108,9 +108,11 @@ class RolledBack:
 
 @dataclass(frozen=True)
 class TargetReached:
-    """The first evaluation at or under training.target_val_loss."""
+    """The first evaluation to reach the run's target: `what` is "val_loss" (at or under
+    training.target_val_loss) or the task of training.target_task (its accuracy at or above)."""
     step: int
-    val_loss: float
+    what: str
+    value: float
     target: float
 
 

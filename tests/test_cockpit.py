@@ -767,7 +767,7 @@ async def test_spikes_stalls_and_the_target_are_announced_and_spikes_marked():
 
     app = FedDashboard(then=[P.SpikeSeen(30, 41.5, "rollback", live=False), P.SpikeSeen(60, 88.0, "skip"),
                              P.StateChanged(P.STALLED, "no word for 11 min"), P.StateChanged(P.RUNNING),
-                             P.TargetReached(70, 3.1, 3.2)])
+                             P.TargetReached(70, "val_loss", 3.1, 3.2)])
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         dash = dashboard(app)

@@ -233,7 +233,7 @@ def test_a_run_says_when_it_will_get_there_and_stops_at_its_target(tmp_path):
     assert [line.split(" | target ")[1] for line in lines] == [
         "needs 3 evaluations (has 1)", "needs 3 evaluations (has 2)", "reached at step 30"]
     assert read_metrics(run, "target") == [{"kind": "target", "time": read_metrics(run, "target")[0]["time"],
-                                            "step": 30, "val_loss": losses[30], "target": losses[30]}]
+                                            "step": 30, "what": "val_loss", "value": losses[30], "target": losses[30]}]
     assert [row["step"] for row in read_metrics(run, "eval")] == [10, 20, 30]  # not evaluated twice at 30
     assert (run / "checkpoints" / "step_000030" / "state.json").is_file()
     assert "the run ends here (training.stop_at_target)" in (run / "train.log").read_text()
@@ -282,3 +282,58 @@ def test_ps_says_when_a_background_run_should_reach_its_target(tmp_path):
         assert final.startswith(("not reachable by the fitted curve", "not within this run's budget", "val 0.50 at"))
     finally:
         stop(run)
+
+
+def test_a_task_s_accuracy_is_forecast_through_its_error_rate():
+    """Accuracy rising as 1 - (E + A·D^-alpha): the step for a target accuracy comes back as for
+    a loss, and the lines speak of the task and its accuracy."""
+    from lmcockpit.core.run.target import forecast_accuracy
+
+    scores = [(s, 1 - loss_at(s) / 4) for s in STEPS]  # the same curve, as an error rate from 0.71 down to 0.60
+    ahead = forecast_accuracy("hellaswag", scores, 1 - 2.3 / 4, TOKENS, 100_000, 0.5)
+    assert ahead.status == "expected" and ahead.step == pytest.approx(step_for(2.3), rel=0.02)
+    assert ahead.short().startswith(f"hellaswag {1 - 2.3 / 4:.2f} at ~step ")
+    never = forecast_accuracy("hellaswag", scores, 0.9, TOKENS, 100_000, 0.5)  # above the ceiling, 1 - 2.0 / 4
+    assert never.status == "unreachable" and never.short().startswith("not reachable by the fitted curve (ceiling 0.5")
+    assert forecast_accuracy("hellaswag", scores, 0.25, TOKENS, 100_000, 0.5).short() == "reached at step 100"
+
+
+def test_a_run_aimed_at_a_task_s_accuracy_stops_where_it_first_gets_there(tmp_path):
+    """The run twice again: its python-functions accuracy at step 30 as the target, then the run
+    stops at the first scoring that reaches it, the evaluation lines saying how far it is."""
+    from tests.conftest import SHRINK_CPU, TINY, as_flags, cli
+
+    flags = as_flags([*SHRINK_CPU, *TINY, "training.compile=false", "training.max_steps=50", "eval.every=10",
+                      'eval.tasks=["python-functions"]', "eval.max_per_task=24"])
+    first = cli("--run", "cpu", *flags, "--out", str(tmp_path / "first"))
+    assert first.returncode == 0, first.stderr
+    accuracy = {row["step"]: row["tasks"]["python-functions"]["accuracy"] for row in read_metrics(tmp_path / "first", "eval")}
+    aim = max(accuracy[30], 1 / 24)  # above 0: a target of no items right is no target
+    stop = next(step for step in sorted(accuracy) if accuracy[step] >= aim)
+
+    run = tmp_path / "aimed"
+    r = cli("--run", "cpu", *flags, *as_flags(['training.target_task="python-functions"', f"training.target_accuracy={aim!r}",
+                                                "training.stop_at_target=true"]), "--out", str(run))
+    assert r.returncode == 0, r.stderr
+    [row] = read_metrics(run, "target")
+    assert (row["step"], row["what"], row["value"], row["target"]) == (stop, "python-functions", accuracy[stop], aim)
+    assert [row["step"] for row in read_metrics(run, "eval")] == [s for s in sorted(accuracy) if s <= stop]
+    lines = [line for line in r.stdout.splitlines() if line.startswith("eval step")]
+    assert lines[-1].endswith(f" | target reached at step {stop}")
+
+
+@pytest.mark.parametrize("sets, message", [
+    (['eval.tasks=["python-functions"]', 'training.target_task="hellaswag"', "training.target_accuracy=0.3"],
+     "training.target_task = 'hellaswag': not a task of eval.tasks (its tasks: python-functions)"),
+    (["training.target_accuracy=0.3"], "training.target_accuracy = 0.3 needs training.target_task"),
+    (['eval.tasks=["python-functions"]', 'training.target_task="python-functions"', "training.target_accuracy=0.3",
+      "training.target_val_loss=3.0"], "one target at a time"),
+])
+def test_a_target_that_cannot_be_aimed_at_is_one_error_line(tmp_path, sets, message):
+    from tests.conftest import as_flags, cli
+
+    r = cli("--run", "cpu", *as_flags(sets), "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith("error: ") and message in line
+    assert not (tmp_path / "run").exists()

@@ -206,7 +206,7 @@ class Headless:
                 self.say(step_line(ev, self.view))
         elif isinstance(ev, P.EvalMetrics):
             line = eval_line(ev)
-            if ev.val_loss is not None and (ahead := self.view.forecast) is not None:
+            if (ev.val_loss is not None or ev.tasks) and (ahead := self.view.forecast) is not None:
                 line += f" | target {ahead.short(self.view.cost_per_hour)}"
             self.say(line)
         elif isinstance(ev, P.Progress) and not self.interactive:

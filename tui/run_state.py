@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.run.curves import EMA_BETA
-from lmcockpit.core.run.target import Forecast, forecast, spread
+from lmcockpit.core.run.target import Forecast, forecast, forecast_accuracy, spread
 
 @dataclass
 class RunState:
@@ -161,6 +161,7 @@ class RunState:
         for name, scores in ev.tasks.items():
             self.tasks.setdefault(name, []).append((ev.step, scores["accuracy"]))
             self.last_tasks[name] = scores
+            self._forecast = None
         if ev.core is not None:
             self.last_core = ev.core
 
@@ -170,6 +171,12 @@ class RunState:
         return float(self.config.get("training", {}).get("target_val_loss") or 0.0)
 
     @property
+    def target_task(self) -> tuple[str, float]:
+        """training.target_task and its target_accuracy; ("", 0) for none."""
+        t = self.config.get("training", {})
+        return str(t.get("target_task") or ""), float(t.get("target_accuracy") or 0.0)
+
+    @property
     def cost_per_hour(self) -> float:
         return float(self.config.get("hardware", {}).get("cost_per_hour") or 0.0)
 
@@ -177,9 +184,13 @@ class RunState:
     def forecast(self) -> Forecast | None:
         """When the validation loss should reach the target (core/run/target.py), fitted to at
         most target.SPREAD evaluations spread over the run; None without a target."""
-        if not self.target:
+        task, accuracy = self.target_task
+        if not (self.target or task):
             return None
-        if self._forecast is None:
+        if self._forecast is None and task:
+            self._forecast = forecast_accuracy(task, spread(self.tasks.get(task, [])), accuracy, self.tokens_per_step,
+                                               self.max_steps, self.dt_ema)
+        elif self._forecast is None:
             self._forecast = forecast(spread(list(zip(self.val_steps, self.val_losses))), self.target,
                                       self.tokens_per_step, self.max_steps, self.dt_ema)
         return self._forecast

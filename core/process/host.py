@@ -48,7 +48,7 @@ from .. import protocol as P
 from ..config import Config, config_from_dict, read_toml
 from ..run.folder import CONFIG, TRAIN_LOG
 from ..run.safe_files import open_log
-from ..run.target import forecast, spread
+from ..run.target import forecast, forecast_accuracy, spread
 from . import live
 from .rendezvous import Rendezvous
 from .report import Reports, StartReport
@@ -298,12 +298,16 @@ class Summary:
                 self.step_time = event.dt if self.step_time is None else 0.9 * self.step_time + 0.1 * event.dt
         elif isinstance(event, P.StateChanged):
             r.state = event.state
-        elif isinstance(event, P.EvalMetrics) and event.val_loss is not None and self.cfg is not None:
+        elif isinstance(event, P.EvalMetrics) and self.cfg is not None:
             t = self.cfg.training
-            if t.target_val_loss:
-                self.evals = [(s, v) for s, v in self.evals if s < event.step] + [(event.step, event.val_loss)]
-                ahead = forecast(spread(self.evals), t.target_val_loss, self.cfg.tokens_per_step, t.max_steps,
-                                 self.step_time)
+            value = (event.val_loss if t.target_val_loss else
+                     (event.tasks.get(t.target_task) or {}).get("accuracy") if t.target_task else None)
+            if value is not None:
+                self.evals = [(s, v) for s, v in self.evals if s < event.step] + [(event.step, value)]
+                ahead = (forecast_accuracy(t.target_task, spread(self.evals), t.target_accuracy,
+                                           self.cfg.tokens_per_step, t.max_steps, self.step_time) if t.target_task else
+                         forecast(spread(self.evals), t.target_val_loss, self.cfg.tokens_per_step, t.max_steps,
+                                  self.step_time))
                 r.target = ahead.short(self.cfg.hardware.cost_per_hour)
 
     def write(self, viewers: int, force: bool = False) -> None:

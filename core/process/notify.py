@@ -429,7 +429,7 @@ class Announcer:
         elif isinstance(event, P.RolledBack):
             self.notifier.send({"event": "rollback", "step": event.step, "to_step": event.to_step})
         elif isinstance(event, P.TargetReached):
-            self.notifier.send({"event": "target", "step": event.step, "val_loss": event.val_loss,
+            self.notifier.send({"event": "target", "step": event.step, "what": event.what, "value": event.value,
                                 "target": event.target})
         elif isinstance(event, P.NonFinite):
             self.notifier.send({"event": "nan", "step": event.step, "action": event.action})

@@ -279,7 +279,7 @@ ROW_FIELDS = {
               "z_grad": _maybe_number, "action": lambda v: v in ("warn", "skip", "rollback", "stop")},
     "rollback": {"step": _step, "to_step": _step, "batches_skipped": _step, "rollbacks": _step,
                  "lr_factor": _number, "lr_steps": _step},
-    "target": {"step": _step, "val_loss": _number, "target": _number},
+    "target": {"step": _step, "what": lambda v: isinstance(v, str), "value": _number, "target": _number},
 }
 # Fields a row of that kind may lack, read with .get: no MFU on a CPU; an evaluation holds the
 # validation loss, the task scores or both (each has its own cadence), CORE only when all its

@@ -39,6 +39,7 @@ SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eva
                   "training.max_nan_skips", "training.on_spike", "training.spike_window", "training.spike_zscore",
                   "training.spike_grad_zscore", "training.spike_lr_factor", "training.spike_lr_steps",
                   "training.max_rollbacks", "training.target_val_loss", "training.stop_at_target",
+                  "training.target_task", "training.target_accuracy",
                   "hardware.cost_per_hour",
                   # What gets it past running out of memory: the same sequences a step, split otherwise.
                   "training.micro_batch_size", "training.grad_accum_steps", "training.auto_micro_batch",

@@ -15,6 +15,7 @@ Plain Python and `math`: a run has tens of evaluations, not millions. No torch, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -52,6 +53,7 @@ class Forecast:
     max_steps: int | None = None
     evals: int = 0  # the evaluations the fit could use
     min_evals: int = FIT_POINTS
+    task: str = ""  # a task's accuracy aimed at: `target` and `floor` are then error rates, 1 - accuracy
 
     def short(self, cost_per_hour: float = 0.0) -> str:
         """One line for a person: where, when and (given a price per hour) at what cost."""
@@ -60,13 +62,17 @@ class Forecast:
         if self.status == "too_few":
             return f"needs {self.min_evals} evaluations (has {self.evals})"
         if self.status == "unreachable":
-            return "not reachable by the fitted curve" + (f" (floor {self.floor:.2f})" if self.floor is not None else "")
+            if self.floor is None:
+                return "not reachable by the fitted curve"
+            return "not reachable by the fitted curve" + (f" (ceiling {1 - self.floor:.2f})" if self.task
+                                                          else f" (floor {self.floor:.2f})")
         if self.status == "beyond_budget":
             return f"not within this run's budget (needs ~step {_steps(self.step)} of {self.max_steps:,})"
         return self._expected(cost_per_hour)
 
     def _expected(self, cost_per_hour: float) -> str:
-        text = f"val {self.target:.2f} at ~step {_steps(self.step)}"
+        text = (f"{self.task} {1 - self.target:.2f}" if self.task else f"val {self.target:.2f}") + \
+            f" at ~step {_steps(self.step)}"
         if self.step_low is not None and self.step_high is not None:
             text += f" ({_range(self.step_low, self.step_high)})"
         if self.seconds is not None:
@@ -74,6 +80,15 @@ class Forecast:
             if cost_per_hour > 0 and math.isfinite(cost_per_hour):
                 text += f" ≈ ${self.seconds / 3600 * cost_per_hour:,.2f}"
         return text
+
+
+def forecast_accuracy(task: str, scores: list[tuple[int, float]], target: float, tokens_per_step: int,
+                      max_steps: int, seconds_per_step: float | None) -> Forecast:
+    """The same for a task's accuracy rising to `target`: its error rate, 1 - accuracy, falls as a
+    loss does, to a floor of its own (the items the model will not get right), and is fitted so."""
+    ahead = forecast([(step, 1 - accuracy) for step, accuracy in scores], 1 - target, tokens_per_step, max_steps,
+                     seconds_per_step)
+    return dataclasses.replace(ahead, task=task)
 
 
 def forecast(evals: list[tuple[int, float]], target: float, tokens_per_step: int, max_steps: int,

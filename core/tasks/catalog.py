@@ -62,11 +62,16 @@ def load_tasks(names: list[str], cfg: Config) -> list[Task]:
 
 def check(cfg: Config) -> None:
     """Every task of the run's config checked, so a mistake ends the run before it starts: a file
-    read whole, a built-in one asked whether it can be made."""
+    read whole, a built-in one asked whether it can be made, training.target_task one of them."""
     files = [name for name in cfg.eval.tasks if name not in BUILT_IN]
     for name in cfg.eval.tasks:
         if name in BUILT_IN:
             BUILT_IN[name][1](cfg)
-    load_tasks(files, cfg)
+    named = load_tasks(files, cfg)
+    aimed = cfg.training.target_task
+    names = [name for name in cfg.eval.tasks if name in BUILT_IN] + [task.name for task in named]
+    if aimed and aimed not in names:
+        raise ConfigError(f"training.target_task = {aimed!r}: not a task of eval.tasks (its tasks: "
+                          f"{', '.join(names) or 'none'})")
     if len(set(cfg.eval.tasks)) < len(cfg.eval.tasks):
         raise ConfigError(f"eval.tasks: {cfg.eval.tasks}: a task is listed twice")

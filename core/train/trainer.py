@@ -320,7 +320,7 @@ class Trainer:
         self.rollbacks, self.batch_offset = spikes.get("rollbacks", 0), spikes.get("batch_offset", 0)
         self.lr_cut_until = spikes.get("lr_cut_until", 0)
         target = state.get("target") or {}  # reached already, unless the resume aims elsewhere
-        if target.get("val_loss") == self.cfg.training.target_val_loss:
+        if target.get("aim") == self.target_aim:
             self.target_reached = target.get("reached_at")
         rng_note = checkpoint_io.restore_rng_state(state["rng"], self.group.rank, self.group.world, self.device)
         if rng_note:
@@ -639,21 +639,34 @@ class Trainer:
                          + ("" if core is None else f"; CORE {core:.4f}"))
         self.metrics.write("eval", step=self.step, **fields)
         self.emit(P.EvalMetrics(self.step, fields.get("val_loss"), fields.get("val_bpb"), scores, core))
-        if validation:
-            self.check_target(fields["val_loss"])
+        self.check_target(fields)
         self.emit(P.StateChanged(P.PAUSED if self.paused else P.RUNNING))
 
-    def check_target(self, val_loss: float) -> None:
-        """The first evaluation at or under training.target_val_loss: a `target` row and a log line,
-        and with stop_at_target the last step."""
+    def check_target(self, fields: dict) -> None:
+        """The first evaluation to reach the run's target (a validation loss at or under
+        target_val_loss, or target_task's accuracy at or above target_accuracy): a `target` row
+        and a log line, and with stop_at_target the last step."""
         t = self.cfg.training
-        if not t.target_val_loss or self.target_reached is not None or val_loss > t.target_val_loss:
+        if self.target_reached is not None:
+            return
+        if t.target_val_loss and fields.get("val_loss") is not None and fields["val_loss"] <= t.target_val_loss:
+            what, value, target, key = "val_loss", fields["val_loss"], t.target_val_loss, "training.target_val_loss"
+        elif t.target_task and (fields.get("tasks") or {}).get(t.target_task, {}).get("accuracy", -1) >= t.target_accuracy:
+            what, value, target = t.target_task, fields["tasks"][t.target_task]["accuracy"], t.target_accuracy
+            key = f"training.target_accuracy of {t.target_task}"
+        else:
             return
         self.target_reached = self.step
-        self.metrics.write("target", step=self.step, val_loss=val_loss, target=t.target_val_loss)
-        self.emit(P.TargetReached(self.step, val_loss, t.target_val_loss))
-        self.log(f"target: validation loss {val_loss:.4f} reached training.target_val_loss = {t.target_val_loss:g} "
-                 f"at step {self.step}" + ("; the run ends here (training.stop_at_target)" if t.stop_at_target else ""))
+        self.metrics.write("target", step=self.step, what=what, value=value, target=target)
+        self.emit(P.TargetReached(self.step, what, value, target))
+        self.log(f"target: {what} {value:.4f} reached {key} = {target:g} at step {self.step}"
+                 + ("; the run ends here (training.stop_at_target)" if t.stop_at_target else ""))
+
+    @property
+    def target_aim(self) -> list:
+        """What the run aims at, as a checkpoint records it: a resume aiming elsewhere starts afresh."""
+        t = self.cfg.training
+        return [t.target_task, t.target_accuracy] if t.target_task else ["val_loss", t.target_val_loss]
 
     @property
     def at_target(self) -> bool:
@@ -758,7 +771,7 @@ class Trainer:
                  # what a resume needs to judge and draw the next steps as this run would
                  "spikes": {"window": self.spikes.state(), "rollbacks": self.rollbacks,
                             "batch_offset": self.batch_offset, "lr_cut_until": self.lr_cut_until},
-                 "target": {"val_loss": self.cfg.training.target_val_loss, "reached_at": self.target_reached},
+                 "target": {"aim": self.target_aim, "reached_at": self.target_reached},
                  "data_unit": list(self.data_unit),
                  "config_hash": self.cfg.hash(),
                  # what precision "auto" chose on a CPU: a resume keeps it (resumed_cpu_verdict)

@@ -153,7 +153,8 @@ class DashboardScreen(Screen):
             elif isinstance(ev, P.SpikeSeen) and ev.live:
                 self.announce("spike", f"loss spike at step {ev.step}: {ev.loss:.4g} ({ev.action})", "warning")
             elif isinstance(ev, P.TargetReached):
-                self.announce("target", f"target val loss {ev.target:g} reached at step {ev.step}")
+                what = "val loss" if ev.what == "val_loss" else ev.what
+                self.announce("target", f"target {what} {ev.target:g} reached at step {ev.step}")
         self.dirty = True
 
     def announce(self, what: str, text: str, severity: str = "information") -> None:
