@@ -75,7 +75,8 @@ def test_a_stopped_engine_is_stalled_in_ps_and_running_again_when_it_goes_on(tmp
     engine = []
     try:
         wait_until(lambda: last_step(run) >= 3, what="training to start")
-        assert ps_state(run) == "running"
+        # live.json is rewritten at most once a second: it may say "preparing data" a moment longer
+        wait_until(lambda: ps_state(run) == "running", timeout=30, what="ps to say running")
         engine = psutil.Process(live.LiveRecord.read(run).pid).children(recursive=True)
         for process in engine:
             process.send_signal(signal.SIGSTOP)

@@ -137,7 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = plan_run(args, args.run or args.preset)
     live.forget(plan.run_dir)  # a run whose host died, resumed here: no longer listed as dead
     engine = EngineProcess(plan.cfg, plan.run_dir, plan.resume_from, plan.rendezvous)
-    code = Headless(engine, plan.cfg.training.log_every, notify=plan.cfg.notify).run()
+    code = Headless(engine, plan.cfg.training.log_every, notify=plan.cfg.notify, run_name=plan.run_dir.name).run()
     if code == 2:
         discard_unstarted_run(plan)
     return code

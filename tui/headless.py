@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 from rich.console import Console
 from rich.live import Live
@@ -85,9 +84,10 @@ def fmt_real(value: float | None, places: int = 4) -> str:
 
 class Headless:
     def __init__(self, engine: EngineProcess, log_every: int, console: Console | None = None,
-                 notify: NotifyConfig | None = None):
+                 notify: NotifyConfig | None = None, run_name: str = ""):
         self.engine = engine
         self.notify = notify or NotifyConfig()
+        self.word = Announcer(Notifier(self.notify, run_name, log=self.say))  # run_name: its folder's
         self.console = console or new_console()
         self.errors = new_console(stderr=True)
         self.interactive = self.console.is_terminal
@@ -177,7 +177,6 @@ class Headless:
 
     def _loop(self, redraw) -> None:
         watch = StallWatch(self.notify.stall_after)
-        word = Announcer(Notifier(self.notify, Path(self.engine.run_dir).name, log=self.say))
         while not self.engine.done:
             ev = self.engine.poll(timeout=0.25)
             if ev is not None:
@@ -186,14 +185,13 @@ class Headless:
                     self.view.apply(P.StateChanged(watch.state))
                 self.view.apply(ev)
                 self._print_event(ev)
-                word.heard(ev)
+                self.word.heard(ev)
             elif stalled := watch.check():
                 self.say(stalled)
                 self.view.apply(P.StateChanged(P.STALLED, watch.detail))
-                word.stalled(watch.detail)
+                self.word.stalled(watch.detail)
             redraw()
         self.engine.join(timeout=30)
-        word.ended(self.engine.final_state or P.FAILED, self.engine.failure)
 
     def _print_event(self, ev: object) -> None:
         if isinstance(ev, P.RunStarted):
@@ -220,6 +218,7 @@ class Headless:
     def _finish(self) -> int:
         v, state = self.view, self.engine.final_state or P.FAILED
         failure = self.engine.failure
+        self.word.ended(state, failure)  # the last word, flushed within its bound before the lines below
         if failure is not None and failure.user_error:
             self.errors.print(Text(f"error: {failure.message}"), style="bold red")
             return 2
