@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.run.curves import EMA_BETA
-from lmcockpit.core.run.target import Forecast, forecast, forecast_accuracy, spread
+from lmcockpit.core.run.target import Forecast, forecast_aim
 
 @dataclass
 class RunState:
@@ -182,17 +182,13 @@ class RunState:
 
     @property
     def forecast(self) -> Forecast | None:
-        """When the validation loss should reach the target (core/run/target.py), fitted to at
-        most target.SPREAD evaluations spread over the run; None without a target."""
+        """When the run should reach its target (core/run/target.py's forecast_aim), fitted again
+        only after a new evaluation; None without a target."""
         task, accuracy = self.target_task
-        if not (self.target or task):
-            return None
-        if self._forecast is None and task:
-            self._forecast = forecast_accuracy(task, spread(self.tasks.get(task, [])), accuracy, self.tokens_per_step,
-                                               self.max_steps, self.dt_ema)
-        elif self._forecast is None:
-            self._forecast = forecast(spread(list(zip(self.val_steps, self.val_losses))), self.target,
-                                      self.tokens_per_step, self.max_steps, self.dt_ema)
+        if self._forecast is None:
+            values = self.tasks.get(task, []) if task else list(zip(self.val_steps, self.val_losses))
+            self._forecast = forecast_aim(self.target, task, accuracy, values, self.tokens_per_step, self.max_steps,
+                                          self.dt_ema)
         return self._forecast
 
     @property

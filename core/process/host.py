@@ -48,7 +48,7 @@ from .. import protocol as P
 from ..config import Config, config_from_dict, read_toml
 from ..run.folder import CONFIG, TRAIN_LOG
 from ..run.safe_files import open_log
-from ..run.target import forecast, forecast_accuracy, spread
+from ..run.target import forecast_aim
 from . import live
 from .rendezvous import Rendezvous
 from .report import Reports, StartReport
@@ -304,10 +304,8 @@ class Summary:
                      (event.tasks.get(t.target_task) or {}).get("accuracy") if t.target_task else None)
             if value is not None:
                 self.evals = [(s, v) for s, v in self.evals if s < event.step] + [(event.step, value)]
-                ahead = (forecast_accuracy(t.target_task, spread(self.evals), t.target_accuracy,
-                                           self.cfg.tokens_per_step, t.max_steps, self.step_time) if t.target_task else
-                         forecast(spread(self.evals), t.target_val_loss, self.cfg.tokens_per_step, t.max_steps,
-                                  self.step_time))
+                ahead = forecast_aim(t.target_val_loss, t.target_task, t.target_accuracy, self.evals,
+                                     self.cfg.tokens_per_step, t.max_steps, self.step_time)
                 r.target = ahead.short(self.cfg.hardware.cost_per_hour)
 
     def write(self, viewers: int, force: bool = False) -> None:

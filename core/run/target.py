@@ -91,6 +91,19 @@ def forecast_accuracy(task: str, scores: list[tuple[int, float]], target: float,
     return dataclasses.replace(ahead, task=task)
 
 
+def forecast_aim(target_val_loss: float, target_task: str, target_accuracy: float, values: list[tuple[int, float]],
+                 tokens_per_step: int, max_steps: int, seconds_per_step: float | None) -> Forecast | None:
+    """The forecast for what a run aims at (training.target_val_loss, or target_task's accuracy),
+    from `values`, that aim's own evaluations (validation losses or accuracies), at most SPREAD of
+    them fitted; None for a run that aims at nothing. What the cockpit and the run host both show."""
+    if target_task:
+        return forecast_accuracy(target_task, spread(values), target_accuracy, tokens_per_step, max_steps,
+                                 seconds_per_step)
+    if target_val_loss:
+        return forecast(spread(values), target_val_loss, tokens_per_step, max_steps, seconds_per_step)
+    return None
+
+
 def forecast(evals: list[tuple[int, float]], target: float, tokens_per_step: int, max_steps: int,
              seconds_per_step: float | None, min_evals: int = 3) -> Forecast:
     """The forecast for `target` from `evals`, (step, val_loss) pairs in the order logged. Evaluations
