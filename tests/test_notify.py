@@ -5,7 +5,12 @@ the rate limit, secrets kept out of the log, and a bad URL refused before a run 
 from __future__ import annotations
 
 import json
+import os
+import pty
+import select
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -17,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from lmcockpit.core.config import ConfigError, NotifyConfig, load_config
-from lmcockpit.core.process.notify import NEEDS_APPRISE, Notifier, terminal_escape
+from lmcockpit.core.process.notify import NEEDS_APPRISE, Notifier, in_tmux, terminal_escape
 
 from .conftest import cli
 
@@ -347,6 +352,70 @@ def test_terminal_escape_strips_what_could_end_or_start_a_sequence():
     assert terminal_escape("run;1\x1b]0;pwn\x07", "loss spike;\tstep 5\x9c") == (
         "\x1b]777;notify;run1]0pwn;loss spikestep 5\x07" "\x1b]9;run1]0pwn: loss spikestep 5\x07" "\x07")
     assert Notifier.terminal_escape("a", "b") == "\x1b]777;notify;a;b\x07\x1b]9;a: b\x07\x07"
+
+
+TMUX_MISSING = "no `tmux` on PATH: the passthrough test drives a real one (apt-get install tmux; .ci/run installs it)"
+# What the pane writes, as the dashboard's announce does: from inside tmux, wrapped if in_tmux() says so.
+PANE = ("import sys; from lmcockpit.core.process.notify import in_tmux, terminal_escape; input(); "
+        "wrap = sys.argv[1] == 'wrap' and in_tmux(); "
+        "sys.stdout.write(terminal_escape('lmcockpit: finished', 'run finished at step 8', tmux=wrap) + 'DONE'); "
+        "sys.stdout.flush(); input()")
+OSC_777 = b"\x1b]777;notify;lmcockpit: finished;run finished at step 8\x07"
+OSC_9 = b"\x1b]9;lmcockpit: finished: run finished at step 8\x07"
+
+
+def through_tmux(tmp_path, wrap: bool, passthrough: bool) -> bytes:
+    """What a terminal receives from a real tmux client while a pane writes the notification: the
+    client runs on a pty of the test's, the outer terminal."""
+    assert shutil.which("tmux"), TMUX_MISSING
+    sock = str(tmp_path / f"tmux-{wrap}-{passthrough}")
+    env = {**os.environ, "TERM": "xterm-256color"}
+    env.pop("TMUX", None)
+    tmux = ["tmux", "-S", sock, "-f", "/dev/null"]
+    subprocess.run([*tmux, "new-session", "-d", "-s", "t", "-x", "80", "-y", "24",
+                    sys.executable, "-c", PANE, "wrap" if wrap else "raw"], check=True, env=env)
+    try:
+        subprocess.run([*tmux, "set", "-g", "allow-passthrough", "on" if passthrough else "off"], check=True)
+        pid, fd = pty.fork()
+        if pid == 0:  # the client, in the outer terminal
+            os.execvpe("tmux", [*tmux, "attach", "-t", "t"], env)
+        out, triggered, deadline = b"", False, time.monotonic() + 20
+        while time.monotonic() < deadline and b"DONE" not in out:
+            if not triggered and subprocess.run([*tmux, "list-clients"], capture_output=True).stdout.strip():
+                subprocess.run([*tmux, "send-keys", "-t", "t", "Enter"], check=True)
+                triggered = True
+            if select.select([fd], [], [], 0.1)[0]:
+                try:
+                    out += os.read(fd, 65536)
+                except OSError:
+                    break
+        assert b"DONE" in out, f"the pane's output never reached the client: {out[-300:]!r}"
+        return out
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+        os.waitpid(pid, 0)
+
+
+def test_terminal_notification_gets_through_tmux_with_passthrough(tmp_path):
+    """Inside tmux the dashboard's OSC 777 and 9 reach the outer terminal as written, and the bell
+    with them; written bare, tmux swallows them (why they are wrapped); without the user's
+    allow-passthrough, only the bell gets through."""
+    got = through_tmux(tmp_path, wrap=True, passthrough=True)
+    assert OSC_777 in got and OSC_9 in got
+    assert b"\x07" in got.replace(OSC_777, b"").replace(OSC_9, b""), "the bell did not get through"
+    bare = through_tmux(tmp_path, wrap=False, passthrough=True)
+    assert OSC_777 not in bare and OSC_9 not in bare
+    refused = through_tmux(tmp_path, wrap=True, passthrough=False)
+    assert OSC_777 not in refused and OSC_9 not in refused and b"\x07" in refused
+
+
+def test_in_tmux_reads_the_panes_environment(monkeypatch):
+    monkeypatch.setenv("TMUX", "/tmp/tmux-0/default,123,0")
+    assert in_tmux()
+    monkeypatch.delenv("TMUX")
+    assert not in_tmux()
+    assert terminal_escape("a", "b", tmux=True) == (
+        "\x1bPtmux;\x1b\x1b]777;notify;a;b\x07\x1b\\" "\x1bPtmux;\x1b\x1b]9;a: b\x07\x1b\\" "\x07")
 
 
 # ------------------------------------------------------------------ [notify] in the config

@@ -67,18 +67,30 @@ URGENT = frozenset({"failed", "stalled"})  # a run that no longer trains: worth 
 TEXT_CHARS = 300  # of a text message: an error's whole traceback belongs in train.log, not on a phone
 
 
-def terminal_escape(title: str, body: str) -> str:
+ESC = "\x1b"
+
+
+def terminal_escape(title: str, body: str, tmux: bool = False) -> str:
     """The terminal's own notification: OSC 777 (foot, Ghostty, WezTerm, VTE terminals such as
     GNOME Terminal), OSC 9 (iTerm2, Windows Terminal, kitty, Ghostty, WezTerm) and a bell, which every
     terminal understands in some way. A terminal ignores an OSC it does not know. Control characters
     and ';' are taken out of `title` and `body`: either would end the sequence early or start one of
     the run's choosing.
 
-    Under tmux an OSC reaches the outer terminal only through passthrough (`set -g allow-passthrough
-    on`, tmux 3.3 or later, and the sequence wrapped in tmux's DCS by the writer); the bell gets
-    through always, and tmux marks the window that rang it."""
+    `tmux`: written inside tmux (`in_tmux`), whose own parser swallows an OSC it does not know. An
+    OSC reaches the outer terminal only wrapped in tmux's passthrough DCS (`ESC P tmux;`, each ESC
+    inside doubled), and only where the user allows it (`set -g allow-passthrough on`, tmux 3.3 or
+    later); the bell gets through always, and tmux marks the window that rang it."""
     title, body = _clean(title), _clean(body)
-    return f"\x1b]777;notify;{title};{body}\x07\x1b]9;{title}: {body}\x07\x07"
+    oscs = [f"\x1b]777;notify;{title};{body}\x07", f"\x1b]9;{title}: {body}\x07"]
+    if tmux:
+        oscs = [f"\x1bPtmux;{osc.replace(ESC, ESC + ESC)}\x1b\\" for osc in oscs]
+    return "".join(oscs) + "\x07"
+
+
+def in_tmux() -> bool:
+    """Whether this process writes to a tmux pane: tmux sets TMUX in every pane it starts."""
+    return bool(os.environ.get("TMUX"))
 
 
 def _clean(text: str) -> str:

@@ -20,7 +20,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, RichLog, Static
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.process.notify import terminal_escape
+from lmcockpit.core.process.notify import in_tmux, terminal_escape
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.hardware.telemetry import ProcessLoad, Reading, Telemetry, find_gpu, run_gpu_indices
 from lmcockpit.core.process.viewer import RunViewer
@@ -158,14 +158,14 @@ class DashboardScreen(Screen):
         self.dirty = True
 
     def announce(self, what: str, text: str, severity: str = "information") -> None:
-        """A toast; with notify.terminal, the terminal's own notification (OSC 777 and 9, which
-        tmux passes on with allow-passthrough) and its bell, which always gets through."""
+        """A toast; with notify.terminal, the terminal's own notification (OSC 777 and 9, wrapped
+        for tmux's passthrough inside tmux) and its bell, which always gets through."""
         self.notify(text, severity=severity, timeout=10)
         if not (self.view.config.get("notify") or {}).get("terminal", True):
             return
         app = self.app
         if not app.is_headless and app._driver is not None:  # as App.bell writes its BEL
-            app._driver.write(terminal_escape(f"lmcockpit: {what}", text))
+            app._driver.write(terminal_escape(f"lmcockpit: {what}", text, tmux=in_tmux()))
 
     def on_terminal(self, ev: P.StateChanged) -> None:
         v = self.view
