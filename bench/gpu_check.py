@@ -4,7 +4,9 @@ Parts, in the order they run (each appends its own section, so they can also run
 
 * doctor: `lmcockpit doctor`'s output and exit code;
 * h100: the `h100` preset for 300 steps (compile, bf16) through the real CLI and engine process:
-  tokens/s, MFU, step time, compile time, peak allocated memory against the estimate;
+  tokens/s, MFU, step time, compile time, peak allocated memory against the estimate; and the
+  MFU as the entry to add to compute_estimate.MEASURED_MFU (issue 42: time estimates stop being
+  marked as assumed for that card);
 * torchrun: issue 8's check, the same `h100` run through the multi-process launcher with
   `--nproc 1` (torchrun's elastic agent, one NCCL rank, DDP): same table;
 * memory: the estimator against measured `torch.cuda.max_memory_allocated` for the `h100`,
@@ -110,6 +112,7 @@ import torch  # noqa: E402 - below configure_allocator(), which must run before 
 sys.path.insert(0, str(Path(__file__).parent))
 from machine import record  # noqa: E402 - below configure_allocator(), which must run before torch loads
 
+from lmcockpit.core.hardware.compute_estimate import gpu_model  # noqa: E402 - below configure_allocator(), which must run before torch loads
 from lmcockpit.core.hardware import memory_estimate  # noqa: E402 - below configure_allocator(), which must run before torch loads
 from lmcockpit.core.config import load_config  # noqa: E402 - below configure_allocator(), which must run before torch loads
 from lmcockpit.core.run.curves import load_run  # noqa: E402 - below configure_allocator(), which must run before torch loads
@@ -180,7 +183,10 @@ def part_h100(out: Path, steps: int, launch: tuple[str, ...] = ()) -> tuple[bool
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         f"| {len(rows)} | {statistics.median(r['tokens_per_s'] for r in steady):,.0f} | "
         f"{statistics.median(r['mfu'] or 0 for r in steady):.1%} | {dt:.3f} s | {rows[0]['dt'] - dt:.0f} s | "
-        f"{peak / GiB:.2f} GiB | {reserved / GiB:.2f} GiB | {est / GiB:.2f} GiB | {ratio:.2f} | {val} |",
+        f"{peak / GiB:.2f} GiB | {reserved / GiB:.2f} GiB | {est / GiB:.2f} GiB | {ratio:.2f} | {val} |", "",
+        # The launch screen's and `lmcockpit presets`' times assume 40% MFU until a card has this entry.
+        f"For core/hardware/compute_estimate.py: `MEASURED_MFU[{gpu_model(torch.cuda.get_device_name())!r}] = "
+        f"{statistics.median(r['mfu'] or 0 for r in steady):.2f}`",
     ]
 
 
