@@ -192,10 +192,12 @@ class MetricsLog:
     wait in memory (up to HELD_ROWS, the rest counted in a note) and go out, in order, with the
     first write that fits."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, on_written: Callable[[bytes], None] | None = None):
+        """`on_written`: told each row once it is in the file (the engine's history summary)."""
         self._fd = open_append(path)  # NotOwnFile where a link or someone else's file waits
         self._held: deque[bytes] = deque()
         self._dropped = 0
+        self._on_written = on_written or (lambda row: None)
 
     def write(self, kind: str, **fields: Any) -> None:
         if len(self._held) < HELD_ROWS:
@@ -206,10 +208,12 @@ class MetricsLog:
 
     def _write_held(self) -> None:
         while self._held and append_whole(self._fd, self._held[0]):
-            self._held.popleft()
-        if self._dropped and not self._held and append_whole(self._fd, _row(
-                "note", {"text": f"{self._dropped} rows not written: the disk was full"})):
-            self._dropped = 0
+            self._on_written(self._held.popleft())
+        if self._dropped and not self._held:
+            note = _row("note", {"text": f"{self._dropped} rows not written: the disk was full"})
+            if append_whole(self._fd, note):
+                self._dropped = 0
+                self._on_written(note)
 
     def close(self) -> None:
         self._write_held()

@@ -32,6 +32,7 @@ from ..hardware.device import attention_header, expands_kv
 from ..model import sampling
 from ..model.gpt import GPT, shape_from_config
 from ..run.checkpoint_folder import STATE, checkpoint_config, tokenizer_file
+from ..run.history_file import Summarised
 from ..run.folder import CHECKPOINTS, METRICS, MetricsLog, TOKENIZER, list_checkpoints, step_dirs
 from ..tasks import catalog as tasks_catalog, items as task_items
 from . import checkpoint_io, memory_probe, nan_debug
@@ -100,7 +101,9 @@ class Trainer:
         self.resume_from = Path(resume_from) if resume_from else None
         self.next_command = next_command
         self.group = group
-        self.metrics = Metrics(MetricsLog(self.run_dir / METRICS), log) if group.is_main else NoMetrics()
+        # The main rank's rows, and the history a viewer reads instead of all of them (history_file).
+        self.metrics = (Metrics(MetricsLog(self.run_dir / METRICS, Summarised(self.run_dir).written), log)
+                        if group.is_main else NoMetrics())
         self.stop: P.Abort | None = None
         self.paused = False
         self.step = 0  # optimizer steps completed

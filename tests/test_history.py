@@ -1,0 +1,194 @@
+"""The bounded history (core/run/history.py) and its summary beside metrics.jsonl (history_file.py):
+at every resolution the same minimum, maximum and mean as a direct computation over the raw rows;
+the last steps and every evaluation exact; a run that went back (a rollback in the file, a resume
+that dropped rows) the same as if built from scratch; the size the same at 100k and 1M rows."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import random
+import sys
+import types
+
+import pytest
+
+from lmcockpit.core.run import history_file
+from lmcockpit.core.run.folder import METRICS, MetricsLog
+from lmcockpit.core.run.history import CAP, TAIL_MIN, History
+from lmcockpit.core.run.resume import truncate_metrics
+
+
+def losses(n: int, seed: int = 0) -> list[tuple[int, float]]:
+    rng = random.Random(seed)
+    return [(s, 3 + 5 / math.sqrt(s) + rng.random() * 0.2) for s in range(1, n + 1)]
+
+
+def step_row(step: int, loss: float) -> dict:
+    """A step row as the engine writes it (trainer.py through MetricsLog)."""
+    return {"kind": "step", "time": 1.7e9 + step, "step": step, "loss": loss, "lr": 1e-3 * (1 + step % 7),
+            "grad_norm": 0.5, "tokens_per_s": 1000.0 + step % 13, "dt": 0.25 + step % 3 / 100, "mfu": None,
+            "mem": {"allocated": 1, "peak": 2}}
+
+
+def eval_row(step: int) -> dict:
+    return {"kind": "eval", "time": 1.7e9 + step, "step": step, "val_loss": 3 + 1 / step, "val_bpb": 1.0,
+            "tasks": {"piqa": {"accuracy": 0.5 + step / 1e7, "centered": 0.0, "items": 10}}}
+
+
+def fold(rows: list[dict], checkpoint_every: int = 0) -> History:
+    h = History()
+    for row in rows:
+        h.fold(row)
+        if checkpoint_every and row["kind"] == "step" and row["step"] % checkpoint_every == 0:
+            h.fold({"kind": "checkpoint", "step": row["step"], "path": f"step_{row['step']}"})
+    return h
+
+
+def run_rows(n: int, eval_every: int = 250, checkpoint_every: int = 1000, seed: int = 0) -> list[dict]:
+    rows = []
+    for s, loss in losses(n, seed):
+        rows.append(step_row(s, loss))
+        if s % eval_every == 0:
+            rows.append(eval_row(s))
+        if s % checkpoint_every == 0:
+            rows.append({"kind": "checkpoint", "time": 1.7e9 + s, "step": s, "path": f"step_{s}"})
+    return rows
+
+
+def curve(h: History) -> list:
+    """What a chart can show of `h`: every resolution, the exact rows, the evaluations."""
+    return [[h.resolution(m) for m in range(5)], h.recent(), h.evals, h.tasks, h.checkpoints, h.count, h.last_step,
+            h.loss, h.ema, h.time]
+
+
+def test_every_resolution_is_a_direct_computation_over_the_rows():
+    rows = run_rows(100_000)
+    h = fold(rows)
+    steps = [r for r in rows if r["kind"] == "step"]
+    assert 1 < h.width and CAP // 2 <= len(h.resolution(0)) <= CAP
+    for m in range(5):
+        width = h.width * 2**m
+        groups: dict[int, list[dict]] = {}
+        for r in steps:
+            groups.setdefault(r["step"] // width, []).append(r)
+        points = h.resolution(m)
+        assert len(points) == len(groups)
+        for point, (_, rs) in zip(points, sorted(groups.items())):
+            ls = [r["loss"] for r in rs]
+            assert point.n == len(rs) and (point.first_step, point.last_step) == (rs[0]["step"], rs[-1]["step"])
+            assert point.loss_min == min(ls) and point.loss_max == max(ls)
+            assert point.loss == pytest.approx(sum(ls) / len(ls), rel=1e-12)
+            assert point.step == pytest.approx(sum(r["step"] for r in rs) / len(rs), rel=1e-12)
+            assert point.lr == pytest.approx(sum(r["lr"] for r in rs) / len(rs), rel=1e-12)
+    # The smoothed loss carried forward is the EMA over every row; the last rows and evaluations exact.
+    ema = 0.0
+    for i, r in enumerate(steps, 1):
+        ema = 0.9 * ema + 0.1 * r["loss"]
+    assert h.ema == pytest.approx(ema / (1 - 0.9 ** len(steps)), rel=1e-9)
+    assert [(r.step, r.loss) for r in h.recent()][-TAIL_MIN:] == [(r["step"], r["loss"]) for r in steps[-TAIL_MIN:]]
+    assert h.time == pytest.approx(sum(r["dt"] for r in steps), rel=1e-9)
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert h.evals == [(r["step"], r["val_loss"], r["val_bpb"]) for r in evals]
+    assert h.tasks["piqa"] == [(r["step"], r["tasks"]["piqa"]["accuracy"]) for r in evals]
+
+
+def test_a_chart_gets_at_most_the_points_it_asks_for_exact_rows_where_they_fit():
+    h = fold(run_rows(100_000))
+    for most in (1, 80, 240, 1000):
+        points = h.points(most)
+        assert 0 < len(points) <= most and points[0].first_step == 1 and points[-1].last_step == 100_000
+        assert sum(p.n for p in points) == 100_000
+    short = fold(run_rows(300))
+    assert [(p.step, p.loss) for p in short.points(600)] == [(r.step, r.loss) for r in short.recent()]
+    zoomed = h.points(200, lo=90_000, hi=95_000)
+    assert len(zoomed) <= 200 and zoomed[0].first_step <= 90_000 <= zoomed[0].last_step + h.width
+    assert zoomed[-1].last_step >= 95_000 and all(p.last_step - p.first_step < 64 for p in zoomed)
+
+
+def test_a_rollback_folds_as_if_the_redone_steps_were_never_there():
+    """A rollback goes back to the last checkpoint and redoes the steps after it on other batches:
+    metrics.jsonl holds both. The rows since that checkpoint are in the exact tail, so the cut
+    is exact: the history equals the one folded from the rows that stand, spikes kept."""
+    rows = run_rows(49_700)  # checkpoints every 1000: the last at 49,000
+    redone = [dict(r, loss=r["loss"] + 1) if r["kind"] == "step" else r
+              for r in run_rows(60_000, seed=1) if r["step"] > 49_000]
+    spike = {"kind": "spike", "time": 0, "step": 49_700, "loss": 99.0, "mean_loss": 3.0, "z": 9.0,
+             "grad_norm": 1.0, "z_grad": None, "action": "rollback"}
+    live = fold(rows + [spike] + redone)
+    reference = fold([r for r in rows if r["step"] <= 49_000] + redone)
+    assert curve(live) == curve(reference)
+    assert live.spikes == [(49_700, 99.0, "rollback")]
+    # Behind the rows the tail keeps, a cut cannot be undone in place, and says so.
+    assert not fold(run_rows(20_000)).cut(3000)
+
+
+def write_metrics(path, rows) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_folder_read_whole_or_from_its_summary_is_the_same_history(tmp_path):
+    rows = run_rows(30_000, checkpoint_every=40_000)  # no checkpoint: a rollback behind the tail
+    redone = [r for r in run_rows(35_000, seed=1) if r["step"] > 5_000]
+    write_metrics(tmp_path / METRICS, rows + redone)
+    reference = fold([r for r in rows if r["step"] <= 5_000] + redone)
+    whole, offset, _ = history_file.load(tmp_path)
+    assert curve(whole) == curve(reference)
+    assert offset == (tmp_path / METRICS).stat().st_size
+    assert (tmp_path / history_file.SUMMARY).is_file()  # written for the next reader: 35k rows were folded
+    # More rows, and a row being written: the summary plus the rows after it, not the half line.
+    more = run_rows(36_000, seed=2)[-1200:]
+    with open(tmp_path / METRICS, "a") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in more) + '{"kind": "step", "ste')
+    again, _, _ = history_file.load(tmp_path)
+    assert curve(again) == curve(fold([r for r in rows if r["step"] <= 5_000] + redone + more))
+
+
+def test_the_engines_summary_survives_a_resume_and_a_rewritten_file_is_noticed(tmp_path):
+    """The engine folds each row it writes and saves at each checkpoint row. A resume from that
+    checkpoint drops the rows past it (truncate_metrics): the summary still fits, and the folder
+    reads as if built from scratch. A resume from an older checkpoint rewrites the file under the
+    summary: noticed, and folded whole."""
+    rows = run_rows(12_000, checkpoint_every=5000)
+    summary = history_file.Summarised(tmp_path)
+    log = MetricsLog(tmp_path / METRICS, summary.written)
+    for row in rows:
+        log.write(row["kind"], **{k: v for k, v in row.items() if k not in ("kind", "time")})
+    log.close()
+    saved = json.loads((tmp_path / history_file.SUMMARY).read_text())
+    assert saved["history"]["last"]["step"] == 10_000  # saved with the checkpoint row at 10,000
+    written = [json.loads(line) for line in (tmp_path / METRICS).read_text().splitlines()]
+    for step in (10_000, 5000):
+        truncate_metrics(tmp_path / METRICS, step)
+        history, _, _ = history_file.load(tmp_path, write=False)
+        assert curve(history) == curve(fold([r for r in written if r["step"] <= step]))
+
+
+def deep_size(obj: object) -> int:
+    """Bytes held by `obj` and everything it refers to (types and modules aside)."""
+    seen, stack, total = set(), [obj], 0
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, (type, types.ModuleType, types.FunctionType)):
+            continue
+        seen.add(id(o))
+        total += sys.getsizeof(o)
+        stack.extend(gc.get_referents(o))
+    return total
+
+
+def test_memory_does_not_grow_with_the_rows():
+    def size(n: int) -> int:
+        h = History()
+        for s, loss in losses(n):
+            h.add_step(s, loss, 1e-3, 0.25, 1000.0)
+            if s % 1000 == 0:
+                h.add_checkpoint(s, "c")
+        h.points(400)  # what a chart keeps of it too
+        assert h.count == n
+        return deep_size(h)
+
+    small, large = size(100_000), size(1_000_000)
+    assert large < 1.3 * small, (small, large)
+    assert large < 4_000_000
