@@ -162,6 +162,14 @@ class Catchup:
     viewers: int = 1
 
 
+@dataclass
+class HistoryRead:
+    """Not from the engine: a viewer's reading of the run folder (core/run/history_file.py), the
+    run so far in a history whose size does not grow with it. It replaces whatever history a
+    front-end had folded; live events follow from where it ends."""
+    history: Any  # core.run.history.History
+
+
 FAILED_LINE = "engine: run failed: "  # how train.log records a failure; the front-ends say it their way
 
 

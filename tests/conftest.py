@@ -160,6 +160,15 @@ def drive_engine(cfg: Config, run_dir: Path, on_event=None, timeout: float = 300
     return engine, events
 
 
+def ema(values: list[float], beta: float = 0.9) -> list[float]:
+    """The bias-corrected EMA a chart draws, computed whole: what the history's running one must equal."""
+    out, avg = [], 0.0
+    for i, v in enumerate(values, 1):
+        avg = beta * avg + (1 - beta) * v
+        out.append(avg / (1 - beta**i))
+    return out
+
+
 def losses(events) -> list[float]:
     return [e.loss for e in events if isinstance(e, P.StepMetrics)]
 

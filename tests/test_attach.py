@@ -139,7 +139,10 @@ def test_attaching_shows_the_whole_history_then_live_steps_once_each(background)
     try:
         def caught_up() -> bool:
             while (ev := viewer.poll(timeout=0.05)) is not None:  # a step every few ms: it may never pause
-                if isinstance(ev, P.StepMetrics):
+                if isinstance(ev, P.HistoryRead):  # the folder's: every step so far, a row each while short
+                    assert ev.history.count == ev.history.last_step >= before
+                    seen.extend(r.step for r in ev.history.recent())
+                elif isinstance(ev, P.StepMetrics):
                     seen.append(ev.step)
                     if ev.step >= before + 5:
                         return True
@@ -248,7 +251,7 @@ async def test_the_launch_screen_lists_a_live_run_first_and_enter_attaches(backg
         await pilot.press("enter")
         dash = dashboard(app)
         await wait_for(pilot, lambda: dash.view.step > int(step.split("/")[0]), what="live steps, attached")
-        assert dash.view.steps[0] == 1  # its history too
+        assert dash.view.history.recent()[0].step == 1  # its history too
         other = RunViewer(background)  # a second front-end pauses it: this cockpit shows it too
         try:
             other.send(P.Pause())
@@ -288,6 +291,11 @@ async def test_each_cockpits_chat_asks_under_ids_of_its_own():
         assert not one.history[sent[0].request_id].done and one.history[sent[0].request_id].rows == {}
 
 
+def steps_read(events) -> list[int]:
+    """The steps of the history a viewer read."""
+    return [r.step for e in events if isinstance(e, P.HistoryRead) for r in e.history.recent()]
+
+
 def test_a_row_being_written_is_not_read_as_a_row(tmp_path):
     """A viewer attaching (or a comparison) reads metrics.jsonl while the engine appends to it:
     the last line may be half written. It is left for the next read, never a crash."""
@@ -298,7 +306,7 @@ def test_a_row_being_written_is_not_read_as_a_row(tmp_path):
     whole = json.dumps(step) + "\n"
     (tmp_path / "metrics.jsonl").write_text(whole + json.dumps({**step, "step": 2})[:40])
     assert [r["step"] for r in read_metrics(tmp_path)] == [1]
-    assert [e.step for e in history(tmp_path, 4) if isinstance(e, P.StepMetrics)] == [1]
+    assert steps_read(history(tmp_path)) == [1]
     (tmp_path / "metrics.jsonl").write_text(whole + json.dumps({**step, "step": 2}) + "\n")
     assert [r["step"] for r in read_metrics(tmp_path, "step")] == [1, 2]
 
@@ -314,12 +322,12 @@ def test_a_row_cut_by_a_kill_and_written_on_is_passed_over(tmp_path):
     (tmp_path / "metrics.jsonl").write_bytes(
         (json.dumps(step) + "\n" + cut).encode() + b"\xff" + (failure + "\n" + json.dumps({**step, "step": 3}) + "\n").encode())
     assert [r["step"] for r in read_metrics(tmp_path, "step")] == [1, 3]
-    assert [e.step for e in history(tmp_path, 4) if isinstance(e, P.StepMetrics)] == [1, 3]
+    assert steps_read(history(tmp_path)) == [1, 3]
 
 
 def test_a_step_s_validation_and_task_scores_reach_a_viewer_once_each(tmp_path):
     """The validation loss and the task scores have cadences of their own: one step may bring
-    both, as two evaluations. A viewer attaching shows each from the history, and neither again
+    both, as two evaluations. A viewer attaching reads each in the history, and neither comes again
     when the engine's events for them come after it (they were written first)."""
     from .test_cli_failures import serve
 
@@ -338,8 +346,10 @@ def test_a_step_s_validation_and_task_scores_reach_a_viewer_once_each(tmp_path):
         while not seen or seen[-1] != P.LogLine("end"):
             seen.append(viewer.poll(10))
             assert seen[-1] is not None, f"the events never came: {seen}"
-        assert [e for e in seen if isinstance(e, P.EvalMetrics)] == [
-            val, tasks, P.EvalMetrics(8, 3.2, 1.1), P.EvalMetrics(8, None, None, scores, 0.12)]
+        (read,) = [e for e in seen if isinstance(e, P.HistoryRead)]  # the history: both at step 4
+        assert read.history.evals == [(4, 3.41, 1.2)] and read.history.tasks == {"python-functions": [(4, 0.43)]}
+        assert [e for e in seen if isinstance(e, P.EvalMetrics)] == [  # step 4's live events: not again
+            P.EvalMetrics(8, 3.2, 1.1), P.EvalMetrics(8, None, None, scores, 0.12)]
         viewer.close()
     finally:
         server.close(grace=1)

@@ -257,7 +257,8 @@ def test_evaluations_read_back_print_their_scores_and_one_of_tasks_alone_leaves_
             {"kind": "eval", "time": 2.0, "step": 30, "tasks": scores},
             {"kind": "eval", "time": 3.0, "step": 40, "val_loss": 3.2, "val_bpb": 1.1, "tasks": later, "core": 0.12}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    evals = [e for e in history(tmp_path) if isinstance(e, P.EvalMetrics)]
+    evals = [P.EvalMetrics(r["step"], r.get("val_loss"), r.get("val_bpb"), r.get("tasks") or {}, r.get("core"))
+             for r in rows]
     assert [eval_line(e) for e in evals] == [
         "eval step 20 | val loss 3.4100 | val bpb 1.2000",
         "eval step 30 | python-functions 0.430",
@@ -273,3 +274,10 @@ def test_evaluations_read_back_print_their_scores_and_one_of_tasks_alone_leaves_
     assert view.last_eval == evals[2] and (view.val_steps, view.val_losses) == ([20, 40], [3.41, 3.2])
     assert view.tasks == {"python-functions": [(30, 0.43), (40, 0.45)], "arc-easy": [(40, 0.5)]}
     assert view.last_tasks == later and view.last_core == 0.12
+    # A viewer attaching reads the same from the folder.
+    (read,) = [e for e in history(tmp_path) if isinstance(e, P.HistoryRead)]
+    attached = progressed_view()
+    attached.apply(read)
+    assert (attached.last_eval.step, attached.last_eval.val_loss) == (40, 3.2)
+    assert (attached.val_steps, attached.val_losses, attached.tasks) == (view.val_steps, view.val_losses, view.tasks)
+    assert attached.last_tasks == later and attached.last_core == 0.12

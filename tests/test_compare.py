@@ -19,7 +19,7 @@ from lmcockpit.tui.screens.side_by_side import CompareScreen
 from lmcockpit.tui.screens.launch import LaunchScreen
 from lmcockpit.tui.widgets.compare_chart import CompareChart
 
-from .conftest import cli, drive_engine, tiny_config
+from .conftest import cli, drive_engine, tiny_config, ema
 from .test_cockpit import shown_in, wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -43,7 +43,7 @@ def test_a_run_folder_reads_into_its_curves_and_summary(runs):
     steps = read_metrics(runs / "lr-high", "step")
     evals = read_metrics(runs / "lr-high", "eval")
     assert run.name == "lr-high" and run.status == "finished"
-    assert run.steps == list(range(1, 13)) and run.losses == [r["loss"] for r in steps]
+    assert [(r.step, r.loss) for r in run.history.recent()] == [(r["step"], r["loss"]) for r in steps]
     assert (run.val_steps, run.val_losses) == ([6, 12], [r["val_loss"] for r in evals])
     assert run.final_loss == steps[-1]["loss"]
     best = min(evals, key=lambda r: r["val_loss"])
@@ -52,10 +52,11 @@ def test_a_run_folder_reads_into_its_curves_and_summary(runs):
     assert run.median_tokens_per_s == pytest.approx((rates[5] + rates[6]) / 2 if len(rates) % 2 == 0 else rates[5])
     assert run.train_time == pytest.approx(sum(r["dt"] for r in steps))
     tokens_per_step = 8 * 1 * 64  # debug: micro-batch 8, no accumulation, 64 tokens a sequence
-    assert run.x("tokens") == [s * tokens_per_step for s in range(1, 13)]
-    assert run.x("time")[-1] == pytest.approx(run.train_time)
+    assert run.curve("tokens", 100)[0] == [s * tokens_per_step for s in range(1, 13)]
+    times = run.curve("time", 100)[0]
+    assert times[-1] == pytest.approx(run.train_time)
     # an evaluation sits at the training time its step had reached
-    assert run.val_x("time") == [run.x("time")[5], run.x("time")[11]]
+    assert run.val_x("time") == [times[5], times[11]]
 
 
 def test_a_run_continued_from_an_earlier_step_reads_as_it_stands(runs, tmp_path):
@@ -73,8 +74,10 @@ def test_a_run_continued_from_an_earlier_step_reads_as_it_stands(runs, tmp_path)
 
     run = load_run(stitched)
     high, low = load_run(runs / "lr-high"), load_run(runs / "lr-low")
-    assert run.steps == list(range(1, 13))
-    assert run.losses == high.losses[:6] + low.losses[6:]
+    def losses(r):
+        return [row.loss for row in r.history.recent()]
+    assert [row.step for row in run.history.recent()] == list(range(1, 13))
+    assert losses(run) == losses(high)[:6] + losses(low)[6:]
     assert run.val_steps == [6, 12] and run.val_losses == [high.val_losses[0], low.val_losses[1]]
     # the time the run as it stands took: the abandoned steps 7-12 left out
     high_rows, low_rows = read_metrics(runs / "lr-high", "step"), read_metrics(runs / "lr-low", "step")
@@ -176,7 +179,7 @@ async def test_marked_runs_open_side_by_side_and_come_back_marked(runs):
         await pilot.press("x")
         await wait_for(pilot, lambda: "loss by tokens" in drawn(), what="the tokens axis")
         await pilot.press("x")
-        await wait_for(pilot, lambda: "training time (s)" in drawn(), what="the time axis")
+        await wait_for(pilot, lambda: "loss by training time" in drawn(), what="the time axis")
         await pilot.press("l")
         await wait_for(pilot, lambda: "(log scale)" in drawn(), what="the log scale")
         assert chart.error == ""
@@ -268,7 +271,6 @@ async def test_b_draws_a_finished_run_under_the_live_curves_and_takes_it_away(ru
     curves (its smoothed loss and validation points), and b again offers to remove it."""
     from textual.widgets import OptionList
 
-    from lmcockpit.core.run.curves import ema
     from lmcockpit.tui.screens.dialogs import BaselinePicker
     from lmcockpit.tui.widgets.charts import LossChart
 
@@ -290,8 +292,10 @@ async def test_b_draws_a_finished_run_under_the_live_curves_and_takes_it_away(ru
         await pilot.press("enter")
         await wait_for(pilot, lambda: chart.baseline is not None, what="the baseline to load")
         low = load_run(runs / "lr-low")
-        assert chart.baseline.name == "lr-low" and chart.baseline.steps == low.steps
-        assert chart.baseline.ema == ema(low.losses) and chart.baseline.val_losses == low.val_losses
+        drawn = chart.baseline.history.recent()
+        assert chart.baseline.name == "lr-low" and [r.step for r in drawn] == list(range(1, 13))
+        assert [r.ema for r in drawn] == ema([r.loss for r in low.history.recent()])
+        assert chart.baseline.history.evals == low.history.evals
         await pilot.pause()
         shown = chart.render().plain
         assert "base lr-low" in shown and "ema" in shown and chart.error == ""

@@ -45,8 +45,9 @@ async def test_a_run_detached_from_the_cockpit_trains_on_and_attaching_shows_it_
             dash = dashboard(second)
             target = last_step(run) + 3
             await wait_for(pilot, lambda: dash.view.step >= target, what="live steps in the attached cockpit")
-            assert dash.view.steps[:detached_at] == list(range(1, detached_at + 1))  # the history, from step 1
-            assert dash.view.steps == list(range(1, dash.view.step + 1))
+            steps = [r.step for r in dash.view.history.recent()]
+            assert steps[:detached_at] == list(range(1, detached_at + 1))  # the history, from step 1
+            assert steps == list(range(1, dash.view.step + 1))
             await pilot.press("p")  # the controls work on an attached run
             await wait_for(pilot, lambda: dash.view.state == P.PAUSED, what="the pause")
             await pilot.press("q")

@@ -61,8 +61,8 @@ def result_rows(runs: list[RunCurves]) -> list[Row]:
         ("best val loss", [f"{b[0]:.4f} @ {b[1]}" if (b := r.best_val) else DASH for r in runs]),
         *task_rows(runs),
         ("tokens/s", [f"{t:,.0f}" if (t := r.median_tokens_per_s) is not None else DASH for r in runs]),
-        ("time", [fmt_time(r.train_time) if r.steps else DASH for r in runs]),
-        ("steps", [str(r.steps[-1]) if r.steps else "0" for r in runs]),
+        ("time", [fmt_time(r.train_time) if r.has_steps else DASH for r in runs]),
+        ("steps", [str(r.last_step) if r.has_steps else "0" for r in runs]),
         ("state", [r.status for r in runs]),
     ]
 

@@ -4,13 +4,12 @@ Torch-free. Its figures are written out by `formatting`."""
 
 from __future__ import annotations
 
-from bisect import bisect_right
 
 import time
 from dataclasses import dataclass, field
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.run.curves import EMA_BETA
+from lmcockpit.core.run.history import History
 from lmcockpit.core.run.target import Forecast, forecast_aim
 
 @dataclass
@@ -40,19 +39,10 @@ class RunState:
     first_loss: float | None = None
     last_checkpoint: str = ""
     samples: dict[str, str] = field(default_factory=dict)
-    # the whole history, for the charts (they downsample it, never truncate it)
-    steps: list[int] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
-    # the train loss's EMA, kept step by step: a redraw of a long run never recomputes it whole
-    smoothed: list[float] = field(default_factory=list)
-    ema_sum: float = 0.0  # the EMA before its bias correction
-    lrs: list[float] = field(default_factory=list)
-    val_steps: list[int] = field(default_factory=list)
-    val_losses: list[float] = field(default_factory=list)
-    tasks: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # each task's accuracy by step
-    spikes: list[tuple[int, float, str]] = field(default_factory=list)  # (step, loss, what was done), for the chart
+    # The run so far for the charts, at a size that does not grow with it (core/run/history.py):
+    # buckets of steps, the recent steps, every evaluation, checkpoint and spike exact.
+    history: History = field(default_factory=History)
     _forecast: Forecast | None = None  # fitted again only after a new evaluation, when asked for
-    rollbacks: int = 0
     lr: float | None = None
     grad_norm: float | None = None
     tokens_seen: int = 0
@@ -103,11 +93,7 @@ class RunState:
             self.step, self.loss = ev.step, ev.loss
             self.mfu_seconds = ev.mfu * ev.dt if ev.mfu is not None else None
             self.lr, self.grad_norm, self.tokens_seen, self.mem = ev.lr, ev.grad_norm, ev.tokens_seen, ev.mem
-            self.steps.append(ev.step)
-            self.losses.append(ev.loss)
-            self.ema_sum = EMA_BETA * self.ema_sum + (1 - EMA_BETA) * ev.loss  # as compare.ema, a step at a time
-            self.smoothed.append(self.ema_sum / (1 - EMA_BETA ** len(self.losses)))
-            self.lrs.append(ev.lr)
+            self.history.add_step(ev.step, ev.loss, ev.lr, ev.dt, ev.tokens_per_s)
             if self.first_loss is None:
                 self.first_loss = ev.loss
             elif self.dt_ema is None:  # the first step carries compilation: leave it out of the rate
@@ -128,38 +114,83 @@ class RunState:
             self.failure = ev
         elif isinstance(ev, P.CheckpointWritten):
             self.last_checkpoint = ev.path
+            self.history.add_checkpoint(ev.step, ev.path)
         elif isinstance(ev, P.SampleText):
             self.samples[ev.request_id] = self.samples.get(ev.request_id, "") + ev.text
         elif isinstance(ev, P.SpikeSeen):
-            self.spikes.append((ev.step, ev.loss, ev.action))
+            self.history.spikes.append((ev.step, ev.loss, ev.action))
         elif isinstance(ev, P.RolledBack):
-            self.roll_back(ev.to_step)
+            self.roll_back(ev.step, ev.to_step)
+        elif isinstance(ev, P.HistoryRead):
+            self.read_history(ev.history)
 
-    def roll_back(self, to_step: int) -> None:
-        """The curves as they were at `to_step`: the steps after it come again, on other batches."""
-        self.rollbacks += 1
-        cut = bisect_right(self.steps, to_step)
-        del self.steps[cut:], self.losses[cut:], self.smoothed[cut:], self.lrs[cut:]
-        # The EMA as it stood: the bias-corrected value times the correction undone.
-        self.ema_sum = self.smoothed[-1] * (1 - EMA_BETA ** len(self.smoothed)) if self.smoothed else 0.0
-        cut = bisect_right(self.val_steps, to_step)
-        del self.val_steps[cut:], self.val_losses[cut:]
+    def roll_back(self, spike_step: int, to_step: int) -> None:
+        """The curves as they were at `to_step`: the steps after it come again, on other batches.
+        (A cut behind the history's exact rows, after a checkpoint interval longer than them, loses
+        the rows of one bucket before `to_step` until the next attach reads the folder again.)"""
+        self.history.cut(to_step + 1)
+        self.history.rollbacks.append((spike_step, to_step))
         self._forecast = None
-        for scores in self.tasks.values():
-            del scores[bisect_right([step for step, _ in scores], to_step):]
         self.step = to_step
-        self.loss = self.losses[-1] if self.losses else None
+        self.loss = self.history.loss
+
+    def read_history(self, h: History) -> None:
+        """The run so far, read from its folder by a viewer: the figures the panels show, as the
+        events that made it would have left them."""
+        self.history = h
+        self._forecast = None
+        last = h.last
+        if h.count:
+            self.step, self.loss, self.first_loss = h.last_step, h.loss, h.first_loss
+            self.lr, self.grad_norm, self.mem = last.get("lr"), last.get("grad_norm"), last.get("mem") or {}
+            self.tokens_seen = h.last_step * self.tokens_per_step
+            if self.train_started_at is None:
+                self.train_started_at = self.clock()
+            # The smoothed step time over the recent rows; the first step carries compilation.
+            rows = [r for r in h.recent() if r.step > 1]
+            self.dt_ema = None
+            for before, row in zip(rows, rows[1:]):
+                dt = row.time - before.time
+                self.dt_ema = dt if self.dt_ema is None else 0.9 * self.dt_ema + 0.1 * dt
+            if last.get("mfu") is not None and last.get("dt"):
+                self.mfu_seconds = last["mfu"] * last["dt"]
+        if h.evals:
+            step, val_loss, val_bpb = h.evals[-1]
+            self.last_eval = P.EvalMetrics(step, val_loss, val_bpb)
+        self.last_tasks = dict(h.last_task_scores)
+        self.last_core = h.core[-1][1] if h.core else None
+        if h.checkpoints:
+            self.last_checkpoint = h.checkpoints[-1][1]
+
+    # What panels and the forecast read of the history.
+    @property
+    def val_steps(self) -> list[int]:
+        return [e[0] for e in self.history.evals]
+
+    @property
+    def val_losses(self) -> list[float]:
+        return [e[1] for e in self.history.evals]
+
+    @property
+    def tasks(self) -> dict[str, list[tuple[int, float]]]:
+        return self.history.tasks
+
+    @property
+    def spikes(self) -> list[tuple[int, float, str]]:
+        return self.history.spikes
+
+    @property
+    def rollbacks(self) -> int:
+        return len(self.history.rollbacks)
 
     def apply_eval(self, ev: P.EvalMetrics) -> None:
         """The validation loss and the task scores have cadences of their own: an evaluation may
         bring either, or both."""
+        self.history.add_eval(ev.step, ev.val_loss, ev.val_bpb, ev.tasks, ev.core)
         if ev.val_loss is not None:
             self.last_eval = ev
-            self.val_steps.append(ev.step)
-            self.val_losses.append(ev.val_loss)
             self._forecast = None
         for name, scores in ev.tasks.items():
-            self.tasks.setdefault(name, []).append((ev.step, scores["accuracy"]))
             self.last_tasks[name] = scores
             self._forecast = None
         if ev.core is not None:

@@ -5,8 +5,9 @@ It connects to the run host (host.py) through the address in the run's `live.jso
 It offers what runner.ProcessHandle offers the dashboard (`poll`, `send`, `done`, `final_state`,
 `failure`, `run_dir`), so a dashboard does not know whether it owns its engine or watches one.
 On attaching, and again whenever the host says it had to drop events for this viewer, the run's
-history comes from its folder: every step and evaluation from metrics.jsonl, the end of train.log,
-then the host's snapshot (the run's RunStarted, state, progress). The connection is made before
+history comes from its folder: the end of train.log, the history (core/run/history_file.py: a
+summary the engine keeps, and the rows of metrics.jsonl after it), then the host's snapshot (the
+run's RunStarted, state, progress). The connection is made before
 the folder is read, and what arrives meanwhile is kept: the engine writes a step's line before it
 sends the step's event, so every step is in the file or still to come, and none is shown twice.
 It attaches only to the user's own run host, checked before the handshake (live.py says how): what
@@ -27,7 +28,8 @@ from multiprocessing import AuthenticationError, connection
 from pathlib import Path
 
 from .. import protocol as P
-from ..run.folder import METRICS, TRAIN_LOG, read_metrics, tail_lines
+from ..run import history_file
+from ..run.folder import TRAIN_LOG, tail_lines
 from ..run.safe_files import NotOwnFile
 from . import live
 
@@ -72,26 +74,11 @@ def connect(address: str, authkey: bytes, pid: int | None = None) -> connection.
     return conn
 
 
-def history(run_dir: Path, tokens_per_step: int = 0) -> list[object]:
-    """The run so far, as the events that told it: the end of train.log, then every step,
-    evaluation and checkpoint metrics.jsonl holds."""
+def history(run_dir: Path) -> list[object]:
+    """The run so far: the end of train.log as log lines, then the run folder's history
+    (history_file: its summary and the rows of metrics.jsonl after it) as one HistoryRead."""
     events: list[object] = [P.LogLine(line) for line in tail_lines(Path(run_dir) / TRAIN_LOG, LOG_HISTORY_BYTES)]
-    if (Path(run_dir) / METRICS).is_file():
-        for row in read_metrics(run_dir):
-            kind = row.get("kind")
-            if kind == "step":
-                events.append(P.StepMetrics(row["step"], row["loss"], row["lr"], row["grad_norm"], row["tokens_per_s"],
-                                            row.get("mfu"), row["dt"], row["step"] * tokens_per_step,
-                                            row.get("mem") or {}))
-            elif kind == "eval":
-                events.append(P.EvalMetrics(row["step"], row.get("val_loss"), row.get("val_bpb"),
-                                            row.get("tasks") or {}, row.get("core")))
-            elif kind == "checkpoint":
-                events.append(P.CheckpointWritten(row["step"], row["path"]))
-            elif kind == "spike":
-                events.append(P.SpikeSeen(row["step"], row["loss"], row["action"], live=False))
-            elif kind == "rollback":
-                events.append(P.RolledBack(row["step"], row["to_step"]))
+    events.append(P.HistoryRead(history_file.load(Path(run_dir))[0]))
     return events
 
 
@@ -167,7 +154,7 @@ class RunViewer:
     def _catch_up(self, catchup: P.Catchup) -> None:
         self.viewers = catchup.viewers
         started = next((e for e in catchup.snapshot if isinstance(e, P.RunStarted)), None)
-        past = history(self.run_dir, started.tokens_per_step if started else 0)
+        past = history(self.run_dir)
         if catchup.reason == "lagged":  # the log pane has the lines it showed; steps may be missing
             past = [e for e in past if not isinstance(e, P.LogLine)]
         # The snapshot's RunStarted first (it resets the view), then what happened, then the state now.
@@ -196,6 +183,8 @@ class RunViewer:
             self._shown[what] = event.step
         elif isinstance(event, P.RunStarted):
             self._shown.clear()
+        elif isinstance(event, P.HistoryRead):
+            self._shown.update(_history_shown(event.history))
         elif isinstance(event, P.RolledBack):
             # The steps after to_step come again, on other batches: not copies of those shown.
             self._shown = {what: min(step, event.to_step) for what, step in self._shown.items()}
@@ -283,6 +272,16 @@ def _what(event: object) -> object:
     if isinstance(event, P.EvalMetrics):
         return P.EvalMetrics, event.val_loss is not None, bool(event.tasks)
     return type(event)
+
+
+def _history_shown(h) -> dict[object, int]:
+    """What `_fresh` counts as shown once a history is: its last step, evaluation of each kind and
+    checkpoint. An evaluation with both a validation loss and task scores is a copy if both are."""
+    val = h.evals[-1][0] if h.evals else -1
+    tasks = max((points[-1][0] for points in h.tasks.values() if points), default=-1)
+    return {P.StepMetrics: h.last_step if h.count else -1, (P.EvalMetrics, True, False): val,
+            (P.EvalMetrics, False, True): tasks, (P.EvalMetrics, True, True): min(val, tasks),
+            P.CheckpointWritten: h.checkpoints[-1][0] if h.checkpoints else -1}
 
 
 def _record(run_dir: Path) -> live.LiveRecord:

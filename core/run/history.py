@@ -25,7 +25,7 @@ history read back is the one written. No torch.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
@@ -156,8 +156,7 @@ class History:
         self.rollbacks: list[tuple[int, int]] = []  # (spike step, to step): never cut
         self.targets: list[tuple[int, str, float, float]] = []
         self.samples: list[tuple[int, str, str]] = []  # (step, prompt, text)
-        self._cache_key: tuple | None = None
-        self._cache: list[Point] = []
+        self._cache: dict[int, tuple[tuple, list[Point]]] = {}  # by resolution: _settled's points
 
     # ------------------------------------------------------------------------- folding
     def add_step(self, step: int, loss: float, lr: float, dt: float, tokens_per_s: float, **last: Any) -> None:
@@ -274,6 +273,23 @@ class History:
     def ema(self) -> float | None:
         return self.tail[-1][3] if self.tail else None
 
+    def time_at(self, step: int) -> float:
+        """Training seconds through the last step at or before `step`: exact among the recent rows,
+        else read off its bucket (its first and last rows' times, in proportion)."""
+        tail = self.tail
+        if tail and step >= tail[0].step:
+            i = bisect_right(tail, step, key=lambda r: r.step)
+            return tail[i - 1].time
+        buckets = self.buckets.buckets
+        i = bisect_left(buckets, step, key=lambda b: b[MAX])
+        if i == len(buckets):
+            return self.time
+        b = buckets[i]
+        if step < b[MIN]:  # between two buckets, or before the first
+            return buckets[i - 1][MAX + 1] if i else 0.0
+        span = b[MAX] - b[MIN]
+        return b[MIN + 1] + (b[MAX + 1] - b[MIN + 1]) * ((step - b[MIN]) / span if span else 1.0)
+
     @property
     def width(self) -> int:
         """Steps per bucket at the finest resolution."""
@@ -310,10 +326,11 @@ class History:
             last = int(buckets[-1][0]) // factor
             while done and int(buckets[done - 1][0]) // factor == last:
                 done -= 1
-        key = (m, self.buckets.width, self.buckets.generation, done)
-        if self._cache_key != key:
-            self._cache_key, self._cache = key, [Point.of(b) for b in merged(buckets[:done], factor)]
-        return self._cache, buckets[done:]
+        key = (self.buckets.width, self.buckets.generation, done)
+        cached = self._cache.get(m)
+        if cached is None or cached[0] != key:  # a chart and a sparkline each ask at a width of theirs
+            cached = self._cache[m] = key, [Point.of(b) for b in merged(buckets[:done], factor)]
+        return cached[1], buckets[done:]
 
     # ---------------------------------------------------------------------------- saved
     def state(self) -> dict[str, Any]:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lmcockpit.core.run.curves import AXES, RunCurves, axis_scale, load_runs
+from lmcockpit.core.run.curves import AXES, RunCurves, load_runs
+from lmcockpit.core.run.ticks import axis_title, label as label_of, ticks
 from lmcockpit.tui.commands import command_parser
 from lmcockpit.tui.completers import run_folders
 from lmcockpit.tui.rows import labels, result_rows, setting_rows
 from lmcockpit.tui.usage import UsageError, new_console
+
+PNG_POINTS = 2000  # a curve's points in the PNG: twice its 1000 pixels' width
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,23 +43,29 @@ def write_png(runs: list[RunCurves], path: Path, axis: str = "step", log: bool =
         import matplotlib.pyplot as plt
     except ImportError:
         raise UsageError("--png needs matplotlib, which is not installed: pip install 'lmcockpit[plot]'") from None
-    largest = max((max(r.x(axis)[-1:] + r.val_x(axis)[-1:], default=0.0) for r in runs), default=0.0)
-    xlabel, unit = axis_scale(axis, largest)
     fig, ax = plt.subplots(figsize=(10, 6), dpi=100)
     for i, (run, label) in enumerate(zip(runs, labels(runs))):
         color = f"C{i % 10}"
-        if run.steps:
-            ax.plot([x / unit for x in run.x(axis)], run.smoothed, color=color, label=label, linewidth=1.5)
+        if run.has_steps:
+            x, points = run.curve(axis, PNG_POINTS)
+            ax.plot(x, [p.ema for p in points], color=color, label=label, linewidth=1.5)
         if run.val_steps:
-            ax.scatter([x / unit for x in run.val_x(axis)], run.val_losses, color=color, s=24, marker="o",
+            ax.scatter(run.val_x(axis), run.val_losses, color=color, s=24, marker="o",
                        edgecolors="black", linewidths=0.5, zorder=3, label=f"{label} (val)")
+    from matplotlib.ticker import FixedLocator, FuncFormatter
+
+    largest = max((r.largest_x(axis) for r in runs), default=0.0)
+    marks = ticks(axis, 0.0, largest, most=8)
+    if marks:  # as a person writes them: 300k, 1.2M, 2h05
+        ax.xaxis.set_major_locator(FixedLocator([v for v, _ in marks]))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: label_of(axis, v)))
     if log:
         from matplotlib.ticker import FormatStrFormatter
 
         ax.set_yscale("log")
-        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-            axis(FormatStrFormatter("%.3g"))  # loss units (3.5), not 10^x notation
-    ax.set_xlabel(xlabel)
+        for set_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            set_formatter(FormatStrFormatter("%.3g"))  # loss units (3.5), not 10^x notation
+    ax.set_xlabel(axis_title(axis))
     ax.set_ylabel("loss (train: EMA; points: validation)")
     ax.grid(True, alpha=0.3)
     ax.legend()

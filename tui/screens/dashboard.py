@@ -265,16 +265,17 @@ class DashboardScreen(Screen):
         self.redraw_gpus(gpus)
         self.query_one("#memory", Panel).show_rows(memory_rows(v, find_gpu(self.reading, gpus[0]) if gpus else None))
         self.query_one("#host", Panel).show_rows(host_rows(self.reading))
-        lr_max = max(v.lrs) if v.lrs else 1.0
         lr_line = f"lr {v.lr:.2e} " if v.lr is not None else "lr – "
         width = max(8, self.query_one("#lr").size.width - len(lr_line) - 1)
-        self.query_one("#lr", Static).update(lr_line + spark([x / lr_max * 100 for x in v.lrs[::max(1, len(v.lrs) // width)]], width))
+        lrs = [p.lr for p in v.history.points(width)]
+        lr_max = max(lrs) if lrs else 1.0
+        self.query_one("#lr", Static).update(lr_line + spark([x / lr_max * 100 for x in lrs], width))
         width = self.query_one("#stepline").content_region.width or self.size.width
         self.query_one("#stepline", Static).update(step_text(v, width))
         self.query_one("#devices", Static).update(self.device_lines(gpus, width))
         side.fit()
         chart = self.query_one("#loss", LossChart)
-        chart.set_data(v.steps, v.losses, v.smoothed, v.val_steps, v.val_losses, [s for s, _, _ in v.spikes])
+        chart.set_data(v.history)
         chart.redraw()
 
     # -------------------------------------------------------------------------------- actions

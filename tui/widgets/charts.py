@@ -3,8 +3,10 @@
 Train loss raw and smoothed, validation points, optional log scale, and
 optionally a finished run's curves underneath as a baseline.
 
-plotext rebuilds every point on each draw, so the chart plots the whole history downsampled to
-about twice its width, and redraws only when asked (the dashboard asks at a bounded rate).
+plotext rebuilds every point on each draw, so the chart plots the run's history
+(core/run/history.py) at about twice its width, whatever the run's length, and redraws only when
+asked (the dashboard asks at a bounded rate). The step axis is labelled as a person writes it
+(core/run/ticks.py: 300k, 1.2M).
 
 Textual also renders the widget again on its own (a resize, a neighbour appearing), so the plot
 is built afresh from the stored history on every render, never left in plotext between two.
@@ -23,21 +25,8 @@ from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
 from lmcockpit.core.run.curves import RunCurves
-
-
-def downsample(xs: list[int], ys: list[float], points: int) -> tuple[list[float], list[float]]:
-    """At most `points` points: the mean of each consecutive bucket, so the whole history shows
-    and a spike still moves its bucket."""
-    n = len(xs)
-    if n <= points or points <= 0:
-        return list(map(float, xs)), list(ys)
-    out_x, out_y = [], []
-    for b in range(points):
-        lo, hi = b * n // points, (b + 1) * n // points
-        if hi > lo:
-            out_x.append(sum(xs[lo:hi]) / (hi - lo))
-            out_y.append(sum(ys[lo:hi]) / (hi - lo))
-    return out_x, out_y
+from lmcockpit.core.run.history import History
+from lmcockpit.core.run.ticks import ticks
 
 
 def log_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
@@ -101,19 +90,24 @@ class Chart(PlotextPlot):
         return rendered
 
 
+def set_x_ticks(plt, axis: str, xs: list[float], width: int) -> None:
+    """Tick labels a person would write (core/run/ticks.py): whole steps, 300k, 1.2M, 2h05."""
+    if xs:
+        marks = ticks(axis, min(xs), max(xs), most=max(2, min(6, width // 12)))
+        if marks:
+            plt.xticks([v for v, _ in marks], [text for _, text in marks])
+
+
 @dataclass(frozen=True)
 class Baseline:
-    """A finished run drawn under the live curves: its smoothed train loss and its validation
-    points, computed once (the run does not change)."""
+    """A finished run drawn under the live curves: its history (its smoothed train loss and its
+    validation points), read once (the run does not change)."""
     name: str
-    steps: list[int]
-    ema: list[float]
-    val_steps: list[int]
-    val_losses: list[float]
+    history: History
 
     @classmethod
     def of(cls, run: RunCurves) -> Baseline:
-        return cls(run.name, run.steps, run.smoothed, run.val_steps, run.val_losses)
+        return cls(run.name, run.history)
 
 
 class LossChart(Chart):
@@ -121,28 +115,24 @@ class LossChart(Chart):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.steps: list[int] = []
-        self.losses: list[float] = []
-        self.val_steps: list[int] = []
-        self.val_losses: list[float] = []
+        self.history = History()
         self.baseline: Baseline | None = None
-        self.smoothed: list[float] = []
-        self.spikes: list[int] = []
 
-    def set_data(self, steps, losses, smoothed, val_steps, val_losses, spikes=()) -> None:
-        """`smoothed`: the losses' EMA, kept by the RunState a step at a time; `spikes`: the steps
-        of loss spikes, marked."""
-        self.steps, self.losses, self.smoothed = steps, losses, smoothed
-        self.val_steps, self.val_losses = val_steps, val_losses
-        self.spikes = list(spikes)
+    def set_data(self, history: History) -> None:
+        """The run's history (the RunState's): its curves at the chart's width, its evaluations and
+        its spikes, marked."""
+        self.history = history
 
     def redraw(self) -> None:
         self.refresh()
 
     def values(self) -> list[float]:
-        """Every loss drawn: the live run's and the baseline's."""
-        base = self.baseline
-        return self.losses + self.val_losses + (base.ema + base.val_losses if base else [])
+        """Every loss drawn: the live run's and the baseline's, at the chart's width."""
+        width = 2 * max(10, self.size.width)
+        out = [v for p in self.history.points(width) for v in (p.loss, p.ema)] + [e[1] for e in self.history.evals]
+        if base := self.baseline:
+            out += [p.ema for p in base.history.points(width)] + [e[1] for e in base.history.evals]
+        return out
 
     def build_plot(self) -> None:
         """Put the whole figure into plotext, sized for the widget as it is now."""
@@ -150,29 +140,35 @@ class LossChart(Chart):
         plt.clear_figure()
         log = self.plots_log
         y = plotted(log)
-        if self.log_scale and not log and (self.losses or self.val_losses):
+        h = self.history
+        if self.log_scale and not log and (h.count or h.evals):
             plt.title("loss (log scale needs positive values)")
         else:
             plt.title("loss" + (" (log scale)" if self.log_scale else ""))
         width = max(10, self.size.width)
+        xs: list[float] = []
         if base := self.baseline:  # first, so the live curves draw over it
-            bx, by = downsample(base.steps, base.ema, 2 * width)
-            plt.plot(bx, y(by), label=f"base {base.name}", color="magenta", marker="braille")
-            if base.val_steps:
-                plt.scatter(base.val_steps, y(base.val_losses), label="base val", color="magenta", marker="x")
-        if self.steps:
-            xs, ys = downsample(self.steps, self.losses, 2 * width)
-            plt.plot(xs, y(ys), label="train", color="gray", marker="braille")
-            sx, sy = downsample(self.steps, self.smoothed, 2 * width)
-            plt.plot(sx, y(sy), label="ema", color="cyan", marker="braille")
-        if self.val_steps:
-            plt.scatter(self.val_steps, y(self.val_losses), label="val", color="orange", marker="dot")
-        if self.spikes and self.losses:
+            points = base.history.points(2 * width)
+            bx = [p.step for p in points]
+            plt.plot(bx, y([p.ema for p in points]), label=f"base {base.name}", color="magenta", marker="braille")
+            if base.history.evals:
+                plt.scatter([e[0] for e in base.history.evals], y([e[1] for e in base.history.evals]),
+                            label="base val", color="magenta", marker="x")
+            xs += bx
+        points = h.points(2 * width)
+        if points:
+            px = [p.step for p in points]
+            plt.plot(px, y([p.loss for p in points]), label="train", color="gray", marker="braille")
+            plt.plot(px, y([p.ema for p in points]), label="ema", color="cyan", marker="braille")
+            xs += px
+        if h.evals:
+            plt.scatter([e[0] for e in h.evals], y([e[1] for e in h.evals]), label="val", color="orange", marker="dot")
+        if h.spikes and points:
             # At the top of the losses drawn: a spike's own loss (often tens of times the run's) would
             # squash every curve into the bottom row.
-            top = max(self.losses + self.val_losses)
-            plt.scatter(self.spikes, y([top] * len(self.spikes)), label="spike", color="red", marker="x")
+            top = max([p.loss for p in points] + [e[1] for e in h.evals])
+            plt.scatter([s for s, _, _ in h.spikes], y([top] * len(h.spikes)), label="spike", color="red", marker="x")
         if log:
             set_log_ticks(plt, self.values())
+        set_x_ticks(plt, "step", xs, width)
         plt.xlabel("step")
-

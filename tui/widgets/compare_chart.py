@@ -3,15 +3,16 @@
 Several runs' losses on one plot, a colour each, against step,
 tokens seen or training time, optionally on a log scale.
 
-Built on plotext as LossChart is, with its helpers: each curve downsampled to about twice the
-width, log scale as log10 of the values with tick labels in loss units, and the plot built afresh
+Built on plotext as LossChart is, with its helpers: each curve from its run's history at about
+twice the width, ticks as a person writes them (300k, 2h05), log scale as log10 of the values with tick labels in loss units, and the plot built afresh
 on every render from the runs it holds.
 """
 
 from __future__ import annotations
 
-from lmcockpit.core.run.curves import RunCurves, axis_scale
-from lmcockpit.tui.widgets.charts import Chart, downsample, plotted, set_log_ticks
+from lmcockpit.core.run.curves import RunCurves
+from lmcockpit.core.run.ticks import axis_title
+from lmcockpit.tui.widgets.charts import Chart, plotted, set_log_ticks, set_x_ticks
 
 COLORS = ("cyan", "orange", "green", "magenta", "red", "blue", "yellow", "white")
 
@@ -27,28 +28,32 @@ class CompareChart(Chart):
         self.xlabel = ""
 
     def values(self) -> list[float]:
-        return [v for r in self.runs for v in r.losses + r.val_losses]
+        width = 2 * max(10, self.size.width)
+        return [v for r in self.runs for v in [p.ema for p in r.history.points(width)] + r.val_losses]
 
     def build_plot(self) -> None:
         plt = self.plt
         plt.clear_figure()
         log = self.plots_log
         y = plotted(log)
-        largest = max((max(r.x(self.axis)[-1:] + r.val_x(self.axis)[-1:], default=0.0) for r in self.runs),
-                      default=0.0)
-        self.xlabel, unit = axis_scale(self.axis, largest)
+        self.xlabel = axis_title(self.axis)
         width = max(10, self.size.width)
         self.legend = []
+        xs: list[float] = []
         for i, (run, label) in enumerate(zip(self.runs, self.labels)):
             color = COLORS[i % len(COLORS)]
-            if run.steps:
-                xs, ys = downsample([x / unit for x in run.x(self.axis)], run.smoothed, 2 * width)
-                plt.plot(xs, y(ys), label=label, color=color, marker="braille")
+            if run.has_steps:
+                x, points = run.curve(self.axis, 2 * width)
+                plt.plot(x, y([p.ema for p in points]), label=label, color=color, marker="braille")
                 self.legend.append(label)
+                xs += x
             if run.val_steps:
-                plt.scatter([x / unit for x in run.val_x(self.axis)], y(run.val_losses), color=color, marker="dot")
+                vx = run.val_x(self.axis)
+                plt.scatter(vx, y(run.val_losses), color=color, marker="dot")
+                xs += vx
         if log:
             set_log_ticks(plt, self.values())
+        set_x_ticks(plt, self.axis, xs + [0.0], width)
         scale = " (log scale)" if log else " (log scale needs positive values)" if self.log_scale else ""
         plt.title(f"loss by {self.xlabel}{scale}: lines train EMA, dots validation")
         plt.xlabel(self.xlabel)
