@@ -192,3 +192,28 @@ def test_memory_does_not_grow_with_the_rows():
     small, large = size(100_000), size(1_000_000)
     assert large < 1.3 * small, (small, large)
     assert large < 4_000_000
+
+
+def test_the_engine_keeps_the_summary_through_a_run_and_its_resume(tmp_path):
+    """A real engine run: history.json is written with its checkpoint rows, ends at one, and reads
+    (with the rows after it) as metrics.jsonl folded whole; after a resume in place, the same."""
+    from lmcockpit.core import protocol as P
+    from lmcockpit.core.run.folder import read_metrics
+    from lmcockpit.core.run.resume import plan_resume
+
+    from .conftest import drive_engine, tiny_config
+
+    engine, _ = drive_engine(tiny_config("training.max_steps=10", "checkpoint.every=4", "eval.every=5"), tmp_path)
+    assert engine.final_state == P.FINISHED, engine.failure
+    run = engine.run_dir
+
+    def as_folded_whole() -> None:
+        saved = json.loads((run / history_file.SUMMARY).read_text())
+        assert json.loads(saved["line"])["kind"] == "checkpoint"
+        assert curve(history_file.load(run, write=False)[0]) == curve(fold(read_metrics(run)))
+
+    as_folded_whole()
+    engine, _ = drive_engine(None, None, resume=plan_resume(str(run), ["training.max_steps=14"], None))
+    assert engine.final_state == P.FINISHED, engine.failure
+    assert [r["step"] for r in read_metrics(run, "step")] == list(range(1, 15))
+    as_folded_whole()
