@@ -19,7 +19,7 @@ proves it may attach):
   and a viewer checks the host the same way (live.py says what each end trusts).
 
 The handshake runs in the connection's own thread: a client that connects and says nothing holds
-up no one. Nothing listens on a network port. The host's log (host.log) and the run's (train.log)
+up no one, and is let go after HANDSHAKE_LIMIT. Nothing listens on a network port. The host's log (host.log) and the run's (train.log)
 are appended to never through a link, and only as the user's own files (safe_files). The
 front-end that started the host learns how the run's start went through a pipe of its own
 (report.py).
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import queue
@@ -48,7 +49,7 @@ from .. import protocol as P
 from ..config import Config, config_from_dict, read_toml
 from ..run.folder import CONFIG, TRAIN_LOG
 from ..run.safe_files import open_log
-from ..run.target import forecast_aim
+from ..run.target import Evaluations, forecast_aim
 from . import live
 from .rendezvous import Rendezvous
 from .report import Reports, StartReport
@@ -59,6 +60,10 @@ from .stall import StallWatch
 VIEWER_QUEUE = 4096  # events held for one viewer before it counts as fallen behind
 RECORD_EVERY = 1.0  # seconds between rewrites of live.json's summary
 HOST_LOG = "host.log"  # the host's own stdout and stderr: what went wrong before it could serve
+HANDSHAKE_LIMIT = 10.0  # seconds a connection has to prove the key; a viewer takes milliseconds
+ACCEPT_BACKOFF = 0.2  # seconds between tries to accept while the process has no descriptor to spare
+# accept's errors that pass: out of descriptors or kernel memory, freed as viewers and files close
+SHORT_OF = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
 class HostError(Exception):
@@ -175,17 +180,39 @@ class RunServer:
         self.lock = threading.Lock()
         self.snapshot: dict[type, object] = {}  # the latest RunStarted, StateChanged, Progress
         self.closing = False
-        threading.Thread(target=self._accept, name="accept", daemon=True).start()
+        self.acceptor = threading.Thread(target=self._accept, name="accept", daemon=True)
+        self.acceptor.start()
 
     def _accept(self) -> None:
+        short_since = None  # since when no descriptor has been free to accept with
         while not self.closing:
             try:
                 sock, _ = self.listener.accept()
-            except OSError:
-                break
+            except OSError as e:
+                if self.closing or e.errno not in SHORT_OF:
+                    break  # closed: the run has ended
+                # Out of descriptors for a moment (viewers by the hundred, a low `ulimit -n`): the
+                # connection waits in the listen backlog until some are freed. Ended here, the run
+                # would be served to no one for the rest of its days.
+                if short_since is None:  # said once: to the viewers, and to train.log if it can be opened
+                    short_since = time.monotonic()
+                    self.log(f"out of descriptors ({e.strerror}; ulimit -n): viewers attaching wait until some "
+                             "are freed")
+                time.sleep(ACCEPT_BACKOFF)
+                continue
+            if short_since is not None:
+                self.log(f"accepting viewers again after {time.monotonic() - short_since:.1f} s out of descriptors")
+                short_since = None
             if not self._same_user(sock):
                 continue
-            sock.setblocking(True)
+            try:
+                sock.setblocking(True)
+                # A connection that does not finish the handshake in time is let go: one that
+                # connects and says nothing would hold its thread and descriptor for the run's life.
+                live.time_limits(sock, HANDSHAKE_LIMIT)
+            except OSError:
+                sock.close()  # gone already
+                continue
             conn = connection.Connection(sock.detach())
             threading.Thread(target=self._admit, args=(conn,), name="handshake", daemon=True).start()
 
@@ -207,11 +234,12 @@ class RunServer:
         try:
             connection.deliver_challenge(conn, self.key)
             connection.answer_challenge(conn, self.key)
+            live.time_limits(conn, 0)  # proven: from now on events come when the run makes them
         except AuthenticationError:
             self.log("refused a connection that did not present this run's key")
             conn.close()
             return
-        except (OSError, EOFError):
+        except (OSError, EOFError):  # gone, or silent past HANDSHAKE_LIMIT (EAGAIN)
             conn.close()
             return
         with self.lock:  # the catch-up goes first: no event can come between it and the viewer's joining
@@ -258,6 +286,10 @@ class RunServer:
         deadline = time.monotonic() + grace
         for viewer in viewers:
             viewer.sender.join(max(0.0, deadline - time.monotonic()))
+        # A close alone leaves the accept thread blocked on the socket for ever; a shutdown wakes
+        # it (EINVAL), and it ends.
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         # A host started on this run meanwhile (a resume) has put its own socket at the same path
         # and then written its live.json (this host's went as its engine ended). The inode alone
@@ -283,7 +315,7 @@ class Summary:
         self.record = record
         self.written = 0.0
         self.cfg = cfg
-        self.evals: list[tuple[int, float]] = []
+        self.evals = Evaluations()  # the target's: bounded, a day of evaluations or a year
         self.step_time: float | None = None
 
     def apply(self, event: object) -> None:
@@ -303,17 +335,18 @@ class Summary:
             value = (event.val_loss if t.target_val_loss else
                      (event.tasks.get(t.target_task) or {}).get("accuracy") if t.target_task else None)
             if value is not None:
-                self.evals = [(s, v) for s, v in self.evals if s < event.step] + [(event.step, value)]
-                ahead = forecast_aim(t.target_val_loss, t.target_task, t.target_accuracy, self.evals,
+                self.evals.add(event.step, value)
+                ahead = forecast_aim(t.target_val_loss, t.target_task, t.target_accuracy, self.evals.values(),
                                      self.cfg.tokens_per_step, t.max_steps, self.step_time)
                 r.target = ahead.short(self.cfg.hardware.cost_per_hour)
 
     def write(self, viewers: int, force: bool = False) -> None:
+        """OSError where live.json could not be written (the next try is a RECORD_EVERY later)."""
         now = time.monotonic()
         if force or now - self.written >= RECORD_EVERY:
             self.record.viewers = viewers
-            self.record.write()
             self.written = now
+            self.record.write()
 
 
 def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None, ready_fd: int | None = None,
@@ -364,7 +397,10 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
             word.heard(news_event)
         if event is not None:
             report.event(event)
-        summary.write(server.count, force=bool(said))
+        # Not written (a full disk, no descriptor free for the moment): the listing shows the last
+        # one a little longer. The run and its viewers need no live.json to go on.
+        with contextlib.suppress(OSError):
+            summary.write(server.count, force=bool(said))
 
     report.ended(engine.final_state or P.FAILED, engine.failure)
     word.ended(engine.final_state or P.FAILED, engine.failure)

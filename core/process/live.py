@@ -287,3 +287,14 @@ def survey() -> tuple[list[LiveRun], list[Unreadable]]:
 def live_runs() -> list[LiveRun]:
     """The runs of `survey` whose live.json reads."""
     return survey()[0]
+
+
+def time_limits(conn_or_sock, seconds: float) -> None:
+    """Reads and writes on the socket fail (EAGAIN) after `seconds` without progress; 0: never.
+    Both ends' handshakes have one: a peer that connects and says nothing must hold up no one.
+    Set through a copy of the descriptor: the socket stays blocking, as multiprocessing's
+    Connection reads it."""
+    limit = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+    with socket.socket(fileno=os.dup(conn_or_sock.fileno())) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)

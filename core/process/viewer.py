@@ -20,7 +20,6 @@ import contextlib
 import os
 import queue
 import socket
-import struct
 import subprocess
 import threading
 import time
@@ -41,14 +40,6 @@ class NotLive(Exception):
     """The run is not served (ended, or its host died): the message says which, and what to do."""
 
 
-def _time_limits(conn_or_sock, seconds: float) -> None:
-    """Reads and writes on the socket fail (EAGAIN) after `seconds` without progress; 0: never."""
-    limit = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
-    with socket.socket(fileno=os.dup(conn_or_sock.fileno())) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
-
-
 def connect(address: str, authkey: bytes, pid: int | None = None) -> connection.Connection:
     """multiprocessing's Client, with a time limit on the connect and the handshake: a socket that
     accepts and never answers (a host frozen, or something else at that path) would otherwise
@@ -57,7 +48,7 @@ def connect(address: str, authkey: bytes, pid: int | None = None) -> connection.
     what comes through it is unpickled, so it must be this user's process (`pid`, where given)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        _time_limits(sock, HANDSHAKE_TIMEOUT)
+        live.time_limits(sock, HANDSHAKE_TIMEOUT)
         sock.connect(address)
         live.check_peer(sock, pid)
     except BaseException:
@@ -67,7 +58,7 @@ def connect(address: str, authkey: bytes, pid: int | None = None) -> connection.
     try:
         connection.answer_challenge(conn, authkey)
         connection.deliver_challenge(conn, authkey)
-        _time_limits(conn, 0)
+        live.time_limits(conn, 0)
     except BaseException:
         conn.close()
         raise

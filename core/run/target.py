@@ -381,3 +381,46 @@ def spread(evals: list[tuple[int, float]], most: int = SPREAD) -> list[tuple[int
     if n <= most:
         return list(evals)
     return [evals[i] for i in sorted({round(k * (n - 1) / (most - 1)) for k in range(most)})]
+
+
+EVALS_KEPT = 1024  # evaluations a forecast in live.json is fitted from at most: see Evaluations
+
+
+class Evaluations:
+    """The (step, value) pairs a run's forecast is fitted from, in a memory that does not grow
+    with the run: every one while there are at most `most`, then every `stride`-th and the latest,
+    the stride doubling each time they would be more. A host serves runs of a million steps.
+
+    target.spread fits at most SPREAD of them, evenly spread, the first and last among them: up to
+    `most` evaluations it is given the very list the cockpit gives it (which keeps them all), so
+    the forecasts are the same; past that, SPREAD points still evenly spread over the run, the
+    same first and last, each within a stride and a half of one it would have picked from all."""
+
+    def __init__(self, most: int = EVALS_KEPT):
+        self.most = max(most, 2 * SPREAD)  # a thinning keeps half: never fewer than a fit takes
+        self.kept: list[tuple[int, int, float]] = []  # (which evaluation, its step, its value)
+        self.stride = 1
+        self.count = 0  # evaluations so far: the next one's number
+
+    def add(self, step: int, value: float) -> None:
+        if self.kept and step <= self.kept[-1][1]:
+            # A run rolled back (or resumed behind its last evaluation) evaluates those steps again:
+            # its later values are the run as it stands, as target._usable reads a metrics log.
+            # Those of the cut that were thinned away are not counted again.
+            self.kept = [kept for kept in self.kept if kept[1] < step]
+            self.count = self.kept[-1][0] + 1 if self.kept else 0
+            if not self.kept:
+                self.stride = 1
+        elif self.kept and self.kept[-1][0] % self.stride:
+            self.kept.pop()  # kept only as the latest, which it is no more
+        self.kept.append((self.count, step, value))
+        self.count += 1
+        if len(self.kept) > self.most:
+            self.stride *= 2
+            self.kept = [kept for kept in self.kept[:-1] if kept[0] % self.stride == 0] + self.kept[-1:]
+
+    def values(self) -> list[tuple[int, float]]:
+        return [(step, value) for _, step, value in self.kept]
+
+    def __len__(self) -> int:
+        return len(self.kept)
