@@ -9,11 +9,11 @@ import time
 from dataclasses import dataclass, field
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.run.history import History
+from lmcockpit.core.run.history import History, ReadsHistory
 from lmcockpit.core.run.target import Forecast, forecast_aim
 
 @dataclass
-class RunState:
+class RunState(ReadsHistory):
     """The run as the front-end knows it, folded from events."""
     state: str = P.PREPARING
     # Paused stays true through a checkpoint or evaluation asked for while paused (their states
@@ -161,23 +161,6 @@ class RunState:
         self.last_core = h.core[-1][1] if h.core else None
         if h.checkpoints:
             self.last_checkpoint = h.checkpoints[-1][1]
-
-    # What panels and the forecast read of the history.
-    @property
-    def val_steps(self) -> list[int]:
-        return [e[0] for e in self.history.evals]
-
-    @property
-    def val_losses(self) -> list[float]:
-        return [e[1] for e in self.history.evals]
-
-    @property
-    def tasks(self) -> dict[str, list[tuple[int, float]]]:
-        return self.history.tasks
-
-    @property
-    def spikes(self) -> list[tuple[int, float, str]]:
-        return self.history.spikes
 
     @property
     def rollbacks(self) -> int:

@@ -16,13 +16,13 @@ from typing import Any
 from ..config import ConfigError, read_toml
 from . import history_file
 from .folder import CONFIG, METRICS, run_summary
-from .history import History, Point
+from .history import History, Point, ReadsHistory
 
 AXES = ("step", "tokens", "time")
 
 
 @dataclass
-class RunCurves:
+class RunCurves(ReadsHistory):
     """One run folder's history as it stands, and what a comparison says of it."""
     path: Path
     name: str
@@ -47,23 +47,6 @@ class RunCurves:
     @property
     def final_loss_ema(self) -> float | None:
         return self.history.ema
-
-    @property
-    def val_steps(self) -> list[int]:
-        return [e[0] for e in self.history.evals]
-
-    @property
-    def val_losses(self) -> list[float]:
-        return [e[1] for e in self.history.evals]
-
-    @property
-    def tasks(self) -> dict[str, list[tuple[int, float]]]:
-        """Each task's accuracy as (step, value): scored on a cadence of their own."""
-        return self.history.tasks
-
-    @property
-    def core(self) -> list[tuple[int, float]]:
-        return self.history.core
 
     @property
     def best_val(self) -> tuple[float, int] | None:

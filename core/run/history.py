@@ -361,3 +361,30 @@ class History:
         h.targets = [(int(a), str(b), float(c), float(d)) for a, b, c, d in s["targets"]]
         h.samples = [(int(a), str(b), str(c)) for a, b, c in s["samples"]]
         return h
+
+
+class ReadsHistory:
+    """What a holder of a `history` (the cockpit's RunState, a compared run's RunCurves) shows of
+    it by name: the evaluations as two lists, the task scores, CORE, the spikes."""
+    history: History
+
+    @property
+    def val_steps(self) -> list[int]:
+        return [e[0] for e in self.history.evals]
+
+    @property
+    def val_losses(self) -> list[float]:
+        return [e[1] for e in self.history.evals]
+
+    @property
+    def tasks(self) -> dict[str, list[tuple[int, float]]]:
+        """Each task's accuracy as (step, value): scored on a cadence of their own."""
+        return self.history.tasks
+
+    @property
+    def core(self) -> list[tuple[int, float]]:
+        return self.history.core
+
+    @property
+    def spikes(self) -> list[tuple[int, float, str]]:
+        return self.history.spikes
