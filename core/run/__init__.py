@@ -4,7 +4,9 @@ Its layout, lock and metrics log (`folder`), a checkpoint folder found and check
 (`checkpoint_folder`), what a checkpoint's pickled metadata may name, checked without running any of it
 (`checkpoint_pickle`), a resume planned before any engine starts (`resume`), the optional
 packages a run's config needs, looked for before its folder is made (`extras`), runs read side by
-side as loss curves (`curves`), when a run will reach its target loss (`target`), and files written where another account may have planted a name first
-(`safe_files`).
+side as loss curves (`curves`), a run's history at a size that does not grow with it (`history`)
+and its summary beside metrics.jsonl (`history_file`), where a chart's x-axis ticks go and how they
+read (`ticks`), when a run will reach its target loss (`target`), and files written where another
+account may have planted a name first (`safe_files`).
 
 Torch: never. The front-end reads all of it."""
