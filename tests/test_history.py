@@ -217,3 +217,22 @@ def test_the_engine_keeps_the_summary_through_a_run_and_its_resume(tmp_path):
     assert engine.final_state == P.FINISHED, engine.failure
     assert [r["step"] for r in read_metrics(run, "step")] == list(range(1, 15))
     as_folded_whole()
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: d["history"].update(width=0),  # would divide by zero at the next row
+    lambda d: d["history"].update(buckets=[[1, 2]]),
+    lambda d: d["history"].update(tail="x"),
+    lambda d: d.update(offset="far"),
+    lambda d: d.update(history=None),
+])
+def test_a_damaged_summary_is_passed_over_for_the_rows(tmp_path, damage):
+    rows = run_rows(12_000)
+    write_metrics(tmp_path / METRICS, rows)
+    history_file.load(tmp_path)  # writes the summary
+    data = json.loads((tmp_path / history_file.SUMMARY).read_text())
+    damage(data)
+    (tmp_path / history_file.SUMMARY).write_text(json.dumps(data))
+    history, _, _ = history_file.load(tmp_path, write=False)
+    assert curve(history) == curve(fold(rows))
+    history.add_step(12_001, 3.0, 1e-3, 0.1, 1.0)

@@ -345,7 +345,8 @@ class History:
         """A history as `state` saved it; KeyError, TypeError or ValueError for anything else."""
         h = cls()
         h.buckets = Buckets(int(s["width"]), [[float(v) for v in b] for b in s["buckets"]])
-        if any(len(b) != 2 + 3 * NF for b in h.buckets.buckets) or any(len(r) != NF for r in s["tail"]):
+        if (h.buckets.width < 1 or len(h.buckets.buckets) > CAP or any(len(b) != 2 + 3 * NF for b in h.buckets.buckets)
+                or any(len(r) != NF for r in s["tail"])):
             raise ValueError("not a history's buckets")
         h.tail = deque(Row(int(r[0]), *(float(v) for v in r[1:])) for r in s["tail"])
         h.ema_sum, h.count, h.time = float(s["ema_sum"]), int(s["count"]), float(s["time"])
