@@ -239,6 +239,8 @@ async def test_a_long_history_reads_as_a_person_writes_its_steps():
         assert "50k" in axis and "." not in axis, axis  # plotext leaves out a label past the edge
         assert chart.history.last_step == 150_376 and chart.history.count == 150_376
         assert "150376" in dash.query_one("#stepline").render().plain.replace(",", "")
+        lr = dash.query_one("#lr")
+        assert len(str(lr.render())) == lr.size.width - 1  # the lr sparkline across the whole width
 
 
 async def test_the_chart_keeps_its_data_through_collapsing_and_resizes():

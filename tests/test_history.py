@@ -236,3 +236,14 @@ def test_a_damaged_summary_is_passed_over_for_the_rows(tmp_path, damage):
     history, _, _ = history_file.load(tmp_path, write=False)
     assert curve(history) == curve(fold(rows))
     history.add_step(12_001, 3.0, 1e-3, 0.1, 1.0)
+
+
+def test_an_older_folder_resumed_gets_its_summary_before_the_first_checkpoint(tmp_path):
+    """The engine resuming a run from before history.json folds its metrics.jsonl whole, and writes
+    the summary at once: a viewer attaching meanwhile does not fold it all again."""
+    rows = run_rows(12_000)
+    write_metrics(tmp_path / METRICS, rows)
+    summary = history_file.Summarised(tmp_path)
+    saved = json.loads((tmp_path / history_file.SUMMARY).read_text())
+    assert saved["offset"] == summary.offset == (tmp_path / METRICS).stat().st_size
+    assert curve(history_file.load(tmp_path, write=False)[0]) == curve(fold(rows))

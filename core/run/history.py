@@ -160,7 +160,12 @@ class History:
 
     # ------------------------------------------------------------------------- folding
     def add_step(self, step: int, loss: float, lr: float, dt: float, tokens_per_s: float, **last: Any) -> None:
-        """A step row; one at or before the last step first cuts (`cut`) what it redoes."""
+        """A step row; one at or before the last step first cuts (`cut`) what it redoes. `last`:
+        the row's other figures (grad norm, MFU, memory), kept for the last step only."""
+        self._add(step, loss, lr, dt, tokens_per_s)
+        self.last = {"step": step, "loss": loss, "lr": lr, "dt": dt, "tokens_per_s": tokens_per_s, **last}
+
+    def _add(self, step: int, loss: float, lr: float, dt: float, tokens_per_s: float) -> None:
         if self.count and step <= self.last_step:
             self.cut(step)
         self.ema_sum = EMA_BETA * self.ema_sum + (1 - EMA_BETA) * loss
@@ -171,8 +176,8 @@ class History:
         row = Row(step, self.time, loss, self.ema_sum / (1 - EMA_BETA ** self.count), lr, tokens_per_s)
         self.buckets.add(row)
         self.tail.append(row)
-        self.last = {"step": step, "loss": loss, "lr": lr, "dt": dt, "tokens_per_s": tokens_per_s, **last}
-        self._trim()
+        if len(self.tail) > TAIL_MIN:
+            self._trim()
 
     def _trim(self) -> None:
         """The tail without rows no cut can reach: those before the bucket that holds the step
@@ -205,9 +210,9 @@ class History:
         """A metrics.jsonl row, well formed (folder.well_formed)."""
         kind, step = row.get("kind"), row.get("step")
         if kind == "step":
-            self.add_step(step, float(row["loss"]), float(row["lr"]), float(row.get("dt") or 0.0),
-                          float(row.get("tokens_per_s") or 0.0), grad_norm=row["grad_norm"], mfu=row.get("mfu"),
-                          mem=row.get("mem") or {})
+            self._add(step, float(row["loss"]), float(row["lr"]), float(row.get("dt") or 0.0),
+                      float(row.get("tokens_per_s") or 0.0))
+            self.last = row  # as written: its grad norm, MFU and memory are what a panel shows of the last step
         elif kind == "eval":
             self.add_eval(step, row.get("val_loss"), row.get("val_bpb"), row.get("tasks") or {}, row.get("core"))
         elif kind == "checkpoint":

@@ -267,7 +267,9 @@ class DashboardScreen(Screen):
         self.query_one("#host", Panel).show_rows(host_rows(self.reading))
         lr_line = f"lr {v.lr:.2e} " if v.lr is not None else "lr – "
         width = max(8, self.query_one("#lr").size.width - len(lr_line) - 1)
-        lrs = [p.lr for p in v.history.points(width)]
+        # The history gives between n and 2n points for 2n asked: `width` of them, evenly taken.
+        points = v.history.points(2 * width)
+        lrs = [points[i * len(points) // width].lr for i in range(width)] if len(points) > width else [p.lr for p in points]
         lr_max = max(lrs) if lrs else 1.0
         self.query_one("#lr", Static).update(lr_line + spark([x / lr_max * 100 for x in lrs], width))
         width = self.query_one("#stepline").content_region.width or self.size.width
