@@ -428,7 +428,8 @@ def test_an_attach_s_history_passes_over_rows_that_are_not_lmcockpit_s(tmp_path)
     past_run(tmp_path / "run", STEP, {"kind": "step"}, {**STEP, "step": "6"}, {**STEP, "step": 7, "mem": [1]}, {**STEP, "step": 8, "mem": {"peak": "1 GiB"}},
              {"kind": "eval", "step": 7}, {"kind": "checkpoint", "step": 8, "path": None}, {"kind": ["step"]},
              {**STEP, "step": 9})
-    assert [e.step for e in history(tmp_path / "run", 4) if isinstance(e, P.StepMetrics)] == [5, 9]
+    (read,) = [e.history for e in history(tmp_path / "run") if isinstance(e, P.HistoryRead)]
+    assert [r.step for r in read.recent()] == [5, 9] and read.checkpoints == [] and read.evals == []
 
 
 # An evaluation of the validation loss, of the tasks (their own cadence: eval.tasks_every), of both.
@@ -473,5 +474,7 @@ def test_a_step_row_still_needs_its_own_fields_and_may_still_lack_mfu_and_mem(tm
 
 def test_an_attach_s_history_carries_task_scores_and_evaluations_without_a_validation_loss(tmp_path):
     run = past_run(tmp_path / "run", STEP, VAL, TASKS, BOTH, {**TASKS, "step": 9, "tasks": [SCORES]})
-    assert [e for e in history(run, 4) if isinstance(e, P.EvalMetrics)] == [
-        P.EvalMetrics(5, 3.41, 1.2), P.EvalMetrics(6, None, None, SCORES), P.EvalMetrics(8, 3.41, 1.2, SCORES, 0.12)]
+    (read,) = [e.history for e in history(run) if isinstance(e, P.HistoryRead)]
+    assert read.evals == [(5, 3.41, 1.2), (8, 3.41, 1.2)]
+    assert read.tasks == {"python-functions": [(6, 0.43), (8, 0.43)]} and read.core == [(8, 0.12)]
+    assert read.last_task_scores == SCORES

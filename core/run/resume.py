@@ -139,19 +139,20 @@ KEPT_ROWS = {"spike", "rollback"}
 def truncate_metrics(path: Path, step: int) -> None:
     """Drop the lines past `step`, atomically: a crash here leaves the old file whole. The new file
     goes through a fresh name (safe_files.write_whole), never one another account could have
-    planted a link at."""
+    planted a link at. Streamed a line at a time: a long run's file holds hundreds of megabytes."""
     if not path.is_file():
         return
-    kept = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            continue  # a line cut short by a kill, or nested past reading (never one of ours)
-        # Spikes and rollbacks stay: what happened to the run, which a resume does not undo.
-        if isinstance(row, dict) and (_at_or_before(row.get("step", 0), step) or row.get("kind") in KEPT_ROWS):
-            kept.append(line)
-    write_whole(path, "".join(k + "\n" for k in kept))
+    with open(path, "rb") as fh:
+        write_whole(path, (line if line.endswith(b"\n") else line + b"\n" for line in fh if _kept(line, step)))
+
+
+def _kept(line: bytes, step: int) -> bool:
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError):
+        return False  # a line cut short by a kill, or nested past reading (never one of ours)
+    # Spikes and rollbacks stay: what happened to the run, which a resume does not undo.
+    return isinstance(row, dict) and (_at_or_before(row.get("step", 0), step) or row.get("kind") in KEPT_ROWS)
 
 
 def _at_or_before(row_step: object, step: int) -> bool:

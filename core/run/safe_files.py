@@ -21,6 +21,7 @@ import errno
 import os
 import stat
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
@@ -31,15 +32,19 @@ class NotOwnFile(OSError):
     lmcockpit neither writes through it nor trusts what it holds. The message says which."""
 
 
-def write_whole(path: Path, data: str | bytes, mode: int = 0o644, fsync: bool = False) -> None:
+def write_whole(path: Path, data: str | bytes | Iterable[bytes], mode: int = 0o644, fsync: bool = False) -> None:
     """`data` at `path`, whole or not at all: written under a fresh temporary name, then renamed.
-    `mode` holds from the first byte (0o600 for a secret), less the umask's bits."""
+    `mode` holds from the first byte (0o600 for a secret), less the umask's bits. `data` may be
+    pieces of bytes, written as they come: a file of hundreds of megabytes need not be held."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, mode & ~current_umask())
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+        with os.fdopen(fd, "wb") as fh:  # owns the descriptor from here, whatever fails next
+            os.fchmod(fh.fileno(), mode & ~current_umask())
+            if isinstance(data, (str, bytes)):
+                fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            else:
+                fh.writelines(data)
             if fsync:
                 fh.flush()
                 os.fsync(fh.fileno())
