@@ -16,8 +16,10 @@ all. This holds instead, whatever the run's length:
 
 Fed a row at a time (`add_step`, `fold`) by the engine, the run host's viewers and the readers of
 a run folder; `cut` drops what a run that went back redoes. A cut into buckets whose rows have
-left the tail cannot be undone: it says so (returns False), and the caller builds the history
-again from the folder (history_file.py), which knows every cut in advance.
+left the tail (a rollback after a checkpoint interval longer than TAIL_MAX) cannot be undone: it
+says so (returns False). A folder's reader then folds the file again knowing every cut in advance
+(history_file.py); a live view goes on without the rows of the one bucket it cut into, until it
+reads the folder again.
 
 Saved as JSON (`state`, `from_state`): numbers and strings only, floats as repr gives them, so a
 history read back is the one written. No torch.
