@@ -243,6 +243,16 @@ async def test_a_long_history_reads_as_a_person_writes_its_steps():
         assert len(str(lr.render())) == lr.size.width - 1  # the lr sparkline across the whole width
 
 
+def test_a_chart_draws_at_most_twice_its_width_of_evaluations():
+    """A million-step run evaluated every 250 steps has 4,000 evaluations, all kept; the chart draws
+    as many dots as it has room for (plotext's cost grows with each), the first and last among them."""
+    from lmcockpit.tui.widgets.charts import drawn
+
+    xs, ys = drawn([(s, 3 + 1 / s) for s in range(250, 1_000_001, 250)], 100)
+    assert len(xs) == 200 and (xs[0], xs[-1]) == (250, 1_000_000) and ys[-1] == 3 + 1 / 1_000_000
+    assert drawn([(5, 3.0), (10, 2.9)], 100) == ([5, 10], [3.0, 2.9])
+
+
 async def test_the_chart_keeps_its_data_through_collapsing_and_resizes():
     app = FedDashboard(device="cuda:0", gpus=1)
     async with app.run_test(size=(80, 24)) as pilot:

@@ -36,7 +36,10 @@ from lmcockpit.tui.widgets.panels import (Panel, SideColumn, gpu_layout, gpu_pan
                                           state_text, throughput_rows)
 from lmcockpit.tui.widgets.task_panel import TaskPanel, references_of
 
-REDRAW_EVERY = 0.5  # seconds: plotext rebuilds every point on a draw
+# Seconds between redraws of a dashboard that changed: a redraw (Textual laying out and rendering
+# every panel, plotext rebuilding the chart) costs some 50 ms of a core here whatever the run's
+# length; twice a second made watching cost 12-14 % of one of two cores beside the run it watches.
+REDRAW_EVERY = 1.0
 NARROW, SHORT, TALL = 100, 30, 40  # below the first two the side panels and the log shrink; from TALL the log grows
 CHAT_BESIDE = 140  # from this width the chat pane opens beside the chart; below, under it
 CHAT_TITLE = "chat · Esc leaves the prompt · t closes"

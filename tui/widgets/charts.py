@@ -26,6 +26,7 @@ from textual_plotext import PlotextPlot
 
 from lmcockpit.core.run.curves import RunCurves
 from lmcockpit.core.run.history import History
+from lmcockpit.core.run.target import spread
 from lmcockpit.core.run.ticks import ticks
 
 
@@ -90,6 +91,14 @@ class Chart(PlotextPlot):
         return rendered
 
 
+def drawn(points: list[tuple[float, float]], width: int) -> tuple[list[float], list[float]]:
+    """(xs, ys) of at most twice `width` of `points` (evaluations: every one is kept, a long run's
+    by the thousand), evenly spread, the first and last among them: more dots than the chart has
+    columns draw nothing more and cost plotext every redraw."""
+    kept = spread(points, 2 * width)
+    return [x for x, _ in kept], [y for _, y in kept]
+
+
 def set_x_ticks(plt, axis: str, xs: list[float], width: int) -> None:
     """Tick labels a person would write (core/run/ticks.py): whole steps, 300k, 1.2M, 2h05."""
     if xs:
@@ -152,8 +161,8 @@ class LossChart(Chart):
             bx = [p.step for p in points]
             plt.plot(bx, y([p.ema for p in points]), label=f"base {base.name}", color="magenta", marker="braille")
             if base.history.evals:
-                plt.scatter([e[0] for e in base.history.evals], y([e[1] for e in base.history.evals]),
-                            label="base val", color="magenta", marker="x")
+                vx, vy = drawn([e[:2] for e in base.history.evals], width)
+                plt.scatter(vx, y(vy), label="base val", color="magenta", marker="x")
             xs += bx
         points = h.points(2 * width)
         if points:
@@ -162,7 +171,8 @@ class LossChart(Chart):
             plt.plot(px, y([p.ema for p in points]), label="ema", color="cyan", marker="braille")
             xs += px
         if h.evals:
-            plt.scatter([e[0] for e in h.evals], y([e[1] for e in h.evals]), label="val", color="orange", marker="dot")
+            vx, vy = drawn([e[:2] for e in h.evals], width)
+            plt.scatter(vx, y(vy), label="val", color="orange", marker="dot")
         if h.spikes and points:
             # At the top of the losses drawn: a spike's own loss (often tens of times the run's) would
             # squash every curve into the bottom row.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from lmcockpit.core.run.curves import RunCurves
 from lmcockpit.core.run.ticks import axis_title
-from lmcockpit.tui.widgets.charts import Chart, plotted, set_log_ticks, set_x_ticks
+from lmcockpit.tui.widgets.charts import Chart, drawn, plotted, set_log_ticks, set_x_ticks
 
 COLORS = ("cyan", "orange", "green", "magenta", "red", "blue", "yellow", "white")
 
@@ -48,8 +48,8 @@ class CompareChart(Chart):
                 self.legend.append(label)
                 xs += x
             if run.val_steps:
-                vx = run.val_x(self.axis)
-                plt.scatter(vx, y(run.val_losses), color=color, marker="dot")
+                vx, vy = drawn(list(zip(run.val_x(self.axis), run.val_losses)), width)
+                plt.scatter(vx, y(vy), color=color, marker="dot")
                 xs += vx
         if log:
             set_log_ticks(plt, self.values())
