@@ -243,6 +243,22 @@ async def test_a_long_history_reads_as_a_person_writes_its_steps():
         assert len(str(lr.render())) == lr.size.width - 1  # the lr sparkline across the whole width
 
 
+async def test_a_history_read_is_drawn_at_once_not_at_the_next_redraw():
+    """The dashboard redraws a changed screen once a second; the run's history, read on attaching,
+    is drawn the moment it comes (attach to first frame)."""
+    from lmcockpit.core.run.history import History
+
+    app = FedDashboard()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        dash = app.screen
+        h = History()
+        for step in range(1, 501):
+            h.add_step(step, 3.0, 1e-3, 0.1, 10.0)
+        dash.apply_events([P.HistoryRead(h)])
+        assert not dash.dirty and dash.query_one("#loss", LossChart).history is h
+
+
 def test_a_chart_draws_at_most_twice_its_width_of_evaluations():
     """A million-step run evaluated every 250 steps has 4,000 evaluations, all kept; the chart draws
     as many dots as it has room for (plotext's cost grows with each), the first and last among them."""

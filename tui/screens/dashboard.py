@@ -159,6 +159,8 @@ class DashboardScreen(Screen):
                 what = "val loss" if ev.what == "val_loss" else ev.what
                 self.announce("target", f"target {what} {ev.target:g} reached at step {ev.step}")
         self.dirty = True
+        if any(isinstance(ev, P.HistoryRead) for ev in events):
+            self.redraw()  # the run as it stands, at once: not up to a REDRAW_EVERY later
 
     def announce(self, what: str, text: str, severity: str = "information") -> None:
         """A toast; with notify.terminal, the terminal's own notification (OSC 777 and 9, wrapped
