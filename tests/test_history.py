@@ -247,3 +247,19 @@ def test_an_older_folder_resumed_gets_its_summary_before_the_first_checkpoint(tm
     saved = json.loads((tmp_path / history_file.SUMMARY).read_text())
     assert saved["offset"] == summary.offset == (tmp_path / METRICS).stat().st_size
     assert curve(history_file.load(tmp_path, write=False)[0]) == curve(fold(rows))
+
+
+def test_the_engine_s_history_after_a_rollback_behind_its_exact_rows_is_the_file_s(tmp_path):
+    """Checkpoints further apart than the rows kept exact: a rollback to the last one cuts into
+    buckets. The engine's history folds the file again, so the summary it saves next is the run's."""
+    rows = run_rows(20_000, checkpoint_every=1000)[:-1]  # ...the last checkpoint at 19,000
+    rows = [r for r in rows if r["kind"] != "checkpoint" or r["step"] == 1000]  # one checkpoint: 1,000
+    redone = [dict(step_row(s, 9.0 + s / 1e6)) for s in range(1001, 1011)]
+    summary = history_file.Summarised(tmp_path)
+    log = MetricsLog(tmp_path / METRICS, summary.written)
+    for row in rows + redone + [{"kind": "checkpoint", "step": 1010, "path": "step_1010"}]:
+        log.write(row["kind"], **{k: v for k, v in row.items() if k not in ("kind", "time")})
+    log.close()
+    standing = [r for r in rows if r["step"] <= 1000] + redone + [{"kind": "checkpoint", "step": 1010, "path": "step_1010"}]
+    assert curve(summary.history) == curve(fold(standing))
+    assert curve(history_file.load(tmp_path, write=False)[0]) == curve(fold(standing))

@@ -50,7 +50,13 @@ class Summarised:
         row = _row(line)
         if row is None:
             return
-        self.history.fold(row)
+        h = self.history
+        if row.get("kind") == "step" and h.count and row["step"] <= h.last_step and not h.cut(row["step"]):
+            # A rollback behind the rows the history keeps exact (checkpoints further apart than
+            # TAIL_MAX steps): the file, this row included, folded again with every cut known.
+            self.history, self.offset, self.line = load(self.run_dir, write=False)
+            return
+        h.fold(row)
         if row.get("kind") == "checkpoint":
             self.save()
 
