@@ -69,6 +69,7 @@ class DashboardScreen(Screen):
         self.engine = engine
         self.run_title = title
         self.view = RunState(clock=clock)
+        self.shown: dict[str, Text | str] = {}  # what `put` last put in each line of the screen
         if engine is not None:  # known before the engine says anything, so a failure can show it
             self.view.run_dir = str(engine.run_dir)
         self.telemetry = telemetry
@@ -253,7 +254,7 @@ class DashboardScreen(Screen):
         v = self.view
         top = Text.assemble((f" lmcockpit · {self.run_title} ", "bold reverse"), "  ", state_text(v),
                             (f" · step {v.step}/{v.max_steps}" if v.max_steps else "", "bold"))
-        self.query_one("#topbar", Static).update(top)
+        self.put("#topbar", top)
         procs = f" · {self.world} procs" if self.world > 1 else ""
         self.query_one("#state", Panel).show_rows([
             ("device", f"{v.device} {v.precision}{procs}".strip() or "–"),
@@ -276,14 +277,21 @@ class DashboardScreen(Screen):
         points = v.history.points(2 * width)
         lrs = [points[i * len(points) // width].lr for i in range(width)] if len(points) > width else [p.lr for p in points]
         lr_max = max(lrs) if lrs else 1.0
-        self.query_one("#lr", Static).update(lr_line + spark([x / lr_max * 100 for x in lrs], width))
+        self.put("#lr", lr_line + spark([x / lr_max * 100 for x in lrs], width))
         width = self.query_one("#stepline").content_region.width or self.size.width
-        self.query_one("#stepline", Static).update(step_text(v, width))
-        self.query_one("#devices", Static).update(self.device_lines(gpus, width))
+        self.put("#stepline", step_text(v, width))
+        self.put("#devices", self.device_lines(gpus, width))
         side.fit()
         chart = self.query_one("#loss", LossChart)
         chart.set_data(v.history)
         chart.redraw()
+
+    def put(self, selector: str, content: Text | str) -> None:
+        """`content` in the Static at `selector`, only where it changed: each update renders the
+        widget again, and most lines stay the same from one redraw to the next."""
+        if self.shown.get(selector) != content:
+            self.shown[selector] = content
+            self.query_one(selector, Static).update(content)
 
     # -------------------------------------------------------------------------------- actions
     @property

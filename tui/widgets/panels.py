@@ -190,9 +190,14 @@ class Panel(Static):
         self.border_title = title
         self.body: Table = kv_table([])
         self.collapsed = False
+        self.rows: list[tuple[str, str]] | None = None  # what show_rows last showed
 
     def show_rows(self, rows: list[tuple[str, str]]) -> None:
-        self.show(kv_table(rows))
+        """The rows, painted only where they changed: a dashboard redraws every panel once a
+        second, and Textual renders again each one painted."""
+        if rows != self.rows:
+            self.rows = list(rows)
+            self.show(kv_table(rows))
 
     def show(self, table: Table) -> None:
         self.body = table
