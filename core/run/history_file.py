@@ -1,7 +1,6 @@
-"""A run folder's history (history.py), kept beside its metrics.jsonl so that no reader folds a
-million rows again.
+"""A run folder's history (history.py), kept beside its metrics.jsonl in history.json.
 
-`history.json` holds a history as it stood after some line of metrics.jsonl: the byte offset of
+So that no reader folds a million rows again, `history.json` holds a history as it stood after some line of metrics.jsonl: the byte offset of
 the line's end and the line itself. A reader takes it, checks that metrics.jsonl still holds that
 line there (a resume rewrites the file: rows past the checkpoint go), and folds only the rows
 after it. The engine writes it with each checkpoint row (`Summarised`), so a resume from the
