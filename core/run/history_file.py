@@ -21,11 +21,11 @@ from typing import IO, Any
 
 from .folder import METRICS, well_formed
 from .history import History
+from .resume import KEPT_ROWS  # what happened to a run stays, whatever it redid
 from .safe_files import NotOwnFile, read_own, write_whole
 
 SUMMARY = "history.json"
 VERSION = 1
-NEVER_CUT = ("spike", "rollback")  # what happened to a run stays, whatever it redid (resume.KEPT_ROWS)
 WRITE_AFTER = 10_000  # rows a reader had to fold before it writes the summary it built
 
 
@@ -177,7 +177,7 @@ def _fold_whole(path: Path) -> tuple[History, int, bytes, int]:
             if not line.endswith(b"\n"):
                 break
             row = _row(line)
-            cuttable = row is not None and isinstance(row.get("step"), int) and row["kind"] not in NEVER_CUT
+            cuttable = row is not None and isinstance(row.get("step"), int) and row["kind"] not in KEPT_ROWS
             steps.append(row["step"] if cuttable else -1)
             if cuttable and row["kind"] == "step":
                 # A step row that goes back: marked by its step negated, below -1.

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from lmcockpit.core.run.curves import AXES, RunCurves, load_runs
-from lmcockpit.core.run.ticks import axis_title, label as label_of, ticks
+from lmcockpit.core.run.ticks import axis_title, ticks
 from lmcockpit.tui.commands import command_parser
 from lmcockpit.tui.completers import run_folders
 from lmcockpit.tui.rows import labels, result_rows, setting_rows
@@ -52,13 +52,9 @@ def write_png(runs: list[RunCurves], path: Path, axis: str = "step", log: bool =
         if run.val_steps:
             ax.scatter(run.val_x(axis), run.val_losses, color=color, s=24, marker="o",
                        edgecolors="black", linewidths=0.5, zorder=3, label=f"{label} (val)")
-    from matplotlib.ticker import FixedLocator, FuncFormatter
-
     largest = max((r.largest_x(axis) for r in runs), default=0.0)
-    marks = ticks(axis, 0.0, largest, most=8)
-    if marks:  # as a person writes them: 300k, 1.2M, 2h05
-        ax.xaxis.set_major_locator(FixedLocator([v for v, _ in marks]))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: label_of(axis, v)))
+    if marks := ticks(axis, 0.0, largest, most=8):  # as a person writes them: 300k, 1.2M, 2h05
+        ax.set_xticks([v for v, _ in marks], [text for _, text in marks])
     if log:
         from matplotlib.ticker import FormatStrFormatter
 
