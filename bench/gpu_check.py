@@ -101,6 +101,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from lmcockpit.core.hardware import gpu_env
@@ -408,8 +409,13 @@ def part_resume(out: Path) -> tuple[bool, list[str]]:
                                                                                     {"cuda": [mine, mine]})):
         state = {**saved, "rng": {k: v for k, v in saved["rng"].items() if k not in ("cuda", "cuda_by_rank")} | rng}
         (ckpt / "state.json").write_text(json.dumps(state))
+        # not sets(): a resume refuses to change data.source, which the checkpoint already holds
         proc = cli("--run", "--resume", str(ckpt), "--out", str(out / f"resumed-{len(lines)}"),
-                   *sets("training.max_steps=20"))
+                   "--set", "training.max_steps=20")
+        if proc.returncode != 0:
+            lines.append(f"| {form} | {proc.returncode} | {tail(proc.stderr, 1).replace('|', '/')} |")
+            ok = False
+            continue
         said = next((line.split("resume: ", 1)[1] for line in proc.stdout.splitlines() if "resume: " in line), "exact")
         ok &= proc.returncode == 0
         lines.append(f"| {form} | {proc.returncode} | {said} |")
@@ -426,7 +432,10 @@ def part_ddp(out: Path) -> tuple[bool, list[str]]:
     from tests.test_gpu_paths import DDP_PROBE as probe, free_port
 
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONPATH": str(DDP_PROBE.parents[1]),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           # the checkout for `tests`, after the caller's path: an installed lmcockpit must not lose to the
+           # checkout's bare top folder lmcockpit/ (seen on the lent H100, 2026-11-27)
+           "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(DDP_PROBE.parents[1])) if p),
            "LMCOCKPIT_PROBE_DEVICE": "cuda"}
     proc = subprocess.run([sys.executable, "-c", probe, str(out / "ddp")], capture_output=True, text=True, env=env,
                           timeout=900)
@@ -573,7 +582,8 @@ ALLOCATOR_PROBE = """
 import json, torch
 x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
 segments = torch.cuda.memory._snapshot()["segments"]
-print(json.dumps({"parsed": torch._C._accelerator_getAllocatorSettings(),
+parsed = getattr(torch._C, "_accelerator_getAllocatorSettings", None)  # absent before torch 2.12
+print(json.dumps({"parsed": parsed() if parsed else None,
                   "expandable": sorted({bool(s["is_expandable"]) for s in segments})}))
 """
 
@@ -597,9 +607,11 @@ def part_allocator() -> tuple[bool, list[str]]:
         except (IndexError, json.JSONDecodeError):
             seen = {"parsed": "–", "expandable": tail(proc.stderr, 1).replace("|", "/")}
         expandable = "expandable_segments:true" in named.value.lower()
-        good = seen["parsed"] == named.value and seen["expandable"] == [expandable]
+        # Where torch cannot say what it parsed, its segments alone say which variable it read.
+        good = seen["parsed"] in (None, named.value) and seen["expandable"] == [expandable]
         ok &= good
-        lines.append(f"| {env[gpu_env.CUDA_VAR]} | {env[gpu_env.NEW_VAR]} | {named.name} | {seen['parsed']} | "
+        parsed = "(this torch cannot say)" if seen["parsed"] is None else seen["parsed"]
+        lines.append(f"| {env[gpu_env.CUDA_VAR]} | {env[gpu_env.NEW_VAR]} | {named.name} | {parsed} | "
                      f"{seen['expandable']} | {'pass' if good else 'FAIL'} |")
         said.append(f"* allocator: {named.describe()}")
     return ok, lines + ["", "The allocator lines the engine logs for these:", "", *said]
@@ -910,7 +922,7 @@ def main() -> int:
         return 0
     results = {}
     for part in args.part:
-        ok, lines = {"doctor": part_doctor, "h100": lambda: part_h100(out, args.steps),
+        run_part = {"doctor": part_doctor, "h100": lambda: part_h100(out, args.steps),
                      "torchrun": lambda: part_h100(out, args.steps, ("--nproc", "1")),
                      "memory": lambda: part_memory(out, args.presets),
                      "saved": lambda: part_saved(args.presets),
@@ -922,7 +934,11 @@ def main() -> int:
                      "glance": lambda: part_glance(out), "data": part_data, "recipe": part_recipe,
                      "tasks": part_tasks,
                      "gpt2": lambda: part_gpt2(out, args.target or GPT2_TARGET, args.overrides,
-                                               args.stop_at_target)}[part]()
+                                               args.stop_at_target)}[part]
+        try:
+            ok, lines = run_part()
+        except Exception:  # noqa: BLE001 - one part's defect must not cost the lease's other parts
+            ok, lines = False, ["raised:", "", "```", tail(traceback.format_exc(), 25), "```"]
         record(f"gpu_check: {part} ({'pass' if ok else 'FAIL'})",
                [*lines, "", f"torch {torch.__version__}; allocator {ALLOCATOR.describe()}"])
         results[part] = ok
