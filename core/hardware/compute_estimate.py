@@ -44,8 +44,11 @@ PEAK_BF16_TFLOPS = {
 
 
 ASSUMED_MFU = 0.40  # what a compiled bf16 run of a small GPT typically reaches on one card
-# Measured MFU by card model (gpu_model's names), from bench/RESULTS.md's GPU runs: none recorded yet.
-MEASURED_MFU: dict[str, float] = {}
+# Measured MFU by card model (gpu_model's names), from bench/RESULTS.md's GPU runs (`gpu_check: h100`):
+# the median of a run's steps past compilation, one run per card.
+MEASURED_MFU: dict[str, float] = {
+    "nvidia h100": 0.49,  # the h100 preset, 100 steps, torch 2.11, compiled, bf16 (2026-11-27)
+}
 
 
 def gpu_model(name: str) -> str:
@@ -73,6 +76,17 @@ def card_model(name: str) -> str | None:
     return None
 
 
+def card_name(model: str) -> str:
+    """A table's model as a person names it: "4090", "h100", "a100 sxm4"."""
+    return re.sub(r"^(nvidia |tesla )?(geforce )?(rtx )?", "", model)
+
+
+def mfu_rule() -> str:
+    """Which MFU the times use: "49% on h100 (measured), else 40% (assumed)"."""
+    measured = ", ".join(f"{mfu:.0%} on {card_name(model)}" for model, mfu in sorted(MEASURED_MFU.items()))
+    return f"{measured} (measured), else {ASSUMED_MFU:.0%}" if measured else f"{ASSUMED_MFU:.0%}"
+
+
 def flops_per_token(cfg: Config) -> float:
     m = cfg.model
     return 6 * param_counts(cfg).total + 12 * m.n_layer * m.n_head * cfg.head_dim * cfg.training.seq_len
@@ -91,8 +105,7 @@ class TrainingTime:
 
     @property
     def card_name(self) -> str:
-        """The card as a person names it: "4090", "h100", "a100 sxm4"."""
-        return re.sub(r"^(nvidia |tesla )?(geforce )?(rtx )?", "", self.card)
+        return card_name(self.card)
 
     def note(self) -> str:
         how = "measured on this card" if self.measured else "assumed: no run on this card measured yet"

@@ -16,7 +16,7 @@ from rich.table import Table
 from lmcockpit.core.config import load_config
 from lmcockpit.core.data import budget as data_budget
 from lmcockpit.core.hardware import memory_estimate
-from lmcockpit.core.hardware.compute_estimate import ASSUMED_MFU, training_time
+from lmcockpit.core.hardware.compute_estimate import mfu_rule, training_time
 from lmcockpit.core.hardware.telemetry import Telemetry
 from lmcockpit.tui.commands import command_parser
 from lmcockpit.tui.formatting import DASH
@@ -79,7 +79,7 @@ def times_line(names: list[str], gpu_name: str) -> str:
         parts.append(f"{name} {took.short() if took else DASH}")
     where = f"on {gpu_name}" if gpu_name else "on the card each was sized for"
     return (f"Training time {where} (every step's FLOPs, 6·params + attention per token, over the card's bf16 "
-            f"peak at {ASSUMED_MFU:.0%} MFU; *: that MFU assumed, no run on the card measured yet; {DASH}: a CPU "
+            f"peak at {mfu_rule()} MFU; *: that MFU assumed, no run on the card measured yet; {DASH}: a CPU "
             f"or a card with no known peak): " + ", ".join(parts) + ".")
 
 
