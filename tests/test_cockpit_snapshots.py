@@ -259,6 +259,71 @@ async def test_a_history_read_is_drawn_at_once_not_at_the_next_redraw():
         assert not dash.dirty and dash.query_one("#loss", LossChart).history is h
 
 
+async def test_a_long_run_s_chart_is_painted_again_only_when_its_picture_moves():
+    """plotext costs as much to draw the same picture again as a new one: at 150,000 steps a
+    second's 25 steps move no dot of a 100-column chart, and the chart is left as it is (watching
+    a long run then costs what a short one does); an evaluation or a loss that moves a dot paints
+    it again, and a short run's steps (each a dot or more) paint it every time."""
+    from lmcockpit.core.run.history import History
+    from lmcockpit.tui.widgets.charts import EDGE_EVERY, edge_only
+
+    def steps(first: int, n: int, loss=lambda s: 3 + 100 / (s + 30)):
+        return [P.StepMetrics(s, loss(s), 1e-3, 0.5, 5000.0, None, 0.1, s * 512) for s in range(first, first + n)]
+
+    for length, moves in ((150_000, False), (300, True)):
+        h = History()
+        for step in range(1, length + 1):
+            h.add_step(step, 3 + 100 / (step + 30), 1e-3, 0.1, 5000.0)
+        app = FedDashboard(then=[P.HistoryRead(h)])
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.pause()
+            dash = app.screen
+            chart = dash.query_one("#loss", LossChart)
+            built = []
+            build = chart.build_plot
+            chart.build_plot = lambda: (built.append(dash.view.step), build())[1]
+            step = length + 1
+            for _ in range(3):  # the panels settle
+                dash.apply_events(steps(step, 25))
+                step += 25
+                dash.redraw()
+                await pilot.pause()
+            before = len(built)
+            for _ in range(5):  # five seconds of a run at 25 steps a second
+                dash.apply_events(steps(step, 25))
+                step += 25
+                dash.redraw()
+                await pilot.pause()
+            assert chart.history.last_step == step - 1
+            if moves:
+                assert len(built) >= before + 5, built  # every second moves the curve by dots
+                continue
+            assert len(built) == before, built
+            dash.apply_events([P.EvalMetrics(step - 1, 3.05, 1.0)])
+            dash.redraw()
+            await pilot.pause()
+            assert len(built) == before + 1 and "val" in chart.render().plain
+            before = len(built)  # (render() above built once)
+            # The newest points alone moving by dots (the bucket still filling): every EDGE_EVERY s.
+            now = [chart.painted_at]  # when the evaluation was painted
+            chart.clock = lambda: now[0]
+            dash.apply_events(steps(step, 25, loss=lambda s: 3.1))
+            step += 25
+            assert edge_only(chart.painted, chart.sighting())
+            dash.redraw()
+            await pilot.pause()
+            assert len(built) == before
+            now[0] += EDGE_EVERY
+            dash.redraw()
+            await pilot.pause()
+            assert len(built) == before + 1
+            # A jump past the frame's top: at once.
+            dash.apply_events(steps(step, 500, loss=lambda s: 9.0))
+            dash.redraw()
+            await pilot.pause()
+            assert len(built) == before + 2
+
+
 def test_a_chart_draws_at_most_twice_its_width_of_evaluations():
     """A million-step run evaluated every 250 steps has 4,000 evaluations, all kept; the chart draws
     as many dots as it has room for (plotext's cost grows with each), the first and last among them."""

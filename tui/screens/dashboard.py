@@ -45,6 +45,12 @@ CHAT_BESIDE = 140  # from this width the chat pane opens beside the chart; below
 CHAT_TITLE = "chat · Esc leaves the prompt · t closes"
 
 
+def height(content: Text | str, width: int) -> int:
+    """The lines `content` takes at `width`, its long lines wrapped."""
+    text = content if isinstance(content, Text) else Text(content)
+    return sum(max(1, -(-line.cell_len // width)) for line in text.split("\n", allow_blank=True))
+
+
 class DashboardScreen(Screen):
     BINDINGS = [
         ("p", "toggle_pause", "Pause/Resume"),
@@ -249,6 +255,9 @@ class DashboardScreen(Screen):
 
     def redraw(self) -> None:
         if not self.dirty:
+            chart = self.query_one("#loss", LossChart)
+            if chart.waiting:  # a paused run's newest points, say
+                chart.redraw()
             return
         self.dirty = False
         v = self.view
@@ -289,9 +298,14 @@ class DashboardScreen(Screen):
     def put(self, selector: str, content: Text | str) -> None:
         """`content` in the Static at `selector`, only where it changed: each update renders the
         widget again, and most lines stay the same from one redraw to the next."""
-        if self.shown.get(selector) != content:
+        before = self.shown.get(selector)
+        if before != content:
             self.shown[selector] = content
-            self.query_one(selector, Static).update(content)
+            widget = self.query_one(selector, Static)
+            # the screen laid out again only where the widget's height changes (a layout of the
+            # whole dashboard costs more than rendering one line)
+            width = widget.content_size.width
+            widget.update(content, layout=before is None or not width or height(before, width) != height(content, width))
 
     # -------------------------------------------------------------------------------- actions
     @property

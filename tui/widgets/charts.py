@@ -17,6 +17,7 @@ loss units: plotext's own log axis transforms its stored data in place on each b
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -119,6 +120,55 @@ class Baseline:
         return cls(run.name, run.history)
 
 
+@dataclass(frozen=True)
+class Series:
+    """One thing the loss chart draws, in loss units: a line or a scatter of marks."""
+    xs: list[float]
+    ys: list[float]
+    label: str
+    color: str
+    marker: str
+    line: bool = True
+
+
+@dataclass(frozen=True)
+class Frame:
+    """The box a picture was drawn in, and the size of one of its braille dots in data units."""
+    look: tuple  # the widget's size, scale, title and series: any change is a new picture
+    x0: float
+    x1: float
+    y0: float
+    y1: float
+    dx: float
+    dy: float
+
+    @classmethod
+    def around(cls, look: tuple, xs: list[float], ys: list[float], width: int, height: int) -> Frame:
+        x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+        return cls(look, x0, x1, y0, y1, (x1 - x0) / (2 * width) or 1.0, (y1 - y0) / (4 * height) or 1.0)
+
+    def holds(self, look: tuple, xs: list[float], ys: list[float]) -> bool:
+        """The data still fits this box to within a dot each way (a curve that goes on to the
+        right by less than a dot, or whose range moves by less than one, draws as it did)."""
+        x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+        return (look == self.look and x0 == self.x0 and self.x1 <= x1 <= self.x1 + self.dx
+                and abs(y0 - self.y0) <= self.dy and abs(y1 - self.y1) <= self.dy)
+
+    def dots(self, series: list[Series], y: Callable[[list[float]], list[float]]) -> tuple:
+        return tuple(tuple((round((a - self.x0) / self.dx), round((b - self.y0) / self.dy))
+                           for a, b in zip(s.xs, y(s.ys))) for s in series)
+
+
+EDGE_EVERY = 5.0  # seconds between paintings of a long run's chart where only its newest points moved
+
+
+def edge_only(before: tuple | None, now: tuple) -> bool:
+    """Two sightings in one frame that differ in the last dot of some curves alone."""
+    if not (before and len(before) == 2 and len(now) == 2 and before[0] == now[0]):
+        return False
+    return all(a[:-1] == b[:-1] for a, b in zip(before[1], now[1], strict=True))
+
+
 class LossChart(Chart):
     what = "loss chart"
 
@@ -126,6 +176,11 @@ class LossChart(Chart):
         super().__init__(**kwargs)
         self.history = History()
         self.baseline: Baseline | None = None
+        self.painted: tuple | None = None  # the frame and dots of the picture last asked for
+        self.painted_at = -math.inf
+        self.waiting = False  # a move of the newest points is yet to be painted
+        self.clock = time.monotonic
+        self.evals_seen: dict[int, tuple] = {}  # by history: its evaluations drawn, and of what
 
     def set_data(self, history: History) -> None:
         """The run's history (the RunState's): its curves at the chart's width, its evaluations and
@@ -133,52 +188,101 @@ class LossChart(Chart):
         self.history = history
 
     def redraw(self) -> None:
+        """Paint again only where the picture would move by a braille dot: at a million steps a
+        second of training moves none, and plotext costs as much to draw the same picture again
+        (a third of what watching a run cost). The newest point, the mean of a bucket still
+        filling, moves with each step's noise: where nothing else moved it is painted every
+        EDGE_EVERY seconds."""
+        seen = self.sighting()
+        self.waiting = False
+        if seen is not None and seen == self.painted:
+            return
+        now = self.clock()
+        if seen is not None and edge_only(self.painted, seen) and now - self.painted_at < EDGE_EVERY:
+            self.waiting = True  # painted by a later redraw, whether or not anything else moves
+            return
+        self.painted, self.painted_at = seen, now
         self.refresh()
+
+    def sighting(self) -> tuple | None:
+        """The picture as dots in the frame it was last drawn in (a new frame where the data left
+        it); None where it cannot say (a value that is not finite): then it is drawn again."""
+        series = self.series()
+        log = self.plots(series)
+        y = plotted(log)
+        look = (self.size.width, self.size.height, self.log_scale, log, self.baseline and self.baseline.name,
+                tuple((s.label, len(s.xs)) for s in series))
+        xs = [x for s in series for x in s.xs]
+        ys = y([v for s in series for v in s.ys])
+        if not xs:
+            return (look,)
+        if not all(math.isfinite(v) for v in xs + ys):
+            return None
+        width, height = max(10, self.size.width), max(1, self.size.height)
+        old = self.painted[0] if self.painted and len(self.painted) == 2 else None
+        frame = old if old is not None and old.holds(look, xs, ys) else Frame.around(look, xs, ys, width, height)
+        return frame, frame.dots(series, y)
+
+    def series(self) -> list[Series]:
+        """What the chart draws, in drawing order: the baseline under the live curves, then the
+        train loss and its EMA, the validation points and the spikes' marks."""
+        h, width = self.history, max(10, self.size.width)
+        out = []
+        if base := self.baseline:  # first, so the live curves draw over it
+            points = base.history.points(2 * width)
+            out.append(Series([p.step for p in points], [p.ema for p in points], f"base {base.name}", "magenta",
+                              "braille"))
+            if base.history.evals:
+                out.append(Series(*self.evals_drawn(base.history, width), "base val", "magenta", "x", line=False))
+        points = h.points(2 * width)
+        if points:
+            px = [p.step for p in points]
+            out.append(Series(px, [p.loss for p in points], "train", "gray", "braille"))
+            out.append(Series(px, [p.ema for p in points], "ema", "cyan", "braille"))
+        if h.evals:
+            out.append(Series(*self.evals_drawn(h, width), "val", "orange", "dot", line=False))
+        if h.spikes and points:
+            # At the top of the losses drawn: a spike's own loss (often tens of times the run's) would
+            # squash every curve into the bottom row.
+            top = max([p.loss for p in points] + [e[1] for e in h.evals])
+            out.append(Series([s for s, _, _ in h.spikes], [top] * len(h.spikes), "spike", "red", "x", line=False))
+        return out
+
+    def evals_drawn(self, h: History, width: int) -> tuple[list[float], list[float]]:
+        """drawn() of `h`'s evaluations, again only when they changed: a long run has thousands,
+        and the chart asks once a second."""
+        key = (len(h.evals), h.evals[-1] if h.evals else None, width)
+        seen = self.evals_seen.get(id(h))
+        if seen is None or seen[0] is not h.evals or seen[1] != key:
+            self.evals_seen[id(h)] = seen = h.evals, key, drawn([e[:2] for e in h.evals], width)
+        return seen[2]
+
+    def plots(self, series: list[Series]) -> bool:
+        """Log scale is asked for and every value drawn can take it."""
+        values = [v for s in series for v in s.ys]
+        return self.log_scale and bool(values) and all(v > 0 and math.isfinite(v) for v in values)
 
     def values(self) -> list[float]:
         """Every loss drawn: the live run's and the baseline's, at the chart's width."""
-        width = 2 * max(10, self.size.width)
-        out = [v for p in self.history.points(width) for v in (p.loss, p.ema)] + [e[1] for e in self.history.evals]
-        if base := self.baseline:
-            out += [p.ema for p in base.history.points(width)] + [e[1] for e in base.history.evals]
-        return out
+        return [v for s in self.series() for v in s.ys]
 
     def build_plot(self) -> None:
         """Put the whole figure into plotext, sized for the widget as it is now."""
         plt = self.plt
         plt.clear_figure()
-        log = self.plots_log
+        series = self.series()
+        log = self.plots(series)
         y = plotted(log)
         h = self.history
         if self.log_scale and not log and (h.count or h.evals):
             plt.title("loss (log scale needs positive values)")
         else:
             plt.title("loss" + (" (log scale)" if self.log_scale else ""))
-        width = max(10, self.size.width)
-        xs: list[float] = []
-        if base := self.baseline:  # first, so the live curves draw over it
-            points = base.history.points(2 * width)
-            bx = [p.step for p in points]
-            plt.plot(bx, y([p.ema for p in points]), label=f"base {base.name}", color="magenta", marker="braille")
-            if base.history.evals:
-                vx, vy = drawn([e[:2] for e in base.history.evals], width)
-                plt.scatter(vx, y(vy), label="base val", color="magenta", marker="x")
-            xs += bx
-        points = h.points(2 * width)
-        if points:
-            px = [p.step for p in points]
-            plt.plot(px, y([p.loss for p in points]), label="train", color="gray", marker="braille")
-            plt.plot(px, y([p.ema for p in points]), label="ema", color="cyan", marker="braille")
-            xs += px
-        if h.evals:
-            vx, vy = drawn([e[:2] for e in h.evals], width)
-            plt.scatter(vx, y(vy), label="val", color="orange", marker="dot")
-        if h.spikes and points:
-            # At the top of the losses drawn: a spike's own loss (often tens of times the run's) would
-            # squash every curve into the bottom row.
-            top = max([p.loss for p in points] + [e[1] for e in h.evals])
-            plt.scatter([s for s, _, _ in h.spikes], y([top] * len(h.spikes)), label="spike", color="red", marker="x")
+        for s in series:
+            draw = plt.plot if s.line else plt.scatter
+            draw(s.xs, y(s.ys), label=s.label, color=s.color, marker=s.marker)
         if log:
-            set_log_ticks(plt, self.values())
-        set_x_ticks(plt, "step", xs, width)
+            set_log_ticks(plt, [v for s in series for v in s.ys])
+        xs = [x for s in series if s.line for x in s.xs]  # the curves span the axis; marks fall within
+        set_x_ticks(plt, "step", xs, max(10, self.size.width))
         plt.xlabel("step")

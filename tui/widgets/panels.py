@@ -191,6 +191,7 @@ class Panel(Static):
         self.body: Table = kv_table([])
         self.collapsed = False
         self.rows: list[tuple[str, str]] | None = None  # what show_rows last showed
+        self.height_painted = 0  # lines it took when last painted: layout only when that changes
 
     def show_rows(self, rows: list[tuple[str, str]]) -> None:
         """The rows, painted only where they changed: a dashboard redraws every panel once a
@@ -224,7 +225,11 @@ class Panel(Static):
             self.paint()
 
     def paint(self) -> None:
-        self.update(self.summary() if self.collapsed else self.body)
+        """Its content again; the screen laid out again only where its height changed (a layout
+        of the whole dashboard costs more than rendering one panel)."""
+        height = 1 if self.collapsed else self.lines
+        self.update(self.summary() if self.collapsed else self.body, layout=height != self.height_painted)
+        self.height_painted = height
 
 
 class SideColumn(VerticalScroll):

@@ -178,8 +178,10 @@ class TaskPanel(Panel):
 
     def show_tasks(self, v: RunState, width: int, references: dict[str, dict[str, float]]) -> None:
         """Redraw from the run; `width`: its inside width when open."""
-        self.view, self.inside = v, max(12, width)
-        self.rows = task_lines(v, self.inside, references)
+        rows = task_lines(v, max(12, width), references)
+        if rows == self.rows and max(12, width) == self.inside:
+            return  # the same lines: a redraw once a second would render them again for nothing
+        self.view, self.inside, self.rows = v, max(12, width), rows
         self.display = bool(self.rows)
         table = Table.grid()
         table.add_column(no_wrap=True)
