@@ -71,6 +71,7 @@ def test_the_cpu_load_is_the_runs_whole_process_tree():
         parent.kill()
         parent.wait()
     assert Telemetry().process_load(parent.pid) is None
+    assert telemetry.process_load(parent.pid) is None  # gone from a tree listed moments ago too
 
 
 def test_the_run_view_keeps_the_loss_ema_a_step_at_a_time():

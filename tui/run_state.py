@@ -199,6 +199,8 @@ class RunState(ReadsHistory):
         """When the run should reach its target (core/run/target.py's forecast_aim), fitted again
         only after a new evaluation; None without a target."""
         task, accuracy = self.target_task
+        if not task and not self.target:
+            return None  # not fitted, nor its thousands of evaluations gathered, on every redraw
         if self._forecast is None:
             values = self.tasks.get(task, []) if task else list(zip(self.val_steps, self.val_losses))
             self._forecast = forecast_aim(self.target, task, accuracy, values, self.tokens_per_step, self.max_steps,

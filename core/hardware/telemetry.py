@@ -6,6 +6,7 @@ engine is busy compiling. No GPU or no NVML: `gpus` is empty and `nvml_error` sa
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -46,6 +47,9 @@ class ProcessLoad:
     cores: int  # the machine's logical cores, so a bar can show how much of it the run takes
 
 
+TREE_EVERY = 5.0  # seconds between listings of a run's processes (a DataLoader's workers come and go)
+
+
 class Telemetry:
     """Never raises: NVML failing a query costs that field ("?"/None), failing for a GPU's handle
     costs that GPU, and failing to count the GPUs costs all of them, with `nvml_error` saying why."""
@@ -74,19 +78,27 @@ class Telemetry:
         measures a process's CPU since the previous call on the same Process object: they are kept
         between calls, so the first reading of a process counts 0 and later ones its real share."""
         known: dict[int, psutil.Process] = getattr(self, "_processes", {})
-        try:
-            root = known.get(pid) or psutil.Process(pid)
-            tree = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return None
-        self._processes = {p.pid: known.get(p.pid, p) for p in tree}
+        now = time.monotonic()
+        if pid not in known or now - getattr(self, "_listed_at", -TREE_EVERY) >= TREE_EVERY:
+            # Listing descendants reads every process's /proc entry: on a busy shared machine that
+            # is most of a reading, so the tree is listed again every TREE_EVERY seconds only.
+            try:
+                root = known.get(pid) or psutil.Process(pid)
+                tree = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                return None
+            known = {p.pid: known.get(p.pid, p) for p in tree}
+            self._listed_at = now
         cpu = rss = 0
-        for p in self._processes.values():
+        for p in list(known.values()):
             try:
                 cpu += p.cpu_percent(None)
                 rss += p.memory_info().rss
-            except psutil.Error:  # ended between the listing and the reading
-                pass
+            except psutil.Error:  # ended since the listing
+                if p.pid == pid:
+                    return None
+                del known[p.pid]
+        self._processes = known
         return ProcessLoad(cpu, rss, psutil.cpu_count() or 1)
 
     def _gpus(self) -> list[GPUReading]:
