@@ -4,8 +4,9 @@ Train loss raw and smoothed, validation points, optional log scale, and
 optionally a finished run's curves underneath as a baseline.
 
 plotext rebuilds every point on each draw, so the chart plots the run's history
-(core/run/history.py) at about twice its width, whatever the run's length, and redraws only when
-asked (the dashboard asks at a bounded rate). The step axis is labelled as a person writes it
+(core/run/history.py) at about twice its width, whatever the run's length, and is painted again
+only when what it would draw moves by a braille dot (the dashboard asks once a second; a long
+run's second of steps moves none). The step axis is labelled as a person writes it
 (core/run/ticks.py: 300k, 1.2M).
 
 Textual also renders the widget again on its own (a resize, a neighbour appearing), so the plot
@@ -193,7 +194,10 @@ class LossChart(Chart):
         (a third of what watching a run cost). The newest point, the mean of a bucket still
         filling, moves with each step's noise: where nothing else moved it is painted every
         EDGE_EVERY seconds."""
-        seen = self.sighting()
+        try:
+            seen = self.sighting()
+        except Exception:  # noqa: BLE001 -- drawn again, where render() says what is wrong in the chart's place
+            seen = None
         self.waiting = False
         if seen is not None and seen == self.painted:
             return
