@@ -82,6 +82,9 @@ Parts, in the order they run (each appends its own section, so they can also run
                                       attention allocator muon nvml glance data recipe tasks gpt2] [--steps 300] [--out DIR]
                               [--target 3.28] [--stop-at-target] [--set KEY=VALUE ...]
 
+On the device tool's lent machine (torch there, textual and a few others not, no network):
+`bash bench/gpu_lease.sh prepare` here, then `bash bench/gpu_lease.sh run PART...` there.
+
 Exit 0 when every check passed, 1 otherwise (or without a CUDA GPU). On the lent GPU each part
 but gpt2 fits one 10-minute call; the data cache built by the first run is reused by the others.
 `--device cpu` rehearses the graphs, saved, attention and gpt2 parts on a CPU (compiled, no CUDA
