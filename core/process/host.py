@@ -248,8 +248,9 @@ class RunServer:
                 return
             viewer = Viewer(conn, self)
             self.viewers.append(viewer)
-            viewer.offer(P.Catchup("attached", tuple(self.snapshot.values()), self.count))
-        self.log(f"a viewer attached ({self.count} watching)")
+            watching = self.count  # counted with the change it reports: two threads log apart
+            viewer.offer(P.Catchup("attached", tuple(self.snapshot.values()), watching))
+        self.log(f"a viewer attached ({watching} watching)")
 
     def catchup(self, reason: str) -> P.Catchup:
         with self.lock:
@@ -264,8 +265,9 @@ class RunServer:
             if viewer not in self.viewers:
                 return
             self.viewers.remove(viewer)
+            watching = self.count
         if not self.closing:
-            self.log(f"a viewer detached ({self.count} watching)")
+            self.log(f"a viewer detached ({watching} watching)")
 
     def broadcast(self, event: object) -> None:
         with self.lock:
