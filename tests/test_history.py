@@ -145,6 +145,61 @@ def test_a_folder_read_whole_or_from_its_summary_is_the_same_history(tmp_path):
     assert curve(again) == curve(fold([r for r in rows if r["step"] <= 5_000] + redone + more))
 
 
+def test_the_engine_s_step_rows_are_read_from_their_bytes_and_fold_as_json_reads_them(tmp_path):
+    """An older run's first reading folds every row: a step row exactly as the engine writes it is
+    read from its bytes (json.loads and well_formed cost twice as much); every other line goes
+    through json as before. A folder of the engine's own rows with a rollback, and lines it never
+    writes that way or that json and well_formed refuse, reads as those rows folded one by one."""
+    from lmcockpit.core.run.folder import read_metrics
+
+    log = MetricsLog(tmp_path / METRICS)
+    for s, loss in [*losses(3_000), *losses(3_200, seed=1)[2_500:]]:  # steps 2,501 on redone
+        log.write("step", step=s, loss=loss, lr=1e-3 * (1 + s % 7), grad_norm=0.5 + s % 5, tokens_per_s=1e3 + s % 13,
+                  mfu=None if s % 2 else 0.41, dt=0.25 + s % 3 / 100,
+                  mem=None if s % 3 else {"allocated": 9_000_000 + s, "reserved": 10**10, "peak": 2 * 10**9})
+        if s % 500 == 0:
+            log.write("eval", step=s, val_loss=3 + 1 / s, val_bpb=1.0)
+    log.write("step", step=3_201, loss=float("nan"), lr=1e-3, grad_norm=0.5, tokens_per_s=1e3, mfu=None, dt=0.25,
+              mem=None)
+    log.close()
+    engine_line = (tmp_path / METRICS).read_bytes().split(b"\n")[0] + b"\n"
+    assert history_file._step_figures(engine_line)[:2] == (1, losses(1)[0][1])  # the bytes' own path
+    others = [  # json's path: folded as before...
+        '{"kind": "step", "time": 1.0, "step": 3202, "loss": 2.5, "lr": 0.001, "grad_norm": 0.5, "tokens_per_s": 1.0, '
+        '"mfu": null, "dt": 0.25, "mem": {"allocated": 1.5}, "skipped": 0}',  # a field more, a float
+        '{"step": 3203, "kind": "step", "loss": 2.4, "lr": 0.001, "grad_norm": 0.5, "tokens_per_s": 2.0, "dt": 0.5}',
+        '{"kind":"step","time":1.0,"step":3204,"loss":2.3,"lr":0.001,"grad_norm":0.5,"tokens_per_s":3.0,"mfu":null,'
+        '"dt":0.75,"mem":null}',  # the same row, other spacing
+        # ...or refused as before (past the last step: one folded would be counted)
+        '{"kind": "step", "time": 1.0, "step": 03205, "loss": 3.0, "lr": 0.001, "grad_norm": 0.5, "tokens_per_s": 1.0, '
+        '"mfu": null, "dt": 0.25, "mem": null}',  # not JSON
+        '{"kind": "step", "time": 1.0, "step": 3205, "loss": 3.0, "lr": 0.001, "grad_norm": null, "tokens_per_s": 1.0, '
+        '"mfu": null, "dt": 0.25, "mem": null}',  # no grad norm
+        '{"kind": "step", "time": 1.0, "step": 3205, "loss": true, "lr": 0.001, "grad_norm": 0.5, "tokens_per_s": 1.0, '
+        '"mfu": null, "dt": 0.25, "mem": null}',  # a bool for a loss
+    ]
+    with open(tmp_path / METRICS, "a") as fh:
+        fh.write("".join(line + "\n" for line in others))
+    rows = read_metrics(tmp_path)  # json.loads and well_formed, row by row
+    assert [r["step"] for r in rows if r["kind"] == "step"][-3:] == [3202, 3203, 3204]
+    reference = fold(rows)
+    read, _, _ = history_file.load(tmp_path, write=False)
+    same = repr(curve(read)) == repr(curve(reference))  # repr: step 3,201's NaN loss is no equal of itself
+    assert same, "the curves differ"  # (pytest's diff of the two would take minutes)
+    assert read.last == reference.last
+    assert read.count == 3_204  # steps 2,501 on once (redone); the three refused lines not at all
+    # The engine's rows alone (the redone steps cut where they go back), and the last step read whole.
+    only_engine = tmp_path / "engine"
+    only_engine.mkdir()
+    (only_engine / METRICS).write_bytes(b"".join((tmp_path / METRICS).read_bytes().splitlines(True)[:-7]))
+    read, _, _ = history_file.load(only_engine, write=False)
+    reference = fold(read_metrics(only_engine))
+    same = repr(curve(read)) == repr(curve(reference))
+    assert same, "the curves differ"
+    assert read.last == reference.last
+    assert read.count == 3_200 and read.last["grad_norm"] == 0.5 and read.last["kind"] == "step"  # read whole
+
+
 def test_the_engines_summary_survives_a_resume_and_a_rewritten_file_is_noticed(tmp_path):
     """The engine folds each row it writes and saves at each checkpoint row. A resume from that
     checkpoint drops the rows past it (truncate_metrics): the summary still fits, and the folder
