@@ -82,7 +82,7 @@ def card_name(model: str) -> str:
 
 
 def mfu_rule() -> str:
-    """Which MFU the times use: "49% on h100 (measured), else 40% (assumed)"."""
+    """Which MFU the times use: "49% on h100 (measured), else 40%" (40% alone with none measured)."""
     measured = ", ".join(f"{mfu:.0%} on {card_name(model)}" for model, mfu in sorted(MEASURED_MFU.items()))
     return f"{measured} (measured), else {ASSUMED_MFU:.0%}" if measured else f"{ASSUMED_MFU:.0%}"
 
