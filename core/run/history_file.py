@@ -1,9 +1,10 @@
 """A run folder's history (history.py), kept beside its metrics.jsonl in history.json.
 
-So that no reader folds a million rows again, `history.json` holds a history as it stood after some line of metrics.jsonl: the byte offset of
-the line's end and the line itself. A reader takes it, checks that metrics.jsonl still holds that
-line there (a resume rewrites the file: rows past the checkpoint go), and folds only the rows
-after it. The engine writes it with each checkpoint row (`Summarised`), so a resume from the
+So that no reader folds a million rows again, `history.json` holds a history as it stood after
+some line of metrics.jsonl: the byte offset of the line's end and the line itself. A reader takes
+it, checks that metrics.jsonl still holds that line there (a resume rewrites the file: rows past
+the checkpoint go), and folds only the rows after it. A step row exactly as the engine writes it
+is read from its bytes (`_step_figures`); every other line through json. The engine writes it with each checkpoint row (`Summarised`), so a resume from the
 latest checkpoint finds it whole; a folder without one (older runs), or whose one no longer fits
 its metrics.jsonl, is folded whole once, and the result written for the next reader where the
 folder is the user's own.
