@@ -24,7 +24,7 @@ from typing import NoReturn
 from .. import protocol as P
 from ..config import ConfigError, config_from_dict
 from ..run.folder import append_whole
-from ..run.safe_files import open_append
+from ..run.safe_files import NotOwnFile, open_append
 
 _EOF = "\x00lmcockpit-log-eof\x00"
 _EARLY_SIGNALS: list[str] = []
@@ -166,6 +166,8 @@ def train(run_dir: str, config: dict, resume_from: str | None, events, cmds: Com
         final = trainer.run()
     except ConfigError as e:
         failure = P.Failure(str(e), user_error=True)
+    except NotOwnFile as e:  # a link or someone else's folder planted where the run writes, found mid-run
+        failure = P.Failure(f"{e} (remove it if you did not put it there)", user_error=True)
     except P.RunFailure as e:
         failure = P.Failure(str(e))
     except Exception as e:  # noqa: BLE001 - every failure must reach the front-end

@@ -24,13 +24,20 @@ from typing import Any
 
 from ..config import Config, ConfigError, config_from_dict, read_toml
 from .extras import require_logger_packages
-from .safe_files import NotOwnFile, open_append, open_own, own_or_absent, write_whole
+from .safe_files import NotOwnFile, not_planted, open_append, open_own, own_or_absent, pinned_dir, write_whole
 
 CONFIG = "config.toml"
 METRICS = "metrics.jsonl"
 TRAIN_LOG = "train.log"
 TOKENIZER = "tokenizer"
 CHECKPOINTS = "checkpoints"
+TENSORBOARD = "tensorboard"  # TensorBoard's event files
+NAN_DEBUG = "nan_debug"  # the report of a step whose loss or gradients were not finite
+WANDB = "wandb"  # W&B's own files (wandb.init's dir is the run folder)
+# The folders a run writes into: a link or someone else's folder at any of these names (planted
+# in a run folder other accounts can write) would have checkpoints written, and old ones pruned,
+# in whatever folder it names.
+RUN_FOLDERS = (CHECKPOINTS, TOKENIZER, TENSORBOARD, NAN_DEBUG, WANDB)
 STEP_DIR = re.compile(r"step_(\d+)")
 PRUNED = ".pruned-"  # a checkpoint being deleted (list_checkpoints sees only step_N folders)
 LOCK = ".training"  # flock'ed by the engine while it trains here; holds its pid
@@ -108,6 +115,8 @@ def hold_run_dir(run_dir: Path):
     try:
         for log in (TRAIN_LOG, METRICS):  # their own opens refuse them too, but in a traceback
             own_or_absent(run_dir / log)
+        for folder in RUN_FOLDERS:  # checked again where each is written (safe_files.pinned_dir)
+            not_planted(run_dir / folder)
         fd = open_own(run_dir / LOCK, os.O_RDWR | os.O_CREAT)
     except NotOwnFile as e:
         raise ConfigError(f"{e} (remove it if you did not put it there)") from None
@@ -136,19 +145,31 @@ def check_not_training(run_dir: Path) -> None:
 def step_dirs(ckpt_root: Path) -> list[tuple[int, Path]]:
     """Every `step_N` folder, complete or not, by step: by number, since step_1000000 sorts before
     step_999999 as text."""
-    found = [(int(m[1]), p) for p in ckpt_root.glob("step_*") if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir()]
+    found = [(int(m[1]), p) for p in ckpt_root.glob("step_*")
+             if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir() and not p.is_symlink()]
     return sorted(found)
 
 
+def remove_later_checkpoints(ckpt_root: Path, step: int) -> None:
+    """Delete the checkpoints past `step` (a resume in place redoes those steps), through a
+    descriptor of `ckpt_root` (safe_files.pinned_dir): never in a folder a link there points to."""
+    if not os.path.lexists(ckpt_root):
+        return
+    with pinned_dir(ckpt_root, make=False) as root:
+        remove_checkpoints(root, [later for later_step, later in step_dirs(root) if later_step > step])
+
+
 def remove_checkpoints(ckpt_root: Path, doomed: list[Path], hold=None) -> None:
-    """Delete these checkpoint folders of `ckpt_root`, each renamed out of sight (`.pruned-*`)
+    """Delete these checkpoint folders of `ckpt_root` (a folder checked as the user's own, as
+    safe_files.pinned_dir gives it), each renamed out of sight (`.pruned-*`)
     first: a kill part way never leaves one listed as complete with files lost, nor one whose
     state.json went first (unlisted, so never deleted). What a kill left is deleted first.
     `hold(name)`: a test's pause between a rename and its deletion."""
     for left in ckpt_root.glob(f"{PRUNED}*"):
         shutil.rmtree(left, ignore_errors=True)
     for path in doomed:
-        hidden = path.with_name(f"{PRUNED}{path.name}")
+        hidden = ckpt_root / f"{PRUNED}{path.name}"
+        path = ckpt_root / path.name
         try:
             os.rename(path, hidden)
         except OSError:  # a leftover of that name the loop above could not delete: keep this one whole

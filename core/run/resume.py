@@ -27,7 +27,7 @@ from ..config import Config, ConfigError, apply_overrides, config_from_dict, par
 from .checkpoint_folder import check_checkpoint, is_run_dir
 from .extras import require_logger_packages
 from .folder import (CHECKPOINTS, CONFIG, METRICS, check_not_training, create_run_dir, latest_checkpoint,
-                     remove_checkpoints, step_dirs, write_config)
+                     remove_later_checkpoints, write_config)
 from .safe_files import write_whole
 
 SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eval.batches", "eval.tasks",
@@ -100,8 +100,7 @@ def plan_resume(path_arg: str, overrides: list[str], out: str | None,
         write_config(cfg, run_dir / CONFIG)
         truncate_metrics(run_dir / METRICS, step)
         # Checkpoints past the one we continue from belong to a future that is being redone.
-        remove_checkpoints(path / CHECKPOINTS, [later for later_step, later in step_dirs(path / CHECKPOINTS)
-                                                if later_step > step])
+        remove_later_checkpoints(path / CHECKPOINTS, step)
     else:
         run_dir = create_run_dir(cfg, ckpt.parent.parent.name or "resumed", out, check)
     return ResumePlan(cfg, run_dir, ckpt, step, in_place)

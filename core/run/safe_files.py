@@ -12,16 +12,20 @@ as lmcockpit's own. So:
 * a file lmcockpit trusts (a run's `live.json` and `live.key`) is read only if the user owns it and
   no one else may write it;
 * a private folder (for sockets) is the user's own with mode 0700, checked after `lstat` as tmux
-  checks its own; where that name is taken, a fresh folder from `mkdtemp`.
+  checks its own; where that name is taken, a fresh folder from `mkdtemp`;
+* a folder written into (a run's checkpoints/, tensorboard/, nan_debug/) is opened without
+  following a link and must be the user's own; where the writes take a while, they go through the
+  descriptor opened then (`pinned_dir`), so a link swapped in later at the name changes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
@@ -170,3 +174,66 @@ def runtime_dir() -> Path:
         except OSError:  # NotOwnFile, ELOOP (a link), ENOTDIR (a file), EACCES
             continue
     return Path(tempfile.mkdtemp(prefix=f"lmcockpit-{os.geteuid()}-"))
+
+
+def open_own_dir(path: Path, make: bool = True) -> int:
+    """A descriptor of the folder at `path` (made if missing and `make`), opened without following
+    a link, only if it is a folder of this user's; write bits it gives other accounts are taken
+    away (a folder of an older run made under a umask of 002), since others could plant names in it."""
+    path = Path(path)
+    if make:
+        try:
+            path.mkdir(mode=0o755)
+        except FileExistsError:
+            pass
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):  # ENOTDIR: a link to a file, or a file
+            kind = "a symbolic link" if os.path.islink(path) else "not a folder"
+            raise NotOwnFile(f"{path}: {kind} where lmcockpit keeps a folder of its own: refused") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise NotOwnFile(f"{path}: owned by uid {st.st_uid}, not by this user: refused")
+        if st.st_mode & 0o022:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def own_dir(path: Path, make: bool = True) -> Path:
+    """`path`, checked as `open_own_dir` checks it (and made if missing and `make`)."""
+    os.close(open_own_dir(path, make))
+    return Path(path)
+
+
+def not_planted(path: Path) -> None:
+    """NotOwnFile where `path` is a link, or a folder or file of another account's: what someone
+    else may have put there for lmcockpit to write through. A check made before a run starts, so
+    that it says so in words rather than at its first checkpoint; missing is fine, and so is a
+    file of the user's own (where a folder belongs, its writer says so)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise NotOwnFile(f"{path}: a symbolic link where lmcockpit keeps a folder of its own: refused")
+    if st.st_uid != os.geteuid():
+        raise NotOwnFile(f"{path}: owned by uid {st.st_uid}, not by this user: refused")
+
+
+@contextlib.contextmanager
+def pinned_dir(path: Path, make: bool = True) -> Iterator[Path]:
+    """The folder at `path` (`open_own_dir`) as a path through the descriptor opened now
+    (/proc/self/fd/N): what is written, renamed or deleted under it lands in that folder, whatever
+    another account renames or links at `path` meanwhile. Without /proc, `path` itself, checked."""
+    fd = open_own_dir(path, make)
+    try:
+        through = Path(f"/proc/self/fd/{fd}")
+        yield through if through.is_dir() else Path(path)
+    finally:
+        os.close(fd)

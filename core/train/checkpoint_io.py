@@ -60,7 +60,7 @@ from ..config import ConfigError
 from ..run.checkpoint_pickle import ALLOWED, AllowListUnpickler, damaged, refusal, shard_problem
 from ..run.checkpoint_folder import FORMAT_VERSION, TRAIN_STATE
 from ..run.folder import CONFIG, DISK_FULL, list_checkpoints, remove_checkpoints
-from ..run.safe_files import write_whole
+from ..run.safe_files import pinned_dir, write_whole
 from .group import Group
 
 LATEST = "latest"
@@ -194,43 +194,48 @@ def _agreed(group: Group, problem: str | None) -> None:
 def save(ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer],
          state: dict[str, Any], config_toml: str, keep: int, group: Group = Group()) -> Path:
     """Write checkpoint `step` atomically; a checkpoint folder is self-contained (its own config).
-    Every rank calls this; each writes its shards, rank 0 the rest."""
-    final = ckpt_root / step_dir_name(step)
-    tmp = ckpt_root / f".tmp-{step_dir_name(step)}"
-    problem = None
-    if group.is_main:
-        try:
-            ckpt_root.mkdir(parents=True, exist_ok=True)
-            _clean_partial(ckpt_root)
-            problem = free_space_problem(ckpt_root, int(estimate_bytes(model, optimizers) * 1.1) + (1 << 20))
-            if problem is None:
-                tmp.mkdir()
-        except OSError as e:
-            problem = _filled(ckpt_root, e)
-    _agreed(group, problem)  # every rank past here: tmp exists
-    device_states = group.gather(device_rng_state(next(model.parameters()).device))
-    model_sd, optim_sd = get_state_dict(model, optimizers)
-    try:
-        with _dcp_errors():
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp / TRAIN_STATE,
-                     no_dist=not _distributed())
-    except NoSpace:
+    Every rank calls this; each writes its shards, rank 0 the rest. Everything goes through a
+    descriptor of `ckpt_root` opened once (safe_files.pinned_dir): a link another account plants at
+    `checkpoints/` meanwhile never has the writes, nor the pruning, land in what it points to."""
+    with contextlib.ExitStack() as pinned:
+        root, problem = ckpt_root, None
         if group.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    # The whole weights, gathered on rank 0 (a no-op for a model that is not sharded).
-    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    problem = None
-    if group.is_main:
+            try:
+                root = pinned.enter_context(pinned_dir(ckpt_root))
+                tmp = root / f".tmp-{step_dir_name(step)}"
+                _clean_partial(root)
+                problem = free_space_problem(root, int(estimate_bytes(model, optimizers) * 1.1) + (1 << 20))
+                if problem is None:
+                    tmp.mkdir()
+            except OSError as e:
+                problem = _filled(ckpt_root, e)
+        _agreed(group, problem)  # every rank past here: tmp exists
+        if not group.is_main:
+            root = pinned.enter_context(pinned_dir(ckpt_root, make=False))
+            tmp = root / f".tmp-{step_dir_name(step)}"
+        device_states = group.gather(device_rng_state(next(model.parameters()).device))
+        model_sd, optim_sd = get_state_dict(model, optimizers)
         try:
-            _commit(ckpt_root, tmp, final, step, weights, state, config_toml, device_states, keep)
-        except OSError as e:
-            problem = _filled(ckpt_root, e)
-            shutil.rmtree(tmp, ignore_errors=True)
-    # An all-gather of rank 0's verdict, sent once its part is in place: no rank runs ahead into a
-    # step (or a next save) before then, which a barrier here did as well.
-    _agreed(group, problem)
-    return final
+            with _dcp_errors():
+                dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp / TRAIN_STATE,
+                         no_dist=not _distributed())
+        except NoSpace:
+            if group.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        # The whole weights, gathered on rank 0 (a no-op for a model that is not sharded).
+        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        problem = None
+        if group.is_main:
+            try:
+                _commit(root, tmp, root / step_dir_name(step), step, weights, state, config_toml, device_states, keep)
+            except OSError as e:
+                problem = _filled(ckpt_root, e)
+                shutil.rmtree(tmp, ignore_errors=True)
+        # An all-gather of rank 0's verdict, sent once its part is in place: no rank runs ahead into a
+        # step (or a next save) before then, which a barrier here did as well.
+        _agreed(group, problem)
+    return ckpt_root / step_dir_name(step)
 
 
 def _commit(ckpt_root: Path, tmp: Path, final: Path, step: int, weights: dict, state: dict[str, Any],
@@ -262,7 +267,7 @@ def _test_hold(tmp: Path, step: int) -> None:
     its files are written but not yet renamed into place, and waits there, so a test can kill the
     engine inside that window deterministically."""
     if os.environ.get("LMCOCKPIT_TEST_HOLD_CHECKPOINT") == str(step):
-        (tmp.parent.parent / "checkpoint-held").write_text(tmp.name)
+        (Path(os.path.realpath(tmp)).parent.parent / "checkpoint-held").write_text(tmp.name)  # tmp: pinned
         threading.Event().wait()
 
 
@@ -290,7 +295,7 @@ def _test_hold_prune(ckpt_root: Path, name: str) -> None:
     """Tests only: with LMCOCKPIT_TEST_HOLD_PRUNE=step_N, the deletion of that checkpoint announces
     that it is renamed out of sight but not yet deleted, and waits there, for a kill."""
     if os.environ.get("LMCOCKPIT_TEST_HOLD_PRUNE") == name:
-        (ckpt_root.parent / "prune-held").write_text(name)
+        (Path(os.path.realpath(ckpt_root)).parent / "prune-held").write_text(name)  # ckpt_root: pinned
         threading.Event().wait()
 
 

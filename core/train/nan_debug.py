@@ -13,9 +13,8 @@ from pathlib import Path
 
 import torch
 
-from ..run.safe_files import write_whole
-
-NAN_DEBUG = "nan_debug"
+from ..run.folder import NAN_DEBUG
+from ..run.safe_files import pinned_dir, write_whole
 MAX_LISTED = 12
 
 
@@ -64,7 +63,6 @@ def dump(run_dir: Path, step: int, model: torch.nn.Module, batch: list[tuple[tor
          loss: float, grad_norm: float, lr: float) -> tuple[Path, str]:
     """Write nan_debug/step_N/ (report.txt, report.json, batch.pt); return (folder, report text)."""
     folder = Path(run_dir) / NAN_DEBUG / f"step_{step:06d}"
-    folder.mkdir(parents=True, exist_ok=True)
     bad = bad_tensors(model)
     top = grad_norms(model)
     lines = [f"non-finite values at step {step}: loss {loss}, gradient norm {grad_norm}, learning rate {lr:.3g}"]
@@ -81,11 +79,13 @@ def dump(run_dir: Path, step: int, model: torch.nn.Module, batch: list[tuple[tor
     lines.append("largest |parameter|: " + ", ".join(f"{n} {v:.3g}" for n, v in param_scales(model)))
     lines.append(f"the offending batch is in {folder / 'batch.pt'} (inputs and targets per micro-batch)")
     report = "\n".join(lines)
-    # Each through a fresh name (safe_files): a run folder may be another account's to write in.
-    write_whole(folder / "report.txt", report + "\n")
-    write_whole(folder / "report.json", json.dumps({"step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
-                                                    "bad_tensors": bad, "top_grad_norms": top}, indent=1))
     saved = io.BytesIO()  # one batch of token ids: small
     torch.save([(x.cpu(), y.cpu()) for x, y in batch], saved)
-    write_whole(folder / "batch.pt", saved.getvalue())
+    # Through folders checked as the user's own and files under fresh names (safe_files): a run
+    # folder may be another account's to write in, and a link planted at nan_debug/ is refused.
+    with pinned_dir(folder.parent) as parent, pinned_dir(parent / folder.name) as at:
+        write_whole(at / "report.txt", report + "\n")
+        write_whole(at / "report.json", json.dumps({"step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
+                                                    "bad_tensors": bad, "top_grad_norms": top}, indent=1))
+        write_whole(at / "batch.pt", saved.getvalue())
     return folder, report
