@@ -119,12 +119,12 @@ def test_a_regular_install_serves_the_cockpit_page_with_textual_serves_front_end
     try:
         assert select.select([served.stdout], [], [], 120)[0], "no banner in 120 s"
         banner = served.stdout.readline()
-        found = re.search(rf"the cockpit on http://127\.0\.0\.1:{port}/\?token=([0-9a-f]+) ", banner)
+        found = re.search(rf"the cockpit on (http://127\.0\.0\.1:{port}/[0-9a-f]+/)\?token=([0-9a-f]+) ", banner)
         assert found, banner + served.stderr.read()
         opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())  # the cookie, across the 303
-        with opener.open(f"http://127.0.0.1:{port}/?token={found[1]}", timeout=30) as page:
+        with opener.open(f"{found[1]}?token={found[2]}", timeout=30) as page:
             assert 'data-session-websocket-url="ws://127.0.0.1:' in page.read().decode()
-        with opener.open(f"http://127.0.0.1:{port}/static/js/textual.js", timeout=30) as script:
+        with opener.open(f"{found[1]}static/js/textual.js", timeout=30) as script:
             assert script.status == 200 and len(script.read()) > 100_000  # xterm.js and textual-serve's client
     finally:
         served.send_signal(signal.SIGINT)

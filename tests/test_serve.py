@@ -1,8 +1,9 @@
 """`lmcockpit serve`: the real command in a subprocess, and a real browser (the system's Chromium,
 driven by Playwright) that opens the launch screen and drives it with keys, on TCP with the printed
-token and through a tunnel to the default Unix socket; what it binds, what it refuses, and that
-neither a stopped nor a killed server leaves a cockpit running. What another account can reach is
-tests/test_serve_access.py's.
+token and through a tunnel to the default Unix socket; that what the browser keeps reaches no server
+on another port of the host, and that a download comes under the cockpit's path; what it binds (and
+the fallback folder it removes), what it refuses, and that neither a stopped nor a killed server
+leaves a cockpit running. What another account can reach is tests/test_serve_access.py's.
 
 The terminal in the page is drawn on a canvas, so its text is read from xterm.js's own screen
 buffer: the page's script, as served, is given one hook that names its terminal
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import http.server
 import os
 import re
 import shutil
@@ -51,12 +53,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Served:
-    """`lmcockpit serve ARGS` running in `cwd`, its stdout and stderr read as they come."""
+SERVE = [sys.executable, "-m", "lmcockpit.tui.cli", "serve"]
 
-    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None):
+
+class Served:
+    """`lmcockpit serve ARGS` (or `program` ARGS) running in `cwd`, its stdout and stderr read as they come."""
+
+    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None, program: list[str] = SERVE):
         # A session of its own: cleanup can end the server and every cockpit it started, and nothing else.
-        self.proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "serve", *args], cwd=cwd,
+        self.proc = subprocess.Popen([*program, *args], cwd=cwd,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True, env={**os.environ, **(env or {})})
         self.out, self.err, self.closed = [], [], 0
@@ -83,12 +88,21 @@ class Served:
     def stderr(self) -> str:
         return "".join(self.err)
 
+    def printed(self) -> re.Match:
+        """The URL it printed (on TCP): its path (base, the cockpit's own) and its token."""
+        found = re.search(r":\d+(/(?:[0-9a-f]+/)?)\?token=([0-9a-f]+) ", self.stdout)
+        assert found, f"no URL with a token in {self.stdout!r}"
+        return found
+
+    @property
+    def base(self) -> str:
+        """The path everything is served under (on TCP)."""
+        return self.printed()[1]
+
     @property
     def token(self) -> str:
         """The token in the URL it printed (on TCP)."""
-        found = re.search(r"/\?token=([0-9a-f]+) ", self.stdout)
-        assert found, f"no URL with a token in {self.stdout!r}"
-        return found[1]
+        return self.printed()[2]
 
     def expect(self, text: str, timeout: float = 60, stderr: bool = False) -> None:
         """Wait until `text` has come on stdout (on stderr with `stderr`)."""
@@ -125,10 +139,11 @@ class Served:
 def serve(tmp_path):
     started: list[Served] = []
 
-    def start(*args: str, ready: bool = True, env: dict[str, str] | None = None) -> Served:
-        started.append(Served(*args, cwd=tmp_path, env=env))
+    def start(*args: str, ready: bool = True, env: dict[str, str] | None = None, program: list[str] = SERVE,
+              ready_line: str = "lmcockpit serve: the cockpit on") -> Served:
+        started.append(Served(*args, cwd=tmp_path, env=env, program=program))
         if ready:
-            started[-1].expect("lmcockpit serve: the cockpit on")
+            started[-1].expect(ready_line)
         return started[-1]
     yield start
     for served in started:
@@ -160,10 +175,10 @@ def browser():
             launched.close()
 
 
-def hooked_script(port: int, token: str | None) -> str:
+def hooked_script(port: int, base: str, token: str | None) -> str:
     """textual-serve's script as the server serves it, with its terminal also named on `window`."""
     query = f"?token={token}" if token else ""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/static/js/textual.js{query}", timeout=30) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{base}static/js/textual.js{query}", timeout=30) as response:
         script = response.read().decode()
     assert script.count(TERMINAL_CREATED) == 1, f"textual-serve's front end no longer says {TERMINAL_CREATED!r}"
     return script.replace(TERMINAL_CREATED, "this.terminal=window.lmcockpitTerminal=new ")
@@ -171,19 +186,20 @@ def hooked_script(port: int, token: str | None) -> str:
 
 @pytest.fixture
 def open_cockpit(browser):
-    """Open the cockpit at a port (with the token `serve` printed, on TCP) in a new tab; returns the
-    page once the launch screen is drawn."""
+    """Open the cockpit at a port in a new tab, by the URL `served` printed (on TCP; none: the
+    root, with no token), as `host`; returns the page once the launch screen is drawn."""
     contexts = []
 
-    def open_(port: int, token: str | None):
+    def open_(port: int, served: Served | None, host: str = "localhost"):
+        base, token = (served.base, served.token) if served else ("/", None)
         contexts.append(browser.new_context(viewport={"width": 1280, "height": 800}))
         page = contexts[-1].new_page()
         page.set_default_timeout(WAIT_MS)
-        script = hooked_script(port, token)
+        script = hooked_script(port, base, token)
         page.route("**/static/js/textual.js", lambda route: route.fulfill(body=script, content_type="text/javascript"))
         page.route(re.compile(r"^https?://(?!localhost|127\.0\.0\.1)"), lambda route: route.abort())  # offline
-        page.goto(f"http://localhost:{port}/" + (f"?token={token}" if token else ""), wait_until="domcontentloaded")
-        assert page.url == f"http://localhost:{port}/"  # the token exchanged for a cookie, out of the address bar
+        page.goto(f"http://{host}:{port}{base}" + (f"?token={token}" if token else ""), wait_until="domcontentloaded")
+        assert page.url == f"http://{host}:{port}{base}"  # the token exchanged for a cookie, out of the address bar
         wait_for_screen(page, "presets · Enter launches")  # drawn through the WebSocket: the cookie went with it
         return page
     yield open_
@@ -214,7 +230,7 @@ def wait_until(condition, timeout: float, what: str) -> None:
 def test_a_browser_opens_the_launch_screen_and_drives_it_with_keys(serve, open_cockpit):
     port = free_port()
     served = serve("--port", str(port))
-    page = open_cockpit(port, served.token)
+    page = open_cockpit(port, served)
     text = screen(page)
     assert "settings · cpu" in text and re.search(r"│ debug\s", text), text  # the shipped presets, cpu selected
     assert len(served.cockpits()) == 1  # the tab's own cockpit process
@@ -240,7 +256,7 @@ def test_a_browser_opens_the_launch_screen_and_drives_it_with_keys(serve, open_c
 def test_ctrl_c_ends_every_cockpit_and_the_server_cleanly(serve, open_cockpit):
     port = free_port()
     served = serve("--port", str(port))
-    page = open_cockpit(port, served.token)
+    page = open_cockpit(port, served)
     cockpits = served.cockpits()
     assert cockpits
     served.proc.send_signal(signal.SIGINT)
@@ -254,13 +270,110 @@ def test_ctrl_c_ends_every_cockpit_and_the_server_cleanly(serve, open_cockpit):
 def test_a_killed_server_takes_its_cockpits_with_it(serve, open_cockpit):
     port = free_port()
     served = serve("--port", str(port))
-    open_cockpit(port, served.token)
+    open_cockpit(port, served)
     cockpits = served.cockpits()
     assert cockpits
     served.proc.kill()  # no chance to tell them to quit: each quits on its own (tui/commands/serve/session.py)
     served.wait(30)
     wait_until(lambda: not [p for p in cockpits if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 30,
                "the cockpit's exit after its server was killed")
+
+
+@contextlib.contextmanager
+def another_server() -> Iterator[tuple[int, list[tuple[str, dict[str, str]]]]]:
+    """A plain HTTP server on another port of 127.0.0.1, as another account's could be: it answers
+    every GET with a page and records what each one brought (path and headers). Yields its port
+    and that record."""
+    received: list[tuple[str, dict[str, str]]] = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            received.append((self.path, dict(self.headers)))
+            body = b"<!DOCTYPE html><title>another server</title><p>another server</p>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1], received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_token_reaches_no_server_on_another_port_of_the_host(serve, open_cockpit):
+    port = free_port()
+    served = serve("--port", str(port))
+    page = open_cockpit(port, served, host="127.0.0.1")  # the URL as printed: a cookie for 127.0.0.1 now
+    with another_server() as (other, received):
+        # The same browser visits another server of this host; a browser gives it this host's
+        # cookies whatever the port. It asks for the paths textual-serve serves at the root.
+        visitor = page.context.new_page()
+        for path in ("/", "/ws", "/static/js/textual.js", "/download/any"):
+            assert visitor.goto(f"http://127.0.0.1:{other}{path}").ok
+        got = list(received)
+    assert {path for path, _ in got} >= {"/", "/ws", "/static/js/textual.js", "/download/any"}
+    assert served.token not in repr(got), got
+    assert served.base.strip("/") not in repr(got), got
+    # All it was given, replayed against the cockpit as that server could: nothing opens.
+    for path, headers in got:
+        cookie = {"Cookie": headers["Cookie"]} if "Cookie" in headers else {}
+        for target in ("/", "/ws", path):
+            assert http_get(port, target, {**cookie, **WEBSOCKET})[0] in (403, 404), (target, cookie)
+            assert http_get(port, target, cookie)[0] in (403, 404), (target, cookie)
+    assert len(served.cockpits()) == 1  # the tab's own, and no other
+    assert "settings · cpu" in screen(page)  # the cockpit's own tab is none the worse
+
+
+# A Textual app that hands the browser a file, as App.deliver_text does through textual-serve.
+DELIVERING_APP = """\
+import io
+from textual.app import App
+
+class Delivering(App):
+    def on_mount(self) -> None:
+        self.deliver_text(io.StringIO("delivered under the cockpit's path"), save_filename="note.txt",
+                          open_method="browser")
+
+Delivering().run()
+"""
+# lmcockpit serve's web server running that app in place of the cockpit, on TCP under a path.
+SERVER_OF = """\
+import sys
+from lmcockpit.tui.commands.serve.webserver import CockpitServer
+
+command, port, token, base = sys.argv[1:]
+CockpitServer(command, {"host": "127.0.0.1", "port": int(port)}, loopback=True, token=token, base=base,
+              on_open=lambda: print("listening", flush=True)).serve()
+"""
+
+
+def test_a_download_is_asked_for_and_served_under_the_cockpits_path(serve, browser, tmp_path):
+    app = tmp_path / "delivering.py"
+    app.write_text(DELIVERING_APP)
+    port, token, base = free_port(), "5" * 48, "/" + "a" * 32 + "/"
+    serve(f"exec {sys.executable} {app}", str(port), token, base, program=[sys.executable, "-c", SERVER_OF],
+          ready_line="listening")
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        page.route(re.compile(r"^https?://(?!127\.0\.0\.1)"), lambda route: route.abort())  # offline
+        with context.expect_page(timeout=WAIT_MS) as opened:  # textual-serve's front end opens a tab for it
+            page.goto(f"http://127.0.0.1:{port}{base}?token={token}")
+        download = opened.value
+        download.wait_for_load_state()
+        assert download.url.startswith(f"http://127.0.0.1:{port}{base}download/"), download.url
+        assert download.inner_text("body") == "delivered under the cockpit's path"
+    finally:
+        context.close()
 
 
 @contextlib.contextmanager
@@ -300,7 +413,7 @@ def tunnel(path: Path) -> Iterator[int]:
 def test_a_browser_through_a_tunnel_to_the_socket_opens_the_launch_screen(serve, runtime, open_cockpit):
     served = serve(env={"XDG_RUNTIME_DIR": str(runtime)})
     with tunnel(runtime / "lmcockpit" / "serve.sock") as port:
-        page = open_cockpit(port, None)  # no token: whoever can open the socket is its owner
+        page = open_cockpit(port, None)  # no token, no path: whoever can open the socket is its owner
         assert "settings · cpu" in screen(page)
         assert len(served.cockpits()) == 1
         served.expect("a cockpit opened for a client of the socket")
@@ -320,6 +433,39 @@ def test_by_default_it_opens_no_port_only_a_socket_of_the_users_own(serve, runti
     assert served.wait(30) == 0
     assert not path.exists()  # gone with the server
     assert served.stderr == ""
+
+
+@pytest.fixture
+def tmpdir_taken():
+    """A $TMPDIR of the test's own (short: a socket's path holds about 107 bytes) where the name
+    runtime_dir shares, lmcockpit-UID, is taken by a file: there it falls back to a fresh mkdtemp folder."""
+    folder = Path(tempfile.mkdtemp(prefix="lmcockpit-tmp-"))
+    (folder / f"lmcockpit-{os.geteuid()}").write_text("taken")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_a_fallback_socket_folder_goes_with_the_server(serve, tmpdir_taken, stop):
+    served = serve(env={"XDG_RUNTIME_DIR": "", "TMPDIR": str(tmpdir_taken)})
+    [folder] = [path for path in tmpdir_taken.iterdir() if path.is_dir()]
+    assert folder.name.startswith(f"lmcockpit-{os.geteuid()}-")
+    served.expect(f"the cockpit on {folder / 'serve.sock'} (Ctrl-C")
+    assert http_get(str(folder / "serve.sock"))[0] == 200
+    served.proc.send_signal(stop)
+    assert served.wait(30) == 0
+    assert list(tmpdir_taken.iterdir()) == [tmpdir_taken / f"lmcockpit-{os.geteuid()}"]  # the folder gone, too
+    assert served.stderr == ""
+
+
+def test_a_fallback_socket_folder_goes_when_its_socket_cannot_be_made(serve, tmpdir_taken):
+    deep = tmpdir_taken / ("d" * 120)  # a socket's path in there would be too long
+    deep.mkdir()
+    (deep / f"lmcockpit-{os.geteuid()}").write_text("taken")
+    served = serve(env={"XDG_RUNTIME_DIR": "", "TMPDIR": str(deep)}, ready=False)
+    assert served.wait(60) == 2
+    assert served.stderr.startswith(f"error: cannot listen on {deep}/lmcockpit-{os.geteuid()}-"), served.stderr
+    assert list(deep.iterdir()) == [deep / f"lmcockpit-{os.geteuid()}"]
 
 
 def test_a_live_socket_is_refused_a_dead_ones_replaced_and_a_file_left_alone(serve, runtime):
@@ -350,9 +496,10 @@ def test_port_serves_on_tcp_on_loopback_only_with_a_token(serve):
     listening = {c.laddr.ip for c in psutil.net_connections(kind="inet")
                  if c.pid == served.proc.pid and c.status == psutil.CONN_LISTEN}
     assert listening == {"127.0.0.1"}
-    served.expect(f"lmcockpit serve: the cockpit on http://127.0.0.1:{port}/?token={served.token} (Ctrl-C")
+    assert re.fullmatch(r"/[0-9a-f]{32}/", served.base)  # 128 random bits: no other server is asked for it
+    served.expect(f"lmcockpit serve: the cockpit on http://127.0.0.1:{port}{served.base}?token={served.token} (Ctrl-C")
     served.expect(f"ssh -N -L {port}:127.0.0.1:{port} ")  # the banner's tunnel line, then the URL
-    served.expect(f"then open        http://localhost:{port}/?token={served.token}\n")
+    served.expect(f"then open        http://localhost:{port}{served.base}?token={served.token}\n")
     outward = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
                if a.family == socket.AF_INET and not a.address.startswith("127.")]
     for address in outward:  # where the machine has an outward address, nothing answers there
@@ -367,7 +514,7 @@ def test_another_host_is_served_with_a_warning_that_plain_http_shows_the_token(s
     served.expect("drive the cockpit", stderr=True)
     assert served.stderr.startswith("warning: listening on 0.0.0.0 over plain HTTP: anyone who can watch the "
                                     "network between a browser and this machine can read the token")
-    served.expect(f":{port}/?token={served.token} (Ctrl-C")
+    served.expect(f":{port}{served.base}?token={served.token} (Ctrl-C")
     served.proc.send_signal(signal.SIGINT)
     assert served.wait(30) == 0
 
@@ -416,9 +563,9 @@ def http_get(where: int | str, path: str = "/", headers: dict[str, str] | None =
         connection.close()
 
 
-def token_cookie(port: int, token: str, host: str | None = None) -> str:
+def token_cookie(port: int, served: Served, host: str | None = None) -> str:
     """The cookie the server gives in exchange for the token in the page's URL, as `name=value`."""
-    status, headers, _ = http_get(port, f"/?token={token}", {"Host": host} if host else None)
+    status, headers, _ = http_get(port, f"{served.base}?token={served.token}", {"Host": host} if host else None)
     assert status == 303, status
     return headers["Set-Cookie"].split(";")[0]
 
@@ -430,19 +577,22 @@ WEBSOCKET = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Ver
 def test_the_page_follows_the_browsers_address_and_other_sites_are_refused(serve):
     port = free_port()
     served = serve("--port", str(port))
+    base = served.base
     # Through `ssh -L 9000:127.0.0.1:PORT` the browser asks for localhost:9000: the page's own URLs say so.
-    cookie = token_cookie(port, served.token, host="localhost:9000")
-    status, _, page = http_get(port, headers={"Host": "localhost:9000", "Cookie": cookie})
+    cookie = token_cookie(port, served, host="localhost:9000")
+    status, headers, page = http_get(port, base, {"Host": "localhost:9000", "Cookie": cookie})
     assert status == 200
-    assert 'data-session-websocket-url="ws://localhost:9000/ws"' in page and "http://localhost:9000/static/" in page
+    assert headers["Referrer-Policy"] == "same-origin"  # its address, base and all, goes to no other origin
+    assert (f'data-session-websocket-url="ws://localhost:9000{base}ws"' in page
+            and f"http://localhost:9000{base}static/" in page)
     # Another site's page opening the WebSocket, or reaching loopback through its own name: the
     # token does not make up for either.
-    cookie = token_cookie(port, served.token)
-    status, _, why = http_get(port, "/ws", {"Host": f"localhost:{port}", "Origin": "http://evil.example",
-                                            "Cookie": cookie, **WEBSOCKET})
+    cookie = token_cookie(port, served)
+    status, _, why = http_get(port, f"{base}ws", {"Host": f"localhost:{port}", "Origin": "http://evil.example",
+                                                  "Cookie": cookie, **WEBSOCKET})
     assert (status, why) == (403, "refused: a WebSocket from http://evil.example; only this server's own page "
                                   "may open one")
-    assert http_get(port, "/ws", {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}",
-                                  "Cookie": cookie, **WEBSOCKET})[0] == 403
-    assert http_get(port, f"/?token={served.token}", {"Host": f"evil.example:{port}"})[0] == 403
+    assert http_get(port, f"{base}ws", {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}",
+                                        "Cookie": cookie, **WEBSOCKET})[0] == 403
+    assert http_get(port, f"{base}?token={served.token}", {"Host": f"evil.example:{port}"})[0] == 403
     assert not served.cockpits()  # none of them started one

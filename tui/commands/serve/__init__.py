@@ -10,9 +10,11 @@ on the machine, so by default there is none: the server listens on a Unix socket
 first instant, in a 0700 folder of the user's own (safe_files.runtime_dir), and a laptop reaches it
 through OpenSSH's socket forwarding (`ssh -L 8000:/path/serve.sock`), which needs no port on this
 machine either. `--port` or `--host` opts into TCP, and then every request must carry a random
-token, as Jupyter's do: the printed URL has it, and the browser keeps it in a cookie (`webserver`
-checks it, and fits textual-serve's server to both setups). `session` is one browser tab's
-cockpit, which quits with the server.
+token, as Jupyter's do: the printed URL has it, and the browser keeps it in a cookie. A browser
+sends a host's cookies to all its ports, another account's server's too, so on TCP the cockpit is
+served under a random path of its own, the cookie's Path (`webserver` checks both, and fits
+textual-serve's server to both setups). `session` is one browser tab's cockpit, which quits with
+the server.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ import ipaddress
 import os
 import secrets
 import shlex
+import signal
 import socket
 import stat
 import sys
+import tempfile
 from pathlib import Path
 
 from lmcockpit.tui.commands import command_parser
@@ -150,9 +154,28 @@ def main(argv: list[str]) -> int:
         raise UsageError("--socket serves on a Unix socket, --port and --host on TCP: give one or the other")
     if args.port is not None or args.host is not None:
         return serve_tcp(args.host or LOOPBACK, args.port or DEFAULT_PORT)
+    if args.socket is not None:
+        return serve_unix(args.socket.absolute())
     from lmcockpit.core.run.safe_files import runtime_dir
 
-    return serve_unix((args.socket or runtime_dir() / SOCKET_NAME).absolute())
+    folder = runtime_dir().absolute()
+    if not made_for_this_serve(folder):
+        return serve_unix(folder / SOCKET_NAME)
+    # Until the server's own handler takes over, SIGTERM too ends in the `finally`, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return serve_unix(folder / SOCKET_NAME)
+    finally:
+        # No one else knows this folder; once its socket is gone, each serve would leave one more behind.
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def made_for_this_serve(folder: Path) -> bool:
+    """Whether runtime_dir gave a fresh `mkdtemp` folder (its fallback where the shared names are
+    taken) rather than one that every lmcockpit of this user's shares, which outlives a serve."""
+    return (folder.parent == Path(tempfile.gettempdir()).absolute()
+            and folder.name.startswith(f"lmcockpit-{os.geteuid()}-"))
 
 
 def serve_unix(path: Path) -> int:
@@ -174,15 +197,17 @@ def serve_unix(path: Path) -> int:
 
 
 def serve_tcp(host: str, port: int) -> int:
-    # Every account on the machine reaches a TCP port: the token is what only this user has seen.
+    # Every account on the machine reaches a TCP port: the token is what only this user has seen,
+    # and base the path that keeps its cookie from the servers on this host's other ports.
     token = secrets.token_hex(24)
+    base = f"/{secrets.token_hex(16)}/"
     here = socket.gethostname()
     shown = here if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{port}/?token={token}"
+    url = f"http://{shown}:{port}{base}?token={token}"
     if is_loopback(host):
         def on_open() -> None:
             announce(url, f"ssh -N -L {port}:127.0.0.1:{port} {getpass.getuser()}@{here}",
-                     f"http://localhost:{port}/?token={token}")
+                     f"http://localhost:{port}{base}?token={token}")
     else:
         def on_open() -> None:
             announce(url, warning=f"listening on {host} over plain HTTP: anyone who can watch the network "
@@ -190,7 +215,8 @@ def serve_tcp(host: str, port: int) -> int:
                                   f"(and train on this machine's GPUs); the safe way is the default Unix socket "
                                   f"and an SSH tunnel (ssh -L)")
     try:
-        return run({"host": host, "port": port}, loopback=is_loopback(host), token=token, on_open=on_open)
+        return run({"host": host, "port": port}, loopback=is_loopback(host), token=token, on_open=on_open,
+                   base=base)
     except OSError as e:  # the port taken, or not one of ours to listen on: before anything was served
         return error(bind_failure(host, port, e))
 

@@ -6,11 +6,17 @@ a quarter of a second to import: `lmcockpit serve --help` and tab completion do 
 
 What it changes in textual-serve's `Server`:
 - it listens on what the command gives it: a bound Unix socket, or a host and port;
+- on TCP it serves under a random path of its own, `base` (`/PREFIX/`), and nowhere else: a
+  browser sends a host's cookies to every port of that host, so the token's cookie is scoped to
+  `base` (its Path), a path no other server on the machine is ever asked for, and the page's
+  Referer goes to no other origin (`referrer_policy`);
 - every request passes `gate` (an aiohttp middleware, so no route of textual-serve's is left out,
-  its downloads included): on TCP it must carry the token, as `?token=` or as the cookie that the
-  first page's `?token=` is exchanged for (`token_refusal`); a WebSocket opened by another site's
-  page, or (on loopback and on the socket) a request through a name that is not a loopback name,
-  is refused (`refusal`);
+  its downloads included): on TCP it must be under `base` and carry the token, as `?token=` or as
+  the cookie that the first page's `?token=` is exchanged for (`token_refusal`); a WebSocket
+  opened by another site's page, or (on loopback and on the socket) a request through a name that
+  is not a loopback name, is refused (`refusal`);
+- its front end's script asks for a download at the host's root; served here, it asks under the
+  page's own path (`adapted_script`);
 - the page's URLs follow the address the browser used: textual-serve builds them from the bound
   host and port, which a browser at the far end of `ssh -L 9000:...`, or one reaching
   `--host 0.0.0.0` by the machine's name, cannot open;
@@ -37,7 +43,7 @@ from textual_serve.server import Server
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
-def refusal(request: web.Request, loopback: bool) -> str | None:
+def refusal(request: web.Request, loopback: bool, websocket: str = "/ws") -> str | None:
     """Why a request may not reach the cockpit, or None. A WebSocket is not bound by the browser's
     same-origin rule: any page the user visits could open ws://localhost:PORT/ws while a tunnel is
     up. So a socket is taken only from this server's own page (its Origin is the Host it asks),
@@ -47,15 +53,35 @@ def refusal(request: web.Request, loopback: bool) -> str | None:
     if loopback and name not in LOOPBACK_NAMES:
         return f"refused: Host {request.host!r} is not a name of this loopback address"
     origin = request.headers.get("Origin")
-    if request.path == "/ws" and origin is not None and urlsplit(origin).netloc != request.host:
+    if request.path == websocket and origin is not None and urlsplit(origin).netloc != request.host:
         return f"refused: a WebSocket from {origin}; only this server's own page may open one"
     return None
 
 
 def cookie_name(request: web.Request) -> str:
-    """Named for the address the browser used, port and all: a browser keeps one cookie jar per host
-    name whatever the port, so two serves (or two tunnels on a laptop) would overwrite each other's."""
+    """Named for the address the browser used, port and all, so that each serve's cookie is told
+    apart: a browser keeps one cookie jar per host name whatever the port (the cookie's Path,
+    `base`, is what keeps it from the servers on the other ports)."""
     return "lmcockpit-token-" + re.sub(r"[^A-Za-z0-9]", "-", request.host)
+
+
+def outside(path: str, base: str) -> bool:
+    """Whether `path` is not under `base`. On TCP `base` is as secret as the token, so it is
+    compared in constant time too (its length is no secret)."""
+    return not hmac.compare_digest(path[:len(base)].encode(errors="surrogatepass"), base.encode())
+
+
+OUTSIDE = "no such page: open the address `lmcockpit serve` printed, all of it"
+
+# Where textual-serve's front end (1.1) builds a download's URL: the host's root, whatever the page's path.
+DOWNLOAD_AT_ROOT = "${window.location.origin}/download/"
+DOWNLOAD_UNDER_PAGE = '${new URL("download/", window.location.href).href}'
+
+
+def adapted_script(script: str) -> str:
+    """textual-serve's front end with downloads asked for under the page's own path (`base`),
+    the only place this server answers, and the only one its token's cookie goes to."""
+    return script.replace(DOWNLOAD_AT_ROOT, DOWNLOAD_UNDER_PAGE)
 
 
 def token_refusal(request: web.Request, token: str) -> str | None:
@@ -71,11 +97,14 @@ def token_refusal(request: web.Request, token: str) -> str | None:
 
 
 class CockpitServer(Server):
-    def __init__(self, command: str, listen: dict, loopback: bool, token: str | None, on_open: Callable[[], None]):
+    def __init__(self, command: str, listen: dict, loopback: bool, token: str | None, on_open: Callable[[], None],
+                 base: str = "/"):
         super().__init__(command, title="lmcockpit")  # its host and port: only for public_url, set per request
         self.listen = listen  # run_app's: {"sock": a bound Unix socket} or {"host": ..., "port": ...}
         self.loopback = loopback
         self.token = token  # on TCP only: whoever can open the socket is this user already
+        self.base = base  # the path everything is served under: "/PREFIX/" on TCP
+        self.script = adapted_script((self.statics_path / "js" / "textual.js").read_text())
         self.on_open = on_open  # says where to point a browser, once it can
         self.sessions: set[asyncio.Task] = set()  # one per open browser tab: its WebSocket's handler
 
@@ -96,25 +125,42 @@ class CockpitServer(Server):
 
     async def _make_app(self) -> web.Application:
         app = await super()._make_app()
-        app.middlewares.append(self.gate)
+        if self.base != "/":  # textual-serve's routes, and the URLs its page is given, all under base
+            cockpit, app = app, web.Application()
+            app.add_subapp(self.base, cockpit)
+        app.middlewares.extend([self.gate, self.serve_script])
+        app.on_response_prepare.append(referrer_policy)
         return app
 
     @web.middleware
     async def gate(self, request: web.Request, handler) -> web.StreamResponse:
-        why = refusal(request, self.loopback) or (self.token and token_refusal(request, self.token))
+        if outside(request.path, self.base):  # before the token: what is there is no one's business
+            raise web.HTTPNotFound(text=OUTSIDE)
+        websocket = self.base + "ws"
+        why = refusal(request, self.loopback, websocket) or (self.token and token_refusal(request, self.token))
         if why:
-            if request.path == "/ws":
+            if request.path == websocket:
                 self.console.print(f"{why} (from {client(request)})", highlight=False, soft_wrap=True)
             raise web.HTTPForbidden(text=why)
-        if self.token and request.path == "/" and "token" in request.query:
+        if self.token and request.path == self.base and "token" in request.query:
             # The token leaves the address bar and the history for a cookie that the page's scripts
-            # cannot read (HttpOnly) and that no request started by another site's page carries
-            # (SameSite=Strict); the page's own requests and its WebSocket do.
+            # cannot read (HttpOnly), that no request started by another site's page carries
+            # (SameSite=Strict, though a page on another port of this host is the same site), and
+            # that goes to no path but base, which no other server of this host is ever asked for;
+            # the page's own requests and its WebSocket carry it.
             query = request.query.copy()
             query.popall("token")
             response = web.Response(status=303, headers={"Location": str(request.rel_url.with_query(query))})
-            response.set_cookie(cookie_name(request), self.token, httponly=True, samesite="Strict")
+            response.set_cookie(cookie_name(request), self.token, path=self.base, httponly=True, samesite="Strict")
             return response
+        return await handler(request)
+
+    @web.middleware
+    async def serve_script(self, request: web.Request, handler) -> web.StreamResponse:
+        # A middleware, not a route: an aiohttp before 3.10 matches routes in order, textual-serve's
+        # static folder first.
+        if request.path == self.base + "static/js/textual.js":
+            return web.Response(text=self.script, content_type="text/javascript")
         return await handler(request)
 
     async def on_startup(self, app: web.Application) -> None:
@@ -141,6 +187,12 @@ class CockpitServer(Server):
         finally:
             self.sessions.discard(task)
             self.console.print(f"a cockpit closed for {client(request)}", highlight=False)
+
+
+async def referrer_policy(request: web.Request, response: web.StreamResponse) -> None:
+    # The page's address holds base: a link the cockpit opens, or a font it loads, tells no other
+    # origin where it came from (browsers before 2020 sent the whole URL by default).
+    response.headers["Referrer-Policy"] = "same-origin"
 
 
 def client(request: web.Request) -> str:
