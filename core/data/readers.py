@@ -21,6 +21,7 @@ import io
 import json
 import lzma
 import re
+import sys
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -343,6 +344,10 @@ def _jsonl(f: SourceFile, start: int, end: int, field: str, wanted: Wanted,
             raise ConfigError(f"{f.path}:{_line_number(f, offset)}: a JSON record nested too deeply to read "
                               f"(arrays or objects hundreds of levels deep); expected an object with a string "
                               f"field {field!r} (data.text_field)") from None
+        except ValueError:  # an integer of more digits than int() reads: not a JSONDecodeError
+            raise ConfigError(f"{f.path}:{_line_number(f, offset)}: not readable as JSON (an integer of more than "
+                              f"{sys.get_int_max_str_digits():,} digits); expected an object with a string field "
+                              f"{field!r} (data.text_field)") from None
         text = record.get(field) if isinstance(record, dict) else None
         if not isinstance(text, str):
             raise ConfigError(f"{f.path}:{_line_number(f, offset)}: expected an object with a string field "

@@ -145,7 +145,11 @@ class RunViewer:
     def _catch_up(self, catchup: P.Catchup) -> None:
         self.viewers = catchup.viewers
         started = next((e for e in catchup.snapshot if isinstance(e, P.RunStarted)), None)
-        past = history(self.run_dir)
+        try:
+            past = history(self.run_dir)
+        except Exception as e:  # noqa: BLE001 - this thread is the viewer's only ear: it must not end unheard
+            past = [P.LogLine(f"warning: the run's history was not read ({type(e).__name__}: {e}); "
+                              f"live events go on")]
         if catchup.reason == "lagged":  # the log pane has the lines it showed; steps may be missing
             past = [e for e in past if not isinstance(e, P.LogLine)]
         # The snapshot's RunStarted first (it resets the view), then what happened, then the state now.

@@ -263,19 +263,24 @@ def _rows(lines: list[str]) -> list[dict[str, Any]]:
     for line in lines:
         try:
             row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested thousands deep, never ours
+        except (ValueError, RecursionError):  # not JSON, an integer past int()'s digits, nested thousands deep
             continue
         if isinstance(row, dict):
             rows.append(row)
     return rows
 
 
+# What an integer in a row of ours fits in (steps, counts, bytes): a larger one (json reads 4,300
+# digits) is not ours, and would overflow a float, an array of steps or a tensor further on.
+INT_LIMIT = 2**63
+
+
 def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return type(value) is float or type(value) is int and -INT_LIMIT < value < INT_LIMIT
 
 
 def _step(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return type(value) is int and 0 <= value < INT_LIMIT
 
 
 def _maybe_number(value: object) -> bool:

@@ -21,7 +21,7 @@ from array import array
 from pathlib import Path
 from typing import IO, Any
 
-from .folder import METRICS, well_formed
+from .folder import INT_LIMIT, METRICS, well_formed
 from .history import History
 from .resume import KEPT_ROWS  # what happened to a run stays, whatever it redid
 from .safe_files import NotOwnFile, read_own, write_whole
@@ -120,7 +120,6 @@ def _summary(run_dir: Path, path: Path) -> tuple[History, int, bytes]:
         return History(), 0, b""
 
 
-NUMBER = (int, float)  # by type() alone: a bool is neither, as folder.well_formed has it
 STEP_NUMBERS = ("loss", "lr", "grad_norm", "tokens_per_s", "dt")
 
 # A step row exactly as the engine writes it (json.dumps of trainer.py's fields, folder.MetricsLog):
@@ -140,6 +139,8 @@ def _step_figures(line: bytes) -> tuple[int, float, float, float, float] | None:
     if m is None:
         return None
     step, loss, lr, tokens_per_s, dt = m.groups()
+    if len(step) > 19 or int(step) >= INT_LIMIT:  # never the engine's: json and well_formed decide
+        return None
     return int(step), float(loss), float(lr), float(dt), float(tokens_per_s)
 
 
@@ -156,13 +157,17 @@ def _row(line: bytes) -> dict[str, Any] | None:
 def _plain_step(row: dict[str, Any]) -> bool:
     """folder.well_formed for a step row as the engine writes it, checked in a tenth of the time:
     an older run's first reading folds every one of its rows (the rest go through well_formed)."""
-    if row.get("kind") != "step" or type(row.get("step")) is not int:
+    if row.get("kind") != "step" or type(step := row.get("step")) is not int or not 0 <= step < INT_LIMIT:
         return False
-    if not all(type(row.get(k)) in NUMBER for k in STEP_NUMBERS):
+    if not all(map(_fits, map(row.get, STEP_NUMBERS))):
         return False
     mfu, mem = row.get("mfu"), row.get("mem")
-    return (mfu is None or type(mfu) in NUMBER) and (
-        mem is None or type(mem) is dict and all(type(v) in NUMBER for v in mem.values()))
+    return (mfu is None or _fits(mfu)) and (mem is None or type(mem) is dict and all(map(_fits, mem.values())))
+
+
+def _fits(value: object) -> bool:
+    """folder.well_formed's number: a float, or an integer that one holds (bool is neither)."""
+    return type(value) is float or type(value) is int and -INT_LIMIT < value < INT_LIMIT
 
 
 def _fold(fh: IO[bytes], history: History, offset: int, last: bytes,
