@@ -1,6 +1,7 @@
 """The notification sender (core/process/notify.py) against real HTTP servers on 127.0.0.1, and the
-[notify] section's checks: what each target receives, retries, a target that hangs or refuses,
-the rate limit, secrets kept out of the log, and a bad URL refused before a run starts."""
+[notify] section's checks: what each target receives, retries, a target that hangs, refuses,
+redirects, trickles or answers without end, the rate limit, secrets kept out of the log, and a bad
+URL refused before a run starts."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class Received:
     headers: Message
     body: bytes
     at: float  # time.monotonic() on arrival
+    method: str = "POST"
 
     def json(self):
         def refuse(constant):
@@ -41,12 +43,14 @@ class Received:
 
 
 class Server:
-    """A real HTTP server that records each POST and answers with the next of `answers` (then 200);
-    with `hold`, each answer waits until that event is set, as a hung server does."""
+    """A real HTTP server that records each request and answers with the next of `answers` (then
+    200), a status or (status, headers); with `hold`, each answer waits until that event is set, as
+    a hung server does. `answer(handler)`, when given, writes each response instead."""
 
-    def __init__(self, answers=(), hold: threading.Event | None = None):
+    def __init__(self, answers=(), hold: threading.Event | None = None, answer=None):
         self.received: list[Received] = []
         self.cond = threading.Condition()
+        self.stopped = threading.Event()  # what an `answer` that never ends waits on
         self.answers, self.hold = list(answers), hold
         server = self
 
@@ -54,14 +58,22 @@ class Server:
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with server.cond:
-                    server.received.append(Received(self.path, self.headers, body, time.monotonic()))
+                    server.received.append(Received(self.path, self.headers, body, time.monotonic(), self.command))
                     status = server.answers.pop(0) if server.answers else 200
                     server.cond.notify_all()
+                if answer is not None:
+                    answer(self, server.stopped)
+                    return
                 if server.hold is not None:
                     server.hold.wait(60)
+                status, headers = status if isinstance(status, tuple) else (status, {})
                 self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+
+            do_GET = do_PUT = do_POST  # where a followed redirect would arrive, whatever its method
 
             def log_message(self, *args):
                 pass
@@ -80,6 +92,7 @@ class Server:
             return list(self.received)
 
     def stop(self):
+        self.stopped.set()
         if self.hold is not None:
             self.hold.set()
         self.httpd.shutdown()
@@ -90,8 +103,8 @@ class Server:
 def serve():
     servers = []
 
-    def start(answers=(), hold=None) -> Server:
-        servers.append(Server(answers, hold))
+    def start(answers=(), hold=None, answer=None) -> Server:
+        servers.append(Server(answers, hold, answer))
         return servers[-1]
     yield start
     for server in servers:
@@ -241,8 +254,8 @@ def test_a_refusing_port_is_logged_by_kind_and_host_never_by_url():
     assert n.targets == ["webhook 127.0.0.1", "ntfy 127.0.0.1"]
     n.send({"event": "failed", "step": 3})
     n.close(timeout=10)
-    assert lines == ["notify: webhook 127.0.0.1 failed after 2 tries (connection refused)",
-                     "notify: ntfy 127.0.0.1 failed after 2 tries (connection refused)"]
+    assert sorted(lines) == ["notify: ntfy 127.0.0.1 failed after 2 tries (connection refused)",  # each its own thread
+                             "notify: webhook 127.0.0.1 failed after 2 tries (connection refused)"]
     assert not [line for line in lines if "SECRET" in line or "hunter2" in line or "alice" in line]
 
 
@@ -268,6 +281,107 @@ def test_a_hanging_webhook_never_slows_send_and_close_keeps_its_bound(serve):
     assert 1 <= time.perf_counter() - start < 1.5
     assert len(lines) == 1 and lines[0].startswith("notify: closed after 1 s with a target still being tried")
     release.set()
+
+
+def trickle(handler, stopped: threading.Event) -> None:
+    """An answer that never ends: a status line, then a header a byte every 0.1 s, each byte long
+    before any timeout of a single read."""
+    try:
+        handler.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+        while not stopped.wait(0.1):  # the trickle's pace, not a wait for anything
+            handler.wfile.write(b"a")
+    except OSError:  # the client gave up on it
+        pass
+
+
+def test_a_target_that_trickles_keeps_no_event_from_another(serve):
+    """A webhook that answers a byte at a time: ntfy gets every event, `finished` included, while the
+    webhook is still in its first answer; close keeps its bound and names the target it gave up on."""
+    slow, ntfy = serve(answer=trickle), serve()
+    lines = []
+    n = notifier(lines, webhook=slow.url + "/hook", ntfy=ntfy.url + "/topic", per_minute=100, timeout=60)
+    for step in range(1, 13):
+        n.send({"event": "spike", "step": step})
+    n.send({"event": "finished", "step": 13, "loss": 2.5})
+    got = ntfy.wait_for(13, timeout=5)
+    assert [r.body.decode() for r in got] == [f"loss spike at step {s}" for s in range(1, 13)] + [
+        "finished at step 13, loss 2.5"]
+    assert len(slow.received) == 1  # still being answered
+    start = time.perf_counter()
+    n.close(timeout=1)
+    assert 1 <= time.perf_counter() - start < 1.5
+    assert lines == ["notify: closed after 1 s with a target still being tried (webhook 127.0.0.1) and 12 more "
+                     "event(s) queued: not delivered"]
+
+
+def test_a_trickling_answer_is_cut_at_the_request_s_deadline(serve):
+    """`timeout` bounds the whole request, not each read: an answer that never ends is one timeout."""
+    slow = serve(answer=trickle)
+    lines = []
+    n = notifier(lines, webhook=slow.url, tries=2, timeout=0.5)
+    start = time.perf_counter()
+    n.send({"event": "finished", "step": 1})
+    n.close(timeout=10)
+    took = time.perf_counter() - start
+    assert lines == ["notify: webhook 127.0.0.1 failed after 2 tries (timed out)"]
+    assert len(slow.received) == 2 and 1.0 <= took < 3  # two tries of 0.5 s, 0.01 s apart
+
+
+STREAMED = 64 * 2**20  # more than loopback's socket buffers hold: the server blocks long before the end
+
+
+def test_an_answer_without_end_is_read_no_further_than_a_few_kb(serve):
+    """A 200 whose body never ends (no length; the server never closes): the event is delivered at
+    once, and the server's writes fail long before it has sent what a reader of it all would take."""
+    sent, broke = [0], threading.Event()
+
+    def endless(handler, stopped):
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/octet-stream")
+        handler.end_headers()
+        try:
+            while sent[0] < STREAMED:
+                handler.wfile.write(b"x" * 65536)
+                sent[0] += 65536
+            stopped.wait(60)  # and the rest never comes
+        except OSError:  # the client closed with the body unread
+            broke.set()
+
+    server = serve(answer=endless)
+    lines = []
+    n = notifier(lines, webhook=server.url)
+    start = time.perf_counter()
+    n.send({"event": "finished", "step": 1})
+    n.close(timeout=5)
+    assert time.perf_counter() - start < 2 and lines == []
+    assert len(server.wait_for(1)) == 1
+    assert broke.wait(10), "the client is still reading the endless body"
+    assert sent[0] < STREAMED
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+def test_a_redirect_is_one_logged_refusal_and_credentials_never_go_elsewhere(serve, code):
+    elsewhere = serve()
+    hook = serve(answers=[(code, {"Location": f"{elsewhere.url}/collect?key=THEIR-KEY"})])
+    lines = []
+    n = notifier(lines, webhook=f"http://alice:hunter2@127.0.0.1:{hook.port}/hooks/SECRET-TOKEN")
+    n.send({"event": "finished", "step": 1})
+    n.close()
+    # a redirect followed would have reached `elsewhere` before close returned: it is the same request
+    assert len(hook.wait_for(1)) == 1 and elsewhere.received == []
+    assert lines == [f"notify: webhook 127.0.0.1 refused the event (HTTP {code}: a redirect to "
+                     f"http://127.0.0.1:{elsewhere.port}, not followed)"]
+
+
+def test_a_redirect_on_the_same_host_is_not_followed_either(serve):
+    ntfy = serve(answers=[(302, {"Location": "/moved/SECRET-TOPIC"})])
+    lines = []
+    n = notifier(lines, ntfy=ntfy.url + "/SECRET-TOPIC")
+    n.send({"event": "failed", "step": 1})
+    n.close()
+    assert [r.path for r in ntfy.wait_for(1)] == ["/SECRET-TOPIC"] and len(ntfy.received) == 1
+    assert lines == [f"notify: ntfy 127.0.0.1 refused the event (HTTP 302: a redirect to http://127.0.0.1:{ntfy.port}, "
+                     "not followed)"]
 
 
 def test_a_full_queue_drops_its_oldest_and_the_next_message_counts_them(serve):
@@ -318,8 +432,10 @@ def test_send_never_raises_and_close_is_idempotent(serve):
 
 
 def test_with_nothing_to_send_to_there_is_no_thread():
+    before = set(threading.enumerate())
     n = notifier()
-    assert n.targets == [] and n._thread is None
+    assert n.targets == []
+    assert not [t for t in threading.enumerate() if t not in before and t.name.startswith("lmcockpit-notify")]
     n.send({"event": "finished", "step": 1})
     n.close()
 

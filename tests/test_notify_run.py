@@ -52,22 +52,29 @@ def test_a_finished_run_and_a_failed_one_send_their_word(tmp_path):
 
 
 def test_a_hanging_webhook_changes_nothing_in_training(tmp_path):
+    """Nor in what the other targets get: ntfy has the finished event while the webhook still hangs."""
     plain = cli("--run", "debug", *as_flags(TINY), "--out", str(tmp_path / "plain"))
     assert plain.returncode == 0, plain.stderr
     server = Server(hold=threading.Event())  # answers nothing until the test ends
+    ntfy = Server()
     try:
         t0 = time.monotonic()
-        r = cli("--run", "debug", *as_flags([*TINY, f"notify.webhook={json.dumps(server.url + '/hook-secret')}"]),
+        r = cli("--run", "debug", *as_flags([*TINY, f"notify.webhook={json.dumps(server.url + '/hook-secret')}",
+                                             f"notify.ntfy={json.dumps(ntfy.url + '/topic')}"]),
                 "--out", str(tmp_path / "hooked"), env=NO_PROXY)
         took = time.monotonic() - t0
         assert r.returncode == 0, r.stderr
         assert losses(tmp_path / "hooked") == losses(tmp_path / "plain")
         assert len(server.received) == 1  # the finished event, posted and never answered
+        assert [got.body.decode() for got in ntfy.received] == [
+            f"finished at step 12, loss {losses(tmp_path / 'hooked')[-1]:.4g}"]
         assert took < 60  # the flush gives up after 5 s; it never waits out the hook's minute
         said = r.stdout + r.stderr
-        assert "notify: closed after 5 s with a target still being tried" in said and "hook-secret" not in said
+        assert ("notify: closed after 5 s with a target still being tried (webhook 127.0.0.1) and 0 more event(s) "
+                "queued: not delivered") in said and "hook-secret" not in said
     finally:
         server.stop()
+        ntfy.stop()
 
 
 def test_a_stalled_run_s_host_sends_word(tmp_path, monkeypatch):

@@ -2,9 +2,10 @@
 
 `Notifier` is what the process that owns the engine hands each event to. An event is a JSON object,
 `{"event": "finished" | "failed" | "nan" | "spike" | "rollback" | "stalled" | "target", "run": NAME,
-"step": N, ...}`. Sending must never be in training's way: `send` only puts the event on a bounded
-queue, and one daemon thread delivers it to each target, so a webhook that refuses or hangs costs
-that thread its time and nobody else any.
+"step": N, ...}`. Sending must never be in training's way: `send` only puts the event on each
+target's bounded queue, and each target has a daemon thread of its own that delivers them, so a
+target that refuses, hangs or answers a byte at a time costs its own thread its time and neither
+training nor another target any: a webhook stuck in an answer never keeps "finished" from ntfy.
 
 Per target:
 - webhook: an HTTP POST of the event's JSON (Content-Type application/json).
@@ -17,6 +18,11 @@ Per target:
 Delivery: a connection error, a timeout, HTTP 5xx, 408 or 429 (and any Apprise failure, which does
 not say which it was) is tried again after 1, 2, 4... seconds (`backoff`, doubled, at most
 `max_backoff`), `tries` times in all; another 4xx is not tried again: the target said no.
+`timeout` bounds a whole HTTP request, not each read of it: an answer that trickles in never
+outlasts it. Of the answer, the status is what counts; at most READ_BYTES of its body are read (a
+target that answers gigabytes costs no memory). A redirect is not followed, to the same host or
+another: the request would carry the URL's credentials (and the event) somewhere the user never
+named. It is refused once, in one log line that names where it pointed (scheme, host, port).
 
 Rate limit: at most `per_minute` messages (10 by default) per target in any 60 seconds. Events
 beyond it are dropped, not coalesced, and counted: the next message that target gets carries the
@@ -39,6 +45,7 @@ import json
 import math
 import os
 import re
+import socket
 import threading
 import time
 import urllib.error
@@ -47,7 +54,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from ..config import ConfigError, NotifyConfig
 
@@ -65,6 +72,8 @@ TAGS = {"finished": "white_check_mark", "failed": "x", "nan": "warning", "spike"
         "rollback": "rewind", "stalled": "hourglass", "target": "dart"}
 URGENT = frozenset({"failed", "stalled"})  # a run that no longer trains: worth ntfy's "high"
 TEXT_CHARS = 300  # of a text message: an error's whole traceback belongs in train.log, not on a phone
+READ_BYTES = 4096  # of an answer's body: its status is all a sender needs, and a target's body may be endless
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
 ESC = "\x1b"
@@ -129,18 +138,105 @@ class _Failure(Exception):
 class _Target:
     label: str  # what a log line names: the kind and the host, never the URL
     deliver: Callable[[dict[str, Any]], None]  # raises _Failure
+    cut: Callable[[], None] = lambda: None  # ends the request under way, if it can be ended
+    queue: deque[dict[str, Any]] = field(default_factory=deque)  # this target's alone: see the docstring
+    thread: threading.Thread | None = None
     sent_at: deque[float] = field(default_factory=deque)  # within the last WINDOW seconds
-    unsent: int = 0  # events this target has not had since its last delivery
+    unsent: int = 0  # events this target has not had since its last delivery (the Notifier's lock)
     limited: bool = False  # said in the log since its last delivery that the rate limit drops events
 
 
+class _Request:
+    """The sockets of one HTTP request, shut down when its deadline passes or close gives up on it:
+    a blocked read then returns at once, where a socket timeout, reset by each byte, never fires.
+    Once the request is done its sockets are forgotten: only a request under way is ever cut."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self.over = False  # cut or done: a socket connected from now on is shut at once
+        self.expired = False  # cut, rather than finished
+
+    def add(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.over:
+                _shut(sock)
+
+    def cut(self) -> None:
+        with self._lock:
+            if not self.over:
+                self.over = self.expired = True
+                for sock in self._sockets:
+                    _shut(sock)
+
+    def done(self) -> None:
+        with self._lock:
+            self.over = True
+            self._sockets.clear()
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed, or never connected
+        pass
+
+
+class _Watched:
+    """One target's connections, each handed to the request under way (`current`) as it connects."""
+
+    def __init__(self):
+        self.current: _Request | None = None
+        self._classes: dict[type, type] = {}
+
+    def connection(self, base: type) -> type:
+        if base not in self._classes:
+            watched = self
+
+            class Connection(base):
+                def connect(self):
+                    super().connect()
+                    if watched.current is not None:
+                        watched.current.add(self.sock)  # the TLS socket itself, for https
+            self._classes[base] = Connection
+        return self._classes[base]
+
+    def cut(self) -> None:
+        if (request := self.current) is not None:
+            request.cut()
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A 3xx is the target's answer, raised as its HTTPError: never followed (see the docstring)."""
+
+    def http_error_302(self, req, fp, code, msg, headers):
+        return None
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+
+def _opener(watched: _Watched) -> urllib.request.OpenerDirector:
+    """urllib's own (proxies from the environment included), its connections watched, no redirects."""
+    class Watching:
+        def do_open(self, http_class, req, **kwargs):
+            return super().do_open(watched.connection(http_class), req, **kwargs)
+
+    class HTTP(Watching, urllib.request.HTTPHandler):
+        pass
+
+    class HTTPS(Watching, urllib.request.HTTPSHandler):
+        pass
+    return urllib.request.build_opener(_NoRedirects, HTTP, HTTPS)
+
+
 class Notifier:
-    """Sends a run's events to the targets of its [notify] section, from one daemon thread.
+    """Sends a run's events to the targets of its [notify] section, each from a daemon thread of its own.
 
     `send` never blocks and never raises; `close` flushes with a bounded wait. `log` gets a line for
     each delivery given up on and the like, never a URL. The other parameters are for tests and for
-    the unusual server: `backoff` the first wait before a retry, `queue_size` the events held at most
-    (a full queue drops its oldest), `timeout` each HTTP request's."""
+    the unusual server: `backoff` the first wait before a retry, `queue_size` the events each target
+    holds at most (a full queue drops its oldest), `timeout` each HTTP request's, all of it."""
 
     terminal_escape = staticmethod(terminal_escape)
 
@@ -150,17 +246,17 @@ class Notifier:
         self.run, self._log = run, log
         self.tries, self.backoff, self.max_backoff = max(1, tries), backoff, max_backoff
         self.per_minute, self.timeout = per_minute, timeout
-        # Events no target was tried with: the oldest of a full queue, one that could not be read,
-        # one sent after close.
+        # Events given up on before a target was tried with them: one that could not be read, one
+        # sent after close, and the oldest of a target's full queue (once for each such target).
         self.dropped = 0
         environ = os.environ if environ is None else environ
         self._targets: list[_Target] = []
         if config.webhook:
             url = _http_url("notify.webhook", _resolve("notify.webhook", config.webhook, environ))
-            self._targets.append(_Target(f"webhook {urlsplit(url).hostname}", self._webhook(url)))
+            self._targets.append(self._http(f"webhook {urlsplit(url).hostname}", url, self._webhook))
         if config.ntfy:
             url = _http_url("notify.ntfy", _resolve("notify.ntfy", config.ntfy, environ))
-            self._targets.append(_Target(f"ntfy {urlsplit(url).hostname}", self._ntfy(url)))
+            self._targets.append(self._http(f"ntfy {urlsplit(url).hostname}", url, self._ntfy))
         if config.apprise:
             try:
                 import apprise
@@ -170,16 +266,14 @@ class Notifier:
                 key = f"notify.apprise[{i}]"
                 self._targets.append(self._apprise(apprise, key, _resolve(key, entry, environ),
                                                    f"apprise[{i}]" if len(config.apprise) > 1 else "apprise"))
-        self._queue: deque[dict[str, Any]] = deque()
         self._queue_size = max(1, queue_size)
-        self._cond = threading.Condition()
+        self._cond = threading.Condition()  # guards every target's queue and unsent count
         self._closed = False
-        self._seen_dropped = 0  # of self.dropped, what the targets' unsent counts already hold
         self._abandon = threading.Event()  # close's wait is over: deliver nothing more
-        self._thread = None
-        if self._targets:  # the terminal alone needs no thread
-            self._thread = threading.Thread(target=self._work, name="lmcockpit-notify", daemon=True)
-            self._thread.start()
+        for target in self._targets:  # the terminal alone needs no thread
+            target.thread = threading.Thread(target=self._work, args=(target,), daemon=True,
+                                             name=f"lmcockpit-notify {target.label}")
+            target.thread.start()
 
     @property
     def targets(self) -> list[str]:
@@ -198,72 +292,82 @@ class Notifier:
         except Exception as e:  # noqa: BLE001 -- send never raises, whatever it is given
             with self._cond:
                 self.dropped += 1
+                for target in self._targets:  # one each target never had: its next message counts it
+                    target.unsent += 1
             self._say(f"notify: an event could not be read and was dropped ({type(e).__name__})")
             return
-        if self._thread is None:  # nothing to send to
+        if not self._targets:
             return
         with self._cond:
             if self._closed:
                 self.dropped += 1
                 return
-            if len(self._queue) >= self._queue_size:
-                self._queue.popleft()
-                self.dropped += 1
-            self._queue.append(item)
-            self._cond.notify()
+            for target in self._targets:
+                if len(target.queue) >= self._queue_size:
+                    target.queue.popleft()
+                    target.unsent += 1
+                    self.dropped += 1
+                target.queue.append(item)
+            self._cond.notify_all()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Deliver what is queued, waiting at most `timeout` seconds, then stop. What is still
-        undelivered then is given up on (and said in the log); a request under way keeps the daemon
-        thread until its own timeout, never the caller."""
-        if self._thread is None:
+        """Deliver what is queued, waiting at most `timeout` seconds in all, then stop. What is still
+        undelivered then is given up on (and said in the log), and a request still under way is cut
+        short: its thread is gone soon after, and the caller never waits for it."""
+        if not self._targets:
             return
         with self._cond:
             if self._closed:  # a second close has nothing left to wait for
                 return
             self._closed = True
-            self._cond.notify()
-        self._thread.join(max(0.0, timeout))
-        if self._thread.is_alive():
+            self._cond.notify_all()
+        deadline = time.monotonic() + max(0.0, timeout)
+        for target in self._targets:
+            target.thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [target for target in self._targets if target.thread.is_alive()]
+        if stuck:
             self._abandon.set()
             with self._cond:
-                left = len(self._queue)
-            self._say(f"notify: closed after {timeout:g} s with a target still being tried and {left} more "
-                      "event(s) queued: not delivered")
+                left = sum(len(target.queue) for target in stuck)
+            for target in stuck:
+                target.cut()
+            names = ", ".join(target.label for target in stuck)
+            self._say(f"notify: closed after {timeout:g} s with {'a target' if len(stuck) == 1 else 'targets'} "
+                      f"still being tried ({names}) and {left} more event(s) queued: not delivered")
 
-    # ---------------------------------------------------------------- the thread
-    def _work(self) -> None:
+    # ---------------------------------------------------------------- each target's thread
+    def _work(self, target: _Target) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                while not target.queue and not self._closed:
                     self._cond.wait()
-                if not self._queue or self._abandon.is_set():
+                if not target.queue or self._abandon.is_set():
                     return
-                event = self._queue.popleft()
-                lost, self._seen_dropped = self.dropped - self._seen_dropped, self.dropped
-            for target in self._targets:
-                if self._abandon.is_set():
-                    return
-                target.unsent += lost
-                self._to(target, event)
+                event = target.queue.popleft()
+            self._to(target, event)
 
     def _to(self, target: _Target, event: dict[str, Any]) -> None:
         now = time.monotonic()
         while target.sent_at and now - target.sent_at[0] >= WINDOW:
             target.sent_at.popleft()
         if len(target.sent_at) >= self.per_minute and event.get("event") not in NEVER_LIMITED:
-            target.unsent += 1
+            with self._cond:
+                target.unsent += 1
             if not target.limited:
                 target.limited = True
                 self._say(f"notify: {target.label}: more than {self.per_minute} events a minute; "
                           "dropping them, the next message says how many")
             return
         target.sent_at.append(now)
-        message = {**event, "dropped": target.unsent} if target.unsent else event
+        with self._cond:
+            carried = target.unsent  # send may add to it meanwhile: only these are said to be counted
+        message = {**event, "dropped": carried} if carried else event
         for attempt in range(1, self.tries + 1):
             try:
                 target.deliver(message)
             except _Failure as f:
+                if self._abandon.is_set():  # close cut this request short, and its line names the target
+                    return
                 if not f.retry:
                     self._say(f"notify: {target.label} refused the event ({f.why})")
                 elif attempt < self.tries:
@@ -272,14 +376,18 @@ class Notifier:
                     self._say(f"notify: {target.label} given up at close after {attempt} tries ({f.why})")
                 else:
                     self._say(f"notify: {target.label} failed after {attempt} tries ({f.why})")
-                target.unsent += 1
+                with self._cond:
+                    target.unsent += 1
                 return
-            # One broken target (or a bug in a library) must not stop the others' deliveries.
+            # A bug in a library must not end this target's thread, with its queue still filling.
             except Exception as e:  # noqa: BLE001 -- the thread outlives anything a target does
                 self._say(f"notify: {target.label} failed ({type(e).__name__})")
-                target.unsent += 1
+                with self._cond:
+                    target.unsent += 1
                 return
-            target.unsent, target.limited = 0, False
+            with self._cond:
+                target.unsent -= carried
+            target.limited = False
             return
 
     def _say(self, line: str) -> None:
@@ -289,12 +397,23 @@ class Notifier:
             pass
 
     # ---------------------------------------------------------------- the targets
-    def _webhook(self, url: str) -> Callable[[dict[str, Any]], None]:
+    def _http(self, label: str, url: str, make: Callable) -> _Target:
+        """A target that posts to `url`: `make(post)` is its deliver, `post(data, headers)` the request."""
+        watched = _Watched()
+        opener = _opener(watched)
+
+        def post(data: bytes, headers: dict[str, str]) -> None:
+            self._post(opener, watched, url, data, headers)
+        return _Target(label, make(post), cut=watched.cut)
+
+    @staticmethod
+    def _webhook(post: Callable[[bytes, dict[str, str]], None]) -> Callable[[dict[str, Any]], None]:
         def deliver(event: dict[str, Any]) -> None:
-            self._post(url, json.dumps(event).encode(), {"Content-Type": "application/json"})
+            post(json.dumps(event).encode(), {"Content-Type": "application/json"})
         return deliver
 
-    def _ntfy(self, url: str) -> Callable[[dict[str, Any]], None]:
+    @staticmethod
+    def _ntfy(post: Callable[[bytes, dict[str, str]], None]) -> Callable[[dict[str, Any]], None]:
         def deliver(event: dict[str, Any]) -> None:
             title, body = describe(event)
             kind = event.get("event")
@@ -303,7 +422,7 @@ class Notifier:
                 headers["Tags"] = TAGS[kind]
             if kind in URGENT:
                 headers["Priority"] = "high"
-            self._post(url, body.encode(), headers)
+            post(body.encode(), headers)
         return deliver
 
     def _apprise(self, apprise: Any, key: str, url: str, name: str) -> _Target:
@@ -324,7 +443,8 @@ class Notifier:
                 raise _Failure("Apprise could not deliver", retry=True)
         return _Target(f"{name} {scheme}://", deliver)
 
-    def _post(self, url: str, data: bytes, headers: dict[str, str]) -> None:
+    def _post(self, opener: urllib.request.OpenerDirector, watched: _Watched, url: str, data: bytes,
+              headers: dict[str, str]) -> None:
         parts = urlsplit(url)
         if parts.username is not None:  # urllib sends no credentials from the URL on its own
             pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
@@ -333,16 +453,32 @@ class Notifier:
             url = urlunsplit(parts._replace(netloc=netloc + (f":{parts.port}" if parts.port else "")))
         request = urllib.request.Request(url, data=data, method="POST",
                                          headers={"User-Agent": "lmcockpit", **headers})
+        watched.current = under_way = _Request()
+        deadline = threading.Timer(self.timeout, under_way.cut)
+        deadline.daemon = True
+        deadline.start()
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                response.read()
+            with opener.open(request, timeout=self.timeout) as response:
+                if under_way.expired:  # a head cut short reads as a whole one: the end of its headers is EOF
+                    raise _Failure("timed out", retry=True)
+                try:
+                    response.read(READ_BYTES)
+                except (OSError, http.client.HTTPException):  # the status said delivered: the rest is courtesy
+                    pass
         except urllib.error.HTTPError as e:
             e.close()
+            if e.code in REDIRECTS:
+                raise _Failure(f"HTTP {e.code}: a redirect{_where(url, e.headers.get('Location'))}, not followed",
+                               retry=False) from None
             raise _Failure(f"HTTP {e.code}", retry=e.code >= 500 or e.code in (408, 429)) from None
         except (OSError, http.client.HTTPException) as e:
-            raise _Failure(_scrub(_reason(e), url), retry=True) from None
+            raise _Failure("timed out" if under_way.expired else _scrub(_reason(e), url), retry=True) from None
         except ValueError as e:  # a URL urllib cannot send to: trying again will not change it
             raise _Failure(_scrub(_reason(e), url), retry=False) from None
+        finally:
+            deadline.cancel()
+            under_way.done()
+            watched.current = None
 
 
 # -------------------------------------------------------------------- helpers
@@ -369,6 +505,20 @@ def _http_url(key: str, url: str) -> str:
             or any(c.isspace() or not c.isprintable() for c in url)):
         raise ConfigError(f"{key}: must be an http(s) URL with a host")
     return url
+
+
+def _where(url: str, location: str | None) -> str:
+    """" to SCHEME://HOST[:PORT]" of a redirect's Location (relative to `url`), its path, query and
+    user part left out as a URL's are in any log line; "" when there is none to read."""
+    try:
+        parts = urlsplit(urljoin(url, location or ""))
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return ""
+    if not location or not host or parts.scheme not in ("http", "https"):
+        return ""
+    host = _clean(host)[:100]
+    return f" to {parts.scheme}://{f'[{host}]' if ':' in host else host}{f':{port}' if port else ''}"
 
 
 def _header(text: str) -> str:
