@@ -141,6 +141,30 @@ def test_a_folder_that_is_not_a_run_is_named_in_the_error(tmp_path):
         load_run(tmp_path / "nowhere")
 
 
+def with_notify(runs: Path, root: Path) -> list[Path]:
+    """Copies of lr-high and lr-low whose [notify] sections name other URLs, tokens and all: they
+    differ in those as well as in the learning rate."""
+    copies = []
+    for name, secret in (("lr-high", "SECRET-A"), ("lr-low", "SECRET-B")):
+        copy = root / f"{name}-notified"
+        shutil.copytree(runs / name, copy, ignore=shutil.ignore_patterns("checkpoints"))
+        text = (copy / "config.toml").read_text()
+        for blank, value in (('webhook = ""', f'webhook = "https://alice:{secret}-PASS@hooks.example.com/{secret}-HOOK"'),
+                             ('ntfy = ""', f'ntfy = "https://ntfy.sh/{secret}-TOPIC"'),
+                             ('apprise = []', f'apprise = ["discord://1/{secret}-TOKEN"]')):
+            assert text.count(blank) == 1, blank
+            text = text.replace(blank, value)
+        (copy / "config.toml").write_text(text)
+        copies.append(copy)
+    return copies
+
+
+def test_notification_urls_are_no_setting_compared(runs, tmp_path):
+    a, b = (load_run(p) for p in with_notify(runs, tmp_path))
+    assert differing_settings([a, b]) == ["optimizer.lr"]
+    assert not [key for key in a.config if key.startswith("notify.")]
+
+
 # ---------------------------------------------------------------------------- the cockpit
 async def test_marked_runs_open_side_by_side_and_come_back_marked(runs):
     app = CockpitApp(runs_root=runs, telemetry=False)
@@ -210,6 +234,23 @@ async def test_the_compare_view_keeps_the_chart_big_at_80x24(runs):
         assert app.screen is launch
 
 
+async def test_the_compare_view_never_shows_a_notification_url(runs, tmp_path):
+    root = tmp_path / "runs"
+    notified = with_notify(runs, root)
+    app = CockpitApp(runs_root=root, telemetry=False)
+    async with app.run_test(size=(160, 40)) as pilot:
+        launch = app.screen
+        launch.marked = [str(p) for p in notified]
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen), what="the compare view")
+        await pilot.pause()
+        table = app.screen.query_one("#compare-table")
+        rows = [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
+        assert rows[0] == ["optimizer.lr", "0.01", "0.001"]
+        assert not [row for row in rows if row[0].startswith("notify")]
+        assert "SECRET" not in repr(rows) and "SECRET" not in "\n".join(shown_in(app, table))
+
+
 # ------------------------------------------------------------------------------- the CLI
 def test_compare_prints_the_differing_setting_and_writes_a_png(runs, tmp_path):
     from matplotlib.image import imread
@@ -243,6 +284,13 @@ def test_compare_prints_each_task_s_last_score_and_a_dash_where_a_run_has_none(r
     # the rest as plain's: the task rows are all that was added
     assert [line for line in lines if line.split("\t")[0] not in added] == [
         line.replace("lr-high", "scored") for line in plain.stdout.splitlines()]
+
+
+def test_compare_never_prints_a_notification_url(runs, tmp_path):
+    proc = cli("compare", *map(str, with_notify(runs, tmp_path)))
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split("\t")[0] for line in proc.stdout.splitlines()][:3] == ["", "optimizer.lr", "final loss (ema)"]
+    assert "SECRET" not in proc.stdout + proc.stderr
 
 
 def test_compare_refuses_a_missing_folder_and_a_single_run(runs, tmp_path):

@@ -266,6 +266,30 @@ def test_wandb_charts_task_scores_against_the_run_s_step(tmp_path, wandb_env):
     assert [row["step"] for row in rows if "val/loss" in row] == [4, 8]
 
 
+def test_the_wandb_run_s_config_holds_no_notification_url(tmp_path, wandb_env):
+    """[notify] says where word of the run goes, tokens and all: nothing of how it trains, and an
+    online W&B run uploads its config. The rest of the config is there."""
+    from lmcockpit.core.config import load_config
+    from lmcockpit.core.train.loggers import start_loggers
+
+    cfg, _ = load_config("debug", ['logging.wandb="lmcockpit-tests"',
+                                   'notify.webhook="https://alice:SECRET-PASS@hooks.example.com/SECRET-HOOK"',
+                                   'notify.ntfy="https://ntfy.sh/SECRET-TOPIC"', 'notify.apprise=["discord://1/SECRET-TOKEN"]'])
+    [(name, start)] = start_loggers(cfg, tmp_path, 0)
+    assert name == "wandb"
+    start().close(failed=False)  # finish: every record written
+    (folder,) = (tmp_path / "wandb").glob("offline-run-*")
+    (log,) = folder.glob("run-*.wandb")
+    # the config as the run record holds it at the start, and any update W&B sends later
+    updates = [r.run.config if r.WhichOneof("record_type") == "run" else r.config for r in wandb_records(log)
+               if r.WhichOneof("record_type") in ("run", "config")]
+    config = {item.key: json.loads(item.value_json) for update in updates for item in update.update}
+    assert config["optimizer"]["lr"] == cfg.optimizer.lr and config["logging"]["wandb"] == "lmcockpit-tests"
+    assert "notify" not in config
+    leaked = [p for p in folder.rglob("*") if p.is_file() and b"SECRET" in p.read_bytes()]
+    assert leaked == [], "a notification URL is in the W&B run's files"
+
+
 def test_scalars_take_what_a_row_has_under_the_loggers_tags():
     from lmcockpit.core.train.loggers import scalars
 

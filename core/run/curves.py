@@ -19,6 +19,9 @@ from .folder import CONFIG, METRICS, run_summary
 from .history import History, Point, ReadsHistory
 
 AXES = ("step", "tokens", "time")
+# Sections never read into a RunCurves: [notify] holds URLs with their tokens (a webhook's, an ntfy
+# topic's) and says nothing of how a run trains, and whatever is read here is shown or compared.
+UNSHOWN = frozenset({"notify"})
 
 
 @dataclass
@@ -26,7 +29,7 @@ class RunCurves(ReadsHistory):
     """One run folder's history as it stands, and what a comparison says of it."""
     path: Path
     name: str
-    config: dict[str, Any]  # config.toml flattened: {"optimizer.lr": 0.003, ...}
+    config: dict[str, Any]  # config.toml flattened, less UNSHOWN's sections: {"optimizer.lr": 0.003, ...}
     tokens_per_step: int
     status: str  # finished, failed, stopped or empty (the launch screen's verdict)
     history: History = field(default_factory=History)
@@ -131,7 +134,7 @@ def load_run(path: str | Path) -> RunCurves:
         raise ConfigError(f"{path}: no such run folder")
     if not (path / CONFIG).is_file():
         raise ConfigError(f"{path}: not a run folder (expected {CONFIG} and {METRICS} in it)")
-    config = flatten(read_toml(path / CONFIG))
+    config = flatten({section: values for section, values in read_toml(path / CONFIG).items() if section not in UNSHOWN})
     t = {k.split(".", 1)[1]: config.get(k, 1) for k in
          ("training.micro_batch_size", "training.grad_accum_steps", "training.seq_len")}
     world = config.get("distributed.nproc", 1) * config.get("distributed.nnodes", 1)

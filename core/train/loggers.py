@@ -102,7 +102,10 @@ def start_loggers(cfg: Config, run_dir: Path, step: int) -> list[tuple[str, Call
     if cfg.logging.tensorboard:
         wanted.append((TensorBoardLogger.name, lambda: TensorBoardLogger(run_dir, step)))
     if cfg.logging.wandb:
-        wanted.append((WandbLogger.name, lambda: WandbLogger(cfg.logging.wandb, run_dir, cfg.to_dict())))
+        # [notify] holds URLs with their tokens, and says nothing of how the run trains: an online
+        # W&B run would upload them with the rest of its config.
+        config = {section: values for section, values in cfg.to_dict().items() if section != "notify"}
+        wanted.append((WandbLogger.name, lambda: WandbLogger(cfg.logging.wandb, run_dir, config)))
     return wanted
 
 
