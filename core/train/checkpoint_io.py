@@ -58,7 +58,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from ..config import ConfigError
 from ..run.checkpoint_pickle import ALLOWED, AllowListUnpickler, damaged, refusal, shard_problem
-from ..run.checkpoint_folder import FORMAT_VERSION, TRAIN_STATE
+from ..run.checkpoint_folder import FORMAT_VERSION, TRAIN_STATE, check_checkpoint
 from ..run.folder import CONFIG, DISK_FULL, list_checkpoints, remove_checkpoints
 from ..run.safe_files import pinned_dir, write_whole
 from .group import Group
@@ -401,7 +401,9 @@ class _PlainDataPlanner(DefaultLoadPlanner):
 def load(path: Path, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
     """Load weights and optimizer state into `model` and `optimizers` (resharded to however many
     processes hold them now); return state.json. Every rank calls this. Nothing in the checkpoint
-    is run: its metadata is read through the allow-list, its other entries as plain data."""
+    is run: its metadata is read through the allow-list, its other entries as plain data; its
+    state.json and files are checked first (checkpoint_folder.check_checkpoint), as every reader's are."""
+    check_checkpoint(path)
     model_sd, optim_sd = get_state_dict(model, optimizers)
     both = {"model": model_sd, "optim": optim_sd}
     reader = _CheckedReader(path / TRAIN_STATE)
