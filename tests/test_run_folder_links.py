@@ -168,3 +168,16 @@ def test_a_resume_in_place_refuses_a_link_at_checkpoints_in_one_line(shared, vic
     assert "Traceback" not in proc.stderr
     assert f"{CHECKPOINTS}: a symbolic link" in proc.stderr
     assert snapshot(victim) == before
+
+
+def test_tensorboard_s_event_files_stay_in_the_folder_it_opened_when_a_link_replaces_it(shared, victim):
+    from lmcockpit.core.train.loggers import TensorBoardLogger
+
+    run = writable_run(shared)
+    before = snapshot(victim)
+    logger = TensorBoardLogger(run, 0)
+    plant_link(run, TENSORBOARD, victim)
+    logger.write(1, {"train/loss": 3.0})
+    logger.close(failed=False)
+    assert snapshot(victim) == before
+    assert list((run / f"{TENSORBOARD}.old").glob("events.out.tfevents.*"))

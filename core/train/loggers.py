@@ -8,15 +8,15 @@ that logger is switched off. tensorboard and wandb are imported only when a logg
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from ..config import Config
-from ..run.folder import MetricsLog
-from ..run.safe_files import write_whole
+from ..run.folder import TENSORBOARD, WANDB, MetricsLog
+from ..run.safe_files import own_dir, pinned_dir, write_whole
 
-TENSORBOARD = "tensorboard"  # the event files' folder in the run folder
 WANDB_ID = "wandb_id"  # the W&B run's id, so that --resume continues the same W&B run
 CLOSE_WAIT = 60.0  # s a logger may take to close (W&B uploads what is left) before the engine exits without it
 
@@ -56,10 +56,13 @@ class TensorBoardLogger:
     def __init__(self, run_dir: Path, step: int):
         from torch.utils.tensorboard import SummaryWriter
 
+        # Its writes go through a descriptor held open (safe_files.pinned_dir): a link planted at
+        # tensorboard/ during the run never receives them.
+        self.folder = contextlib.ExitStack()
+        at = self.folder.enter_context(pinned_dir(run_dir / TENSORBOARD))
         # A resumed run redoes the steps after its checkpoint: purge_step makes TensorBoard drop
         # what the first attempt wrote from there on, as metrics.jsonl drops those lines.
-        self.writer = SummaryWriter(str(run_dir / TENSORBOARD), purge_step=step + 1 if step else None,
-                                    flush_secs=10)
+        self.writer = SummaryWriter(str(at), purge_step=step + 1 if step else None, flush_secs=10)
 
     def write(self, step: int, values: dict[str, float]) -> None:
         for tag, value in values.items():
@@ -67,6 +70,7 @@ class TensorBoardLogger:
 
     def close(self, failed: bool) -> None:
         self.writer.close()
+        self.folder.close()
 
 
 class WandbLogger:
@@ -75,6 +79,9 @@ class WandbLogger:
     def __init__(self, project: str, run_dir: Path, config: dict[str, Any]):
         import wandb
 
+        # W&B's own processes write under wandb/, by name: it is checked as the user's folder
+        # (not a link another account planted) before they start; they cannot be handed a descriptor.
+        own_dir(run_dir / WANDB)
         id_file = run_dir / WANDB_ID
         saved = id_file.read_text().strip() if id_file.is_file() else None
         # console="off": the engine's stdout and stderr are already a pipe into train.log.
