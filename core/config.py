@@ -213,6 +213,11 @@ class NotifyConfig:
     apprise: list[str] = field(default_factory=list)  # Apprise URLs (Slack, Discord, e-mail...): lmcockpit[notify]
     stall_after: float = 600.0  # seconds without a step (and many times the run's step time) before "stalled"
 
+    def holds_urls(self) -> bool:
+        """Whether a target is written as its URL (token and all) rather than `env:NAME`: the
+        files that keep the config are then the user's alone to read (0600)."""
+        return any(url and not url.startswith("env:") for url in (self.webhook, self.ntfy, *self.apprise))
+
 
 @dataclass
 class Config:
@@ -269,6 +274,10 @@ class Config:
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
+
+    def file_mode(self) -> int:
+        """The mode of a file that keeps this config: 0600 where [notify] holds a URL's secrets."""
+        return 0o600 if self.notify.holds_urls() else 0o644
 
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import threading
 import time
 
@@ -39,6 +40,10 @@ def test_a_finished_run_and_a_failed_one_send_their_word(tmp_path):
         assert finished.path == "/hook" and finished.headers["Content-Type"] == "application/json"
         assert json.loads(finished.body) == {"event": "finished", "run": "done", "step": 12,
                                              "loss": losses(tmp_path / "done")[-1]}
+        # the URL is kept in the config files, which other accounts may then not read
+        kept = [tmp_path / "done" / "config.toml", *(tmp_path / "done" / "checkpoints").glob("step_*/config.toml")]
+        assert len(kept) >= 2 and all(server.url in f.read_text() for f in kept)
+        assert {stat.S_IMODE(f.stat().st_mode) for f in kept} == {0o600}
 
         r = cli("--run", "debug", *as_flags([*TINY, hook, "optimizer.lr=1e30", "optimizer.muon_lr=1e30",
                                              "training.grad_clip=0"]), "--out", str(tmp_path / "blown"), env=NO_PROXY)
@@ -135,3 +140,14 @@ def test_each_engine_event_worth_word_becomes_its_notification(monkeypatch):
             {"event": "finished", "run": "run-a", "step": 80, "loss": 3.0}]
     finally:
         server.stop()
+
+
+def test_a_config_keeps_its_file_private_only_where_notify_holds_a_url(tmp_path):
+    from lmcockpit.core.run.folder import write_config
+    from tests.conftest import tiny_config
+
+    for setting, mode in [("notify.webhook=\"env:HOOK\"", 0o644), ("notify.ntfy=\"https://ntfy.sh/SECRET\"", 0o600),
+                          ("notify.apprise=[\"discord://1/SECRET\"]", 0o600), ("notify.terminal=true", 0o644)]:
+        path = tmp_path / "config.toml"
+        write_config(tiny_config(setting), path)
+        assert stat.S_IMODE(path.stat().st_mode) == mode & ~0o022, setting

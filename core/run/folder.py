@@ -48,7 +48,8 @@ HELD_ROWS = 100_000  # metrics rows kept in memory while the disk is full (about
 def write_config(cfg: Config, path: Path) -> None:
     """Atomically (a fresh temporary file, then rename): another machine of the run may be reading
     it, and another account may have planted a link at any name we could guess (run.safe_files)."""
-    write_whole(path, f"# resolved lmcockpit config: `lmcockpit --run {path}` repeats this run\n" + cfg.to_toml())
+    write_whole(path, f"# resolved lmcockpit config: `lmcockpit --run {path}` repeats this run\n" + cfg.to_toml(),
+                mode=cfg.file_mode())
 
 
 def default_run_dir(name: str, runs_root: Path = Path("runs")) -> Path:

@@ -192,8 +192,9 @@ def _agreed(group: Group, problem: str | None) -> None:
 
 
 def save(ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer],
-         state: dict[str, Any], config_toml: str, keep: int, group: Group = Group()) -> Path:
-    """Write checkpoint `step` atomically; a checkpoint folder is self-contained (its own config).
+         state: dict[str, Any], config_toml: str, keep: int, group: Group = Group(), config_mode: int = 0o644) -> Path:
+    """Write checkpoint `step` atomically; a checkpoint folder is self-contained (its own config,
+    `config_mode`: 0600 where it holds notification URLs).
     Every rank calls this; each writes its shards, rank 0 the rest. Everything goes through a
     descriptor of `ckpt_root` opened once (safe_files.pinned_dir): a link another account plants at
     `checkpoints/` meanwhile never has the writes, nor the pruning, land in what it points to."""
@@ -228,7 +229,8 @@ def save(ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list[to
         problem = None
         if group.is_main:
             try:
-                _commit(root, tmp, root / step_dir_name(step), step, weights, state, config_toml, device_states, keep)
+                _commit(root, tmp, root / step_dir_name(step), step, weights, state, (config_toml, config_mode),
+                        device_states, keep)
             except OSError as e:
                 problem = _filled(ckpt_root, e)
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -239,10 +241,11 @@ def save(ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list[to
 
 
 def _commit(ckpt_root: Path, tmp: Path, final: Path, step: int, weights: dict, state: dict[str, Any],
-            config_toml: str, device_states: list[str | None], keep: int) -> None:
-    """Rank 0's part: the whole weights, config and state into `tmp`, fsynced, renamed into place."""
+            config: tuple[str, int], device_states: list[str | None], keep: int) -> None:
+    """Rank 0's part: the whole weights, config (its text and mode) and state into `tmp`, fsynced,
+    renamed into place."""
     save_file({k: v.detach().contiguous() for k, v in weights.items()}, tmp / "model.safetensors")
-    (tmp / CONFIG).write_text(config_toml)
+    write_whole(tmp / CONFIG, config[0], mode=config[1])
     full_state = {"format": FORMAT_VERSION, "step": step, **state, "rng": rng_state(device_states)}
     (tmp / "state.json").write_text(json.dumps(full_state, indent=1))
     _test_hold(tmp, step)

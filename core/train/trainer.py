@@ -783,7 +783,7 @@ class Trainer:
                  "grad_scaler": self.scaler.state_dict() if self.scaler else None}
         try:
             path = checkpoint_io.save(self.run_dir / CHECKPOINTS, self.step, self.model, self.optimizers, state,
-                                   self.cfg.to_toml(), self.cfg.checkpoint.keep, self.group)
+                                   self.cfg.to_toml(), self.cfg.checkpoint.keep, self.group, self.cfg.file_mode())
         except checkpoint_io.NoSpace as e:
             self.log(f"warning: checkpoint of step {self.step} not written: {e}; the last written is "
                      f"{self.last_written}" + ("" if last else "; training goes on"))
