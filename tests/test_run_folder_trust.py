@@ -395,6 +395,7 @@ def test_a_fallback_socket_folder_taken_first_neither_stops_a_run_nor_holds_its_
         RunViewer(run).close()  # it serves
     finally:
         server.close(grace=1)
+    assert not folder.exists(), "the fresh folder made for this socket alone was left behind"
 
 
 # ------------------------------------------------------------------ a metrics.jsonl not ours

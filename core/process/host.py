@@ -48,7 +48,7 @@ from pathlib import Path
 from .. import protocol as P
 from ..config import Config, config_from_dict, read_toml
 from ..run.folder import CONFIG, TRAIN_LOG
-from ..run.safe_files import open_log
+from ..run.safe_files import fresh_runtime_dir, open_log
 from ..run.target import Evaluations, forecast_aim
 from . import live
 from .rendezvous import Rendezvous
@@ -299,6 +299,9 @@ class RunServer:
         record = live.LiveRecord.read(self.run_dir)
         if _inode(self.path) == self.inode and (record is None or record.pid == os.getpid()):
             self.path.unlink(missing_ok=True)
+            if fresh_runtime_dir(self.path.parent):  # made for this socket alone (a run folder's path too long)
+                with contextlib.suppress(OSError):
+                    self.path.parent.rmdir()
 
 
 def _inode(path: Path) -> tuple[int, int] | None:

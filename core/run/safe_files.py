@@ -173,7 +173,19 @@ def runtime_dir() -> Path:
             return private_dir(candidate)
         except OSError:  # NotOwnFile, ELOOP (a link), ENOTDIR (a file), EACCES
             continue
-    return Path(tempfile.mkdtemp(prefix=f"lmcockpit-{os.geteuid()}-"))
+    return Path(tempfile.mkdtemp(prefix=_fresh_prefix()))
+
+
+def _fresh_prefix() -> str:
+    return f"lmcockpit-{os.geteuid()}-"
+
+
+def fresh_runtime_dir(folder: Path) -> bool:
+    """Whether `folder` is one of runtime_dir's fresh `mkdtemp` folders (its fallback where the
+    shared names are taken), which no one else knows of: whoever made it removes it when done,
+    unlike the folder every lmcockpit of this user's shares."""
+    folder = Path(folder).absolute()
+    return folder.parent == Path(tempfile.gettempdir()).absolute() and folder.name.startswith(_fresh_prefix())
 
 
 def open_own_dir(path: Path, make: bool = True) -> int:

@@ -31,7 +31,6 @@ import signal
 import socket
 import stat
 import sys
-import tempfile
 from pathlib import Path
 
 from lmcockpit.tui.commands import command_parser
@@ -156,10 +155,10 @@ def main(argv: list[str]) -> int:
         return serve_tcp(args.host or LOOPBACK, args.port or DEFAULT_PORT)
     if args.socket is not None:
         return serve_unix(args.socket.absolute())
-    from lmcockpit.core.run.safe_files import runtime_dir
+    from lmcockpit.core.run.safe_files import fresh_runtime_dir, runtime_dir
 
     folder = runtime_dir().absolute()
-    if not made_for_this_serve(folder):
+    if not fresh_runtime_dir(folder):
         return serve_unix(folder / SOCKET_NAME)
     # Until the server's own handler takes over, SIGTERM too ends in the `finally`, as Ctrl-C does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -169,13 +168,6 @@ def main(argv: list[str]) -> int:
         # No one else knows this folder; once its socket is gone, each serve would leave one more behind.
         with contextlib.suppress(OSError):
             folder.rmdir()
-
-
-def made_for_this_serve(folder: Path) -> bool:
-    """Whether runtime_dir gave a fresh `mkdtemp` folder (its fallback where the shared names are
-    taken) rather than one that every lmcockpit of this user's shares, which outlives a serve."""
-    return (folder.parent == Path(tempfile.gettempdir()).absolute()
-            and folder.name.startswith(f"lmcockpit-{os.geteuid()}-"))
 
 
 def serve_unix(path: Path) -> int:
