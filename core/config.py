@@ -371,6 +371,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
     for item in overrides:
         section, key, value = parse_override(item)
+        if section not in SECTIONS:  # here, where the --set item is known, so it is named and not the file
+            raise ConfigError(f"--set {shown(item)}: unknown section [{section}]"
+                              f"{_closest(section, SECTIONS) or ' (sections: ' + ', '.join(SECTIONS) + ')'}")
         target = out.setdefault(section, {})
         if not isinstance(target, dict):
             raise ConfigError(f"--set {shown(item)}: {section!r} is not a section")

@@ -197,3 +197,47 @@ def test_cuda_graph_modes_are_refused_with_several_processes(tmp_path):
                "training.compile_mode=\"max-autotune\"", "--out", str(tmp_path / "run"))
     assert proc.returncode == 2 and "'max-autotune' uses CUDA graphs" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("item, told", [
+    ("trainng.max_steps=1", "unknown section [trainng] (did you mean training?)"),
+    ("nosuch.x=1", "unknown section [nosuch] (sections: model, data, tokenizer, training, optimizer,"),
+])
+def test_a_set_section_that_does_not_exist_blames_the_set_item_not_the_preset(tmp_path, item, told):
+    """The preset holds no such section: the `--set` item does, and the message says so, with the
+    section meant, as an unknown key's does."""
+    proc = cli("--run", "cpu", "--set", item, "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --set '{item}': {told}"), proc.stderr
+    assert "presets" not in proc.stderr and not (tmp_path / "run").exists()
+
+
+def test_the_readme_data_source_example_works_on_the_default_preset(tmp_path):
+    """The README's `--set data.source=...` example, on the `cpu` preset: without `eval.tasks=[]`
+    the run is refused (its python-functions task is made from the standard library) by a message
+    that gives the fix; with it, the config is whole, tasks checked."""
+    import re
+    import shlex
+
+    from lmcockpit.core.tasks import catalog
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    example = re.search(r"`--set training\.max_steps=200((?: --set \S+)+)`", readme.replace("\n", " "))
+    assert example, "the README's --set example"
+    sets = [word for word in shlex.split(example.group(1)) if word != "--set"]  # as the shell passes them
+    corpus = tmp_path / "my_corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("some text\n" * 100)
+    sets = ["training.max_steps=200", *(s.replace("./my_corpus", str(corpus)) for s in sets)]
+    assert "eval.tasks=[]" in sets
+    cfg, _ = load_config("cpu", sets)
+    catalog.check(cfg)
+    assert cfg.data.source == str(corpus) and cfg.eval.tasks == []
+
+    without = [s for s in sets if s != "eval.tasks=[]"]
+    proc = cli("--run", "cpu", *[a for s in without for a in ("--set", s)], "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "eval.tasks: python-functions is made from the held-out files" in lines[0]
+    assert lines[0].endswith("--set 'eval.tasks=[]' scores no task)"), proc.stderr

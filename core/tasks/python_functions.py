@@ -33,7 +33,8 @@ def check(cfg: Config) -> None:
     """Whether the task can be made for this run, without making it."""
     if cfg.data.source != sources.STDLIB or cfg.data.sources:
         raise ConfigError(f"eval.tasks: {NAME} is made from the held-out files of data.source = "
-                          f"{sources.STDLIB!r}; this run reads {cfg.data.source!r}")
+                          f"{sources.STDLIB!r}; this run reads {cfg.data.source!r}: take it out of "
+                          "eval.tasks (--set 'eval.tasks=[]' scores no task)")
 
 
 def task(cfg: Config) -> Task:
