@@ -2,17 +2,19 @@
 real `lmcockpit` command as a user meets them: a preset nested hundreds of levels deep, a number of
 thousands of digits, a source folder that links to itself, a JSON line nested thousands deep, a
 cache whose source name is Rich markup, a cache entry that is a link, a link planted where a
-shared cache folder's tokenizer is saved. Each is one `error:` line and exit 2, or the command
+shared cache folder's tokenizer is saved, task sources that never end, are no file, point out of
+their bundle or multiply by aliases. Each is one `error:` line and exit 2, or the command
 copes and says so; never a traceback, never a write or a removal through a link."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from .conftest import cli
+from .conftest import TINY, cli
 
 # A small corpus and a BPE that trains in a second: the build is what is under test, not its size.
 SMALL = ["tokenizer.vocab_size=300", "tokenizer.train_bytes=20_000", "data.workers=1", "data.val_fraction=0.2"]
@@ -219,3 +221,73 @@ def test_a_run_folder_whose_files_nest_past_reading_is_read_around(tmp_path):
     proc = cli("compare", *runs)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert "2.5" in proc.stdout, proc.stdout
+
+
+# ------------------------------------------------------------------------------- task sources
+# 387 million values from nine lines, as one task's label (which str() would spell out)
+BILLION_LAUGHS = ("lol0: &a0 [lol]\n" + "".join(f"lol{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 10))
+                  + "icl_tasks:\n- {label: *a9, dataset_uri: t.jsonl, icl_task_type: language_modeling}\n")
+CORE_TASK = "icl_tasks:\n- {label: t, dataset_uri: t.jsonl, icl_task_type: language_modeling, num_fewshot: [%s]}\n"
+
+
+def bundle(folder: Path, core_yaml: str, baselines: str | None = "Eval Task,Random baseline\nt,0\n") -> str:
+    """A CORE bundle (core:PATH) of one language-modelling task, its core.yaml as given."""
+    (folder / "eval_data").mkdir(parents=True)
+    (folder / "core.yaml").write_text(core_yaml)
+    if baselines is not None:
+        (folder / "eval_meta_data.csv").write_text(baselines)
+    (folder / "eval_data" / "t.jsonl").write_text(json.dumps({"context": "import", "continuation": " os"}) + "\n")
+    return f"core:{folder}"
+
+
+def task_file(folder: Path, first_line: str) -> str:
+    path = folder / "bad.jsonl"
+    path.write_text(first_line + "\n" + json.dumps({"context": "import", "continuation": " os"}) + "\n")
+    return str(path)
+
+
+def fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def fifo_baselines(folder: Path) -> str:
+    spec = bundle(folder, CORE_TASK % 0, baselines=None)
+    fifo(folder / "eval_meta_data.csv")
+    return spec
+
+
+# Each named by a run's eval.tasks, as a config or a copied run folder can name it. Before, each
+# hung (a FIFO), read without end (/dev/zero, 5 GB for a 400 MB line), or ended in a traceback.
+TASK_SOURCES = {
+    "dev-zero": (lambda tmp: "/dev/zero", ["eval.tasks: /dev/zero: a character device: expected a regular file"]),
+    "fifo": (lambda tmp: str(fifo(tmp / "pipe.jsonl")), ["pipe.jsonl: a named pipe: expected a regular file"]),
+    "fifo-baselines": (fifo_baselines, ["eval_meta_data.csv: a named pipe: expected a regular file"]),
+    "uri-leaving-the-bundle": (
+        lambda tmp: bundle(tmp / "b", CORE_TASK.replace("t.jsonl", "../" * 40 + "dev/zero") % 0),
+        ["core.yaml: icl_tasks[1]: dataset_uri '../../", "(128 characters)", "expected the path of a file under"]),
+    "billion-laughs": (lambda tmp: bundle(tmp / "b", BILLION_LAUGHS),
+                       ["core.yaml: line 6: more than 100,000 values, counting each alias as all the values it names"]),
+    "nested-20000-deep": (lambda tmp: bundle(tmp / "b", "icl_tasks: " + "[" * 20_000 + "]" * 20_000 + "\n"),
+                          ["core.yaml: line 1: nested more than 100 levels deep"]),
+    "num_fewshot-5000-digits": (lambda tmp: bundle(tmp / "b", CORE_TASK % ("9" * 5000)),
+                                ["core.yaml: line 2: an integer of more than 4,300 digits: expected a small count"]),
+    "core-yaml-over-1-MiB": (lambda tmp: bundle(tmp / "b", CORE_TASK % 0 + "#" * 2**20 + "\n", baselines=None),
+                             ["core.yaml: larger than 1 MiB"]),
+    "gold-5000-digits": (lambda tmp: task_file(tmp, '{"context": "a", "choices": ["b", "c"], "gold": ' + "9" * 5000 + "}"),
+                         ["bad.jsonl:1: an integer of more than 4,300 digits: expected a small count"]),
+    "fewshot-5000-digits": (lambda tmp: task_file(tmp, '{"fewshot": ' + "9" * 5000 + "}"),
+                            ["bad.jsonl:1: an integer of more than 4,300 digits"]),
+    "line-over-1-MiB": (lambda tmp: task_file(tmp, "x" * (2**20 + 1)),
+                        ["bad.jsonl:1: a line longer than 1 MiB; expected one item a line"]),
+}
+
+
+@pytest.mark.parametrize("case", TASK_SOURCES)
+def test_a_hostile_task_source_is_one_error_line_before_the_run_starts(tmp_path, case):
+    make, words = TASK_SOURCES[case]
+    name, out = make(tmp_path), tmp_path / "run"
+    proc = cli("--run", "debug", *as_set(*TINY, f"eval.tasks=[{json.dumps(name)}]"), "--out", str(out), timeout=120)
+    line = one_error(proc, *words)
+    assert len(line) < 400, line
+    assert not out.exists()

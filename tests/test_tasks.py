@@ -313,6 +313,8 @@ def test_a_core_bundle_reads_its_tasks_baselines_and_shots(tmp_path):
      r"tiny_mc\.jsonl:2: not a JSON object"),
     ({"lines": {"tiny_mc.jsonl": [{"query": "a", "choices": ["b", "c"]}]}},
      r"tiny_mc\.jsonl:1: a multiple choice item of CORE's needs choices, gold, query"),
+    ({"yaml_text": "icl_tasks: [{label: tiny_mc, dataset_uri: /etc/passwd, icl_task_type: language_modeling}]"},
+     r"icl_tasks\[1\]: dataset_uri '/etc/passwd': expected the path of a file under .*bundle/eval_data$"),
 ])
 def test_a_damaged_core_bundle_is_refused_naming_where(tmp_path, change, expected):
     folder = write_bundle(tmp_path / "bundle", **change)
@@ -339,3 +341,33 @@ def test_ranks_that_read_different_items_are_refused_alike():
         agree([Digest(digest(here)), Digest(digest(here)), Digest(digest(there))])
     with pytest.raises(ConfigError, match=r"^rank 1: eval.tasks: /data/mine.jsonl: no such task file$"):
         agree([Digest(digest(here)), "eval.tasks: /data/mine.jsonl: no such task file", Digest(digest(here))])
+
+
+def test_a_bundle_s_link_may_not_lead_out_of_it_and_the_user_s_own_link_is_followed(tmp_path):
+    """A bundle is a download: a link in it to a file elsewhere is refused as `../` is. A task file
+    the user names through a link of their own is read."""
+    folder = write_bundle(tmp_path / "bundle")
+    outside = write_lines(tmp_path / "outside.jsonl", [{"context": "a", "continuation": "b"}])
+    (folder / "eval_data" / "lm" / "tiny_lm.jsonl").unlink()
+    (folder / "eval_data" / "lm" / "tiny_lm.jsonl").symlink_to(outside)
+    with pytest.raises(ConfigError, match=r"icl_tasks\[3\]: dataset_uri 'lm/tiny_lm.jsonl': expected the path of a "
+                                          r"file under"):
+        catalog.load_tasks([f"core:{folder}"], Config())
+    (tmp_path / "mine.jsonl").symlink_to(outside)
+    assert catalog.load_task(str(tmp_path / "mine.jsonl"), Config()).items == (Item(("a",), ("b",)),)
+
+
+def test_a_task_file_is_read_to_its_stated_size_and_no_further(tmp_path, monkeypatch):
+    """The limit a module constant, set small here: the real one is 256 MiB, which a test would
+    spend seconds writing."""
+    from lmcockpit.core.tasks import reading
+
+    monkeypatch.setattr(reading, "MAX_FILE_BYTES", 1000)
+    row = json.dumps({"context": "a" * 30, "continuation": "b"}) + "\n"
+    path = tmp_path / "big.jsonl"
+    path.write_text(row * (1000 // len(row)) + "\n" * (1000 % len(row)))
+    assert path.stat().st_size == 1000 and len(files.read_task(path).items) == 1000 // len(row)
+    path.write_text(path.read_text() + "\n")
+    with pytest.raises(ConfigError, match=r"^eval.tasks: .*big\.jsonl: larger than 1,000 bytes, more than lmcockpit "
+                                          r"reads of a task file$"):
+        files.read_task(path)

@@ -11,16 +11,21 @@ The bundle's layout, as DCLM ships it and nanochat reads it:
 Each task keeps its label as its name and its random baseline as its chance; CORE is the mean of
 their centred accuracies (items.core_score). A language-modelling context is stripped of
 surrounding whitespace, as nanochat does: the data holds trailing spaces that would otherwise
-merge into the continuation's first token. `core.yaml` is read with `yaml.safe_load`.
+merge into the continuation's first token. `core.yaml` is read by bounded_yaml.BoundedLoader (a
+safe loader, its aliases counted, its nesting bounded); a `dataset_uri` must name a file under
+`eval_data/`, its links followed.
 Torch: never.
 """
 
 from __future__ import annotations
 
 import csv
+import io
+import os
 from pathlib import Path
 
-from ..config import ConfigError
+from ..config import ConfigError, shown
+from . import reading
 from .files import item_from_row, json_rows
 from .items import CORE_GROUP, KINDS, LANGUAGE_MODELING, MULTIPLE_CHOICE, SCHEMA, Task
 
@@ -47,7 +52,7 @@ def read_bundle(folder: Path) -> list[Task]:
         shots = shots[0] if isinstance(shots, list) and shots else shots
         if not isinstance(shots, int) or shots < 0:
             raise ConfigError(f"{where}: num_fewshot {entry.get('num_fewshot')!r}: expected a list of counts")
-        items = tuple(_items(folder / "eval_data" / str(entry["dataset_uri"]), kind))
+        items = tuple(_items(_data_file(folder, entry["dataset_uri"], where), kind))
         tasks.append(Task(label, kind, items, fewshot=shots, delimiter=str(entry.get("continuation_delimiter", " ")),
                           chance=baselines[label] / 100, group=CORE_GROUP))
     if not tasks:
@@ -55,16 +60,26 @@ def read_bundle(folder: Path) -> list[Task]:
     return tasks
 
 
+def _data_file(folder: Path, uri, where: str) -> Path:
+    """The file under eval_data/ that `dataset_uri` names, its links followed, refused if it is
+    anywhere else: a bundle is a download, and `../../../../dev/zero` is a name it can hold."""
+    data = folder / "eval_data"
+    path = Path(os.path.realpath(data / uri)) if isinstance(uri, str) and uri else None
+    if path is None or not path.is_relative_to(os.path.realpath(data)):
+        raise ConfigError(f"{where}: dataset_uri {shown(uri)}: expected the path of a file under {data}")
+    return path
+
+
 def _config(path: Path) -> list:
-    import yaml
+    from .bounded_yaml import load_yaml
 
     try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+        config = load_yaml(path)
     except FileNotFoundError:
         raise ConfigError(f"eval.tasks: {path}: no such file; core:PATH names a CORE bundle's folder "
                           "(core.yaml, eval_meta_data.csv, eval_data/)") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: not readable as YAML ({str(e).splitlines()[0]})") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror})") from None
     if not isinstance(config, dict) or not isinstance(config.get("icl_tasks"), list):
         raise ConfigError(f"{path}: expected a mapping with an icl_tasks list")
     return config["icl_tasks"]
@@ -72,11 +87,10 @@ def _config(path: Path) -> list:
 
 def _baselines(path: Path) -> dict[str, float]:
     try:
-        with open(path, encoding="utf-8", newline="") as fh:
-            rows = list(csv.DictReader(fh))
+        rows = list(csv.DictReader(io.StringIO(reading.read_text(path), newline="")))
     except FileNotFoundError:
         raise ConfigError(f"eval.tasks: {path}: no such file (each CORE task's random baseline)") from None
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
+    except (OSError, csv.Error) as e:
         raise ConfigError(f"{path}: not readable as CSV ({e})") from None
     out = {}
     for number, row in enumerate(rows, 2):

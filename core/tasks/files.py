@@ -19,7 +19,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..config import ConfigError
+from ..config import ConfigError, shown
+from . import reading
 from .items import KINDS, LANGUAGE_MODELING, MULTIPLE_CHOICE, SCHEMA, Item, Task
 
 FIELDS = {MULTIPLE_CHOICE: {"context", "choices", "gold"}, SCHEMA: {"contexts", "continuation", "gold"},
@@ -52,15 +53,17 @@ def json_rows(path: Path, missing: str) -> Iterator[tuple[str, dict]]:
     """(`file:line`, object) for each line of a JSON-lines file that is not blank; a ConfigError
     naming the file (`missing` when there is none) or the line."""
     try:
-        text = path.read_text(encoding="utf-8")
+        lines = reading.read_lines(path)
+        for number, line in lines:
+            if line.strip():
+                where = f"{path}:{number}"
+                yield where, _row(line, where)
     except FileNotFoundError:
         raise ConfigError(f"eval.tasks: {path}: {missing}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"eval.tasks: {path}: cannot be read as UTF-8 text ({e})") from None
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            where = f"{path}:{number}"
-            yield where, _row(line, where)
+    except ConfigError as e:
+        raise ConfigError(f"eval.tasks: {e}" if str(e).startswith(f"{path}: ") else str(e)) from None
+    except OSError as e:
+        raise ConfigError(f"eval.tasks: {path}: cannot be read ({e.strerror})") from None
 
 
 def _row(line: str, where: str) -> dict:
@@ -68,6 +71,9 @@ def _row(line: str, where: str) -> dict:
         row = json.loads(line)
     except (json.JSONDecodeError, RecursionError) as e:
         raise ConfigError(f"{where}: not a JSON object ({getattr(e, 'msg', e)})") from None
+    except ValueError:  # int()'s limit on digits, which json.loads lets out as a plain ValueError
+        raise ConfigError(f"{where}: an integer of more than {reading.digits_limit():,} digits: expected a small "
+                          "count (gold, fewshot)") from None
     if not isinstance(row, dict):
         raise ConfigError(f"{where}: not a JSON object")
     return row
@@ -80,7 +86,7 @@ def _header(row: dict, where: str) -> dict:
                               f"(a multiple choice item has {sorted(FIELDS[MULTIPLE_CHOICE])}; "
                               f"settings: {sorted(HEADER)})")
         if not isinstance(value, HEADER[key]) or isinstance(value, bool):
-            raise ConfigError(f"{where}: {key} = {value!r}: expected {'a whole number' if key == 'fewshot' else 'text' if key == 'delimiter' else 'a number'}")
+            raise ConfigError(f"{where}: {key} = {shown(value)}: expected {'a whole number' if key == 'fewshot' else 'text' if key == 'delimiter' else 'a number'}")
     if row.get("fewshot", 0) < 0 or not 0 <= row.get("chance", 0) < 1:
         raise ConfigError(f"{where}: fewshot must be 0 or more and chance between 0 and 1")
     return row
@@ -98,7 +104,7 @@ def kind_of(row: dict, where: str) -> str:
 def item_from_row(row: dict, kind: str, where: str) -> Item:
     def text(key: str, value) -> str:
         if not isinstance(value, str) or not value:
-            raise ConfigError(f"{where}: {key} = {value!r}: expected non-empty text")
+            raise ConfigError(f"{where}: {key} = {shown(value)}: expected non-empty text")
         return value
 
     def texts(key: str) -> tuple[str, ...]:
@@ -118,6 +124,6 @@ def item_from_row(row: dict, kind: str, where: str) -> Item:
         options = 1
     gold = row.get("gold", 0)
     if not isinstance(gold, int) or isinstance(gold, bool) or not 0 <= gold < options:
-        raise ConfigError(f"{where}: gold = {gold!r}: expected the index of the right one, 0 to {options - 1}")
+        raise ConfigError(f"{where}: gold = {shown(gold)}: expected the index of the right one, 0 to {options - 1}")
     neutral = text("neutral", row["neutral"]) if "neutral" in row else ""
     return Item(contexts, continuations, gold, neutral)
