@@ -1,16 +1,22 @@
 """`lmcockpit eval --harness`: EleutherAI's lm-evaluation-harness scoring a trained run's export,
 offline, on a task the test writes (lm-eval's local `dataset_path: json`), against the same
-choices computed in `transformers` from the export's per-choice log-likelihoods; and the
-harness's bad input refused before anything is exported."""
+choices computed in `transformers` from the export's per-choice log-likelihoods; the
+harness's bad input refused before anything is exported; and of a folder others can add to, the
+user's task file alone read, never a YAML or Python planted beside it."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import cli
+from tests.other_account import other_account, run_as_other
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
@@ -127,3 +133,110 @@ def test_harness_bad_input_is_one_error_line_before_any_export(trained_run, tmp_
     assert error.startswith(expected), r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
     assert list(scratch.glob("lmcockpit-harness-*")) == []
+
+
+# ------------------------------------------------------------ task files another account can reach
+@pytest.fixture
+def shared():
+    """A folder in /tmp every account may add files to, sticky as /tmp itself is (pytest's
+    tmp_path is under a 0700 folder no other account can enter)."""
+    path = Path(tempfile.mkdtemp(prefix="lmcockpit-shared-"))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def plant(folder: str, task: str, marker: str) -> None:
+    """As another account: a task YAML of the name the user's has (or a harness task's), sorted
+    first, whose `!function` imports the Python planted beside it, which leaves `marker` if run."""
+    Path(folder, "a0-evil.yaml").write_text(f"task: {task}\nprocess_docs: !function evil.plant\n")
+    Path(folder, "evil.py").write_text(f"open({marker!r}, 'w').write('ran as the user')\n"
+                                       "def plant(dataset):\n    return dataset\n")
+
+
+def test_python_another_account_plants_beside_the_user_s_task_never_runs(shared, tmp_path, monkeypatch):
+    """The user's task in a shared folder, which another account can add files to but not change
+    the user's in: the harness is given the user's file alone, and scores it. Given the folder, it
+    took the planted YAML of the same `task:` (first, by name) and imported its Python as the user."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    from lmcockpit.core.infer import harness
+
+    task, marker = write_local_task(shared), tmp_path / "planted-python-ran"
+    run_as_other(plant, str(shared), "python_bits", str(marker))
+    try:
+        tasks = harness.resolve([task], log=lambda line: None)
+    finally:
+        assert not marker.exists(), "the planted Python ran"
+    try:
+        assert tasks.names == ["python_bits"]
+        entry = tasks.manager.task_index["python_bits"]
+        assert Path(entry.yaml_path).parent == Path(tasks.include[0])  # the private copy, not the shared folder
+        assert sorted(p.name for p in Path(tasks.include[0]).iterdir()) == ["1-python_bits.yaml"]
+        assert os.stat(tasks.include[0]).st_mode & 0o777 == 0o700
+    finally:
+        tasks.close()
+    assert not Path(tasks.include[0]).exists()
+
+
+def test_a_harness_task_name_is_never_taken_from_the_user_s_task_folder(trained_run, shared, tmp_path):
+    """`--harness mine.yaml,hellaswag`: hellaswag is lm-eval's own, not a `task: hellaswag` planted
+    beside mine.yaml. Offline, its dataset is refused, as it is with no file beside."""
+    run_dir, _ = trained_run
+    task, marker = write_local_task(shared), tmp_path / "planted-python-ran"
+    run_as_other(plant, str(shared), "hellaswag", str(marker))
+    r = cli("eval", str(run_dir), "--harness", f"{task},hellaswag", env=OFFLINE)
+    assert not marker.exists(), "the planted Python ran"
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    [error] = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith("error: --harness hellaswag: its dataset could not be loaded"), error
+
+
+def write_as_other(path: str, text: str) -> None:
+    Path(path).write_text(text)
+
+
+def trap(folder: Path, marker: Path, how: str) -> str:
+    """The user's task YAML in `folder`, left open to another account `how`; the path to name."""
+    task = write_local_task(folder)
+    evil = f"open({str(marker)!r}, 'w').write('ran as the user')\ndef fn(doc):\n    return doc\n"
+    if how == "a folder others can write":
+        folder.chmod(0o777)
+        run_as_other(plant, str(folder), "python_bits", str(marker))
+    elif how == "another account's task file":
+        yaml_text = Path(task).read_text()
+        Path(task).unlink()
+        run_as_other(write_as_other, task, yaml_text)
+    elif how == "another account's !function file":
+        with open(task, "a") as fh:
+            fh.write("process_docs: !function helpers.fn\n")
+        run_as_other(write_as_other, str(folder / "helpers.py"), evil)
+    else:  # what the user's file includes, planted by another account before the user wrote it
+        Path(task).write_text("include: _common_yaml\n" + Path(task).read_text())
+        run_as_other(write_as_other, str(folder / "_common_yaml"), "process_docs: !function helpers.fn\n")
+        run_as_other(write_as_other, str(folder / "helpers.py"), evil)
+    return task
+
+
+TRAPS = {"a folder others can write": "is writable by other accounts (mode 777)",
+         "another account's task file": "python_bits.yaml: the file is owned by uid",
+         "another account's !function file": "helpers.py (named by !function helpers.fn): the file is owned by uid",
+         "another account's included file": "_common_yaml (included by"}
+
+
+@pytest.mark.parametrize("how", TRAPS)
+def test_a_task_file_another_account_can_change_is_refused_in_one_line(trained_run, shared, tmp_path, how):
+    run_dir, _ = trained_run
+    uid = other_account().pw_uid
+    marker, scratch = tmp_path / "planted-python-ran", tmp_path / "tmp"
+    scratch.mkdir()
+    task = trap(shared, marker, how)
+    r = cli("eval", str(run_dir), "--harness", task, env={**OFFLINE, "TMPDIR": str(scratch)})
+    assert not marker.exists(), "the planted Python ran"
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == "", r.stderr
+    [error] = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith(f"error: --harness {task}: ") and TRAPS[how] in error, error
+    assert how == "a folder others can write" or f"owned by uid {uid}, another account" in error
+    assert error.endswith("so its files must be ones no other account can change: copy them into a folder of "
+                          "your own"), error
+    assert list(scratch.iterdir()) == []  # the private copies made before the refusal are gone

@@ -68,10 +68,14 @@ def main(argv: list[str]) -> int:
     else:
         ckpt, tasks = resolve(args.path, names)
     harness_tasks = harness.resolve(harness_specs, log=log.print) if harness_specs else None
-    results = score_checkpoint(ckpt, tasks, args.max_per_task, args.device, args.precision,
-                               log=log.print) if tasks else {}
-    harness_results = harness.score(ckpt, harness_tasks, args.max_per_task, args.device, args.precision,
-                                    log=log.print) if harness_tasks else {}
+    try:
+        results = score_checkpoint(ckpt, tasks, args.max_per_task, args.device, args.precision,
+                                   log=log.print) if tasks else {}
+        harness_results = harness.score(ckpt, harness_tasks, args.max_per_task, args.device, args.precision,
+                                        log=log.print) if harness_tasks else {}
+    finally:
+        if harness_tasks:
+            harness_tasks.close()
     if args.json:
         out = {"tasks": {name: {**r.row(), "predictions": r.predictions} for name, r in results.items()}}
         print(json.dumps({**out, "harness": harness_results} if harness_tasks else out))
