@@ -164,6 +164,7 @@ def train(run_dir: str, config: dict, resume_from: str | None, events, cmds: Com
         trainer = Trainer(cfg, Path(run_dir), emit or events.put, print, cmds.next, group or Group(),
                           resume_from=resume_from)
         final = trainer.run()
+        trainer.metrics.write("end", step=trainer.step, state=final)  # run_summary's status, as the engine names it
     except ConfigError as e:
         failure = P.Failure(str(e), user_error=True)
     except NotOwnFile as e:  # a link or someone else's folder planted where the run writes, found mid-run

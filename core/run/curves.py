@@ -31,7 +31,7 @@ class RunCurves(ReadsHistory):
     name: str
     config: dict[str, Any]  # config.toml flattened, less UNSHOWN's sections: {"optimizer.lr": 0.003, ...}
     tokens_per_step: int
-    status: str  # finished, failed, stopped or empty (the launch screen's verdict)
+    status: str  # run_summary's: the engine's final state (finished, aborted, interrupted, failed), stopped or empty
     history: History = field(default_factory=History)
 
     # ------------------------------------------------------------------ summary

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import protocol as P
 from ..config import Config, ConfigError, config_from_dict, read_toml
 from .extras import require_logger_packages
 from .safe_files import NotOwnFile, not_planted, open_append, open_own, own_or_absent, pinned_dir, write_whole
@@ -297,6 +298,7 @@ def _task_scores(name: object, scores: object) -> bool:
 # The fields each kind of row holds as the engine writes it, and what each must be: what a reader
 # takes from the row without asking again. A row that lacks one was not written by lmcockpit
 # (a damaged file, or one another account wrote into a folder it can write to).
+ENDED = (P.FINISHED, P.ABORTED, P.INTERRUPTED)  # an `end` row's states; a failure writes a `failure` row
 ROW_FIELDS = {
     "step": {"step": _step, "loss": _number, "lr": _number, "grad_norm": _number, "tokens_per_s": _number,
              "dt": _number, "mfu": lambda v: v is None or _number(v),
@@ -311,6 +313,9 @@ ROW_FIELDS = {
     "rollback": {"step": _step, "to_step": _step, "batches_skipped": _step, "rollbacks": _step,
                  "lr_factor": _number, "lr_steps": _step},
     "target": {"step": _step, "what": lambda v: isinstance(v, str), "value": _number, "target": _number},
+    # How the engine's training ended when it did not fail (a failure has its own row): a stop at
+    # the target and an abort both end short of max_steps, and only the engine knows which it was.
+    "end": {"step": _step, "state": lambda v: v in ENDED},
 }
 # Fields a row of that kind may lack, read with .get: no MFU on a CPU; an evaluation holds the
 # validation loss, the task scores or both (each has its own cadence), CORE only when all its
@@ -351,10 +356,15 @@ def tail_rows(path: Path, max_bytes: int = 65536) -> list[dict[str, Any]]:
 
 
 UNREADABLE = "unreadable"  # run_summary's status for a run whose metrics.jsonl holds rows lmcockpit never writes
+# ...and for one with steps whose training has not said how it ended: training headless now,
+# killed outright (SIGKILL, a power cut), or written before `end` rows were.
+STOPPED = "stopped"
 
 
 def run_summary(run_dir: Path) -> dict[str, Any]:
-    """{name, status, step, loss, max_steps, checkpoint} of a run folder, for the launch screen.
+    """{name, status, step, loss, max_steps, checkpoint} of a run folder, for the launch screen,
+    compare and the baseline list. The status is the engine's final state where it wrote one
+    (finished, aborted, interrupted, failed), else STOPPED, or "empty" with no step.
     A metrics.jsonl whose last rows are not all well-formed is UNREADABLE, with no step or loss:
     figures read past the rows that are not would be wrong without a word (a run at step 0, at
     an older step), and such rows mean a damaged file, or one someone else wrote into."""
@@ -372,12 +382,17 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
                 "checkpoint": ckpt}
     steps = [r for r in rows if r.get("kind") == "step"]
     step = steps[-1]["step"] if steps else 0
-    if rows and rows[-1].get("kind") == "failure":
-        status = "failed"
-    elif max_steps and step >= max_steps and ckpt is not None:
-        status = "finished"
+    # The last of these says how the run's latest training ended, if it did: a resumed run's new
+    # steps come after the end row of the training before (notes and samples may follow any).
+    last = next((r for r in reversed(rows) if r.get("kind") in ("step", "end", "failure")), {})
+    if last.get("kind") == "failure":
+        status = P.FAILED
+    elif last.get("kind") == "end":
+        status = last["state"]  # the engine's own word: what the dashboard and the exit line said
+    elif max_steps and step >= max_steps and ckpt is not None:  # a folder from before end rows
+        status = P.FINISHED
     elif step:
-        status = "stopped"
+        status = STOPPED
     else:
         status = "empty"
     return {"name": run_dir.name, "status": status, "step": step, "max_steps": max_steps,
