@@ -114,16 +114,18 @@ class TrainingConfig:
     on_nan: Literal["stop", "skip"] = "stop"
     max_nan_skips: int = 10
     # A loss spike: a step's loss that many standard deviations above the mean of the last
-    # spike_window steps (llm.c's test; the window must be full first). "warn" says so; "skip" drops
-    # that update; "rollback" goes back to the last checkpoint and steps past the batches since
-    # (with the learning rate times spike_lr_factor for spike_lr_steps steps), at most max_rollbacks
-    # times before the run fails; "stop" ends the run with a checkpoint.
+    # spike_window steps (llm.c's test), judged once 10 are seen (against their median until the
+    # window fills: train.spikes). "warn" says so; "skip" drops that update; "rollback" goes back
+    # to the last checkpoint and steps past the batches since, with the learning rate times
+    # spike_lr_factor for spike_lr_steps steps (each further rollback in that stretch cuts it
+    # again), at most max_rollbacks times; "stop" ends the run. A run that stops on a spike keeps
+    # the last checkpoint before it as its latest: the weights that spiked are not saved.
     on_spike: Literal["warn", "skip", "rollback", "stop"] = "warn"
     spike_window: int = 100
     spike_zscore: float = 6.0  # on the loss; 0: not watched
     spike_grad_zscore: float = 0.0  # on the gradient norm, the same way; 0: not watched
-    spike_lr_factor: float = 1.0
-    spike_lr_steps: int = 0
+    spike_lr_factor: float = 0.5  # a rollback retrying at the rate that spiked meets the spike again
+    spike_lr_steps: int = 100
     max_rollbacks: int = 3
     # The validation loss aimed at: its time of arrival fitted from the evaluations so far; 0: none.
     target_val_loss: float = 0.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import shutil
 from pathlib import Path
 
@@ -15,15 +16,18 @@ import pytest
 from lmcockpit.core import protocol as P
 from lmcockpit.core.process.viewer import history
 from lmcockpit.core.run.curves import load_run
-from lmcockpit.core.run.folder import read_metrics
+from lmcockpit.core.config import load_config
+from lmcockpit.core.run.folder import list_checkpoints, read_metrics
 from lmcockpit.core.run.resume import truncate_metrics
 from lmcockpit.core.train.spikes import SpikeWatch
+from lmcockpit.core.train.trainer import SpikeStop
 from lmcockpit.tui.run_state import RunState
 from tests.conftest import SHRINK_CPU, TINY, as_flags, cli
 
 # The shrunk cpu preset, uncompiled, with a window short enough for a 40-step run to fill.
 BASE = as_flags([*SHRINK_CPU, *TINY, "training.compile=false", "eval.every=0", "training.spike_window=20"])
-SURGE = as_flags(["training.max_steps=80", "optimizer.lr=5.0", "optimizer.muon_lr=5.0", "checkpoint.every=20"])
+SURGE_SET = ["training.max_steps=80", "optimizer.lr=5.0", "optimizer.muon_lr=5.0", "checkpoint.every=20"]
+SURGE = as_flags(SURGE_SET)
 # What gets past a surge that stays: back to the last checkpoint, then the rate cut back to about
 # where it was (5.0 × 0.004 = 0.02) for the rest of the run.
 RECOVER = as_flags(['training.on_spike="rollback"', "training.spike_lr_factor=0.004", "training.spike_lr_steps=100"])
@@ -109,23 +113,139 @@ def test_a_rollback_steps_past_the_spike_and_a_resume_replays_it(before_surge, t
     assert view.spikes == [(42, spike["loss"], "rollback")] and view.rollbacks == 1
 
 
-def test_rollbacks_used_up_fail_the_run_with_a_checkpoint(before_surge, tmp_path):
+def checkpoints_of(run: Path) -> tuple[list[str], str]:
+    """The complete checkpoints a resume can find, and what `latest` names."""
+    root = run / "checkpoints"
+    return [p.name for p in list_checkpoints(root)], (root / "latest").read_text().strip()
+
+
+def printed_command(stderr: str) -> list[str]:
+    """The command a run that gave up on a spike says to run next, as arguments."""
+    [line] = [line for line in stderr.splitlines() if "lmcockpit --run" in line]
+    return shlex.split(line[line.index("lmcockpit --run"):])[1:]
+
+
+def test_rollbacks_used_up_end_the_run_at_the_last_good_checkpoint_with_a_command_that_trains_on(before_surge,
+                                                                                                  tmp_path):
+    """#51: the weights that spiked were once saved as `latest`, and the command printed repeated
+    the rate that spiked: a resume failed at once on the same loss."""
     run = copy_of(before_surge, tmp_path)
     # The surge stays (no rate cut): each rollback meets it again.
-    r = cli("--run", "--resume", str(run), *SURGE, *as_flags(['training.on_spike="rollback"', "training.max_rollbacks=2"]))
+    r = cli("--run", "--resume", str(run), *SURGE,
+            *as_flags(['training.on_spike="rollback"', "training.max_rollbacks=2", "training.spike_lr_factor=1"]))
     assert r.returncode == 1, r.stderr
     assert [row["to_step"] for row in read_metrics(run, "rollback")] == [40, 40]
     assert [row["action"] for row in read_metrics(run, "spike")] == ["rollback", "rollback", "stop"]
     assert "after 2 rollback(s), training.max_rollbacks = 2" in r.stderr
+    assert checkpoints_of(run) == (["step_000020", "step_000040"], "step_000040")
+    assert "the latest checkpoint is step_000040" in r.stderr and "not saved" in r.stderr
+    # the rates the checkpoint trained at (the base run's), not the surge's 5.0
+    base = load_config("cpu", [])[0].optimizer
+    args = printed_command(r.stderr)
+    assert args[:3] == ["--run", "--resume", str(run)]
+    sets = dict(item.split("=", 1) for item in args[4::2])
+    assert sets["optimizer.lr"] == f"{base.lr:g}" and sets["optimizer.muon_lr"] == f"{base.muon_lr:g}"
+    assert sets["training.max_steps"] == "80"  # what the resume set, which the checkpoint's config lacks
+    again = cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert max(steps_and_losses(run)) == 80 and not [row for row in read_metrics(run, "spike") if row["step"] > 42]
 
 
-def test_stop_ends_the_run_at_the_spike_with_a_checkpoint(before_surge, tmp_path):
+def test_stop_ends_the_run_at_the_spike_keeping_the_checkpoint_before_it(before_surge, tmp_path):
     run = copy_of(before_surge, tmp_path)
-    r = cli("--run", "--resume", str(run), *SURGE, *as_flags(['training.on_spike="stop"']))
+    r = cli("--run", "--resume", str(run), *SURGE, *as_flags(['training.on_spike="stop"', "checkpoint.every=1"]))
     assert r.returncode == 1
     assert 'loss spike at step 42' in r.stderr and 'training.on_spike = "stop"' in r.stderr
-    assert (run / "checkpoints" / "step_000041" / "state.json").is_file()
+    # step 41's weights gave step 42's loss: written as a checkpoint of its own, then set aside
+    # (it had pruned step 20: checkpoint.keep = 2)
+    assert checkpoints_of(run) == (["step_000040"], "step_000040")
+    assert (run / "checkpoints" / "spiked-step_000041" / "state.json").is_file()
+    assert "step_000041 holds the weights that spiked" in (run / "train.log").read_text()
     assert [row["action"] for row in read_metrics(run, "spike")] == ["stop"]
+
+
+def test_a_rollback_back_at_an_evaluated_step_does_not_evaluate_it_again(before_surge, tmp_path):
+    """#51: each rollback to step 300 once scored step 300 again (20-54 s of tasks each time)."""
+    run = copy_of(before_surge, tmp_path)
+    r = cli("--run", "--resume", str(run), *SURGE, *RECOVER, *as_flags(["eval.every=20", "training.max_steps=60"]))
+    assert r.returncode == 0, r.stderr
+    assert [row["to_step"] for row in read_metrics(run, "rollback")] == [40]
+    # the base run's last evaluation (step 40), then the resumed run's (60): none after the rollback
+    assert [row["step"] for row in read_metrics(run, "eval")] == [40, 60]
+    assert r.stdout.count("eval step") == 1
+
+
+def test_a_spike_in_a_window_still_filling_is_caught(before_surge, tmp_path):
+    """#51: a run resumed early (its window not yet full) went 4.15 → 61.0 → 140.7 unseen: the
+    detector judged only a full window. The base run saved a 20-step window; judged over 100 steps,
+    it is still filling when the surge comes."""
+    run = copy_of(before_surge, tmp_path)
+    r = cli("--run", "--resume", str(run), *SURGE, *as_flags(["training.spike_window=100", "training.max_steps=45"]))
+    assert r.returncode == 0, r.stderr
+    spikes = read_metrics(run, "spike")
+    assert spikes and spikes[0]["step"] == 42 and spikes[0]["z"] > 6
+    assert "sd above the last 21 steps' median" in (run / "train.log").read_text()  # 20 saved, then step 41
+
+
+def test_the_detector_judges_from_ten_steps_against_the_median_until_its_window_fills():
+    watch = SpikeWatch(window=100, z_loss=6.0, z_grad=0.0)
+    for loss in (3.0, 3.1, 2.9, 3.0, 3.05, 2.95, 3.0, 3.1, 2.9):
+        assert watch.check(50.0, 1.0) is None  # fewer than ten steps: nothing judged
+        watch.add(loss, 1.0)
+    watch.add(3.0, 1.0)
+    assert watch.check(3.2, 1.0) is None  # noise
+    spike = watch.check(5.0, 1.0)
+    assert spike is not None and spike.center == "median" and spike.mean_loss == pytest.approx(3.0)
+    assert spike.z_loss == pytest.approx((5.0 - 3.0) / (1.4826 * 0.05))
+    watch.add(60.0, 1.0)  # one wild value moves a median little: the next in line is still judged so
+    assert watch.check(3.1, 1.0) is None and watch.check(4.0, 1.0) is not None
+
+
+def test_a_rollback_reloads_the_checkpoint_steps_past_its_batches_and_cuts_the_rate_again_each_time(
+        before_surge, tmp_path):
+    """What a rollback does to the run, seen from inside the real trainer (#51, 17): the weights
+    it trains on are the checkpoint's, the batches those after the ones that spiked, the learning
+    rate the schedule's times spike_lr_factor (the default: 0.5), and again at a second rollback."""
+    import torch
+    from safetensors.torch import load_file
+
+    from lmcockpit.core.run.resume import plan_resume
+    from lmcockpit.core.train.optim import lr_multiplier
+    from lmcockpit.core.train.trainer import Trainer
+
+    run = copy_of(before_surge, tmp_path)
+    plan = plan_resume(str(run), [*SURGE_SET, 'training.on_spike="rollback"', "training.max_rollbacks=2",
+                                  "training.max_steps=60"], None)
+    assert plan.cfg.training.spike_lr_factor == 0.5 and plan.cfg.training.spike_lr_steps == 100  # the defaults
+    steps, rollbacks, drawn = [], [], []
+    saved = load_file(run / "checkpoints" / "step_000040" / "model.safetensors")
+    trainer = None
+
+    def emit(event):
+        if isinstance(event, P.StepMetrics):
+            steps.append((event.step, event.lr))
+        elif isinstance(event, P.RolledBack):
+            weights = trainer.model.state_dict()
+            rollbacks.append((event.step, event.to_step, all(torch.equal(weights[k], v) for k, v in saved.items())))
+
+    trainer = Trainer(plan.cfg, plan.run_dir, emit, lambda line: None, lambda block: None,
+                      resume_from=plan.checkpoint)
+    original = trainer.draw
+    trainer.draw = lambda g: (drawn.append((trainer.step, g)), original(g))[1]
+    try:
+        with pytest.raises(SpikeStop):
+            trainer.run()
+    finally:
+        trainer.close(failed=True)
+        torch.use_deterministic_algorithms(False)  # the trainer set it for this whole process
+    per_step = trainer.data_unit.per_step
+    assert [(s, to, same) for s, to, same in rollbacks] == [(42, 40, True), (42, 40, True)]
+    # step 41 first drew batch 40 (as ever), then after each rollback the batches past those spiked
+    firsts = list(dict.fromkeys(g // per_step for step, g in drawn if step == 40))
+    assert firsts == [40, 42, 44]
+    o, peak = plan.cfg.optimizer, plan.cfg.optimizer.lr
+    first_41 = [lr for step, lr in steps if step == 41]
+    assert first_41 == pytest.approx([peak * lr_multiplier(40, 60, o) * cut for cut in (1, 0.5, 0.25)])
 
 
 def test_skip_drops_each_spiking_update(before_surge, tmp_path):

@@ -59,7 +59,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from ..config import ConfigError
 from ..run.checkpoint_pickle import ALLOWED, AllowListUnpickler, damaged, refusal, shard_problem
 from ..run.checkpoint_folder import FORMAT_VERSION, TRAIN_STATE, check_checkpoint
-from ..run.folder import CONFIG, DISK_FULL, list_checkpoints, remove_checkpoints
+from ..run.folder import CONFIG, DISK_FULL, list_checkpoints, remove_checkpoints, step_dirs
 from ..run.safe_files import pinned_dir, write_whole
 from .group import Group
 
@@ -272,6 +272,29 @@ def _test_hold(tmp: Path, step: int) -> None:
     if os.environ.get("LMCOCKPIT_TEST_HOLD_CHECKPOINT") == str(step):
         (Path(os.path.realpath(tmp)).parent.parent / "checkpoint-held").write_text(tmp.name)  # tmp: pinned
         threading.Event().wait()
+
+
+SPIKED = "spiked-"  # a checkpoint set aside: its weights gave a spike the run ended on
+
+
+def set_aside_from(ckpt_root: Path, step: int) -> list[str]:
+    """Rename the complete checkpoints at `step` and after out of the listing (`spiked-step_N`,
+    kept for a look, never resumed from nor pruned) and point `latest` at the last one before;
+    their names. Through a descriptor of `ckpt_root`, as a save is."""
+    if not os.path.lexists(ckpt_root):
+        return []
+    with pinned_dir(ckpt_root, make=False) as root:
+        moved = [path.name for at, path in step_dirs(root) if at >= step and (path / "state.json").is_file()]
+        for name in moved:
+            aside, n = root / f"{SPIKED}{name}", 1
+            while os.path.lexists(aside):  # one set aside before, by an earlier stop at the same step
+                aside, n = root / f"{SPIKED}{name}.{n}", n + 1
+            os.rename(root / name, aside)
+        if kept := list_checkpoints(root):
+            _write_latest(root, kept[-1].name)
+        else:
+            (root / LATEST).unlink(missing_ok=True)
+    return moved
 
 
 def _write_latest(ckpt_root: Path, name: str) -> None:

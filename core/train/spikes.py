@@ -6,6 +6,11 @@ deviations, a spike that ruins a run is tens of them (the cpu preset's run, resu
 learning rate of 5, went from 3.69 to 22.1 in one step). Only values above the window count: a
 loss that falls fast is the point of training.
 
+A window still filling is judged too, from JUDGED_FROM steps on (a run's first steps, a run resumed
+from an early checkpoint: a surge there went 4.15 → 61.0 → 140.7 unseen while a 100-step window
+filled), against its median and median absolute deviation: a few values' standard deviation is
+swayed by any one of them. Before JUDGED_FROM steps nothing is judged.
+
 The window is part of a checkpoint's state (`state()`, `restore()`), so a resumed run judges its
 next steps as the uninterrupted one would. What a spike leads to (warn, skip, rollback, stop) is
 the trainer's. Torch: never.
@@ -25,10 +30,33 @@ class Spike:
     mean_loss: float  # the window's
     z_loss: float
     z_grad: float
+    steps: int = 0  # the window's length when it was judged
+    center: str = "mean"  # what mean_loss is: the window's mean, or its median while it filled
 
     def describe(self) -> str:
         grad = f", grad norm {self.grad_norm:.3g} ({self.z_grad:.1f} sd)" if math.isfinite(self.z_grad) else ""
-        return f"loss {self.loss:.4f}, {self.z_loss:.1f} sd above the last steps' mean {self.mean_loss:.4f}{grad}"
+        return (f"loss {self.loss:.4f}, {self.z_loss:.1f} sd above the last {self.steps} steps' {self.center} "
+                f"{self.mean_loss:.4f}{grad}")
+
+
+JUDGED_FROM = 10  # steps seen before any is judged (fewer when the window itself is shorter)
+MAD_TO_SD = 1.4826  # the median absolute deviation of a normal distribution, times this, is its sd
+
+
+def robust_zscore(value: float, window: deque) -> float:
+    """How far above the window's median `value` is, in standard deviations as the median absolute
+    deviation estimates them; the standard deviation itself where half the values are equal."""
+    ordered = sorted(window)
+    median = _median(ordered)
+    spread = MAD_TO_SD * _median(sorted(abs(v - median) for v in ordered))
+    if spread == 0.0:
+        return zscore(value, window)
+    return (value - median) / spread
+
+
+def _median(ordered: list[float]) -> float:
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 def zscore(value: float, window: deque) -> float:
@@ -49,14 +77,18 @@ class SpikeWatch:
         self.z_loss, self.z_grad = z_loss, z_grad
 
     def check(self, loss: float, grad_norm: float) -> Spike | None:
-        """The spike this step is, judged against the window before it; None for a step in line
-        (or while the window is still filling)."""
-        if len(self.losses) < (self.losses.maxlen or 0):
+        """The spike this step is, judged against the window before it (robustly while it fills);
+        None for a step in line, or before JUDGED_FROM steps are seen."""
+        window = self.losses.maxlen or 0
+        if len(self.losses) < min(window, JUDGED_FROM):
             return None
-        z_loss = zscore(loss, self.losses)
-        z_grad = zscore(grad_norm, self.norms) if self.z_grad else math.nan
+        full = len(self.losses) >= window
+        z = zscore if full else robust_zscore
+        z_loss = z(loss, self.losses)
+        z_grad = z(grad_norm, self.norms) if self.z_grad else math.nan
         if (self.z_loss and z_loss > self.z_loss) or (self.z_grad and z_grad > self.z_grad):
-            return Spike(loss, grad_norm, sum(self.losses) / len(self.losses), z_loss, z_grad)
+            center = sum(self.losses) / len(self.losses) if full else _median(sorted(self.losses))
+            return Spike(loss, grad_norm, center, z_loss, z_grad, len(self.losses), "mean" if full else "median")
         return None
 
     def add(self, loss: float, grad_norm: float) -> None:
@@ -73,3 +105,20 @@ class SpikeWatch:
         self.norms.clear()
         for loss, norm in zip((state or {}).get("losses", []), (state or {}).get("grad_norms", [])):
             self.add(float(loss), float(norm))
+
+
+def watching(t) -> str:
+    """What the run watches for, and what a spike leads to, in one line (`t`: the training config)."""
+    names = {"the loss": t.spike_zscore, "the gradient norm": t.spike_grad_zscore}
+    seen = [f"{name} ({z:g} sd)" for name, z in names.items() if z]
+    if not seen:
+        return "spikes: not watched (training.spike_zscore and spike_grad_zscore = 0)"
+    unseen = [name for name, z in names.items() if not z]
+    action = t.on_spike
+    if action == "rollback":
+        cut = (f", the learning rate × {t.spike_lr_factor:g} for {t.spike_lr_steps} steps, again at each further one"
+               if t.spike_lr_factor < 1 and t.spike_lr_steps else "")
+        action = f"rollback to the last checkpoint (at most {t.max_rollbacks}{cut}), then stop"
+    return (f"spikes: {' and '.join(seen)} above the mean of the last {t.spike_window} steps, judged from the "
+            f"{min(t.spike_window, JUDGED_FROM)}th step on (against the median while the window fills)"
+            f"{'; not ' + ' or '.join(unseen) if unseen else ''}; a spike: {action} (training.on_spike)")
