@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from .. import protocol as P
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, toml_value
 from ..data import batches, budget as data_budget
 from ..data.cache import TokenData
 from ..data.prepare import prepare
@@ -32,14 +33,15 @@ from ..hardware.device import attention_header, expands_kv
 from ..model import sampling
 from ..model.gpt import GPT, shape_from_config
 from ..run.checkpoint_folder import STATE, checkpoint_config, tokenizer_file
+from ..run.curves import flatten
 from ..run.history_file import Summarised
-from ..run.folder import CHECKPOINTS, METRICS, MetricsLog, TOKENIZER, list_checkpoints, step_dirs
+from ..run.folder import CHECKPOINTS, CONFIG, METRICS, MetricsLog, TOKENIZER, list_checkpoints, step_dirs
 from ..tasks import catalog as tasks_catalog, items as task_items
 from . import checkpoint_io, memory_probe, nan_debug
 from .group import Group
 from .loggers import Metrics, start_loggers
 from .memory_probe import OutOfMemory, oom_in
-from .spikes import Spike, SpikeWatch
+from .spikes import Spike, SpikeWatch, watching
 from .optim import (build_optimizers, clip_grad_norm, describe, lr_multiplier, schedule_warning, set_lr, set_peak_lrs,
                     step_optimizers)
 
@@ -114,7 +116,9 @@ class Trainer:
         self.spiking = False  # inside a stretch of spikes: said once, at its start
         self.rollbacks = 0
         self.batch_offset = 0  # batches stepped past by rollbacks: step s trains on batch s + this
-        self.lr_cut_until = 0  # steps before this one train at spike_lr_factor × the schedule
+        self.lr_cut_until = 0  # steps before this one train at lr_cut × the schedule
+        self.lr_cut = 1.0  # spike_lr_factor, once per rollback in the stretch the cut lasts
+        self.rolled_back = False  # this iteration's step was undone: nothing more happens at it
         self.target_reached: int | None = None  # the step whose evaluation first met target_val_loss
         self.saved_step: int | None = None  # the newest checkpoint on disk
         self.compiling = False  # until the first step this process trains has compiled the model
@@ -182,6 +186,7 @@ class Trainer:
                  f"compile {'on' if cfg.training.compile else 'off'}, {cfg.tokens_per_step:,} tokens/step{procs}")
         self.log(attention_header(cfg, self.device, self.precision))
         self.log(describe(self.optimizers, cfg.optimizer))
+        self.log(watching(cfg.training))
         if warning := schedule_warning(cfg.optimizer, cfg.training.max_steps):
             self.log(warning)
         if g.is_main:  # after a resume's checkpoint (its step) and the micro-batch search (the config)
@@ -322,6 +327,8 @@ class Trainer:
         self.spikes.restore(spikes.get("window"))
         self.rollbacks, self.batch_offset = spikes.get("rollbacks", 0), spikes.get("batch_offset", 0)
         self.lr_cut_until = spikes.get("lr_cut_until", 0)
+        # checkpoints from before the cut compounded held only spike_lr_factor's
+        self.lr_cut = spikes.get("lr_cut") or (self.cfg.training.spike_lr_factor if self.lr_cut_until else 1.0)
         target = state.get("target") or {}  # reached already, unless the resume aims elsewhere
         if target.get("aim") == self.target_aim:
             self.target_reached = target.get("reached_at")
@@ -377,6 +384,9 @@ class Trainer:
             except NonFiniteLoss:
                 self.save_last_good()
                 raise
+            if self.rolled_back:  # back at a checkpoint's step: evaluated, saved and sampled there already
+                self.rolled_back = False
+                continue
             validation, tasks = self.evaluations_due()
             if (validation or tasks) and self.step < t.max_steps:
                 self.within_memory("evaluation", lambda: self.evaluate(validation, tasks))
@@ -400,7 +410,7 @@ class Trainer:
     def train_step(self) -> None:
         cfg, t = self.cfg, self.cfg.training
         t0 = time.perf_counter()
-        cut = t.spike_lr_factor if self.step < self.lr_cut_until else 1.0
+        cut = self.lr_cut if self.step < self.lr_cut_until else 1.0
         set_lr(self.optimizers, lr_multiplier(self.step, t.max_steps, cfg.optimizer) * cut)
         loss_sum = torch.zeros((), device=self.device)
         step_batches = []
@@ -520,12 +530,47 @@ class Trainer:
             return True
         if action == "rollback" and self.roll_back(step, spike):
             return True
-        self.save_last_good()
         why = (f"after {self.rollbacks} rollback(s), training.max_rollbacks = {t.max_rollbacks}"
                if t.on_spike == "rollback" else "training.on_spike = \"stop\"")
-        raise SpikeStop(f"loss spike at step {step}: {spike.describe()}; stopped ({why}) with the weights of step "
-                        f"{self.step} saved. Resume with lower learning rates or a rollback policy "
-                        f"(lmcockpit --run --resume {self.run_dir} --set training.on_spike='\"rollback\"').")
+        raise SpikeStop(f"loss spike at step {step}: {spike.describe()}; stopped ({why}). "
+                        + self.give_up_on_spike())
+
+    def give_up_on_spike(self) -> str:
+        """The run ends on a spike: the weights in memory are those whose loss spiked (step N's
+        update shows in step N+1's loss), so they are not saved, and a checkpoint of them already
+        written is set aside: the latest is the last one before. What to run next, in words."""
+        root = self.run_dir / CHECKPOINTS
+        if self.group.is_main:
+            for name in checkpoint_io.set_aside_from(root, self.step):
+                self.log(f"checkpoint: {name} holds the weights that spiked: set aside as {checkpoint_io.SPIKED}{name}")
+        self.group.barrier()
+        kept = list_checkpoints(root)
+        if not kept:
+            lower = " ".join(f"--set optimizer.{key}={value:g}" for key, value in self.safer_rates(kept).items())
+            return (f"No checkpoint was written before it: start again with lower learning rates "
+                    f"(lmcockpit --run {shlex.quote(str(self.run_dir / CONFIG))} {lower}).")
+        return (f"The weights that spiked were not saved; the latest checkpoint is {kept[-1].name}. "
+                f"Resume from it with lower learning rates: lmcockpit --run --resume "
+                f"{shlex.quote(str(self.run_dir))} {self.resume_settings(kept)}")
+
+    def resume_settings(self, kept: list[Path]) -> str:
+        """The --set items that resume from the last checkpoint as this run trained, rates lowered:
+        a resume starts from the checkpoint's own config, and this run's (a resume's --set values,
+        max_steps among them) would be lost. [notify] is left out: its URLs hold secrets."""
+        now, then = flatten(self.cfg.to_dict()), flatten(checkpoint_config(kept[-1]).to_dict())
+        sets = {key: value for key, value in now.items()
+                if key in then and then[key] != value and not key.startswith("notify.")}
+        sets.update({f"optimizer.{key}": value for key, value in self.safer_rates(kept).items()})
+        return " ".join(f"--set {shlex.quote(f'{key}={toml_value(value)}')}" for key, value in sets.items())
+
+    def safer_rates(self, kept: list[Path]) -> dict[str, float]:
+        """Learning rates to resume with: those the last checkpoint was trained at, where they were
+        lower (a surge set by a resume), else half of the rates that spiked."""
+        o = self.cfg.optimizer
+        now = {"lr": o.lr, **({"muon_lr": o.muon_lr} if o.kind == "muon" else {})}
+        before = checkpoint_config(kept[-1]).optimizer if kept else None
+        return {key: getattr(before, key) if before is not None and getattr(before, key) < value else value / 2
+                for key, value in now.items()}
 
     def roll_back(self, spike_step: int, spike: Spike) -> bool:
         """Back to the last checkpoint, past the batches since (those of the spike's step too), with
@@ -544,13 +589,17 @@ class Trainer:
         self.spikes.restore(state.get("spikes", {}).get("window"))
         self.spiking = False
         self.batch_offset += spike_step - back
+        # Each rollback in the stretch a cut lasts cuts the rate again: one that came back at the
+        # rate that spiked would meet the spike again.
+        self.lr_cut = (self.lr_cut if back < self.lr_cut_until else 1.0) * t.spike_lr_factor
         self.lr_cut_until = back + t.spike_lr_steps
         self.rollbacks += 1
+        self.rolled_back = True
         self.metrics.write("rollback", step=spike_step, to_step=back, batches_skipped=spike_step - back,
-                           rollbacks=self.rollbacks, lr_factor=t.spike_lr_factor, lr_steps=t.spike_lr_steps)
+                           rollbacks=self.rollbacks, lr_factor=self.lr_cut, lr_steps=t.spike_lr_steps)
         self.emit(P.RolledBack(spike_step, back))
-        cut = (f", learning rate × {t.spike_lr_factor:g} for {t.spike_lr_steps} steps"
-               if t.spike_lr_steps and t.spike_lr_factor < 1 else "")
+        cut = (f", learning rate × {self.lr_cut:g} for {t.spike_lr_steps} steps"
+               if t.spike_lr_steps and self.lr_cut < 1 else "")
         self.log(f"warning: loss spike at step {spike_step}: {spike.describe()}; rolled back to step {back}, "
                  f"past {spike_step - back} step(s) of batches{cut} (rollback {self.rollbacks}/{t.max_rollbacks})")
         return True
@@ -773,7 +822,8 @@ class Trainer:
         state = {"tokens_seen": self.tokens_seen, "nan_skips": self.nan_skips, "world": self.group.world,
                  # what a resume needs to judge and draw the next steps as this run would
                  "spikes": {"window": self.spikes.state(), "rollbacks": self.rollbacks,
-                            "batch_offset": self.batch_offset, "lr_cut_until": self.lr_cut_until},
+                            "batch_offset": self.batch_offset, "lr_cut_until": self.lr_cut_until,
+                            "lr_cut": self.lr_cut},
                  "target": {"aim": self.target_aim, "reached_at": self.target_reached},
                  "data_unit": list(self.data_unit),
                  "config_hash": self.cfg.hash(),
