@@ -25,7 +25,7 @@ from typing import Any
 from .. import protocol as P
 from ..config import Config, ConfigError, config_from_dict, read_toml
 from .extras import require_logger_packages
-from .safe_files import NotOwnFile, not_planted, open_append, open_own, own_or_absent, pinned_dir, write_whole
+from .safe_files import NotOwnFile, open_append, open_own, own_or_absent, pinned_dir, write_whole
 
 CONFIG = "config.toml"
 METRICS = "metrics.jsonl"
@@ -118,7 +118,7 @@ def hold_run_dir(run_dir: Path):
         for log in (TRAIN_LOG, METRICS):  # their own opens refuse them too, but in a traceback
             own_or_absent(run_dir / log)
         for folder in RUN_FOLDERS:  # checked again where each is written (safe_files.pinned_dir)
-            not_planted(run_dir / folder)
+            own_or_absent(run_dir / folder, "folder")
         fd = open_own(run_dir / LOCK, os.O_RDWR | os.O_CREAT)
     except NotOwnFile as e:
         raise ConfigError(f"{e} (remove it if you did not put it there)") from None

@@ -107,16 +107,21 @@ def open_append(path: Path, mode: int = 0o644) -> int:
     return open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
 
 
-def own_or_absent(path: Path) -> None:
+def own_or_absent(path: Path, what: str = "file") -> None:
     """NotOwnFile unless `path` is missing or a regular file of this user's (not a link): a check
-    made before a process that will open it, so that it says so in words, not a traceback."""
+    made before a process that will open it, so that it says so in words, not a traceback.
+    `what` = "folder": a link, or anything of another account's, is refused (what someone else
+    may have put there for lmcockpit to write through); a file of the user's own where a folder
+    belongs is left for its writer to name."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
     if stat.S_ISLNK(st.st_mode):
-        raise NotOwnFile(f"{path}: a symbolic link where lmcockpit keeps a file of its own: refused")
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        raise NotOwnFile(f"{path}: a symbolic link where lmcockpit keeps a {what} of its own: refused")
+    if what == "folder" and st.st_uid != os.geteuid():
+        raise NotOwnFile(f"{path}: owned by uid {st.st_uid}, not by this user: refused")
+    if what == "file" and (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid()):
         raise NotOwnFile(f"{path}: not a regular file of this user's where lmcockpit keeps its own: refused")
 
 
@@ -221,21 +226,6 @@ def own_dir(path: Path, make: bool = True) -> Path:
     """`path`, checked as `open_own_dir` checks it (and made if missing and `make`)."""
     os.close(open_own_dir(path, make))
     return Path(path)
-
-
-def not_planted(path: Path) -> None:
-    """NotOwnFile where `path` is a link, or a folder or file of another account's: what someone
-    else may have put there for lmcockpit to write through. A check made before a run starts, so
-    that it says so in words rather than at its first checkpoint; missing is fine, and so is a
-    file of the user's own (where a folder belongs, its writer says so)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISLNK(st.st_mode):
-        raise NotOwnFile(f"{path}: a symbolic link where lmcockpit keeps a folder of its own: refused")
-    if st.st_uid != os.geteuid():
-        raise NotOwnFile(f"{path}: owned by uid {st.st_uid}, not by this user: refused")
 
 
 @contextlib.contextmanager
