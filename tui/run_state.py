@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from lmcockpit.core import protocol as P
+from lmcockpit.core.process import live
 from lmcockpit.core.run.history import History, ReadsHistory
 from lmcockpit.core.run.target import Forecast, forecast_aim
 
@@ -24,12 +25,13 @@ class RunState(ReadsHistory):
     start_step: int = 0
     step: int = 0
     loss: float | None = None
-    # The rates shown all follow one smoothed step time, dt_ema, so tokens/s, steps/s, MFU and the
-    # ETA agree. A step's tokens and its MFU × step time are the same every step: not smoothed.
-    dt_ema: float | None = None
+    # The rates shown all follow one smoothed step time, dt_ema (live.Pace: the run host's too, so
+    # `ps` gives the same ETA), so tokens/s, steps/s, MFU and the ETA agree. A step's tokens and
+    # its MFU × step time are the same every step: not smoothed.
+    pace: live.Pace = field(default_factory=live.Pace)
     mfu_seconds: float | None = None  # MFU × step time
     clock: object = time.monotonic  # injectable, so snapshot tests render a fixed elapsed time
-    started_at: float = 0.0
+    started_at: float = 0.0  # when the run began, on `clock`: this front-end's start, or the host's (live.Began)
     ended_at: float | None = None  # when the run reached a terminal state: elapsed stops there
     train_started_at: float | None = None
     progress: P.Progress | None = None
@@ -60,10 +62,16 @@ class RunState(ReadsHistory):
 
     @property
     def elapsed(self) -> float:
-        """Wall time since the front-end began watching the run (pauses included), frozen once
-        the run has ended."""
+        """Wall time since the run (this start of it: a resume counts afresh) began, pauses
+        included, frozen once it has ended. A front-end that starts the run begins counting with
+        it; a viewer of a run that a host serves counts from the host's start (live.Began), so
+        every viewer shows the same time, however late it attached."""
         end = self.ended_at if self.ended_at is not None else self.clock()
         return end - self.started_at
+
+    @property
+    def dt_ema(self) -> float | None:
+        return self.pace.step_time
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -87,6 +95,11 @@ class RunState(ReadsHistory):
             self.start_step = self.step = ev.start_step
             self.device, self.precision, self.n_params = ev.device, ev.precision, ev.n_params
             self.tokens_per_step, self.config = ev.tokens_per_step, ev.config
+            self.pace.start(ev.start_step)
+        elif isinstance(ev, live.Began):
+            # The host's wall-clock start, on this front-end's clock (monotonic: a clock set back
+            # meanwhile does not change the time shown).
+            self.started_at = self.clock() - max(0.0, time.time() - ev.at)
         elif isinstance(ev, P.StepMetrics):
             if self.train_started_at is None:
                 self.train_started_at = self.clock()
@@ -96,10 +109,7 @@ class RunState(ReadsHistory):
             self.history.add_step(ev.step, ev.loss, ev.lr, ev.dt, ev.tokens_per_s)
             if self.first_loss is None:
                 self.first_loss = ev.loss
-            elif self.dt_ema is None:  # the first step carries compilation: leave it out of the rate
-                self.dt_ema = ev.dt
-            else:
-                self.dt_ema = 0.9 * self.dt_ema + 0.1 * ev.dt
+            self.pace.add(ev.step, ev.dt)
         elif isinstance(ev, P.EvalMetrics):
             self.apply_eval(ev)
         elif isinstance(ev, P.Progress):
@@ -130,6 +140,7 @@ class RunState(ReadsHistory):
         the rows of one bucket before `to_step` until the next attach reads the folder again.)"""
         self.history.cut(to_step + 1)
         self.history.rollbacks.append((spike_step, to_step))
+        self.pace.cut(to_step)
         self._forecast = None
         self.step = to_step
         self.loss = self.history.loss
@@ -146,12 +157,7 @@ class RunState(ReadsHistory):
             self.tokens_seen = h.last_step * self.tokens_per_step
             if self.train_started_at is None:
                 self.train_started_at = self.clock()
-            # The smoothed step time over the recent rows; the first step carries compilation.
-            rows = [r for r in h.recent() if r.step > 1]
-            self.dt_ema = None
-            for before, row in zip(rows, rows[1:]):
-                dt = row.time - before.time
-                self.dt_ema = dt if self.dt_ema is None else 0.9 * self.dt_ema + 0.1 * dt
+            self.pace.read(h.recent())  # the very step time the host folded from the same steps
             if last.get("mfu") is not None and last.get("dt"):
                 self.mfu_seconds = last["mfu"] * last["dt"]
         if h.evals:
@@ -209,6 +215,7 @@ class RunState(ReadsHistory):
 
     @property
     def eta(self) -> float | None:
+        """live.eta, as the run host works it out for `ps` from the same step and step time."""
         if self.ended_at is not None:  # aborted or failed short of max_steps: nothing is coming
             return None
-        return self.dt_ema * (self.max_steps - self.step) if self.dt_ema else None
+        return live.eta(self.step, self.max_steps, self.dt_ema)

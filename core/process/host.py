@@ -314,27 +314,36 @@ def _inode(path: Path) -> tuple[int, int] | None:
 
 class Summary:
     """live.json's figures, folded from events, rewritten at most once a RECORD_EVERY; with a
-    target, its forecast refitted at each evaluation."""
+    target, its forecast refitted at each evaluation. The step time and ETA are folded as every
+    front-end folds them (live.Pace, live.eta): `ps` and a dashboard give one ETA."""
 
     def __init__(self, record: live.LiveRecord, cfg: Config | None = None):
         self.record = record
         self.written = 0.0
         self.cfg = cfg
         self.evals = Evaluations()  # the target's: bounded, a day of evaluations or a year
-        self.step_time: float | None = None
+        self.pace = live.Pace()
+        self.step_time: float | None = None  # the pace's, as the forecast last used it
 
     def apply(self, event: object) -> None:
         r = self.record
         if isinstance(event, P.RunStarted):
             r.step, r.max_steps = event.start_step, event.max_steps
+            self.pace.start(event.start_step)
         elif isinstance(event, P.StepMetrics):
             r.step, r.loss = event.step, event.loss
-            if event.dt > 0 and r.max_steps:
-                r.eta_s = (r.max_steps - event.step) * event.dt
-            if event.dt > 0:
-                self.step_time = event.dt if self.step_time is None else 0.9 * self.step_time + 0.1 * event.dt
+            self.pace.add(event.step, event.dt)
+            self.step_time = self.pace.step_time
+            r.eta_s = live.eta(r.step, r.max_steps, self.step_time)
+        elif isinstance(event, P.RolledBack):  # the steps after to_step come again
+            r.step = event.to_step
+            self.pace.cut(event.to_step)
+            self.step_time = self.pace.step_time
+            r.eta_s = live.eta(r.step, r.max_steps, self.step_time)
         elif isinstance(event, P.StateChanged):
             r.state = event.state
+            if event.state in P.TERMINAL_STATES:  # nothing more is coming
+                r.eta_s = None
         elif isinstance(event, P.EvalMetrics) and self.cfg is not None:
             t = self.cfg.training
             value = (event.val_loss if t.target_val_loss else

@@ -7,7 +7,8 @@ It offers what runner.ProcessHandle offers the dashboard (`poll`, `send`, `done`
 On attaching, and again whenever the host says it had to drop events for this viewer, the run's
 history comes from its folder: the end of train.log, the history (core/run/history_file.py: a
 summary the engine keeps, and the rows of metrics.jsonl after it), then the host's snapshot (the
-run's RunStarted, state, progress). The connection is made before
+run's RunStarted, state, progress) and when the host began the run (live.Began, from live.json:
+what elapsed counts from). The connection is made before
 the folder is read, and what arrives meanwhile is kept: the engine writes a step's line before it
 sends the step's event, so every step is in the file or still to come, and none is shown twice.
 It attaches only to the user's own run host, checked before the handshake (live.py says how): what
@@ -152,8 +153,10 @@ class RunViewer:
                               f"live events go on")]
         if catchup.reason == "lagged":  # the log pane has the lines it showed; steps may be missing
             past = [e for e in past if not isinstance(e, P.LogLine)]
+        # When the host began the run: elapsed is the run's, not the time since this viewer attached.
+        began = [live.Began(self.record.started)] if self.record.started else []
         # The snapshot's RunStarted first (it resets the view), then what happened, then the state now.
-        for event in ([started] if started else []) + past + [e for e in catchup.snapshot if e is not started]:
+        for event in ([started] if started else []) + began + past + [e for e in catchup.snapshot if e is not started]:
             self.inbox.put(event)
 
     def poll(self, timeout: float = 0.1) -> object | None:
