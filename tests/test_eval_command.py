@@ -34,14 +34,42 @@ def test_eval_json_prints_only_the_scores_with_each_item_s_choice(trained_run, t
     out = json.loads(r.stdout)  # stdout holds the JSON alone: the log went to stderr
     assert set(out) == {"tasks"} and set(out["tasks"]) == {"python-functions", "mine"}
     pf, own = out["tasks"]["python-functions"], out["tasks"]["mine"]
-    assert set(pf) == {"accuracy", "centered", "items", "predictions"}
+    assert set(pf) == {"accuracy", "centered", "items", "indices", "predictions", "gold"}
     assert pf["items"] == 10 and len(pf["predictions"]) == 10 and all(0 <= p < 4 for p in pf["predictions"])
+    # each item's right answer beside the model's choice: the accuracy checks item by item
+    assert len(pf["indices"]) == len(set(pf["indices"])) == len(pf["gold"]) == 10
+    assert all(0 <= g < 4 for g in pf["gold"])
+    assert pf["accuracy"] == sum(p == g for p, g in zip(pf["predictions"], pf["gold"])) / 10
     assert own["items"] == 3 and len(own["predictions"]) == 3
+    assert own["indices"] == [0, 1, 2] and own["gold"] == [row["gold"] for row in MC_ROWS]
     assert own["accuracy"] == sum(p == 0 for p in own["predictions"]) / 3
     assert own["centered"] == pytest.approx((own["accuracy"] - (1 / 3 + 1 / 2 + 1 / 2) / 3)
                                             / (1 - (1 / 3 + 1 / 2 + 1 / 2) / 3))
     assert "eval: mine: scoring 3 items (multiple choice, 0-shot)…" in r.stderr
     assert re.search(r"eval: mine: accuracy [\d.]+ of 3 items in [\d.]+ s", r.stderr)
+
+
+def test_eval_json_of_a_task_of_one_item_says_one_item(trained_run, tmp_path):
+    run_dir, _ = trained_run
+    one = write_task(tmp_path / "one.jsonl", MC_ROWS[1:2])
+    r = cli("eval", str(run_dir), "--tasks", one, "--json")
+    assert r.returncode == 0, r.stderr
+    scores = json.loads(r.stdout)["tasks"]["one"]
+    assert (scores["items"], scores["indices"], scores["gold"]) == (1, [0], [0])
+    assert "eval: one: scoring 1 item (multiple choice, 0-shot)…" in r.stderr
+    assert re.search(r"eval: one: accuracy [\d.]+ of 1 item in [\d.]+ s", r.stderr), r.stderr
+
+
+@pytest.mark.parametrize("extra", [(), ("--harness", "hellaswag")])
+def test_eval_of_a_file_says_it_is_a_file_and_how_to_name_a_task_file(tmp_path, extra):
+    """A task file where the run folder goes: not "no such run folder", which it is not missing,
+    but what eval takes there, and where a task file goes."""
+    task = write_task(tmp_path / "mine.jsonl", MC_ROWS)
+    r = cli("eval", task, *extra)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"error: {task}: a file, not a folder: eval takes a run folder or a checkpoint folder; a task file is "
+        f"named with --tasks {task}"], r.stderr
 
 
 def test_eval_prints_a_table_and_takes_the_run_s_own_tasks(trained_run):
@@ -67,6 +95,9 @@ BAD = {
     "malformed": (['{"context": "a", "continuation": "b"}', '{"context": "a", "continuation": '], r"bad.jsonl:2: not a JSON"),
     "empty": ([], r"bad.jsonl: holds no items"),
     "unknown": ("python-fucntions", r"no task named 'python-fucntions'; did you mean python-functions\?"),
+    # the file's own spelling, JSON's, not Python's True
+    "gold-boolean": (['{"context": "a", "choices": ["b", "c"], "gold": true}'],
+                     r"bad\.jsonl:1: gold = true: expected the index of the right one, 0 to 1$"),
 }
 
 

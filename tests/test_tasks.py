@@ -48,11 +48,11 @@ def test_each_kind_is_read_from_its_fields(tmp_path):
     ([{"context": "a", "choices": ["b", "c"], "gold": 0}, "{not json"], r"bad\.jsonl:2: not a JSON object"),
     ([{"context": "a", "choices": ["b", "c"], "gold": 2}], r"bad\.jsonl:1: gold = 2: expected the index .* 0 to 1"),
     ([{"context": "a", "choices": ["b"], "gold": 0}], r"bad\.jsonl:1: choices: expected a list of two or more"),
-    ([{"context": "a", "choices": ["b", ""], "gold": 0}], r"bad\.jsonl:1: choices\[1\] = '': expected non-empty"),
+    ([{"context": "a", "choices": ["b", ""], "gold": 0}], r'bad\.jsonl:1: choices\[1\] = "": expected non-empty'),
     ([{"context": "a", "answer": "b"}], r"bad\.jsonl:1: fields \['answer', 'context'\] match no kind"),
     ([{"context": "a", "continuation": "b"}, {"contexts": ["a", "b"], "continuation": "c", "gold": 0}],
      r"bad\.jsonl:2: a schema item in a file of language modeling items"),
-    ([{"fewshot": "two"}, {"context": "a", "continuation": "b"}], r"bad\.jsonl:1: fewshot = 'two': expected a whole"),
+    ([{"fewshot": "two"}, {"context": "a", "continuation": "b"}], r'bad\.jsonl:1: fewshot = "two": expected a whole'),
     ([{"fewshot": 1}], r"bad\.jsonl: holds no items"),
     ([], r"bad\.jsonl: holds no items"),
 ])

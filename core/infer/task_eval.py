@@ -21,10 +21,20 @@ from ..tasks.items import Result, Task
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
+def checkpoint_of(spec: str) -> Path:
+    """find_checkpoint, with a file (a task file put where the run goes, most likely) called a file:
+    "no such run folder" would send the user looking for one that is there."""
+    path = Path(spec).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{spec}: a file, not a folder: eval takes a run folder or a checkpoint folder"
+                          + (f"; a task file is named with --tasks {spec}" if path.suffix == ".jsonl" else ""))
+    return find_checkpoint(spec)
+
+
 def resolve(spec: str, names: list[str]) -> tuple[Path, list[Task]]:
     """The checkpoint `spec` names, and the tasks: `names`, else its run's eval.tasks, else the
     built-in one."""
-    ckpt = find_checkpoint(spec)
+    ckpt = checkpoint_of(spec)
     cfg = checkpoint_config(ckpt)
     try:
         return ckpt, catalog.load_tasks(names or cfg.eval.tasks or [python_functions.NAME], cfg)
@@ -61,8 +71,12 @@ def score_checkpoint(ckpt: Path, tasks: list[Task], at_most: int = 0, device: st
     for task in tasks:
         t0 = time.perf_counter()
         count = min(len(task.items), at_most) if at_most else len(task.items)
-        log(f"eval: {task.name}: scoring {count} items ({task.kind.replace('_', ' ')}, {task.fewshot}-shot)…")
+        log(f"eval: {task.name}: scoring {items(count)} ({task.kind.replace('_', ' ')}, {task.fewshot}-shot)…")
         results[task.name] = r = scoring.score_task(task, loaded.model, encode, loaded.eos_id, t.seq_len,
                                                     t.micro_batch_size, loaded.device, autocast, at_most=at_most)
-        log(f"eval: {task.name}: accuracy {r.accuracy:.4f} of {r.items} items in {time.perf_counter() - t0:.1f} s")
+        log(f"eval: {task.name}: accuracy {r.accuracy:.4f} of {items(r.items)} in {time.perf_counter() - t0:.1f} s")
     return results
+
+
+def items(n: int) -> str:
+    return f"{n} item" if n == 1 else f"{n} items"

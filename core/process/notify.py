@@ -35,6 +35,10 @@ URL's path, query and user part may hold a token, so no log line names more than
 and host (an Apprise URL only its scheme: many services put their token in the host's place), and
 an error's text has those parts cut out. user:password@ in a webhook or ntfy URL is sent as HTTP
 basic authentication, which urllib would not do by itself.
+
+Before a run (`check`, before its folder is made): every target built as the run will build it, and
+each webhook and ntfy host (or the proxy its posts would go through) reachable, else one error that
+names the key and the URL's scheme, host and port only.
 """
 
 from __future__ import annotations
@@ -567,10 +571,74 @@ def _plain(value: Any, depth: int = 0) -> Any:
     return str(value)
 
 
-def check(cfg) -> None:
+REACH_TIMEOUT = 5.0  # seconds a target's host has to accept a connection before a run is refused
+
+
+def check(cfg, timeout: float = REACH_TIMEOUT) -> None:
     """The [notify] targets of `cfg` built as the run's owner will build them (env:NAME read, Apprise
-    imported), so a mistake is refused before any run folder is made; nothing is sent."""
+    imported), so a mistake is refused before any run folder is made; nothing is sent.
+
+    The webhook and ntfy URLs must also be reachable: a TCP connection to their host and port (or to
+    the proxy that would carry their posts) opened within `timeout` seconds, then closed unused. One
+    that nothing answers is refused, not warned of: word of a run goes unheard for its whole length
+    otherwise (its "finished" or "failed" lost days later), and the user who is told at the start,
+    there to read it, fixes the URL or drops the key in one flag. Apprise URLs name a hundred services
+    in their own ways: only Apprise knows where each goes, so they are not checked."""
     Notifier(cfg.notify, "check").close(timeout=0)
+    for key, value in (("notify.webhook", cfg.notify.webhook), ("notify.ntfy", cfg.notify.ntfy)):
+        if not value:
+            continue
+        url = _http_url(key, _resolve(key, value, os.environ))
+        host, port, via = _first_hop(url)
+        if (why := _unreachable(host, port, timeout)) is not None:
+            named = f" ({value})" if ENV_NAME.fullmatch(value) else ""
+            raise ConfigError(f"{key}{named}: {_shown(url)} cannot be reached{via} ({why}); word of the run would "
+                              f"go nowhere: fix it, or train without it (--set {key}='\"\"')")
+
+
+def _shown(url: str) -> str:
+    """SCHEME://HOST[:PORT]/ of `url`, and "…" for the rest: its path, query and user part may hold
+    its token."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port is not None else "")
+    rest = "…" if parts.path.strip("/") or parts.query or parts.fragment else ""
+    return f"{parts.scheme}://{netloc}/{rest}"
+
+
+def _first_hop(url: str) -> tuple[str, int, str]:
+    """(host, port, how it is said) of what a post to `url` connects to first: the URL's own host, or
+    the proxy urllib's opener takes from the environment for its scheme (no_proxy honoured)."""
+    parts = urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(parts.hostname):
+        try:
+            hop = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+            port = hop.port or (443 if hop.scheme == "https" else 80)
+            if hop.hostname:
+                return hop.hostname, port, f" through the proxy {hop.hostname}:{port} ({parts.scheme}_proxy)"
+        except ValueError:
+            pass  # a proxy urllib cannot read either: its post fails at the host's own address
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), ""
+
+
+def _unreachable(host: str, port: int, timeout: float) -> str | None:
+    """None once a TCP connection to host:port is open (closed at once, nothing sent); else why not,
+    in a few words. The name's lookup counts against `timeout` too: it runs in a thread of its own,
+    which a resolver that never answers leaves behind, never the caller."""
+    why: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            why.append(None)
+        except OSError as e:
+            why.append(_reason(e))
+
+    attempt = threading.Thread(target=connect, name="lmcockpit-notify check", daemon=True)
+    attempt.start()
+    attempt.join(timeout)
+    return why[0] if why else f"no answer within {timeout:g} s"
 
 
 class Announcer:

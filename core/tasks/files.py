@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..config import ConfigError, shown
+from ..config import SHOWN_CHARS, ConfigError, shown
 from . import reading
 from .items import KINDS, LANGUAGE_MODELING, MULTIPLE_CHOICE, SCHEMA, Item, Task
 
@@ -66,6 +66,18 @@ def json_rows(path: Path, missing: str) -> Iterator[tuple[str, dict]]:
         raise ConfigError(f"eval.tasks: {path}: cannot be read ({e.strerror})") from None
 
 
+def as_json(value) -> str:
+    """A value of the file as JSON spells it (true, null, "text"), not as Python does (True, None,
+    'text'): the message quotes the file. Abbreviated past SHOWN_CHARS, as shown() abbreviates."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (ValueError, RecursionError):  # json.loads gave it, so never expected; the message still goes out
+        return shown(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[:SHOWN_CHARS // 2]}…{text[-SHOWN_CHARS // 4:]} ({len(text):,} characters)"
+
+
 def _row(line: str, where: str) -> dict:
     try:
         row = json.loads(line)
@@ -86,7 +98,7 @@ def _header(row: dict, where: str) -> dict:
                               f"(a multiple choice item has {sorted(FIELDS[MULTIPLE_CHOICE])}; "
                               f"settings: {sorted(HEADER)})")
         if not isinstance(value, HEADER[key]) or isinstance(value, bool):
-            raise ConfigError(f"{where}: {key} = {shown(value)}: expected {'a whole number' if key == 'fewshot' else 'text' if key == 'delimiter' else 'a number'}")
+            raise ConfigError(f"{where}: {key} = {as_json(value)}: expected {'a whole number' if key == 'fewshot' else 'text' if key == 'delimiter' else 'a number'}")
     if row.get("fewshot", 0) < 0 or not 0 <= row.get("chance", 0) < 1:
         raise ConfigError(f"{where}: fewshot must be 0 or more and chance between 0 and 1")
     return row
@@ -104,7 +116,7 @@ def kind_of(row: dict, where: str) -> str:
 def item_from_row(row: dict, kind: str, where: str) -> Item:
     def text(key: str, value) -> str:
         if not isinstance(value, str) or not value:
-            raise ConfigError(f"{where}: {key} = {shown(value)}: expected non-empty text")
+            raise ConfigError(f"{where}: {key} = {as_json(value)}: expected non-empty text")
         return value
 
     def texts(key: str) -> tuple[str, ...]:
@@ -124,6 +136,6 @@ def item_from_row(row: dict, kind: str, where: str) -> Item:
         options = 1
     gold = row.get("gold", 0)
     if not isinstance(gold, int) or isinstance(gold, bool) or not 0 <= gold < options:
-        raise ConfigError(f"{where}: gold = {shown(gold)}: expected the index of the right one, 0 to {options - 1}")
+        raise ConfigError(f"{where}: gold = {as_json(gold)}: expected the index of the right one, 0 to {options - 1}")
     neutral = text("neutral", row["neutral"]) if "neutral" in row else ""
     return Item(contexts, continuations, gold, neutral)

@@ -46,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="score at most N items of each task, a fixed spread of them; with --harness, its first N "
                    "(default: all)")
     p.add_argument("--json", action="store_true",
-                   help='print only {"tasks": {NAME: {accuracy, centered, items, predictions}}}, and with --harness '
-                   '"harness": {TASK: {METRIC: VALUE, ..., items}}')
+                   help='print only {"tasks": {NAME: {accuracy, centered, items, indices, predictions, gold}}}: item '
+                   'indices[k] of the task (0-based, in its file\'s order) got the choice predictions[k] (-1: none), '
+                   'the right one being gold[k]; with --harness, "harness": {TASK: {METRIC: VALUE, ..., items}}')
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"), help="default fp32")
     return p
@@ -58,13 +59,12 @@ def main(argv: list[str]) -> int:
     if args.max_per_task < 0:
         raise UsageError(f"--max-per-task {args.max_per_task}: expected 0 (all) or more")
     from lmcockpit.core.infer import harness
-    from lmcockpit.core.infer.task_eval import resolve, score_checkpoint
-    from lmcockpit.core.run.checkpoint_folder import find_checkpoint
+    from lmcockpit.core.infer.task_eval import checkpoint_of, resolve, score_checkpoint
 
     names, harness_specs = (split_list(args.tasks), split_list(args.harness))
     log = new_console(stderr=True, markup=False)
     if harness_specs and not names:
-        ckpt, tasks = find_checkpoint(args.path), []
+        ckpt, tasks = checkpoint_of(args.path), []
     else:
         ckpt, tasks = resolve(args.path, names)
     harness_tasks = harness.resolve(harness_specs, log=log.print) if harness_specs else None
@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
         if harness_tasks:
             harness_tasks.close()
     if args.json:
-        out = {"tasks": {name: {**r.row(), "predictions": r.predictions} for name, r in results.items()}}
+        out = {"tasks": {task.name: item_by_item(task, results[task.name], args.max_per_task) for task in tasks}}
         print(json.dumps({**out, "harness": harness_results} if harness_tasks else out))
         return 0
     if tasks:
@@ -86,6 +86,16 @@ def main(argv: list[str]) -> int:
         print_harness(harness_results)
     sys.stdout.flush()
     return 0
+
+
+def item_by_item(task, result, at_most: int) -> dict:
+    """A task's scores, and for each item scored, which it was, the model's choice and the right
+    one, side by side: an accuracy can then be checked, and a wrong answer found, item by item."""
+    from lmcockpit.core.tasks.items import subset
+
+    scored = subset(len(task.items), at_most)  # the items score_task scored, in its order
+    return {**result.row(), "indices": scored, "predictions": result.predictions,
+            "gold": [task.items[i].gold for i in scored]}
 
 
 def split_list(text: str) -> list[str]:
