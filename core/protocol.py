@@ -114,6 +114,7 @@ class TargetReached:
     what: str
     value: float
     target: float
+    seconds: float | None = None  # the run's training time when it was reached (rank 0 knows it)
 
 
 @dataclass(frozen=True)

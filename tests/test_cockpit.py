@@ -767,13 +767,13 @@ async def test_spikes_stalls_and_the_target_are_announced_and_spikes_marked():
 
     app = FedDashboard(then=[P.SpikeSeen(30, 41.5, "rollback", live=False), P.SpikeSeen(60, 88.0, "skip"),
                              P.StateChanged(P.STALLED, "no word for 11 min"), P.StateChanged(P.RUNNING),
-                             P.TargetReached(70, "val_loss", 3.1, 3.2)])
+                             P.TargetReached(70, "val_loss", 3.1, 3.2, 192.5)])
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         dash = dashboard(app)
         said = [n.message for n in app._notifications]
         assert said == ["loss spike at step 60: 88 (skip)", f"run stalled at step {dash.view.step}: no word for 11 min",
-                        "target val loss 3.2 reached at step 70"]
+                        "target val loss 3.2 reached at step 70 after 0:03:12 of training"]
         chart = dash.query_one("#loss", LossChart)
         assert [s for s, _, _ in chart.history.spikes] == [30, 60] and "spike" in chart.render().plain
         assert chart.error == ""

@@ -126,7 +126,7 @@ def test_each_engine_event_worth_word_becomes_its_notification(monkeypatch):
     try:
         word = Announcer(Notifier(NotifyConfig(webhook=server.url), "run-a"))
         for event in (P.StepMetrics(41, 3.5, 1e-3, 1.0, 1e3, None, 0.1, 0, {}), P.SpikeSeen(42, 141.0, "rollback"),
-                      P.RolledBack(42, 40), P.LogLine("not news"), P.TargetReached(60, "val_loss", 3.1, 3.2),
+                      P.RolledBack(42, 40), P.LogLine("not news"), P.TargetReached(60, "val_loss", 3.1, 3.2, 3725.0),
                       P.NonFinite(61, "skip"), P.StepMetrics(80, 3.0, 1e-3, 1.0, 1e3, None, 0.1, 0, {})):
             word.heard(event)
         word.stalled("no word for 11 min")
@@ -134,7 +134,8 @@ def test_each_engine_event_worth_word_becomes_its_notification(monkeypatch):
         assert events(server) == [
             {"event": "spike", "run": "run-a", "step": 42, "loss": 141.0, "action": "rollback"},
             {"event": "rollback", "run": "run-a", "step": 42, "to_step": 40},
-            {"event": "target", "run": "run-a", "step": 60, "what": "val_loss", "value": 3.1, "target": 3.2},
+            {"event": "target", "run": "run-a", "step": 60, "what": "val_loss", "value": 3.1, "target": 3.2,
+             "after": "1:02:05"},  # the run's training time then (#51, 11)
             {"event": "nan", "run": "run-a", "step": 61, "action": "skip"},
             {"event": "stalled", "run": "run-a", "step": 80, "detail": "no word for 11 min"},
             {"event": "finished", "run": "run-a", "step": 80, "loss": 3.0}]

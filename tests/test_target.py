@@ -8,7 +8,7 @@ import random
 import pytest
 
 from lmcockpit.core.run.folder import read_metrics
-from lmcockpit.core.run.target import Forecast, forecast
+from lmcockpit.core.run.target import Forecast, forecast, run_time
 
 # L(D) = E + A·D^-alpha in tokens seen, evaluated every 100 steps to step 1,000 (loss 2.84 → 2.42).
 E, A, ALPHA, TOKENS = 2.0, 50.0, 0.3, 8192
@@ -194,12 +194,13 @@ def test_the_other_lines():
     assert (Forecast("beyond_budget", step=12_345, max_steps=5000).short()
             == "not within this run's budget (needs ~step 12,000 of 5,000)")
     assert Forecast("unreachable", floor=3.412).short() == "not reachable by the fitted curve (floor 3.41)"
-    assert Forecast("too_few", evals=2, min_evals=3).short() == "needs 3 evaluations (has 2)"
-    # The same words from forecasts made, not built.
-    assert forecast(noisy(), 2.5, TOKENS, 5000, 0.25).short() == "reached at step 600"
-    assert forecast(exact(), 2.2, TOKENS, 5000, 0.25).short() == "not within this run's budget (needs ~step 12,000 of 5,000)"
-    assert forecast(exact(), 1.9, TOKENS, 5000, 0.25).short() == "not reachable by the fitted curve (floor 2.00)"
-    assert forecast(exact()[:2], 2.3, TOKENS, 5000, 0.25).short() == "needs 3 evaluations (has 2)"
+    assert Forecast("too_few", evals=2, min_evals=3).short() == "foreseen after 3 evaluations (has 2)"
+    # The same words from forecasts made, not built: each names the target it is about (#51)
+    assert forecast(noisy(), 2.5, TOKENS, 5000, 0.25).short() == "val 2.50 reached at step 600"
+    assert (forecast(exact(), 2.2, TOKENS, 5000, 0.25).short()
+            == "val 2.20 not within this run's budget (needs ~step 12,000 of 5,000)")
+    assert forecast(exact(), 1.9, TOKENS, 5000, 0.25).short() == "val 1.90 not reachable by the fitted curve (floor 2.00)"
+    assert forecast(exact()[:2], 2.3, TOKENS, 5000, 0.25).short() == "val 2.30 foreseen after 3 evaluations (has 2)"
 
 
 # --------------------------------------------------------------------------- a real run
@@ -210,7 +211,7 @@ def test_a_real_runs_two_evaluations_are_too_few(trained_run):
     assert [step for step, _ in evals] == [6, 12] and all(math.isfinite(loss) for _, loss in evals)
     fc = forecast(evals, target=0.5, tokens_per_step=8 * 64, max_steps=12, seconds_per_step=0.1)
     assert fc.status == "too_few" and fc.evals == 2 and fc.at_step == 12
-    assert fc.short() == "needs 3 evaluations (has 2)"
+    assert fc.short() == "val 0.50 foreseen after 3 evaluations (has 2)"
 
 
 def test_a_run_says_when_it_will_get_there_and_stops_at_its_target(tmp_path):
@@ -230,10 +231,20 @@ def test_a_run_says_when_it_will_get_there_and_stops_at_its_target(tmp_path):
                                                 "hardware.cost_per_hour=2.5"]), "--out", str(run))
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if line.startswith("eval step")]
+    aim = f"val {losses[30]:.2f}"
     assert [line.split(" | target ")[1] for line in lines] == [
-        "needs 3 evaluations (has 1)", "needs 3 evaluations (has 2)", "reached at step 30"]
-    assert read_metrics(run, "target") == [{"kind": "target", "time": read_metrics(run, "target")[0]["time"],
-                                            "step": 30, "what": "val_loss", "value": losses[30], "target": losses[30]}]
+        f"{aim} foreseen after 3 evaluations (has 1)", f"{aim} foreseen after 3 evaluations (has 2)",
+        f"{aim} reached at step 30"]
+    [row] = read_metrics(run, "target")
+    assert {k: v for k, v in row.items() if k not in ("time", "seconds")} == {
+        "kind": "target", "step": 30, "what": "val_loss", "value": losses[30], "target": losses[30]}
+    # the run's training time when it got there: its 30 steps' (#51, 11), in the log line as well
+    trained = sum(r["dt"] for r in read_metrics(run, "step"))
+    assert row["seconds"] == pytest.approx(trained)
+    assert f"at step 30, after {run_time(trained)} of training" in (run / "train.log").read_text()
+    # and the last line says what the run was aimed at and how it ended
+    [last] = [line for line in r.stdout.splitlines() if line.startswith("finished ")]
+    assert last.endswith(f"; target {aim} reached at step 30"), last
     assert [row["step"] for row in read_metrics(run, "eval")] == [10, 20, 30]  # not evaluated twice at 30
     assert (run / "checkpoints" / "step_000030" / "state.json").is_file()
     assert "the run ends here (training.stop_at_target)" in (run / "train.log").read_text()
@@ -249,7 +260,7 @@ def test_the_dashboard_shows_the_forecast_in_time_and_money():
     view = RunState()
     view.apply(P.RunStarted("run", {"training": {"target_val_loss": 2.3}, "hardware": {"cost_per_hour": 3.0}},
                             1000, "cpu", "fp32", 0, 100_000, TOKENS))
-    assert dict(throughput_rows(view))["target"] == "needs 3 evaluations (has 0)"
+    assert dict(throughput_rows(view))["target"] == "val 2.30 foreseen after 3 evaluations (has 0)"
     for step in (1, 2):  # the first step's time is compilation's: the second sets the step time
         view.apply(P.StepMetrics(step, 9.0, 1e-3, 1.0, 1000.0, None, 0.5, step * TOKENS, {}))
     for step in range(100, 1001, 100):
@@ -277,9 +288,10 @@ def test_ps_says_when_a_background_run_should_reach_its_target(tmp_path):
     try:
         # 0.5 is far below what a 2-layer model of 64 wide reaches: the fit says so once it has three
         # evaluations (before, "needs 3 evaluations"; they come a second apart, too fast to catch)
-        final = wait_until(lambda: (t := target()) not in (None, "–") and not t.startswith("needs") and t,
+        final = wait_until(lambda: (t := target()) not in (None, "–") and "foreseen after" not in t and t,
                            what="a fitted forecast")
-        assert final.startswith(("not reachable by the fitted curve", "not within this run's budget", "val 0.50 at"))
+        assert final.startswith(("val 0.50 not reachable by the fitted curve", "val 0.50 not within this run's budget",
+                                 "val 0.50 at"))
     finally:
         stop(run)
 
@@ -294,8 +306,9 @@ def test_a_task_s_accuracy_is_forecast_through_its_error_rate():
     assert ahead.status == "expected" and ahead.step == pytest.approx(step_for(2.3), rel=0.02)
     assert ahead.short().startswith(f"hellaswag {1 - 2.3 / 4:.2f} at ~step ")
     never = forecast_accuracy("hellaswag", scores, 0.9, TOKENS, 100_000, 0.5)  # above the ceiling, 1 - 2.0 / 4
-    assert never.status == "unreachable" and never.short().startswith("not reachable by the fitted curve (ceiling 0.5")
-    assert forecast_accuracy("hellaswag", scores, 0.25, TOKENS, 100_000, 0.5).short() == "reached at step 100"
+    assert never.status == "unreachable" and never.short().startswith(
+        "hellaswag 0.90 not reachable by the fitted curve (ceiling 0.5")
+    assert forecast_accuracy("hellaswag", scores, 0.25, TOKENS, 100_000, 0.5).short() == "hellaswag 0.25 reached at step 100"
 
 
 def test_a_run_aimed_at_a_task_s_accuracy_stops_where_it_first_gets_there(tmp_path):
@@ -319,7 +332,7 @@ def test_a_run_aimed_at_a_task_s_accuracy_stops_where_it_first_gets_there(tmp_pa
     assert (row["step"], row["what"], row["value"], row["target"]) == (stop, "python-functions", accuracy[stop], aim)
     assert [row["step"] for row in read_metrics(run, "eval")] == [s for s in sorted(accuracy) if s <= stop]
     lines = [line for line in r.stdout.splitlines() if line.startswith("eval step")]
-    assert lines[-1].endswith(f" | target reached at step {stop}")
+    assert lines[-1].endswith(f" | target python-functions {aim:.2f} reached at step {stop}")
 
 
 @pytest.mark.parametrize("sets, message", [

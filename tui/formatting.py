@@ -6,6 +6,8 @@ figure reads the same everywhere.
 
 from __future__ import annotations
 
+from lmcockpit.core.run.target import run_time
+
 DASH = "–"
 
 
@@ -16,9 +18,7 @@ def fmt_count(x: float) -> str:
     return f"{x:.0f}"
 
 
-def fmt_duration(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+fmt_duration = run_time  # as the engine writes a time gone by
 
 
 def bar(fraction: float, width: int = 20) -> str:

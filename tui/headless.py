@@ -232,6 +232,8 @@ class Headless:
                 summary += f": loss {v.first_loss:.3f} → {v.loss:.3f}"
             if v.last_eval:
                 summary += f", val loss {v.last_eval.val_loss:.3f} ({fmt_real(v.last_eval.val_bpb, 3)} bits/byte)"
+            if (ahead := v.forecast) is not None:  # the figure a run with a target was run for
+                summary += f"; target {ahead.short()}"
             self.console.print(Text(summary), style="bold green")
         else:
             self.say(f"{state} at step {v.step}")

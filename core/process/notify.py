@@ -61,6 +61,7 @@ from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from ..config import ConfigError, NotifyConfig
+from ..run.target import run_time
 
 EVENTS = ("finished", "failed", "nan", "spike", "rollback", "stalled", "target")
 NEVER_LIMITED = frozenset({"finished", "failed", "target"})  # once a run at most: see the docstring
@@ -660,7 +661,8 @@ class Announcer:
             self.notifier.send({"event": "rollback", "step": event.step, "to_step": event.to_step})
         elif isinstance(event, P.TargetReached):
             self.notifier.send({"event": "target", "step": event.step, "what": event.what, "value": event.value,
-                                "target": event.target})
+                                "target": event.target,
+                                **({"after": run_time(event.seconds)} if event.seconds is not None else {})})
         elif isinstance(event, P.NonFinite):
             self.notifier.send({"event": "nan", "step": event.step, "action": event.action})
 

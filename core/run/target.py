@@ -55,24 +55,31 @@ class Forecast:
     min_evals: int = FIT_POINTS
     task: str = ""  # a task's accuracy aimed at: `target` and `floor` are then error rates, 1 - accuracy
 
+    def aim(self) -> str:
+        """What the run aims at, as a person names it: "val 3.20", "hellaswag 0.40" ("" unknown)."""
+        if self.target is None:
+            return ""
+        return f"{self.task} {1 - self.target:.2f}" if self.task else f"val {self.target:.2f}"
+
     def short(self, cost_per_hour: float = 0.0) -> str:
-        """One line for a person: where, when and (given a price per hour) at what cost."""
+        """One line for a person: what is aimed at, then where, when and (given a price per hour)
+        at what cost; or that it is reached, or why it is not foreseen."""
+        aim = f"{self.aim()} " if self.aim() else ""
         if self.status == "reached":
-            return f"reached at step {self.at_step if self.step is None else round(self.step):,}"
+            return f"{aim}reached at step {self.at_step if self.step is None else round(self.step):,}"
         if self.status == "too_few":
-            return f"needs {self.min_evals} evaluations (has {self.evals})"
+            return f"{aim}foreseen after {self.min_evals} evaluations (has {self.evals})"
         if self.status == "unreachable":
             if self.floor is None:
-                return "not reachable by the fitted curve"
-            return "not reachable by the fitted curve" + (f" (ceiling {1 - self.floor:.2f})" if self.task
-                                                          else f" (floor {self.floor:.2f})")
+                return f"{aim}not reachable by the fitted curve"
+            return f"{aim}not reachable by the fitted curve" + (f" (ceiling {1 - self.floor:.2f})" if self.task
+                                                                 else f" (floor {self.floor:.2f})")
         if self.status == "beyond_budget":
-            return f"not within this run's budget (needs ~step {_steps(self.step)} of {self.max_steps:,})"
+            return f"{aim}not within this run's budget (needs ~step {_steps(self.step)} of {self.max_steps:,})"
         return self._expected(cost_per_hour)
 
     def _expected(self, cost_per_hour: float) -> str:
-        text = (f"{self.task} {1 - self.target:.2f}" if self.task else f"val {self.target:.2f}") + \
-            f" at ~step {_steps(self.step)}"
+        text = f"{self.aim()} at ~step {_steps(self.step)}"
         if self.step_low is not None and self.step_high is not None:
             text += f" ({_range(self.step_low, self.step_high)})"
         if self.seconds is not None:
@@ -356,6 +363,13 @@ def _range(low: float, high: float) -> str:
     if not math.isfinite(high):
         return f"{_steps(low, math.floor)} or later"
     return f"{_steps(low, math.floor)}–{_steps(high, math.ceil)}"
+
+
+def run_time(seconds: float) -> str:
+    """A time gone by, to the second: "0:03:12", "26:04:09" (hours past a day stay hours). The
+    engine's lines and every front-end's (tui.formatting.fmt_duration) write one this way."""
+    whole = int(max(0, seconds))
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
 
 
 def duration(seconds: float) -> str:

@@ -35,6 +35,7 @@ from ..model.gpt import GPT, shape_from_config
 from ..run.checkpoint_folder import STATE, checkpoint_config, tokenizer_file
 from ..run.curves import flatten
 from ..run.history_file import Summarised
+from ..run.target import run_time
 from ..run.folder import CHECKPOINTS, CONFIG, METRICS, MetricsLog, TOKENIZER, list_checkpoints, step_dirs
 from ..tasks import catalog as tasks_catalog, items as task_items
 from . import checkpoint_io, memory_probe, nan_debug
@@ -104,8 +105,9 @@ class Trainer:
         self.next_command = next_command
         self.group = group
         # The main rank's rows, and the history a viewer reads instead of all of them (history_file).
-        self.metrics = (Metrics(MetricsLog(self.run_dir / METRICS, Summarised(self.run_dir).written), log)
-                        if group.is_main else NoMetrics())
+        self.summary = Summarised(self.run_dir) if group.is_main else None
+        self.metrics = (Metrics(MetricsLog(self.run_dir / METRICS, self.summary.written), log)
+                        if self.summary is not None else NoMetrics())
         self.stop: P.Abort | None = None
         self.paused = False
         self.step = 0  # optimizer steps completed
@@ -709,9 +711,12 @@ class Trainer:
         else:
             return
         self.target_reached = self.step
-        self.metrics.write("target", step=self.step, what=what, value=value, target=target)
-        self.emit(P.TargetReached(self.step, what, value, target))
-        self.log(f"target: {what} {value:.4f} reached {key} = {target:g} at step {self.step}"
+        # the run's training time so far, resumes included and steps rolled back left out
+        seconds = self.summary.history.time if self.summary is not None else None
+        self.metrics.write("target", step=self.step, what=what, value=value, target=target, seconds=seconds)
+        self.emit(P.TargetReached(self.step, what, value, target, seconds))
+        after = f", after {run_time(seconds)} of training" if seconds is not None else ""
+        self.log(f"target: {what} {value:.4f} reached {key} = {target:g} at step {self.step}{after}"
                  + ("; the run ends here (training.stop_at_target)" if t.stop_at_target else ""))
 
     @property

@@ -27,6 +27,7 @@ from lmcockpit.core.process.viewer import RunViewer
 from lmcockpit.core.run.curves import load_run
 from lmcockpit.core.run.folder import recent_runs, run_summary
 from lmcockpit.tui.bridge import EngineEvents, drain
+from lmcockpit.tui.formatting import fmt_duration
 from lmcockpit.tui.run_state import RunState
 from lmcockpit.tui.screens.dialogs import AbortDialog, BaselinePicker, HelpScreen, QuitDialog
 from lmcockpit.tui.widgets.charts import Baseline, LossChart
@@ -164,7 +165,8 @@ class DashboardScreen(Screen):
                 self.announce("spike", f"loss spike at step {ev.step}: {ev.loss:.4g} ({ev.action})", "warning")
             elif isinstance(ev, P.TargetReached):
                 what = "val loss" if ev.what == "val_loss" else ev.what
-                self.announce("target", f"target {what} {ev.target:g} reached at step {ev.step}")
+                after = f" after {fmt_duration(ev.seconds)} of training" if ev.seconds is not None else ""
+                self.announce("target", f"target {what} {ev.target:g} reached at step {ev.step}{after}")
         self.dirty = True
         if any(isinstance(ev, P.HistoryRead) for ev in events):
             self.redraw()  # the run as it stands, at once: not up to a REDRAW_EVERY later
