@@ -16,6 +16,7 @@ from rich.text import Text
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import NotifyConfig
 from lmcockpit.core.hardware.telemetry import Reading, Telemetry, find_gpu, run_gpu_indices
+from lmcockpit.core.process.child import eval_line
 from lmcockpit.core.process.notify import Announcer, Notifier
 from lmcockpit.core.process.runner import EngineProcess
 from lmcockpit.core.process.stall import StallWatch
@@ -67,17 +68,6 @@ def step_line(ev: P.StepMetrics, v: RunState) -> str:
             f"{fmt_count(ev.tokens_per_s)} tok/s | {1000 * ev.dt:.0f} ms/step | MFU {mfu} | ETA {eta}")
 
 
-def eval_line(ev: P.EvalMetrics) -> str:
-    """The validation loss, then each task's accuracy and CORE: an evaluation may hold either."""
-    fields = [f"eval step {ev.step}"]
-    if ev.val_loss is not None:
-        fields += [f"val loss {ev.val_loss:.4f}", f"val bpb {fmt_real(ev.val_bpb)}"]
-    fields += [f"{name} {scores['accuracy']:.3f}" for name, scores in ev.tasks.items()]
-    if ev.core is not None:
-        fields.append(f"CORE {ev.core:.3f}")
-    return " | ".join(fields)
-
-
 def fmt_real(value: float | None, places: int = 4) -> str:
     return f"{value:.{places}f}" if value is not None else DASH
 
@@ -101,6 +91,7 @@ class Headless:
         self.devices: tuple[str, ...] | None = None  # this node's devices, once RunStarted names them
         self.device_uuids: tuple[str, ...] = ()  # theirs, where the engine sent them
         self._last_progress_print = 0.0
+        self.eval_said = ""  # the last evaluation's line as printed here: the engine's copy follows it
 
     # ----------------------------------------------------------------------------- signals
     def _on_signal(self, signum, frame) -> None:
@@ -197,13 +188,16 @@ class Headless:
         if isinstance(ev, P.RunStarted):
             self.devices, self.device_uuids = ev.devices or (ev.device,), ev.device_uuids
         elif isinstance(ev, P.LogLine) and not ev.text.startswith(P.FAILED_LINE):  # _finish says it once
-            self.say(ev.text)
+            if ev.text == self.eval_said:  # said already, with the target's forecast
+                self.eval_said = ""
+            else:
+                self.say(ev.text)
         elif isinstance(ev, P.StepMetrics):
             last = ev.step == self.view.max_steps
             if not self.interactive and (ev.step % self.log_every == 0 or ev.step == 1 or last):
                 self.say(step_line(ev, self.view))
         elif isinstance(ev, P.EvalMetrics):
-            line = eval_line(ev)
+            line = self.eval_said = eval_line(ev)
             if (ev.val_loss is not None or ev.tasks) and (ahead := self.view.forecast) is not None:
                 line += f" | target {ahead.short(self.view.cost_per_hour)}"
             self.say(line)

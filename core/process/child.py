@@ -1,8 +1,9 @@
 """What every engine-side process is made of: the engine itself, each torchrun rank and the chat engine.
 
-Signals held from the first instant, stdout and stderr pumped into train.log and the events queue,
-the run header, commands polled between steps, the Trainer run in this process, and the last events
-handed over. Importing this module imports no torch.
+Signals held from the first instant, stdout and stderr pumped into train.log and the events queue
+(each evaluation's line too, which the Trainer sends only as an event), the run header, commands
+polled between steps, the Trainer run in this process, and the last events handed over. Importing
+this module imports no torch.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..run.folder import append_whole
 from ..run.safe_files import NotOwnFile, open_append
 
 _EOF = "\x00lmcockpit-log-eof\x00"
+_FILE_ONLY = "\x00lmcockpit-file-only\x00"  # before a printed line: into train.log, not onto the events
 _EARLY_SIGNALS: list[str] = []
 
 
@@ -81,9 +83,11 @@ class LogPump:
             line = line.rstrip("\n")
             if line == _EOF:
                 break
-            line = self.prefix + line
+            forward = not line.startswith(_FILE_ONLY)
+            line = self.prefix + line.removeprefix(_FILE_ONLY)
             self._to_file(line)
-            self.events.put(P.LogLine(line))
+            if forward:
+                self.events.put(P.LogLine(line))
 
     def _to_file(self, line: str) -> None:
         if self.missing and append_whole(self.log_fd, f"[{self.missing} lines missing here: the disk was "
@@ -150,6 +154,34 @@ class Commands:
             return P.Abort(save=True, interrupted=True)
 
 
+def eval_line(ev: P.EvalMetrics) -> str:
+    """An evaluation as train.log and `--run`'s output give it: the validation loss, then each
+    task's accuracy and CORE (an evaluation may hold either)."""
+    fields = [f"eval step {ev.step}"]
+    if ev.val_loss is not None:
+        fields += [f"val loss {ev.val_loss:.4f}", f"val bpb {ev.val_bpb:.4f}" if ev.val_bpb is not None else "val bpb –"]
+    fields += [f"{name} {scores['accuracy']:.3f}" for name, scores in ev.tasks.items()]
+    if ev.core is not None:
+        fields.append(f"CORE {ev.core:.3f}")
+    return " | ".join(fields)
+
+
+def saying_evaluations(emit):
+    """`emit`, with each evaluation's line after its EvalMetrics. The Trainer sends an evaluation as
+    an event, which each front-end shows its own way; its line is written here, so that train.log
+    holds it as it holds everything else the engine says: printed into train.log alone (through the
+    pump, after the lines printed before it, a `tasks:` line), and sent as a LogLine right after the
+    EvalMetrics, so a front-end that prints the evaluation itself (`--run`'s, with the target's
+    forecast) knows the copy for what it is."""
+    def emit_and_say(event: object) -> None:
+        emit(event)
+        if isinstance(event, P.EvalMetrics):
+            line = eval_line(event)
+            print(_FILE_ONLY + line, flush=True)
+            emit(P.LogLine(line))
+    return emit_and_say
+
+
 def train(run_dir: str, config: dict, resume_from: str | None, events, cmds: Commands, group=None,
           emit=None) -> tuple[str, P.Failure | None]:
     """Run the Trainer in this process (the engine itself, or one rank of several): (final state,
@@ -161,8 +193,10 @@ def train(run_dir: str, config: dict, resume_from: str | None, events, cmds: Com
         from ..train.trainer import Trainer
 
         cfg = config_from_dict(config, source=str(Path(run_dir) / "config.toml"))
-        trainer = Trainer(cfg, Path(run_dir), emit or events.put, print, cmds.next, group or Group(),
-                          resume_from=resume_from)
+        ours = group or Group()  # `group` stays None for one process: the failure row below is its to write
+        emit = emit or events.put
+        trainer = Trainer(cfg, Path(run_dir), saying_evaluations(emit) if ours.is_main else emit, print, cmds.next,
+                          ours, resume_from=resume_from)
         final = trainer.run()
         trainer.metrics.write("end", step=trainer.step, state=final)  # run_summary's status, as the engine names it
     except ConfigError as e:

@@ -651,9 +651,13 @@ class Trainer:
     def apply(self, cmd: object) -> None:
         if isinstance(cmd, P.Pause) and not self.paused:
             self.paused = True
+            if self.group.is_main:  # in train.log, and in every front-end's log, as any line the engine says
+                self.log(f"training paused at step {self.step}")
             self.emit(P.StateChanged(P.PAUSED))
         elif isinstance(cmd, P.Resume) and self.paused:
             self.paused = False
+            if self.group.is_main:
+                self.log(f"training resumed at step {self.step}")
             self.emit(P.StateChanged(P.RUNNING))
         elif isinstance(cmd, P.CheckpointNow):
             if self.step > 0:
