@@ -399,6 +399,38 @@ async def test_after_a_run_ends_n_goes_back_to_the_launch_screen_which_lists_it(
     assert dash.engine.exitcode == 0
 
 
+async def test_ctrl_c_on_the_launch_screen_quits():
+    """Ctrl-C showed Textual's "Press ctrl+q to quit the app"; it quits, as q does."""
+    app = CockpitApp(telemetry=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert isinstance(app.screen, LaunchScreen)
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+        assert not app.is_running and not app._notifications
+    assert app.return_code == 0
+
+
+async def test_ctrl_c_with_a_run_going_asks_as_q_does(tmp_path):
+    """From the dashboard, or a dialog over it: the quit dialog (Enter stops the run, d leaves
+    it training); a second Ctrl-C while it asks changes nothing."""
+    from lmcockpit.tui.screens.dialogs import HelpScreen, QuitDialog
+
+    async with training_cockpit(tmp_path, (80, 24)) as (app, pilot, dash):
+        await pilot.press("ctrl+c")
+        assert isinstance(app.screen, QuitDialog)
+        await pilot.press("ctrl+c")
+        assert isinstance(app.screen, QuitDialog) and len(app.screen_stack) == 3
+        await pilot.press("escape")  # stay
+        assert app.screen is dash and dash.running
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("ctrl+c")
+        assert isinstance(app.screen, QuitDialog) and not app._notifications
+        await pilot.press("d")  # leave it training and quit
+        await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
+        assert dash.engine.host_alive  # left training: the fixture stops it
+
+
 def test_started_on_a_run_n_opens_the_launch_screen_and_the_exit_prints_the_run_folder(tmp_path, capsys):
     """`lmcockpit PRESET`: when the run ends, n puts a launch screen in the dashboard's place
     (listing the run, though its folder is not under runs/); after q the terminal gets the folder."""

@@ -254,13 +254,15 @@ def test_a_browser_opens_the_launch_screen_and_drives_it_with_keys(serve, open_c
 
 
 def test_ctrl_c_ends_every_cockpit_and_the_server_cleanly(serve, open_cockpit):
+    """Each cockpit quits with the server, which exits 130, interrupted, as every command does on
+    Ctrl-C (it exited 0)."""
     port = free_port()
     served = serve("--port", str(port))
     page = open_cockpit(port, served)
     cockpits = served.cockpits()
     assert cockpits
     served.proc.send_signal(signal.SIGINT)
-    assert served.wait(20) == 0  # each cockpit told to quit at once (aiohttp alone waits ~25 s for open tabs)
+    assert served.wait(20) == 130  # each cockpit told to quit at once (aiohttp alone waits ~25 s for open tabs)
     page.get_by_text("Session ended.").wait_for(state="visible")
     assert not [p for p in cockpits if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert "Traceback" not in served.stdout + served.stderr, served.stdout + served.stderr
@@ -430,7 +432,7 @@ def test_by_default_it_opens_no_port_only_a_socket_of_the_users_own(serve, runti
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert stat.S_ISSOCK(path.lstat().st_mode) and stat.S_IMODE(path.lstat().st_mode) == 0o600
     served.proc.send_signal(signal.SIGINT)
-    assert served.wait(30) == 0
+    assert served.wait(30) == 130  # interrupted, as every command is by Ctrl-C
     assert not path.exists()  # gone with the server
     assert served.stderr == ""
 
@@ -453,7 +455,7 @@ def test_a_fallback_socket_folder_goes_with_the_server(serve, tmpdir_taken, stop
     served.expect(f"the cockpit on {folder / 'serve.sock'} (Ctrl-C")
     assert http_get(str(folder / "serve.sock"))[0] == 200
     served.proc.send_signal(stop)
-    assert served.wait(30) == 0
+    assert served.wait(30) == 130  # interrupted: SIGTERM as Ctrl-C, as for every command
     assert list(tmpdir_taken.iterdir()) == [tmpdir_taken / f"lmcockpit-{os.geteuid()}"]  # the folder gone, too
     assert served.stderr == ""
 
@@ -516,7 +518,7 @@ def test_another_host_is_served_with_a_warning_that_plain_http_shows_the_token(s
                                     "network between a browser and this machine can read the token")
     served.expect(f":{port}{served.base}?token={served.token} (Ctrl-C")
     served.proc.send_signal(signal.SIGINT)
-    assert served.wait(30) == 0
+    assert served.wait(30) == 130
 
 
 def test_a_taken_port_is_named_with_what_to_do(serve):

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from textual.app import App
+from textual.binding import Binding
 from textual.worker import Worker
 
 from lmcockpit.core import protocol as P
@@ -30,6 +31,7 @@ from lmcockpit.core.tasks import hub_tasks
 from lmcockpit.tui.runplan import RunPlan, check_before_start
 from lmcockpit.tui.run_state import RunState
 from lmcockpit.tui.screens.dashboard import DashboardScreen
+from lmcockpit.tui.screens.dialogs import QuitDialog
 from lmcockpit.tui.screens.launch import LaunchScreen
 
 
@@ -45,6 +47,9 @@ def exit_code_of(views: list[RunState]) -> int:
 class CockpitApp(App):
     CSS_PATH = Path(__file__).with_name("cockpit.tcss")
     TITLE = "lmcockpit"
+    # Ctrl-C quits as `q` does, through the quit dialog while a run is going, not Textual's "press
+    # ctrl+q" notice; text selected on the screen or in a prompt is still copied by it first.
+    BINDINGS = [Binding("ctrl+c", "quit_cockpit", "Quit", show=False)]
 
     def __init__(self, start: RunPlan | None = None, runs_root: Path = Path("runs"),
                  telemetry: bool = True, clock=time.monotonic, attach: Path | None = None):
@@ -87,6 +92,17 @@ class CockpitApp(App):
                 how = f"training, at step {v.step}: lmcockpit attach {dash.engine.run_dir}"
             lines.append(f"run folder: {dash.engine.run_dir} ({how})")
         return "\n".join(lines)
+
+    def action_quit_cockpit(self) -> None:
+        """As `q` on a dashboard: with its run going, the quit dialog (stop it, or leave it
+        training); else quit. From any screen: the dashboard is the newest one in the stack."""
+        if isinstance(self.screen, QuitDialog):
+            return  # asked already
+        dashboards = [s for s in self.screen_stack if isinstance(s, DashboardScreen)]
+        if dashboards and dashboards[-1].running:
+            self.push_screen(QuitDialog(), dashboards[-1].on_quit_choice)
+        else:
+            self.exit()
 
     def on_mount(self) -> None:
         if self.start is not None:

@@ -1,7 +1,9 @@
 """Modal dialogs: abort, quit with a run in progress, the key help, and the pick of a baseline run.
 
 Abort (save or not) and quit with a run in progress (stop it or leave it) are each a question
-answered by one key (`ChoiceDialog`); then the key help, and the pick of a baseline run."""
+answered by one key (`ChoiceDialog`); then the key help, and the pick of a baseline run. In each,
+Ctrl-C quits as it does everywhere in the cockpit (CockpitApp.action_quit_cockpit): a modal screen
+keeps the app's own bindings from its keys, so each names it."""
 
 from __future__ import annotations
 
@@ -12,12 +14,15 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
+QUIT = Binding("ctrl+c", "app.quit_cockpit", "Quit", show=False)
+
 
 class ChoiceDialog(ModalScreen[str | None]):
     """A question answered by one key: each of the subclass's BINDINGS chooses (Esc: None, nothing
     changes), and TEXT asks it, a line per key."""
 
     TEXT = ""
+    BINDINGS = [QUIT]
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
@@ -51,7 +56,7 @@ class QuitDialog(ChoiceDialog):
 
 
 class HelpScreen(ModalScreen[None]):
-    BINDINGS = [("escape", "dismiss", "Close"), ("question_mark", "dismiss", "Close"), ("q", "dismiss", "Close")]
+    BINDINGS = [("escape", "dismiss", "Close"), ("question_mark", "dismiss", "Close"), ("q", "dismiss", "Close"), QUIT]
 
     def __init__(self, bindings: list[tuple[str, str, str] | Binding]):
         super().__init__()
@@ -69,7 +74,7 @@ class BaselinePicker(ModalScreen[str | None]):
     """A past run to draw under the live curves: Enter picks the highlighted one ("" removes the
     baseline shown), Esc leaves things as they are."""
 
-    BINDINGS = [("escape", "cancel", "Cancel")]
+    BINDINGS = [("escape", "cancel", "Cancel"), QUIT]
 
     def __init__(self, runs: list[tuple[str, str]], showing: str = ""):
         """`runs`: (folder, what to show for it); `showing`: the folder drawn now, if any."""

@@ -217,4 +217,4 @@ def run(listen: dict, **options) -> int:
     from lmcockpit.tui.commands.serve.webserver import CockpitServer
 
     CockpitServer(cockpit_command(), listen, **options).serve()  # until Ctrl-C or SIGTERM, a graceful exit
-    return 0
+    return 130  # it serves until a signal stops it: interrupted, as every command exits then
