@@ -399,6 +399,27 @@ async def test_after_a_run_ends_n_goes_back_to_the_launch_screen_which_lists_it(
     assert dash.engine.exitcode == 0
 
 
+async def test_n_takes_the_run_s_notice_away_with_its_dashboard(tmp_path):
+    """A finished run's notice ("run finished at step N: n goes back…") stayed over the launch
+    screen's runs for its ten seconds after n had gone back there."""
+    from .test_cockpit_snapshots import fixed_events
+
+    app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        launch = app.screen
+        dash = DashboardScreen(None, "cpu", clock=lambda: 1000.0)
+        await app.push_screen(dash)
+        dash.apply_events([*fixed_events(), P.StateChanged(P.FINISHED)])
+        await pilot.pause()
+        assert [n.message for n in app._notifications] == ["run finished at step 240: n goes back to the launch screen"]
+        await wait_for(pilot, lambda: any("run finished at step 240" in line for line in screen_lines(app)),
+                       timeout=10, what="the notice on screen")
+        await pilot.press("n")
+        await pilot.pause()
+        assert app.screen is launch and not app._notifications
+        assert not any("run finished" in line for line in screen_lines(app))
+
+
 async def test_ctrl_c_on_the_launch_screen_quits():
     """Ctrl-C showed Textual's "Press ctrl+q to quit the app"; it quits, as q does."""
     app = CockpitApp(telemetry=False)

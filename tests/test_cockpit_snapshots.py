@@ -36,17 +36,21 @@ def task_scores(accuracy: float, chance: float = 0.25, items: int = 66) -> dict[
     return {"accuracy": accuracy, "centered": (accuracy - chance) / (1 - chance), "items": items}
 
 
-def fixed_events(device: str = "cpu", tasks: bool = False) -> list[object]:
+def fixed_events(device: str = "cpu", tasks: bool = False, target: float = 0.0, run: str = "") -> list[object]:
     """A run at step 240 of 400 with two evaluations and a checkpoint; on `device` ("cpu" or
     "cuda:0": bf16, MFU and allocator figures as the engine reports them on a GPU). With `tasks`,
-    as the cpu preset: at step 300, each of its three evaluations scoring python-functions."""
+    as the cpu preset: at step 300, each of its three evaluations scoring python-functions. With
+    `target` (training.target_val_loss, at $2.50 an hour), evaluations every 50 steps, enough to
+    forecast it. `run`: its folder, if not runs/cpu-20261123-120000 (or h100-...)."""
     gpu = device.startswith("cuda")
-    run = f"runs/{'h100' if gpu else 'cpu'}-20261123-120000"
+    run = run or f"runs/{'h100' if gpu else 'cpu'}-20261123-120000"
     tokens_per_step = 524_288 if gpu else 4096
     config = {"sample": {"max_new_tokens": 48}}
     if tasks:
         config["eval"] = {"every": 100, "tasks": ["python-functions"], "tasks_every": 0,
                           "references": {"hellaswag": {"GPT-2 124M": 0.2955}}}  # as gpt2-fineweb names it
+    if target:
+        config |= {"training": {"target_val_loss": target}, "hardware": {"cost_per_hour": 2.5}}
     events: list[object] = [
         P.StateChanged(P.PREPARING),
         P.LogLine("data: reusing token cache ~/.cache/lmcockpit/9f7e97d0744113f743ad"),
@@ -62,8 +66,8 @@ def fixed_events(device: str = "cpu", tasks: bool = False) -> list[object]:
         dt = 0.8 if gpu else 0.82
         events.append(P.StepMetrics(step, loss, lr, 0.5, tokens_per_step / dt, 0.41 if gpu else None, dt,
                                     step * tokens_per_step, mem))
-        if step % 100 == 0:
-            scores = {"python-functions": task_scores(TASK_ACCURACY[step])} if tasks else {}
+        if step % (50 if target else 100) == 0:
+            scores = {"python-functions": task_scores(TASK_ACCURACY[step])} if tasks and step % 100 == 0 else {}
             events.append(P.EvalMetrics(step, loss + 0.2, (loss + 0.2) / 2.4, scores))
             events.append(P.StateChanged(P.RUNNING))
     events += [P.CheckpointWritten(200, f"{run}/checkpoints/step_000200"),
@@ -97,15 +101,16 @@ class StandInTelemetry(Telemetry):
 class FedDashboard(App):
     """The dashboard with no engine: events come from the test (the fixed ones, then `then`), the
     clock stands still; with `gpus`, stand-in telemetry (0: a CPU machine's); with `tasks`, the
-    run scores python-functions."""
+    run scores python-functions; `target` and `run` as fixed_events takes them."""
     CSS_PATH = CockpitApp.CSS_PATH
 
     def __init__(self, then: list[object] = (), device: str = "cpu", gpus: int | None = None,
-                 tasks: bool = False) -> None:
+                 tasks: bool = False, target: float = 0.0, run: str = "") -> None:
         super().__init__()
         self.then = list(then)
         self.device = device
         self.tasks = tasks
+        self.target, self.run_dir = target, run
         self.telemetry = StandInTelemetry(gpus) if gpus is not None else None
 
     async def on_mount(self) -> None:
@@ -116,7 +121,7 @@ class FedDashboard(App):
         if self.telemetry is not None:  # a full utilisation history, so the 1 Hz sampling changes nothing
             for _ in range(120):
                 screen.sample_telemetry()
-        screen.apply_events(fixed_events(self.device, self.tasks) + self.then)
+        screen.apply_events(fixed_events(self.device, self.tasks, self.target, self.run_dir) + self.then)
         screen.redraw()
 
 
@@ -156,6 +161,124 @@ async def assert_at_a_glance(pilot) -> None:
 def test_dashboard_snapshot(snap_compare, size, device):
     app = FedDashboard(device=device, gpus=1 if device != "cpu" else 0)
     assert snap_compare(app, terminal_size=size, run_before=assert_at_a_glance)
+
+
+# A run folder as `lmcockpit attach` names it (absolute), longer than a side panel is wide.
+LONG_RUN = "/home/someone/projects/lm-experiments/runs/h100-20261123-120000"
+
+
+def panel_lines(app, panel) -> list[str]:
+    """What the screen shows of an open panel inside its border: a string per line."""
+    return [line.strip(" │") for line in shown_in(app, panel)[1:-1]]
+
+
+def squeezed(text: str) -> str:
+    return re.sub(r"\s", "", text)
+
+
+async def assert_panels_whole(pilot) -> None:
+    """At a glance, and every side panel, opened in turn with e, shows each of its labels whole
+    and each value whole, wrapped under its label where it is long (of a long path, its end: the
+    run's folder); no figure ends in an ellipsis. The target's panel is the one open at first, its
+    forecast whole."""
+    from lmcockpit.tui.widgets.panels import Panel
+
+    await assert_at_a_glance(pilot)
+    app, dash = pilot.app, pilot.app.screen
+    side = dash.query_one("#side")
+    forecast = dash.view.forecast.short(dash.view.cost_per_hour)
+    assert forecast.startswith("val 3.10 at ~step") and "$" in forecast
+    assert squeezed(forecast) in squeezed("".join(line.strip(" │") for line in shown_in(app, side)))
+    target = on_screen(dash, "#target")
+    assert not target.collapsed and squeezed(forecast) == squeezed("".join(panel_lines(app, target)))
+    seen = set()
+    for _ in side.groups():
+        for panel in (p for p in dash.query(Panel) if p.display and not p.collapsed):
+            lines = panel_lines(app, panel)
+            assert not any(re.search(r"…(?!/)", line) for line in lines), (panel.border_title, lines)
+            for label, value in panel.rows or []:
+                assert not label or any(line.startswith(f"{label} ") for line in lines), (label, lines)
+                whole = value.rsplit("/", 1)[-1] if value.startswith("/") else value  # a path: its folder
+                assert squeezed(whole) in squeezed("".join(lines)), (value, lines)
+            seen.add(panel.id or "gpu")
+        await pilot.press("e")
+        app.clear_notifications()  # "… panel open": a toast over the column
+        await pilot.pause()
+    assert side.chosen == "target"  # round again, as the snapshot shows it
+    # At 80x24 a GPU run's six panels take six lines collapsed, and the throughput panel nine
+    # more: one too many beside the target's (its figures are on the step line there).
+    assert seen == {"state", "target", "throughput", "gpu", "memory", "host"} - (
+        {"throughput"} if dash.size.height < 30 else set())
+
+
+@pytest.mark.parametrize("size", LAUNCH_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_target_dashboard_snapshot(snap_compare, size):
+    """A run with a target (training.target_val_loss) attached from elsewhere (its folder
+    absolute): the side panels cut their labels (`devi…`, `toke…`) and values, the target
+    forecast most of all (`targ… val 4.20 at ~step …`). Now the forecast has a panel of its own,
+    open at first, wrapped to its width; labels are whole and long values wrap."""
+    app = FedDashboard(device="cuda:0", gpus=1, target=3.1, run=LONG_RUN)
+    assert snap_compare(app, terminal_size=size, run_before=assert_panels_whole)
+
+
+async def test_a_cpu_run_says_once_it_has_no_gpu_and_shows_its_memory():
+    """A CPU run at 120x40 showed `GPU  GPU none: CPU run` and the NVML error in a GPU panel, and a
+    memory panel of dashes (the allocator's figures are CUDA's). Now there is no GPU panel; the
+    memory panel says `GPU none (CPU run)` once and gives the run's resident memory."""
+    app = FedDashboard(device="cpu", gpus=0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        dash = app.screen
+        dash.redraw()
+        await pilot.pause()
+        side = "\n".join(shown_in(app, dash.query_one("#side")))
+        assert not dash.query(".gpu") and "NVML" not in side
+        assert len(re.findall(r"\bGPU\b", side)) == 1
+        memory = panel_lines(app, on_screen(dash, "#memory"))
+        assert [re.sub(r" +", " ", line) for line in memory] == ["RSS 1.4G of 32.0G", "GPU none (CPU run)"]
+
+
+async def test_viewers_coming_and_going_are_a_count_in_the_top_bar_not_log_lines():
+    """The run host logs each viewer that attaches or detaches (a probe too); at 80x24 those
+    lines filled the log's two lines. They stay out of the log: the top bar counts the cockpits
+    watching while there are others than this one. Any other line of the host's still shows."""
+    host = [P.LogLine(f"host: a viewer {what} ({n} watching)")
+            for what, n in [("attached", 1), ("attached", 2), ("attached", 3), ("detached", 2)]]
+    refused = P.LogLine("host: refused a connection that did not present this run's key")
+    app = FedDashboard(host + [refused])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        dash = app.screen
+        dash.redraw()
+        await pilot.pause()
+        log = "\n".join(shown_in(app, dash.query_one("#log")))
+        assert "viewer" not in log and "refused a connection" in log
+        assert "2 watching" in shown_in(app, dash.query_one("#topbar"))[0]
+        dash.apply_events([P.LogLine("host: a viewer detached (1 watching)")])  # this cockpit alone again
+        dash.redraw()
+        await pilot.pause()
+        assert "watching" not in shown_in(app, dash.query_one("#topbar"))[0]
+
+
+async def test_the_log_wraps_again_to_its_width_after_a_resize():
+    """A line wrapped at 80 columns stayed wrapped there on a wider terminal, and one written wide
+    ran past the pane's edge on a narrower one."""
+    line = "checkpoint: step 200 written to runs/cpu-20261123-120000/checkpoints/step_000200"
+    app = FedDashboard()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        log = app.screen.query_one("#log")
+        assert not any(line in row for row in shown_in(app, log))  # 81 columns: wrapped at 80
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        assert any(line in row for row in shown_in(app, log))
+        app.screen.apply_events([P.LogLine("after: " + "x" * 100)])
+        await pilot.pause()
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        *_, first, second, third, _ = shown_in(app, log)  # the last three lines inside the border, in view
+        assert first.startswith("│after:") and second.startswith("│xxx") and third.startswith("│xxx")
+        assert (second + third).count("x") == 100  # wrapped to the pane, none past its edge
 
 
 def test_ended_dashboard_snapshot(snap_compare):

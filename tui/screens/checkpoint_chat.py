@@ -11,12 +11,13 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.screen import Screen
-from textual.widgets import Footer, RichLog, Static
+from textual.widgets import Footer, Static
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.infer.chat_engine import ChatEngine
 from lmcockpit.tui.bridge import EngineEvents, drain
 from lmcockpit.tui.widgets.chat_pane import ChatPane
+from lmcockpit.tui.widgets.log_pane import LogPane
 
 
 CLOSE_GRACE = 5.0  # seconds a closing chat engine gets to exit on its own before it is killed
@@ -33,11 +34,11 @@ class ChatScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Static(Text(f" loading {self.checkpoint} …", style="bold"), id="topbar")
         yield ChatPane(self.send_sample, id="chat-full")
-        yield RichLog(id="log", max_lines=500, markup=False, highlight=False, wrap=True)
+        yield LogPane(500, id="log")
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#log", RichLog).border_title = "chat engine log"
+        self.query_one("#log", LogPane).border_title = "chat engine log"
         self.query_one("#chat-input").focus()
         self.engine.start()
         self.drain_engine()
@@ -52,7 +53,7 @@ class ChatScreen(Screen):
             if isinstance(ev, P.SampleText):
                 self.query_one(ChatPane).receive(ev)
             elif isinstance(ev, P.LogLine):
-                self.query_one("#log", RichLog).write(ev.text)
+                self.query_one("#log", LogPane).add(ev.text)
             elif isinstance(ev, P.RunStarted):
                 self.query_one(ChatPane).configure(ev.config.get("sample") or {})
                 top.update(Text(f" chat · {ev.run_dir} · step {ev.start_step} · {ev.n_params / 1e6:.2f}M params "

@@ -8,6 +8,7 @@ rate.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Input, RichLog, Static
+from textual.widgets import Footer, Input, Static
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.process.notify import in_tmux, terminal_escape
@@ -33,8 +34,9 @@ from lmcockpit.tui.screens.dialogs import AbortDialog, BaselinePicker, HelpScree
 from lmcockpit.tui.widgets.charts import Baseline, LossChart
 from lmcockpit.tui.widgets.chat_pane import ChatPane
 from lmcockpit.tui.widgets.glance import cpu_line, gpu_lines, step_text
-from lmcockpit.tui.widgets.panels import (Panel, SideColumn, gpu_layout, gpu_panel, host_rows, memory_rows, spark,
-                                          state_text, throughput_rows)
+from lmcockpit.tui.widgets.log_pane import LogPane
+from lmcockpit.tui.widgets.panels import (Panel, SideColumn, cpu_memory_rows, gpu_layout, gpu_panel, host_rows,
+                                          memory_rows, spark, state_text, target_text, throughput_rows)
 from lmcockpit.tui.widgets.task_panel import TaskPanel, references_of
 
 # Seconds between redraws of a dashboard that changed: a redraw (Textual laying out and rendering
@@ -44,6 +46,9 @@ REDRAW_EVERY = 1.0
 NARROW, SHORT, TALL = 100, 30, 40  # below the first two the side panels and the log shrink; from TALL the log grows
 CHAT_BESIDE = 140  # from this width the chat pane opens beside the chart; below, under it
 CHAT_TITLE = "chat · Esc leaves the prompt · t closes"
+# What the run host logs as each viewer comes and goes (core/process/host.py): a count for the top
+# bar, not lines for the log pane, which at 80x24 shows two.
+VIEWERS_LINE = re.compile(r"host: a viewer (?:attached|detached) \((\d+) watching\)")
 
 
 def height(content: Text | str, width: int) -> int:
@@ -94,6 +99,7 @@ class DashboardScreen(Screen):
         self.quit_when_done = False
         self.stopping = False  # this cockpit asked the run to stop: quitting does not leave it training
         self.baseline_path = ""  # the run drawn under the live curves, if any
+        self.watching = engine.viewers if engine is not None else 0  # cockpits attached to the run, this one too
 
     # --------------------------------------------------------------------------------- layout
     def compose(self) -> ComposeResult:
@@ -106,6 +112,7 @@ class DashboardScreen(Screen):
                         yield Static(id="lr")
                     with SideColumn(id="side"):
                         yield Panel("run", id="state")
+                        yield Panel("target", id="target")  # hidden while the run has no target
                         yield Panel("throughput", id="throughput")
                         yield TaskPanel(id="tasks")  # hidden while the run has no tasks
                         yield Vertical(id="gpus")  # one panel per GPU the run uses, mounted by redraw
@@ -114,12 +121,13 @@ class DashboardScreen(Screen):
                 yield Static(id="stepline")
                 yield Static(id="devices")  # a bar per GPU, or the CPU run's own load
                 yield Static(id="failure")
-                yield RichLog(id="log", max_lines=5000, markup=False, highlight=False, wrap=True)
+                yield LogPane(5000, id="log")
             yield ChatPane(self.send_sample, id="chat")
         yield Footer(show_command_palette=False)  # its room goes to the run's keys; Ctrl+P still opens it
 
     def on_mount(self) -> None:
-        self.query_one("#log", RichLog).border_title = "log"
+        self.query_one("#log", LogPane).border_title = "log"
+        self.query_one("#target", Panel).display = False
         self.query_one("#chat").border_title = CHAT_TITLE
         self.on_resize()
         self.set_interval(REDRAW_EVERY, self.redraw)
@@ -146,11 +154,14 @@ class DashboardScreen(Screen):
         self.apply_events(message.events)
 
     def apply_events(self, events: list[object]) -> None:
-        log = self.query_one("#log", RichLog)
+        log = self.query_one("#log", LogPane)
         for ev in events:
             self.view.apply(ev)
             if isinstance(ev, P.LogLine):
-                log.write(ev.text)
+                if viewers := VIEWERS_LINE.fullmatch(ev.text):
+                    self.watching = int(viewers[1])
+                else:
+                    log.add(ev.text)
             elif isinstance(ev, P.SampleText):
                 self.query_one(ChatPane).receive(ev)
             elif isinstance(ev, P.RunStarted):
@@ -222,16 +233,22 @@ class DashboardScreen(Screen):
         return run_gpu_indices(self.devices, os.environ.get("CUDA_VISIBLE_DEVICES"), self.device_uuids,
                                self.reading.gpus if self.reading else [])
 
-    def redraw_gpus(self, indices: list[int]) -> None:
+    @property
+    def on_gpu(self) -> bool:
+        return any(d.startswith("cuda") for d in self.devices or ())
+
+    def redraw_gpus(self, indices: list[int], inside: int) -> None:
         narrow = self.has_class("narrow")
-        on_gpu = any(d.startswith("cuda") for d in self.devices or ())
-        keys = ["unlisted"] if on_gpu and not indices else gpu_layout(indices, narrow)
+        keys = ["unlisted"] if self.on_gpu and not indices else gpu_layout(indices, narrow)
         if keys != self.gpu_keys:
             self.mount_gpu_panels(keys)
         no_gpu = self.telemetry.nvml_error if self.telemetry else ""
         for key, panel in zip(keys, self.gpu_panels, strict=True):
             panel.border_title, content = gpu_panel(key, indices, self.reading, self.util_history, no_gpu, narrow)
-            panel.show(content)
+            if isinstance(content, list):
+                panel.show_rows(content, inside)
+            else:
+                panel.show(content)
 
     def mount_gpu_panels(self, keys: list[str]) -> None:
         """Replace the GPU panels: classes, not ids, name them, as the old ones leave only after
@@ -247,7 +264,7 @@ class DashboardScreen(Screen):
         are many), or the CPU run's own CPU and memory."""
         if gpus:
             lines = gpu_lines(gpus, self.reading, width, 2 if self.has_class("short") else 4)
-        elif any(d.startswith("cuda") for d in self.devices or ()):
+        elif self.on_gpu:
             lines = [Text("GPU: no reading of the run's GPU" + (f" ({self.telemetry.nvml_error})"
                                                                  if self.telemetry and self.telemetry.nvml_error
                                                                  else ""), style="dim")]
@@ -263,25 +280,34 @@ class DashboardScreen(Screen):
             return
         self.dirty = False
         v = self.view
+        # other cockpits attached to the run: a count here, not a line in the log at each coming and going
+        others = f" · {self.watching} watching" if self.watching > 1 else ""
         top = Text.assemble((f" lmcockpit · {self.run_title} ", "bold reverse"), "  ", state_text(v),
-                            (f" · step {v.step}/{v.max_steps}" if v.max_steps else "", "bold"))
+                            (f" · step {v.step}/{v.max_steps}" if v.max_steps else "", "bold"), (others, "dim"))
         self.put("#topbar", top)
+        side = self.query_one(SideColumn)
+        # an open panel's inside: the column's width less the panel's border and padding
+        inside = (side.size.width or (29 if self.has_class("narrow") else 37)) - 4
         procs = f" · {self.world} procs" if self.world > 1 else ""
         self.query_one("#state", Panel).show_rows([
             ("device", f"{v.device} {v.precision}{procs}".strip() or "–"),
             ("params", f"{v.n_params / 1e6:.2f}M" if v.n_params else "–"),
-            ("tokens/step", f"{v.tokens_per_step:,}" if v.tokens_per_step else "–"),
-            ("run folder", v.run_dir or "–"),
-        ])
-        self.query_one("#throughput", Panel).show_rows(throughput_rows(v))
-        side = self.query_one(SideColumn)
-        # an open panel's inside: the column's width less the panel's border and padding
-        inside = (side.size.width or (29 if self.has_class("narrow") else 37)) - 4
+            ("tok/step", f"{v.tokens_per_step:,}" if v.tokens_per_step else "–"),
+            ("folder", v.run_dir or "–"),
+        ], inside)
+        target = self.query_one("#target", Panel)
+        ahead = target_text(v)
+        if target.display != (ahead is not None):
+            target.display = ahead is not None
+        target.show_rows([("", ahead or "")], inside)
+        self.query_one("#throughput", Panel).show_rows(throughput_rows(v, target=False), inside)
         self.query_one("#tasks", TaskPanel).show_tasks(v, inside, references_of(v.config))
         gpus = self.gpu_indices()
-        self.redraw_gpus(gpus)
-        self.query_one("#memory", Panel).show_rows(memory_rows(v, find_gpu(self.reading, gpus[0]) if gpus else None))
-        self.query_one("#host", Panel).show_rows(host_rows(self.reading))
+        self.redraw_gpus(gpus, inside)
+        memory = (memory_rows(v, find_gpu(self.reading, gpus[0]) if gpus else None) if gpus or self.on_gpu
+                  else cpu_memory_rows(self.load, self.reading))
+        self.query_one("#memory", Panel).show_rows(memory, inside)
+        self.query_one("#host", Panel).show_rows(host_rows(self.reading), inside)
         lr_line = f"lr {v.lr:.2e} " if v.lr is not None else "lr – "
         width = max(8, self.query_one("#lr").size.width - len(lr_line) - 1)
         # The history gives between n and 2n points for 2n asked: `width` of them, evenly taken.
@@ -328,6 +354,9 @@ class DashboardScreen(Screen):
         return True
 
     def action_back(self) -> None:
+        # The run's notices ("run finished at step N: n goes back…") are the dashboard's: they
+        # would stay over the launch screen's tables for their timeout.
+        self.app.clear_notifications()
         self.app.back_to_launch()
 
     def action_toggle_pause(self) -> None:

@@ -2,4 +2,5 @@
 
 `charts` (the loss chart), `compare_chart` (several runs' losses on one plot), `glance` (the
 dashboard's one-line readings), `panels` (the dashboard's number panels), `task_panel` (its task
-scores over steps) and `chat_pane` (the chat pane)."""
+scores over steps), `chat_pane` (the chat pane) and `log_pane` (a log that wraps again to its
+width)."""

@@ -1,12 +1,16 @@
 """The dashboard's number panels: run state, throughput, memory, GPU and host.
 
 Each renders from the RunState (engine figures) and the latest telemetry Reading (NVML/psutil,
-sampled at 1 Hz).
+sampled at 1 Hz). A panel's labels are never cut: its values wrap under their label instead, to
+the width the panel has (the target forecast, a reason there is no reading); a path is cut from
+the left, its end kept.
 
 A run's GPUs are the devices RunStarted names, mapped from CUDA's numbering to NVML's: a panel
 each while they are few, one panel with a row per GPU when they are many."""
 
 from __future__ import annotations
+
+import textwrap
 
 from rich.table import Table
 from rich.text import Text
@@ -14,7 +18,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.hardware.telemetry import GPUReading, Reading, find_gpu
+from lmcockpit.core.hardware.telemetry import GPUReading, ProcessLoad, Reading, find_gpu
 from lmcockpit.tui.formatting import DASH, fmt_count, fmt_duration
 from lmcockpit.tui.run_state import RunState
 
@@ -35,12 +39,43 @@ def spark(values: list[float], width: int = 16, top: float = 100.0) -> str:
 
 
 def kv_table(rows: list[tuple[str, str]]) -> Table:
+    """A label column as wide as its longest label, so no label is ever cut, and the values beside
+    it; rows whose labels are all empty are one column of values."""
     t = Table.grid(padding=(0, 1))
-    t.add_column(style="dim", no_wrap=True)
+    if any(k for k, _ in rows):
+        t.add_column(style="dim", no_wrap=True, min_width=max(len(k) for k, _ in rows))
     t.add_column(no_wrap=True)
     for k, v in rows:
-        t.add_row(k, v)
+        t.add_row(*([k] if len(t.columns) == 2 else []), v)
     return t
+
+
+def wrapped(rows: list[tuple[str, str]], width: int) -> list[tuple[str, str]]:
+    """`rows` with each value longer than the room beside the labels (in `width` columns) wrapped
+    onto rows of its own, their labels blank (`wrap`): a row is still a line, and no label and no
+    figure is cut."""
+    labels = max((len(k) for k, _ in rows), default=0)
+    room = max(8, width - labels - (1 if labels else 0))
+    out = []
+    for k, v in rows:
+        lines = wrap(v, room)
+        out += [(k, lines[0])] + [("", line) for line in lines[1:]]
+    return out
+
+
+def wrap(value: str, room: int) -> list[str]:
+    """`value` in lines of `room` columns at most, wrapped at spaces. A path (no spaces, a slash)
+    keeps its end, the run's own folder, which tells it apart: its start is cut at a slash, or,
+    where the folder's name alone is too long, that name is what is shown, wrapped."""
+    if len(value) <= room:
+        return [value]
+    if " " in value or "/" not in value:
+        return textwrap.wrap(value, room) or [""]
+    parts = value.rstrip("/").split("/")
+    for n in range(len(parts) - 1, 0, -1):
+        if len(tail := "…/" + "/".join(parts[n:])) <= room:
+            return [tail]
+    return textwrap.wrap(parts[-1], room)
 
 
 def state_text(v: RunState) -> Text:
@@ -52,18 +87,29 @@ def state_text(v: RunState) -> Text:
     return text
 
 
-def throughput_rows(v: RunState) -> list[tuple[str, str]]:
-    return [
+def throughput_rows(v: RunState, target: bool = True) -> list[tuple[str, str]]:
+    """The run's figures; with `target`, when it should reach its target (the dashboard gives that
+    a panel of its own: `target_text`)."""
+    rows = [
         ("tokens/s", fmt_count(v.tokens_per_s) if v.tokens_per_s else DASH),
         ("steps/s", f"{v.steps_per_s:.2f}" if v.steps_per_s else DASH),
         ("MFU", f"{100 * v.mfu:.1f}%" if v.mfu is not None else DASH),
         ("ETA", fmt_duration(v.eta) if v.eta is not None else DASH),
         ("elapsed", fmt_duration(v.elapsed)),
-        ("tokens seen", fmt_count(v.tokens_seen) if v.tokens_seen else DASH),
+        ("tokens", fmt_count(v.tokens_seen) if v.tokens_seen else DASH),  # seen so far
         ("loss", f"{v.loss:.4f}" if v.loss is not None else DASH),
         ("val loss", f"{v.last_eval.val_loss:.4f} @ {v.last_eval.step}" if v.last_eval else DASH),
         ("lr", f"{v.lr:.2e}" if v.lr is not None else DASH),
-    ] + ([("target", ahead.short(v.cost_per_hour))] if (ahead := v.forecast) is not None else [])
+    ]
+    if target and (ahead := target_text(v)) is not None:
+        rows.append(("target", ahead))
+    return rows
+
+
+def target_text(v: RunState) -> str | None:
+    """When the run should reach training.target_val_loss (or its target_task's accuracy), where
+    and at what cost; None for a run with no target."""
+    return ahead.short(v.cost_per_hour) if (ahead := v.forecast) is not None else None
 
 
 def memory_rows(v: RunState, gpu: GPUReading | None) -> list[tuple[str, str]]:
@@ -75,6 +121,13 @@ def memory_rows(v: RunState, gpu: GPUReading | None) -> list[tuple[str, str]]:
         ("peak", gib(mem["peak"]) if "peak" in mem else DASH),
         ("GPU used", gpu_memory(gpu, " / ") if gpu else DASH),
     ]
+
+
+def cpu_memory_rows(load: ProcessLoad | None, reading: Reading | None) -> list[tuple[str, str]]:
+    """A CPU run's memory panel: what its processes hold of the RAM (the allocator figures are
+    CUDA's: a CPU run has none), and that it has no GPU, said once (it has no GPU panel)."""
+    total = f" of {gib(reading.ram_total)}" if reading and reading.ram_total else ""
+    return [("RSS", gib(load.rss) + total if load else DASH), ("GPU", "none (CPU run)")]
 
 
 # ------------------------------------------------------------------------------------- GPUs
@@ -91,33 +144,33 @@ def gpu_memory(g: GPUReading, sep: str = "/") -> str:
 
 
 def gpu_layout(indices: list[int], narrow: bool) -> list[str]:
-    """The GPU panels to show, by key: "none" for a CPU run, one per GPU index while they are
-    few (one only, on a narrow terminal), else "table": one panel with a row per GPU."""
+    """The GPU panels to show, by key: none for a CPU run (its memory panel says it has no GPU),
+    one per GPU index while they are few (one only, on a narrow terminal), else "table": one
+    panel with a row per GPU."""
     if not indices:
-        return ["none"]
+        return []
     if len(indices) > (1 if narrow else MAX_GPU_PANELS):
         return ["table"]
     return [str(i) for i in indices]
 
 
 def gpu_panel(key: str, indices: list[int], reading: Reading | None, histories: dict[int, list[float]],
-              no_gpu_reason: str, narrow: bool) -> tuple[str, Table]:
+              no_gpu_reason: str, narrow: bool) -> tuple[str, Table | list[tuple[str, str]]]:
     """Title and contents of GPU panel `key` (one of gpu_layout's, or "unlisted": a GPU run none of
-    whose GPUs NVML lists by their UUIDs, or no NVML)."""
-    if key == "none":
-        return "GPU", kv_table([("GPU", "none: CPU run"), ("", no_gpu_reason or "")])
+    whose GPUs NVML lists by their UUIDs, or no NVML): a table, or rows for Panel.show_rows. The
+    title says "GPU": a row never says it again."""
     if key == "unlisted":
-        return "GPU", kv_table([("GPU", "no reading of the run's GPU"), ("", no_gpu_reason or "NVML does not list it")])
+        return "GPU", [("", "no reading of the run's GPU"), ("", no_gpu_reason or "NVML does not list it")]
     if key == "table":
         return gpu_table_title(indices, reading), gpu_table(indices, reading, histories, narrow)
     index = int(key)
     g = find_gpu(reading, index)
     if g is None:  # no NVML, or NVML does not list the GPU the run named
-        return f"GPU {index}", kv_table([("GPU", f"{index}: no reading"), ("", no_gpu_reason or "")])
+        return f"GPU {index}", [("", "no reading"), ("", no_gpu_reason or "")]
     history = histories.get(index, [])
     if len(indices) == 1 and not narrow:
-        return f"GPU {index}", kv_table(gpu_rows(g, history))
-    return f"GPU {index} · {g.name}", kv_table(gpu_compact_rows(g, history, narrow))
+        return f"GPU {index}", gpu_rows(g, history)
+    return f"GPU {index} · {g.name}", gpu_compact_rows(g, history, narrow)
 
 
 def gpu_rows(g: GPUReading, util_history: list[float]) -> list[tuple[str, str]]:
@@ -190,18 +243,22 @@ class Panel(Static):
         self.border_title = title
         self.body: Table = kv_table([])
         self.collapsed = False
-        self.rows: list[tuple[str, str]] | None = None  # what show_rows last showed
+        self.rows: list[tuple[str, str]] | None = None  # what show_rows last showed, before wrapping
+        self.wrapped_to = 0  # the width show_rows last wrapped them to
+        self.summed: list[tuple[str, str]] | None = None  # the rows the collapsed line gives, unwrapped
         self.height_painted = 0  # lines it took when last painted: layout only when that changes
 
-    def show_rows(self, rows: list[tuple[str, str]]) -> None:
-        """The rows, painted only where they changed: a dashboard redraws every panel once a
-        second, and Textual renders again each one painted."""
-        if rows != self.rows:
-            self.rows = list(rows)
-            self.show(kv_table(rows))
+    def show_rows(self, rows: list[tuple[str, str]], width: int = 0) -> None:
+        """The rows, each value wrapped to `width` columns (its inside when open; 0: not wrapped),
+        painted only where they changed: a dashboard redraws every panel once a second, and
+        Textual renders again each one painted."""
+        if rows != self.rows or width != self.wrapped_to:
+            self.rows, self.wrapped_to = list(rows), width
+            self.show(kv_table(wrapped(rows, width) if width else rows), self.rows)
 
-    def show(self, table: Table) -> None:
-        self.body = table
+    def show(self, table: Table, rows: list[tuple[str, str]] | None = None) -> None:
+        """`table` as its body; `rows`, where it was made from them, for its collapsed line."""
+        self.body, self.summed = table, rows
         self.paint()
 
     @property
@@ -210,8 +267,12 @@ class Panel(Static):
         return len(self.body.rows) + 2
 
     def summary(self) -> Text:
-        cells = [[str(c) for c in column.cells] for column in self.body.columns]
-        rows = [" ".join(c for c in row if c.strip()) for row in zip(*cells)]
+        """Its title and its first three rows, whole (not as wrapped when open), on one line."""
+        if self.summed is not None:
+            rows = [" ".join(c for c in row if c.strip()) for row in self.summed]
+        else:
+            cells = [[str(c) for c in column.cells] for column in self.body.columns]
+            rows = [" ".join(c for c in row if c.strip()) for row in zip(*cells)]
         text = Text("▸ ", style="dim")
         text.append(self.border_title or "", style="bold")
         text.append("  " + " · ".join(r for r in rows[:3] if r.strip()))
@@ -235,13 +296,15 @@ class Panel(Static):
 class SideColumn(VerticalScroll):
     """The panels beside the chart. Those that do not all fit collapse to a line each: the one
     chosen (`cycle` moves the choice) stays open where it fits, then as many of the others, in
-    order, as fit. Nothing is ever cut off: the column never needs scrolling."""
+    order, as fit. Nothing is ever cut off: the column never needs scrolling. Until a choice is
+    made, the target's panel is chosen where the run has a target (its forecast, the figure the
+    user is after, is too long for a collapsed line), else throughput."""
 
-    GROUPS = ("state", "throughput", "tasks", "gpu", "memory", "host")
+    GROUPS = ("state", "target", "throughput", "tasks", "gpu", "memory", "host")
 
     def __init__(self, *children, **kwargs):
         super().__init__(*children, **kwargs)
-        self.chosen = "throughput"
+        self.chosen: str | None = None  # None: none chosen yet (`current`)
 
     def groups(self) -> list[tuple[str, list[Panel]]]:
         """The panels shown, by group: every GPU panel is one group."""
@@ -249,11 +312,18 @@ class SideColumn(VerticalScroll):
         by_group = [(g, [p for p in shown if (p.has_class("gpu") if g == "gpu" else p.id == g)]) for g in self.GROUPS]
         return [(g, panels) for g, panels in by_group if panels]
 
+    def current(self, names: list[str]) -> str:
+        """The group chosen, among `names` (those shown)."""
+        if self.chosen in names:
+            return self.chosen
+        return next((name for name in ("target", "throughput") if name in names), names[0])
+
     def cycle(self) -> str:
         """Choose the next group (opened where it fits); its name."""
         names = [g for g, _ in self.groups()]
-        if names:
-            self.chosen = names[(names.index(self.chosen) + 1) % len(names)] if self.chosen in names else names[0]
+        if not names:
+            return ""
+        self.chosen = names[(names.index(self.current(names)) + 1) % len(names)]
         self.fit()
         return self.chosen
 
@@ -262,7 +332,7 @@ class SideColumn(VerticalScroll):
         groups = self.groups()
         if not height or not groups:
             return
-        chosen = self.chosen if self.chosen in dict(groups) else groups[0][0]
+        chosen = self.current([name for name, _ in groups])
         opened, used = set(), sum(len(panels) for _, panels in groups)  # all collapsed: a line each
         for name, panels in sorted(groups, key=lambda gp: gp[0] != chosen):  # the chosen first
             extra = sum(p.lines - 1 for p in panels)
