@@ -258,9 +258,34 @@ async def test_the_launch_screen_shows_every_presets_fit_and_the_settings_values
         await pilot.press("tab")  # the recent runs: reached with Tab, with room to show some
         assert app.focused is runs
         await pilot.pause()
-        assert runs.region.height >= 5 and "run  status  step  loss" in shown_in(app, runs)[1]
+        assert runs.region.height >= 5 and "run  step  loss  status" in shown_in(app, runs)[1]
         assert runs.region.bottom <= app.screen.region.bottom - 1  # above the footer
         assert "Resume" in footer_keys(app) and "Quit" in footer_keys(app)
+
+
+@pytest.mark.parametrize("size", [(120, 40), (170, 45)], ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_the_launch_screen_shows_every_preset_column_from_120_columns(tmp_path, size):
+    """At 120x40 the presets lost their tokens/step and GPU class (the settings beside them took
+    the width): each row now shows every column, whole, with the settings' values still beside
+    their keys."""
+    from lmcockpit.tui.rows import preset_rows
+    from lmcockpit.tui.screens.launch import flatten
+
+    app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        launch = app.screen
+        shown = shown_in(app, launch.query_one("#presets"))
+        assert re.search(r"│ preset +params +est\. memory +fit +tokens/step +GPU class ", shown[1]), shown[1]
+        for name, gpu_class, params, tokens, memory, verdict in preset_rows(None):
+            cells = [name, params, memory, verdict, tokens, gpu_class]
+            assert any(re.search(r"│ " + " +".join(map(re.escape, cells)) + "( |$)", line) for line in shown), (name, shown)
+        settings = launch.query_one("#settings")
+        values = dict(flatten(launch.current_config()))
+        key = "training.activation_checkpointing"  # the longest key
+        settings.move_cursor(row=settings.get_row_index(key))
+        await pilot.pause()
+        assert any(re.search(rf"│ {key} +{values[key]} ", line) for line in shown_in(app, settings))
 
 
 async def test_the_launch_screen_shows_each_mixture_part_s_tokens_and_epochs(tmp_path, monkeypatch):

@@ -241,3 +241,40 @@ def test_the_bash_script_completes_through_the_installed_command(workdir):
                           env={**os.environ, "PATH": f"{installed.parent}{os.pathsep}{os.environ['PATH']}"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["runs/cpu-20261123-084716", "runs/debug-20261124-101500"]
+
+
+# ------------------------------------------------------------------------------------ ps
+def test_ps_on_an_80_column_terminal_gives_each_run_one_line(tmp_path, terminal):
+    """`lmcockpit ps` at 80 columns split a run's folder over four lines (every column folded):
+    now each run is a line, its folder cut from the left (its name, at the end, whole); the
+    target forecast and a dead run's resume command, too long for a column, follow whole."""
+    import socket
+    import time
+
+    from lmcockpit.core.process import live
+
+    deep = tmp_path / "a-project-folder-with-a-long-name" / "experiments" / "runs"
+    running, dead = deep / "gpt2-fineweb-20261123-120000", deep / "cpu-20261123-131614"
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that has ended: its run is dead
+    forecast = "val 3.10 at ~step 270 (240–1,600), in under a minute"
+    for run, pid, state in ((running, os.getpid(), "running"), (dead, gone.pid, "running")):
+        run.mkdir(parents=True)
+        live.LiveRecord(str(run), pid, socket.gethostname(), str(run / live.SOCKET), preset=run.name.rsplit("-", 2)[0],
+                        state=state, step=240, max_steps=18900, loss=3.0653, eta_s=131.0, viewers=2,
+                        started=time.time(), target=forecast if run == running else "").write()
+        live.register(run)
+    try:
+        code, out = terminal("ps", size=(80, 24)).end()
+    finally:
+        for run in (running, dead):
+            live.forget(run)
+    assert code == 0, out
+    lines = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line).rstrip() for line in out.splitlines()]
+    row = next(line for line in lines if running.name in line)
+    assert re.fullmatch(rf"…(\S*/)?{running.name} +240/18900 +3\.065 +0:02:11 +2 +running", row), row
+    row = next(line for line in lines if dead.name in line and "resume" not in line)
+    assert re.fullmatch(rf"…\S*/{dead.name} +240/18900 +3\.065 +– +– +dead", row), row
+    assert f"{running}: target {forecast}" in out
+    assert f"dead: lmcockpit --run --resume {dead}" in out.replace("\r\n", "")
+    assert all(len(line) <= 80 for line in lines[:4]), lines  # the header, its rule and the two runs

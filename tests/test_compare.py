@@ -4,6 +4,7 @@ screen's marks and compare view through App.run_test(); `lmcockpit compare` as a
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -165,7 +166,46 @@ def test_notification_urls_are_no_setting_compared(runs, tmp_path):
     assert not [key for key in a.config if key.startswith("notify.")]
 
 
+def named_as_the_cockpit_names(runs: Path, root: Path) -> list[Path]:
+    """Copies of lr-high, lr-low and lr-high again named as the cockpit names its runs (the preset,
+    then the time); the third also trained longer with activation checkpointing, so the settings
+    they differ in include the longest key."""
+    copies = []
+    for n, (name, changes) in enumerate([("lr-high", {}), ("lr-low", {}),
+                                         ("lr-high", {"max_steps = 12": "max_steps = 1000",
+                                                      "activation_checkpointing = false": "activation_checkpointing = true"})]):
+        copy = root / f"gpt2-fineweb-20261123-12{n:02d}00"
+        shutil.copytree(runs / name, copy, ignore=shutil.ignore_patterns("checkpoints"))
+        text = (copy / "config.toml").read_text()
+        for before, after in changes.items():
+            assert text.count(before) == 1, before
+            text = text.replace(before, after)
+        (copy / "config.toml").write_text(text)
+        copies.append(copy)
+    return copies
+
+
 # ---------------------------------------------------------------------------- the cockpit
+async def test_marking_a_run_leaves_every_run_s_loss_in_view(runs, tmp_path):
+    """At 120x40 a marked run's "● " pushed the loss column past the runs table's edge; the loss
+    now comes before the status, the column a narrow table cuts."""
+    root = tmp_path / "runs"
+    copies = named_as_the_cockpit_names(runs, root)
+    app = CockpitApp(runs_root=root, telemetry=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        launch = app.screen
+        table = launch.query_one("#runs")
+        table.focus()
+        for copy in copies:
+            table.move_cursor(row=table.get_row_index(str(copy)))
+            await pilot.press("space")
+        await pilot.pause()
+        shown = shown_in(app, table)
+        for copy in copies:
+            loss = f"{load_run(copy).final_loss:.3f}"
+            assert any(re.search(rf"│ ● {copy.name} +12/\d+ +{re.escape(loss)} ", line) for line in shown), (loss, shown)
+
+
 async def test_marked_runs_open_side_by_side_and_come_back_marked(runs):
     app = CockpitApp(runs_root=runs, telemetry=False)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -284,6 +324,19 @@ def test_compare_prints_each_task_s_last_score_and_a_dash_where_a_run_has_none(r
     # the rest as plain's: the task rows are all that was added
     assert [line for line in lines if line.split("\t")[0] not in added] == [
         line.replace("lr-high", "scored") for line in plain.stdout.splitlines()]
+
+
+def test_compare_on_an_80_column_terminal_keeps_each_setting_s_name_whole(runs, tmp_path, terminal):
+    """Three runs side by side at 80 columns broke the settings' names mid-word (`training.max_s`
+    over `teps`): each name is now on one line, whole, and the runs' columns share the rest."""
+    copies = named_as_the_cockpit_names(runs, tmp_path)
+    code, out = terminal("compare", *map(str, copies), size=(80, 24)).end()
+    assert code == 0, out
+    lines = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line).rstrip() for line in out.splitlines()]
+    for key in ("optimizer.lr", "training.max_steps", "training.activation_checkpointing", "final loss (ema)",
+                "best val loss"):
+        assert any(re.match(rf" {re.escape(key)}  ", line) for line in lines), (key, lines)
+    assert all(len(line) <= 80 for line in lines)
 
 
 def test_compare_never_prints_a_notification_url(runs, tmp_path):

@@ -91,9 +91,12 @@ def main(argv: list[str]) -> int:
         for what, cells in [(header[0], header[1:]), *settings, *results]:
             print("\t".join([what, *cells]))
     else:
+        # The keys whole, each on one line (the runs' columns share what is left, and wrap): a
+        # setting's name broken mid-word reads as two.
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-        for column in header:
-            table.add_column(column, overflow="fold")
+        table.add_column(header[0], no_wrap=True, min_width=max(len(what) for what, _ in [*settings, *results]))
+        for column in header[1:]:
+            table.add_column(column, overflow="fold", ratio=1)
         for i, (what, cells) in enumerate(settings):
             table.add_row(what, *cells, style="bold", end_section=i == len(settings) - 1)
         for what, cells in results:

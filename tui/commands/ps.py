@@ -11,6 +11,8 @@ what to look at, rather than see it vanish.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich import box
 from rich.table import Table
 from rich.text import Text
@@ -41,6 +43,86 @@ def rows(runs: list[live.LiveRun], unreadable: list[live.Unreadable] = ()) -> li
     return out
 
 
+# On a terminal each run is one line: every figure whole and the run's folder shortened from here,
+# then cut from the left where it must be (its name is at the end). What is too long for a column
+# follows the table, whole, to copy: a dead run's resume command, why a live.json is unreadable,
+# and the target forecasts where their column does not fit.
+RUN_MIN = 16  # the fewest columns the run's folder is cut to
+
+
+def overhead(columns: int) -> int:
+    """What the table (`new_table`) adds to its columns' widths: two blanks between two."""
+    return 2 * (columns - 1)
+
+
+def new_table() -> Table:
+    """A rule under the header; no edges, one padding between two columns: room for the figures."""
+    return Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+
+
+def widths(columns: list[str], rows: list[tuple[str, ...]]) -> list[int]:
+    return [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+
+
+def table_rows(columns: tuple[str, ...], rows: list[tuple[str, ...]], width: int
+               ) -> tuple[list[str], list[tuple[str, ...]], list[str]]:
+    """The terminal's table at `width` columns: its columns (those where every run has a dash
+    left out; the preset too where each folder's name starts with it, as the runs the cockpit
+    starts are named; the target where it does not fit whole), its rows (folders shortened from
+    here; a dead or unreadable run's state one word), and the lines that follow it."""
+    notes, targets, shown = [], [], []
+    target = columns.index("target")
+    for row in rows:
+        run, state = shown_path(row[0]), row[-1]
+        if state.startswith(("dead: ", "unreadable: ")):
+            notes.append(state if state.startswith("dead") else f"{run}: {state}")  # a resume command names the run
+            state = state.split(":", 1)[0]
+        if row[target] != DASH:
+            targets.append(f"{run}: target {row[target]}")
+        shown.append((run, *row[1:-1], state))
+    preset = columns.index("preset")
+    named = all(r[preset] == DASH or Path(r[0]).name.startswith(r[preset]) for r in shown)
+    kept = [i for i, c in enumerate(columns)
+            if c in ("run", "state") or (i != preset or not named) and any(r[i] != DASH for r in shown)]
+    if target in kept:
+        need = widths([columns[i] for i in kept], [tuple(r[i] for i in kept) for r in shown])
+        if sum(need[1:]) + min(need[0], RUN_MIN) + overhead(len(kept)) > width:
+            kept.remove(target)
+            notes = targets + notes
+    return [columns[i] for i in kept], [tuple(r[i] for i in kept) for r in shown], notes
+
+
+def run_width(columns: list[str], rows: list[tuple[str, ...]], width: int) -> int:
+    """The run column's width at `width` columns: its longest folder, or what the other columns
+    leave, RUN_MIN at least."""
+    need = widths(columns, rows)
+    return min(need[0], max(RUN_MIN, width - sum(need[1:]) - overhead(len(columns))))
+
+
+def cut(path: str, room: int) -> str:
+    """`path` in `room` columns, its start cut: at a slash where its end then fits, else in its
+    name (a run's name ends in its time: that end tells runs apart)."""
+    if len(path) <= room:
+        return path
+    parts = path.rstrip("/").split("/")
+    for n in range(1, len(parts)):
+        if len(tail := "…/" + "/".join(parts[n:])) <= room:
+            return tail
+    return "…" + parts[-1][-(room - 1):]
+
+
+def shown_path(path: str) -> str:
+    """A run folder as a person would type it from here: relative to the current folder where it
+    is under it, else to the home folder (`~/...`), else whole."""
+    full = Path(path)
+    for base, prefix in ((Path.cwd, ""), (Path.home, "~/")):
+        try:
+            return prefix + str(full.relative_to(base()))
+        except (ValueError, OSError):  # not under it, or no current folder (deleted) or home
+            continue
+    return path
+
+
 def main(argv: list[str]) -> int:
     build_parser().parse_args(argv)
     runs, unreadable = live.survey()
@@ -53,11 +135,15 @@ def main(argv: list[str]) -> int:
         for row in [columns, *rows(runs, unreadable)]:
             print("\t".join(row))
         return 0
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for row in rows(runs, unreadable):
+    names, shown, notes = table_rows(columns, rows(runs, unreadable), console.width)
+    room = run_width(names, shown, console.width)
+    table = new_table()
+    for column in names:
+        table.add_column(column, no_wrap=True, width=room if column == "run" else None)
+    for run, *cells in shown:
         # Text, not markup: a folder's name or a reason may hold brackets
-        table.add_row(*map(Text, row), style="red" if row[-1].startswith(("dead", "unreadable")) else "")
+        table.add_row(*map(Text, (cut(run, room), *cells)), style="red" if cells[-1] in ("dead", "unreadable") else "")
     console.print(table)
+    for note in notes:
+        console.print(Text(note, style="" if ": target " in note else "red"))
     return 0

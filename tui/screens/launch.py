@@ -85,8 +85,10 @@ def nproc_cycle(current: int, gpus: int) -> list[int]:
 
 
 # Below NARROW columns the presets, the settings and the recent runs stack, each full width; at
-# ROOMY and wider the presets show every column beside the settings. Below SHORT rows (80x24) the
-# stacked tables share the height: the focused one grows, the others keep their cursor row in view.
+# ROOMY and wider the presets show every column beside the settings. Between the two, on a terminal
+# of SHORT rows or more (120x40), the presets take the whole width above the settings and the runs,
+# so that they too show every column. Below SHORT rows (80x24) the stacked tables share the
+# height: the focused one grows, the others keep their cursor row in view.
 NARROW, ROOMY, SHORT = 110, 160, 30
 # What a preset is picked by comes first, so a narrow table cuts only the extras on the right.
 PRESET_COLUMNS = [("preset", 0), ("params", 2), ("est. memory", 4), ("fit", 5), ("tokens/step", 3), ("GPU class", 1)]
@@ -153,9 +155,11 @@ class LaunchScreen(Screen):
         yield Footer()
 
     def on_resize(self, event=None) -> None:
-        self.set_class(self.size.width < NARROW, "narrow")
-        self.set_class(self.size.width >= ROOMY, "roomy")
-        self.set_class(self.size.height < SHORT, "short")
+        width, height = self.size
+        self.set_class(width < NARROW, "narrow")
+        self.set_class(width >= ROOMY, "roomy")
+        self.set_class(height < SHORT, "short")
+        self.set_class(NARROW <= width < ROOMY and height >= SHORT, "mid")
 
     def on_mount(self) -> None:
         reading = self.telemetry.read() if self.telemetry else None
@@ -179,7 +183,9 @@ class LaunchScreen(Screen):
         self.query_one("#settings", DataTable).border_title = "settings"
         runs = self.query_one("#runs", DataTable)
         runs.border_title = "runs · Enter attaches or resumes · o chats"
-        runs.add_columns("run", "status", "step", "loss")
+        # the status last: the longest (a live run's ETA and viewers), so it is what a narrow table
+        # cuts, never the loss
+        runs.add_columns("run", "step", "loss", "status")
         self.refresh_runs()
         self.set_interval(2.0, self.refresh_runs)  # live runs move on
         self.show_settings()
@@ -497,23 +503,24 @@ class LaunchScreen(Screen):
 
 
 def past_row(s: dict) -> tuple[Text | str, ...]:
-    """A run no host serves, as run_summary sees it; one whose metrics.jsonl holds rows that are
-    not lmcockpit's, in red, unreadable, with no figures to mislead."""
+    """A run no host serves, as run_summary sees it: name, step, loss, status; one whose
+    metrics.jsonl holds rows that are not lmcockpit's, in red, unreadable, with no figures to mislead."""
     name = s["name"]
     if s["status"] == UNREADABLE:
-        return Text(name, style="red"), Text(f"{UNREADABLE} metrics.jsonl", style="red"), DASH, DASH
+        return Text(name, style="red"), DASH, DASH, Text(f"{UNREADABLE} metrics.jsonl", style="red")
     step = f"{s['step']}/{s['max_steps']}" if s["max_steps"] else str(s["step"])
     loss = f"{s['loss']:.3f}" if s["loss"] is not None else DASH
-    return name, s["status"], step, loss
+    return name, step, loss, s["status"]
 
 
 def live_row(run: live.LiveRun) -> tuple[Text | str, ...]:
-    """A run a host serves: its state, time left and viewers; one whose host died, in red, dead."""
+    """A run a host serves: name, step, loss, and its state, time left and viewers; one whose
+    host died, in red, dead."""
     r = run.record
     step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
     loss = f"{r.loss:.3f}" if r.loss is not None else DASH
     if not run.live:
-        return Text(run.run_dir.name, style="red"), Text("dead · Enter resumes", style="red"), step, loss
+        return Text(run.run_dir.name, style="red"), step, loss, Text("dead · Enter resumes", style="red")
     eta = f" · ETA {fmt_duration(r.eta_s)}" if r.eta_s is not None else ""
     status = f"{r.state}{eta} · {r.viewers} watching"
-    return Text(run.run_dir.name, style="bold"), Text(status, style="green"), step, loss
+    return Text(run.run_dir.name, style="bold"), step, loss, Text(status, style="green")
