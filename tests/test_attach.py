@@ -240,7 +240,11 @@ async def test_the_launch_screen_lists_a_live_run_first_and_enter_attaches(backg
     async with app.run_test(size=(120, 40)) as pilot:
         launch = app.screen
         table = launch.query_one("#runs")
-        await wait_for(pilot, lambda: table.row_count >= 1, what="the live run listed")
+        # live.json is rewritten once a second at most (the host's RECORD_EVERY), and the listing
+        # every two: the first one may say what the run did before it trained a step or two
+        trains = re.compile(r"(running|evaluating|checkpointing) · ETA ")
+        await wait_for(pilot, lambda: table.row_count >= 1 and trains.match(str(table.get_row_at(0)[3])),
+                       what="the live run listed, training")
         name, step, loss, status = (str(cell) for cell in table.get_row_at(0))  # the status last: a narrow table cuts it, not the loss
         # training, or between steps evaluating or writing a checkpoint (the cpu preset's cadence)
         assert name == background.name and status.endswith(" watching"), status

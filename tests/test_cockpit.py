@@ -669,46 +669,41 @@ async def test_a_cuda_graph_mode_launches_from_the_cockpit_in_one_process(tmp_pa
     assert not re.search(r"^(rank\d+|launcher): ", log, re.M)
 
 
-async def test_the_cockpit_keeps_answering_while_a_launch_is_checked(tmp_path):
-    """A launch's checks run in a thread (a first Hub task fetch takes minutes): with its task file
-    arriving late (a FIFO, read only once something writes it), the launch returns at once, a
-    second one is refused meanwhile, and the run starts once the file has come."""
+async def test_the_cockpit_keeps_answering_while_a_launch_is_checked(tmp_path, monkeypatch):
+    """A launch's checks run in a thread (a first Hub task fetch takes minutes): while the check
+    waits (here held at a gate until the test opens it; it then runs as ever, on a real task file),
+    the launch returns at once, a second one is refused meanwhile, and the run starts once the check
+    is done. (A FIFO as the task file held it once; a FIFO is now refused as a task file, #50.)"""
     import json
-    import os
     import threading
 
+    import lmcockpit.tui.app as app_module
+
     late = tmp_path / "late.jsonl"
-    os.mkfifo(late)
-    rows = "".join(json.dumps(r) + "\n" for r in (
+    late.write_text("".join(json.dumps(r) + "\n" for r in (
         {"context": "import", "choices": [" os\n", " the\n"], "gold": 0},
-        {"context": "def f():\n", "choices": ["    return 1\n", "    x x x\n"], "gold": 0}))
-    sent = threading.Event()
+        {"context": "def f():\n", "choices": ["    return 1\n", "    x x x\n"], "gold": 0})))
+    gate, checked = threading.Event(), threading.Event()
+    real_check = app_module.check_before_start
 
-    def send() -> None:
-        with open(late, "w") as f:  # open once the cockpit's check opens it to read
-            f.write(rows)
-            # A plain file in the FIFO's place before the check reads to its end: the engine started
-            # after the check reads that one.
-            (tmp_path / "plain.jsonl").write_text(rows)
-            os.replace(tmp_path / "plain.jsonl", late)
-        sent.set()
+    def held_check(cfg):
+        # Only if the launch blocks the cockpit (the defect) does the gate stay shut until then:
+        # the test fails instead of hanging.
+        gate.wait(60)
+        real_check(cfg)
+        checked.set()
 
-    # Only if the launch blocks the cockpit (the defect): the file comes anyway, and the test fails
-    # instead of hanging.
-    rescue = threading.Timer(60, send)
-    rescue.daemon = True
-    rescue.start()
+    monkeypatch.setattr(app_module, "check_before_start", held_check)
     cfg = shrunk_cpu(f"eval.tasks=[{json.dumps(str(late))}]", "eval.tasks_every=6")
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
     async with app.run_test() as pilot:
         worker = app.launch(cfg, "cpu")
-        assert worker is not None and not sent.is_set()  # back at once, the file not there yet
+        assert worker is not None and not checked.is_set()  # back at once, the check not done
         assert app.launch(cfg, "cpu") is None
         await pilot.pause()
         assert isinstance(app.screen, LaunchScreen) and not app.engines
         assert any("being prepared: one at a time" in n.message for n in app._notifications)
-        rescue.cancel()
-        threading.Thread(target=send, daemon=True).start()
+        gate.set()
         await prepared(app, pilot)
         dash = dashboard(app)
         await wait_for(pilot, lambda: dash.view.state in P.TERMINAL_STATES, timeout=180, what="the run to end")
