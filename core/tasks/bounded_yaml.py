@@ -1,7 +1,8 @@
-"""YAML read with what a document may hold bounded (a CORE bundle's core.yaml, a harness task's
-file): its nesting, the values its aliases stand for, and its integers' digits, each refused in one
-line that names the file and the line, where yaml.safe_load would recurse until a RecursionError,
-hand what reads the document a billion values, or let int()'s ValueError out.
+"""YAML read with what a document may hold bounded: nesting, aliases' values, integers' digits.
+
+A CORE bundle's core.yaml and a harness task's file: each bound is refused in one line that names
+the file and the line, where yaml.safe_load would recurse until a RecursionError, hand what reads
+the document a billion values, or let int()'s ValueError out.
 Torch: never.
 """
 

@@ -1,7 +1,8 @@
-"""Reading the files a task is made from (a task file, a CORE bundle's, a harness task's YAML) so
-that no file can hang or exhaust the reader: each is opened only as a regular file (a FIFO would
-block the open or the read forever, /dev/zero never ends) and read to a stated size. Their YAML:
-bounded_yaml.py (apart, so that importing this costs no YAML parser).
+"""The files a task is made from, read so that none can hang or exhaust the reader.
+
+A task file, a CORE bundle's, a harness task's YAML: each is opened only as a regular file (a FIFO
+would block the open or the read forever, /dev/zero never ends) and read to a stated size. Their
+YAML: bounded_yaml.py (apart, so that importing this costs no YAML parser).
 
 `others_can_change` says why another account could change a file lmcockpit is about to hand to
 code that runs it (a harness task's `!function`).
