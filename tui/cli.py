@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from lmcockpit import __version__
-from lmcockpit.core.config import ConfigError, load_config, shipped_presets
+from lmcockpit.core.config import ConfigError, TrainingConfig, load_config, shipped_presets
 from lmcockpit.core.process import live
 from lmcockpit.core.process.rendezvous import Rendezvous
 from lmcockpit.core.run.folder import create_run_dir
@@ -34,7 +34,12 @@ EXAMPLES = """\
 examples:
   lmcockpit --run cpu                            # train headless (CPU is fine)
   lmcockpit 4090 --set training.max_steps=2000   # the cockpit, starting a run
-  lmcockpit chat runs/cpu-20261123-084716        # sample from what it learned"""
+  lmcockpit chat runs/cpu-20261123-084716        # sample from what it learned
+
+a loss spike (training.on_spike, default "{t.on_spike}": said, training goes on): "rollback" goes back to
+the last checkpoint at the learning rate × spike_lr_factor ({t.spike_lr_factor:g}) for spike_lr_steps ({t.spike_lr_steps}) steps,
+cut again at each further rollback, at most max_rollbacks ({t.max_rollbacks}); a run that then stops keeps the
+checkpoint before the spike as its latest and says how to resume (README: Spikes, stalls...)""".format(t=TrainingConfig())
 
 
 def overview() -> str:
