@@ -128,11 +128,14 @@ def store(verdict: Verdict, key: str | None = None) -> None:
 
 
 def known() -> Verdict | None:
-    """What "auto" means on this CPU without probing: the cached verdict, fp32 on a CPU without
-    bf16 instructions, None where it is still to be measured."""
+    """What "auto" means on this CPU without probing: the cached verdict (a measurement of this CPU
+    model and torch, which outranks its flags), fp32 on a CPU without bf16 instructions, None where
+    it is still to be measured."""
+    if (verdict := cached()) is not None:
+        return verdict
     if has_bf16() is False:
         return Verdict("fp32", why="no bf16 instructions in this CPU")
-    return cached()
+    return None
 
 
 def choose(cfg, log: Callable[[str], None] = lambda line: None) -> Verdict:

@@ -205,7 +205,8 @@ def save(ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list[to
                 root = pinned.enter_context(pinned_dir(ckpt_root))
                 tmp = root / f".tmp-{step_dir_name(step)}"
                 _clean_partial(root)
-                problem = free_space_problem(root, int(estimate_bytes(model, optimizers) * 1.1) + (1 << 20))
+                # checked on the name, which is what the message shows: the same filesystem as `root`
+                problem = free_space_problem(ckpt_root, int(estimate_bytes(model, optimizers) * 1.1) + (1 << 20))
                 if problem is None:
                     tmp.mkdir()
             except OSError as e:
