@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -272,12 +273,22 @@ def test_the_wandb_run_s_config_holds_no_notification_url(tmp_path, wandb_env):
     from lmcockpit.core.config import load_config
     from lmcockpit.core.train.loggers import start_loggers
 
-    cfg, _ = load_config("debug", ['logging.wandb="lmcockpit-tests"',
-                                   'notify.webhook="https://alice:SECRET-PASS@hooks.example.com/SECRET-HOOK"',
-                                   'notify.ntfy="https://ntfy.sh/SECRET-TOPIC"', 'notify.apprise=["discord://1/SECRET-TOKEN"]'])
-    [(name, start)] = start_loggers(cfg, tmp_path, 0)
+    sets = ['logging.wandb="lmcockpit-tests"',
+            'notify.webhook="https://alice:SECRET-PASS@hooks.example.com/SECRET-HOOK"',
+            'notify.ntfy="https://ntfy.sh/SECRET-TOPIC"', 'notify.apprise=["discord://1/SECRET-TOKEN"]']
+    cfg, _ = load_config("debug", sets)
+    [(name, _)] = start_loggers(cfg, tmp_path, 0)
     assert name == "wandb"
-    start().close(failed=False)  # finish: every record written
+    # Started and finished in a process of its own, as the engine does: W&B keeps a service per
+    # process, and one an earlier test of the suite left in this process held back the config.
+    # (the settings on its standard input: W&B records a program's arguments)
+    code = ("import json, sys; from lmcockpit.core.config import load_config; "
+            "from lmcockpit.core.train.loggers import start_loggers; "
+            "[(_, start)] = start_loggers(load_config('debug', json.load(sys.stdin))[0], "
+            "__import__('pathlib').Path(sys.argv[1]), 0); start().close(failed=False)")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], input=json.dumps(sets), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
     (folder,) = (tmp_path / "wandb").glob("offline-run-*")
     (log,) = folder.glob("run-*.wandb")
     # the config as the run record holds it at the start, and any update W&B sends later

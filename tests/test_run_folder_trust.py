@@ -421,8 +421,8 @@ async def test_the_cockpit_starts_with_a_run_whose_metrics_hold_a_bare_step_row(
         assert isinstance(launch, LaunchScreen)
         table = launch.query_one("#runs", DataTable)
         shown = {key.value: [str(cell) for cell in table.get_row(key)] for key in table.rows}
-        assert shown == {str(good): ["good", "stopped", "5/10", "4.000"],
-                         str(bad): ["bad", "unreadable metrics.jsonl", DASH, DASH]}
+        assert shown == {str(good): ["good", "5/10", "4.000", "stopped"],  # run, step, loss, status
+                         str(bad): ["bad", DASH, DASH, "unreadable metrics.jsonl"]}
 
 
 def test_an_attach_s_history_passes_over_rows_that_are_not_lmcockpit_s(tmp_path):
