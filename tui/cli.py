@@ -36,10 +36,12 @@ examples:
   lmcockpit 4090 --set training.max_steps=2000   # the cockpit, starting a run
   lmcockpit chat runs/cpu-20261123-084716        # sample from what it learned
 
-a loss spike (training.on_spike, default "{t.on_spike}": said, training goes on): "rollback" goes back to
-the last checkpoint at the learning rate × spike_lr_factor ({t.spike_lr_factor:g}) for spike_lr_steps ({t.spike_lr_steps}) steps,
-cut again at each further rollback, at most max_rollbacks ({t.max_rollbacks}); a run that then stops keeps the
-checkpoint before the spike as its latest and says how to resume (README: Spikes, stalls...)""".format(t=TrainingConfig())
+a loss spike (training.on_spike, default "{t.on_spike}": said, and training goes on):
+"rollback" goes back to the last checkpoint at the learning rate times
+spike_lr_factor ({t.spike_lr_factor:g}) for spike_lr_steps ({t.spike_lr_steps}) steps, cut again at each
+further rollback, at most max_rollbacks ({t.max_rollbacks}); a run that then stops keeps
+the checkpoint before the spike as its latest and says how to resume
+(README: Spikes, stalls, and when the target is reached)""".format(t=TrainingConfig())
 
 
 def overview() -> str:
