@@ -148,18 +148,12 @@ def read_own(path: Path) -> bytes:
 
 def private_dir(path: Path) -> Path:
     """`path` as a folder only this user can enter: made 0700 if missing; an existing one must be
-    a real folder (not a link) of this user's, and is narrowed to 0700 if it is wider."""
+    a real folder (not a link) of this user's (open_own_dir), and is narrowed to 0700 if wider."""
     path = Path(path)
+    path.mkdir(parents=True, mode=0o700, exist_ok=True)
+    fd = open_own_dir(path, make=False)
     try:
-        path.mkdir(parents=True, mode=0o700)
-    except FileExistsError:
-        pass
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)  # ELOOP on a link: refused below
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid():
-            raise NotOwnFile(f"{path}: owned by uid {st.st_uid}, not by this user: refused")
-        if stat.S_IMODE(st.st_mode) != 0o700:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o700:
             os.fchmod(fd, 0o700)
     finally:
         os.close(fd)
