@@ -2,13 +2,19 @@
 
 Events flow engine → front-end on one queue, commands front-end → engine on another. Both
 front-ends (the Textual cockpit and the headless console) speak exactly this, nothing else.
+
+The events with a `kind` are also the schema of metrics.jsonl: a row is one such event, its kind,
+the time and its fields in this order (core/run/rows.py writes and reads them; a field marked
+NOT_IN_ROW travels only on the queue). A row may lack a field whose type admits None (read as
+None) or that has a default; every other field it must hold, of its type. A field's `tag` is its
+name in TensorBoard and W&B (core/train/loggers.py).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, TypedDict
 
 from .config import ConfigError
 
@@ -27,6 +33,28 @@ INTERRUPTED = "interrupted"
 # Not the engine's: what the process owning it says when the engine has gone silent (process/stall.py).
 STALLED = "stalled"
 TERMINAL_STATES = frozenset({FINISHED, ABORTED, FAILED, INTERRUPTED})
+ENDED = (FINISHED, ABORTED, INTERRUPTED)  # an `end` row's states; a failure writes a `failure` row
+SPIKE_ACTIONS = ("warn", "skip", "rollback", "stop")  # training.on_spike's choices: what was done
+
+
+# ------------------------------------------------------------------------------ row fields
+NOT_IN_ROW = {"row": False}
+
+
+def tagged(tag: str, **kwargs: Any) -> Any:
+    """A field that TensorBoard and W&B show under `tag`."""
+    return field(metadata={"tag": tag}, **kwargs)
+
+
+def choice_of(*choices: str) -> Any:
+    return field(metadata={"choices": choices})
+
+
+class TaskScores(TypedDict):
+    """A task's entry in an evaluation's `tasks`."""
+    accuracy: float
+    centered: float
+    items: int
 
 
 # ------------------------------------------------------------------------------------- events
@@ -59,15 +87,17 @@ class Progress:
 
 @dataclass(frozen=True)
 class StepMetrics:
+    """An optimizer step: `mem` is the device's allocated, reserved and peak bytes (none on a CPU)."""
+    kind: ClassVar[str] = "step"
     step: int
-    loss: float
-    lr: float
-    grad_norm: float
-    tokens_per_s: float
-    mfu: float | None
-    dt: float
-    tokens_seen: int
-    mem: dict[str, int] = field(default_factory=dict)
+    loss: float = tagged("train/loss")
+    lr: float = tagged("train/lr")
+    grad_norm: float = tagged("train/grad_norm")
+    tokens_per_s: float = tagged("perf/tokens_per_s")
+    mfu: float | None = tagged("perf/mfu")  # None: no known peak (a CPU)
+    dt: float = field()
+    tokens_seen: int | None = field()  # None: a row from before steps said it
+    mem: dict[str, float] | None = field(default_factory=dict)  # bytes; None: a row from before {} was written
 
 
 @dataclass(frozen=True)
@@ -76,40 +106,58 @@ class EvalMetrics:
     cadence, eval.every and eval.tasks_every). `tasks` maps a task's name to its
     {"accuracy": A, "centered": C, "items": N}; `core` is the CORE score, when every CORE task
     was scored."""
+    kind: ClassVar[str] = "eval"
+    # A row with neither says nothing of the run.
+    needs_one_of: ClassVar[tuple[str, ...]] = ("val_loss", "tasks")
     step: int
-    val_loss: float | None
-    val_bpb: float | None
-    tasks: dict[str, dict[str, float]] = field(default_factory=dict)
-    core: float | None = None
+    val_loss: float | None = tagged("val/loss")
+    val_bpb: float | None = tagged("val/bpb")
+    tasks: dict[str, TaskScores] = field(default_factory=dict)
+    core: float | None = tagged("eval/core", default=None)
 
 
 @dataclass(frozen=True)
 class CheckpointWritten:
+    kind: ClassVar[str] = "checkpoint"
     step: int
     path: str
 
 
 @dataclass(frozen=True)
 class SpikeSeen:
-    """A loss spike at `step`, and what training.on_spike did: warn, skip, rollback or stop."""
+    """A loss spike at `step`, and what training.on_spike did: warn, skip, rollback or stop. The
+    loss and gradient norm against the window's mean: their z-scores (z_grad None where the
+    gradient norm did not stand out enough to say)."""
+    kind: ClassVar[str] = "spike"
     step: int
     loss: float
-    action: str
-    live: bool = True  # False: read back from metrics.jsonl by a viewer catching up, not news
+    action: str = choice_of(*SPIKE_ACTIONS)
+    mean_loss: float
+    z: float
+    grad_norm: float
+    z_grad: float | None
+    live: bool = field(default=True, metadata=NOT_IN_ROW)  # False: read back from metrics.jsonl by a viewer catching up, not news
 
 
 @dataclass(frozen=True)
 class RolledBack:
     """Training went back from the spike at `step` to the checkpoint of `to_step`: the steps after
-    `to_step` shown so far are no longer the run's, and will come again on other batches."""
+    `to_step` shown so far are no longer the run's, and will come again on other batches. The
+    learning rate is `lr_factor` times the schedule's for `lr_steps` steps from `to_step`."""
+    kind: ClassVar[str] = "rollback"
     step: int
     to_step: int
+    batches_skipped: int
+    rollbacks: int  # this run's so far, this one included
+    lr_factor: float
+    lr_steps: int
 
 
 @dataclass(frozen=True)
 class TargetReached:
     """The first evaluation to reach the run's target: `what` is "val_loss" (at or under
     training.target_val_loss) or the task of training.target_task (its accuracy at or above)."""
+    kind: ClassVar[str] = "target"
     step: int
     what: str
     value: float
@@ -133,6 +181,40 @@ class SampleText:
     text: str
     done: bool = False
     row: int = 0
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """A whole sample as metrics.jsonl keeps it (the queue carries its pieces, SampleText)."""
+    kind: ClassVar[str] = "sample"
+    step: int
+    prompt: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How the engine's training ended when it did not fail: a stop at the target and an abort
+    both end short of max_steps, and only the engine knows which it was (a row; the queue says it
+    with StateChanged)."""
+    kind: ClassVar[str] = "end"
+    step: int
+    state: str = choice_of(*ENDED)
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A run's failure as metrics.jsonl keeps it (the queue carries Failure)."""
+    kind: ClassVar[str] = "failure"
+    step: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something metrics.jsonl says of itself (rows a full disk cost)."""
+    kind: ClassVar[str] = "note"
+    text: str
 
 
 @dataclass(frozen=True)

@@ -838,7 +838,8 @@ async def test_spikes_stalls_and_the_target_are_announced_and_spikes_marked():
 
     from .test_cockpit_snapshots import FedDashboard
 
-    app = FedDashboard(then=[P.SpikeSeen(30, 41.5, "rollback", live=False), P.SpikeSeen(60, 88.0, "skip"),
+    app = FedDashboard(then=[P.SpikeSeen(30, 41.5, "rollback", 3.0, 40.0, 1.0, None, live=False),
+                             P.SpikeSeen(60, 88.0, "skip", 3.0, 90.0, 1.0, None),
                              P.StateChanged(P.STALLED, "no word for 11 min"), P.StateChanged(P.RUNNING),
                              P.TargetReached(70, "val_loss", 3.1, 3.2, 192.5)])
     async with app.run_test(size=(120, 40)) as pilot:

@@ -14,7 +14,9 @@ import types
 
 import pytest
 
+from lmcockpit.core import protocol as P
 from lmcockpit.core.run import history_file
+from lmcockpit.core.run.rows import event_of
 from lmcockpit.core.run.folder import METRICS, MetricsLog
 from lmcockpit.core.run.history import CAP, TAIL_MIN, History
 from lmcockpit.core.run.resume import truncate_metrics
@@ -145,25 +147,26 @@ def test_a_folder_read_whole_or_from_its_summary_is_the_same_history(tmp_path):
     assert curve(again) == curve(fold([r for r in rows if r["step"] <= 5_000] + redone + more))
 
 
-def test_the_engine_s_step_rows_are_read_from_their_bytes_and_fold_as_json_reads_them(tmp_path):
-    """An older run's first reading folds every row: a step row exactly as the engine writes it is
-    read from its bytes (json.loads and well_formed cost twice as much); every other line goes
-    through json as before. A folder of the engine's own rows with a rollback, and lines it never
-    writes that way or that json and well_formed refuse, reads as those rows folded one by one."""
+def test_a_folder_s_rows_fold_as_read_metrics_reads_them_one_by_one(tmp_path):
+    """An older run's first reading folds every row, each through the one reader of rows
+    (rows.read: orjson, and json for the NaN it refuses). A folder of the engine's own rows with a
+    rollback, and lines in other layouts or that the schema refuses, reads as those rows folded
+    one by one."""
+    from lmcockpit.core.run import rows as row_schema
     from lmcockpit.core.run.folder import read_metrics
 
     log = MetricsLog(tmp_path / METRICS)
     for s, loss in [*losses(3_000), *losses(3_200, seed=1)[2_500:]]:  # steps 2,501 on redone
-        log.write("step", step=s, loss=loss, lr=1e-3 * (1 + s % 7), grad_norm=0.5 + s % 5, tokens_per_s=1e3 + s % 13,
-                  mfu=None if s % 2 else 0.41, dt=0.25 + s % 3 / 100,
-                  mem=None if s % 3 else {"allocated": 9_000_000 + s, "reserved": 10**10, "peak": 2 * 10**9})
+        log.write(P.StepMetrics(s, loss, 1e-3 * (1 + s % 7), 0.5 + s % 5, 1e3 + s % 13, None if s % 2 else 0.41,
+                                0.25 + s % 3 / 100, 96 * s,
+                                None if s % 3 else {"allocated": 9_000_000 + s, "reserved": 10**10, "peak": 2 * 10**9}))
         if s % 500 == 0:
-            log.write("eval", step=s, val_loss=3 + 1 / s, val_bpb=1.0)
-    log.write("step", step=3_201, loss=float("nan"), lr=1e-3, grad_norm=0.5, tokens_per_s=1e3, mfu=None, dt=0.25,
-              mem=None)
+            log.write(P.EvalMetrics(s, 3 + 1 / s, 1.0))
+    log.write(P.StepMetrics(3_201, float("nan"), 1e-3, 0.5, 1e3, None, 0.25, None, None))
     log.close()
     engine_line = (tmp_path / METRICS).read_bytes().split(b"\n")[0] + b"\n"
-    assert history_file._step_figures(engine_line)[:2] == (1, losses(1)[0][1])  # the bytes' own path
+    assert row_schema.event_of(row_schema.read(engine_line)) == P.StepMetrics(
+        1, losses(1)[0][1], 2e-3, 1.5, 1001.0, None, 0.26, 96, None)
     others = [  # json's path: folded as before...
         '{"kind": "step", "time": 1.0, "step": 3202, "loss": 2.5, "lr": 0.001, "grad_norm": 0.5, "tokens_per_s": 1.0, '
         '"mfu": null, "dt": 0.25, "mem": {"allocated": 1.5}, "skipped": 0}',  # a field more, a float
@@ -209,7 +212,7 @@ def test_the_engines_summary_survives_a_resume_and_a_rewritten_file_is_noticed(t
     summary = history_file.Summarised(tmp_path)
     log = MetricsLog(tmp_path / METRICS, summary.written)
     for row in rows:
-        log.write(row["kind"], **{k: v for k, v in row.items() if k not in ("kind", "time")})
+        log.write(event_of(row))
     log.close()
     saved = json.loads((tmp_path / history_file.SUMMARY).read_text())
     assert saved["history"]["last"]["step"] == 10_000  # saved with the checkpoint row at 10,000
@@ -313,7 +316,7 @@ def test_the_engine_s_history_after_a_rollback_behind_its_exact_rows_is_the_file
     summary = history_file.Summarised(tmp_path)
     log = MetricsLog(tmp_path / METRICS, summary.written)
     for row in rows + redone + [{"kind": "checkpoint", "step": 1010, "path": "step_1010"}]:
-        log.write(row["kind"], **{k: v for k, v in row.items() if k not in ("kind", "time")})
+        log.write(event_of(row))
     log.close()
     standing = [r for r in rows if r["step"] <= 1000] + redone + [{"kind": "checkpoint", "step": 1010, "path": "step_1010"}]
     assert curve(summary.history) == curve(fold(standing))

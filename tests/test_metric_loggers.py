@@ -189,9 +189,8 @@ def test_a_logger_that_fails_mid_run_is_switched_off_after_one_report(tmp_path):
     metrics = Metrics(MetricsLog(tmp_path / "metrics.jsonl"), lines.append)
     metrics.start([("flaky", lambda: flaky), ("steady", lambda: steady), ("broken", lambda: 1 / 0)])
     for step in range(1, 5):
-        metrics.write("step", step=step, loss=1.0 / step, lr=0.1, grad_norm=1.0, tokens_per_s=10.0, mfu=None,
-                      dt=0.1, mem=None)
-    metrics.write("checkpoint", step=4, path="x")  # nothing to chart: no logger sees it
+        metrics.write(P.StepMetrics(step, 1.0 / step, 0.1, 1.0, 10.0, None, 0.1, 10 * step, None))
+    metrics.write(P.CheckpointWritten(4, "x"))  # nothing to chart: no logger sees it
     metrics.close(failed=True)
     assert flaky.seen == [1, 2] and steady.seen == [1, 2, 3, 4] and steady.closed is True
     assert lines == ["warning: broken logging could not start (ZeroDivisionError: division by zero); it is "
@@ -208,9 +207,9 @@ LATER = {"python-functions": {"accuracy": 0.43, "centered": 0.24, "items": 111},
 
 def write_evaluations(metrics) -> None:
     """A validation, then task scores alone (their own cadence), then both with CORE."""
-    metrics.write("eval", step=4, val_loss=3.41, val_bpb=1.2)
-    metrics.write("eval", step=6, tasks=SCORES)
-    metrics.write("eval", step=8, val_loss=3.2, val_bpb=1.1, tasks=LATER, core=0.12)
+    metrics.write(P.EvalMetrics(4, 3.41, 1.2))
+    metrics.write(P.EvalMetrics(6, None, None, SCORES))
+    metrics.write(P.EvalMetrics(8, 3.2, 1.1, LATER, 0.12))
     metrics.close()
 
 
@@ -302,19 +301,23 @@ def test_the_wandb_run_s_config_holds_no_notification_url(tmp_path, wandb_env):
 
 
 def test_scalars_take_what_a_row_has_under_the_loggers_tags():
+    from lmcockpit.core.run.rows import event_of
     from lmcockpit.core.train.loggers import scalars
+
+    def scalars_of(kind, row):
+        return scalars(event_of({"kind": kind, **row}))
 
     row = {"step": 3, "loss": 2.5, "lr": 1e-3, "grad_norm": 0.5, "tokens_per_s": 100.0, "mfu": 0.25, "dt": 0.1,
            "mem": {"allocated": 2**30, "reserved": 2**31, "peak": 3 * 2**29}}
-    assert scalars("step", row) == {"train/loss": 2.5, "train/lr": 1e-3, "train/grad_norm": 0.5,
+    assert scalars_of("step", row) == {"train/loss": 2.5, "train/lr": 1e-3, "train/grad_norm": 0.5,
                                     "perf/tokens_per_s": 100.0, "perf/mfu": 0.25, "memory/allocated_gib": 1.0,
                                     "memory/reserved_gib": 2.0, "memory/peak_gib": 1.5}
-    assert scalars("step", {**row, "mfu": None, "mem": None}).keys() == {
+    assert scalars_of("step", {**row, "mfu": None, "mem": None}).keys() == {
         "train/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s"}
-    assert scalars("eval", {"step": 3, "val_loss": 2.0, "val_bpb": 1.5}) == {"val/loss": 2.0, "val/bpb": 1.5}
-    assert scalars("eval", {"step": 3, "tasks": SCORES}) == {"eval/python-functions/accuracy": 0.3,
+    assert scalars_of("eval", {"step": 3, "val_loss": 2.0, "val_bpb": 1.5}) == {"val/loss": 2.0, "val/bpb": 1.5}
+    assert scalars_of("eval", {"step": 3, "tasks": SCORES}) == {"eval/python-functions/accuracy": 0.3,
                                                               "eval/python-functions/centered": 0.1}
-    assert scalars("sample", {"step": 3, "prompt": "a", "text": "b"}) == {}
+    assert scalars_of("sample", {"step": 3, "prompt": "a", "text": "b"}) == {}
 
 
 @pytest.mark.parametrize("key, value, package", [("tensorboard", "true", "tensorboard"),

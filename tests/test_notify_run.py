@@ -125,8 +125,8 @@ def test_each_engine_event_worth_word_becomes_its_notification(monkeypatch):
     server = Server()
     try:
         word = Announcer(Notifier(NotifyConfig(webhook=server.url), "run-a"))
-        for event in (P.StepMetrics(41, 3.5, 1e-3, 1.0, 1e3, None, 0.1, 0, {}), P.SpikeSeen(42, 141.0, "rollback"),
-                      P.RolledBack(42, 40), P.LogLine("not news"), P.TargetReached(60, "val_loss", 3.1, 3.2, 3725.0),
+        for event in (P.StepMetrics(41, 3.5, 1e-3, 1.0, 1e3, None, 0.1, 0, {}), P.SpikeSeen(42, 141.0, "rollback", 3.5, 120.0, 1.0, None),
+                      P.RolledBack(42, 40, 2, 1, 0.5, 100), P.LogLine("not news"), P.TargetReached(60, "val_loss", 3.1, 3.2, 3725.0),
                       P.NonFinite(61, "skip"), P.StepMetrics(80, 3.0, 1e-3, 1.0, 1e3, None, 0.1, 0, {})):
             word.heard(event)
         word.stalled("no word for 11 min")

@@ -68,7 +68,7 @@ def test_ps_and_the_dashboard_give_one_eta_for_the_same_steps(tmp_path):
     assert summary.record.eta_s is None and watching.eta is None
     for n in range(2, 121):
         apply(step(n, rng.uniform(0.05, 0.5)))
-    apply(P.RolledBack(120, 100))
+    apply(P.RolledBack(120, 100, 20, 1, 0.5, 100))
     assert summary.record.step == watching.step == 100
     for n in range(101, 151):
         apply(step(n, rng.uniform(0.05, 0.5)))

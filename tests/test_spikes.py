@@ -274,8 +274,8 @@ def test_a_rollback_cuts_the_cockpit_s_curves_back_to_where_it_went():
     for n in range(41, 46):
         seen.apply(step(n, 30.0 + n))
     seen.apply(P.EvalMetrics(45, 40.0, 9.0, {"t": {"accuracy": 0.1, "centered": 0.0, "items": 4}}))
-    seen.apply(P.SpikeSeen(46, 90.0, "rollback"))
-    seen.apply(P.RolledBack(46, 40))
+    seen.apply(P.SpikeSeen(46, 90.0, "rollback", 3.0, 80.0, 1.0, None))
+    seen.apply(P.RolledBack(46, 40, 6, 1, 0.5, 100))
     assert (seen.step, seen.loss, seen.val_steps, seen.tasks) == (40, never.loss, [20], {"t": []})
     for n in range(41, 44):
         seen.apply(step(n, 3.0))

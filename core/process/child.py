@@ -198,7 +198,7 @@ def train(run_dir: str, config: dict, resume_from: str | None, events, cmds: Com
         trainer = Trainer(cfg, Path(run_dir), saying_evaluations(emit) if ours.is_main else emit, print, cmds.next,
                           ours, resume_from=resume_from)
         final = trainer.run()
-        trainer.metrics.write("end", step=trainer.step, state=final)  # run_summary's status, as the engine names it
+        trainer.metrics.write(P.Ended(trainer.step, final))  # run_summary's status, as the engine names it
     except ConfigError as e:
         failure = P.Failure(str(e), user_error=True)
     except NotOwnFile as e:  # a link or someone else's folder planted where the run writes, found mid-run
@@ -212,7 +212,7 @@ def train(run_dir: str, config: dict, resume_from: str | None, events, cmds: Com
     finally:
         if trainer is not None:
             if failure is not None and group is None:
-                trainer.metrics.write("failure", step=trainer.step, message=failure.message)
+                trainer.metrics.write(P.Failed(trainer.step, failure.message))
             trainer.close(failed=failure is not None)
     return final, failure
 

@@ -89,7 +89,7 @@ def _record_verdict(run_dir: Path, failure: P.Failure) -> None:
     except OSError as e:  # a link or someone else's file at metrics.jsonl: the failure is still reported
         print(f"launcher: the failure is not in {METRICS}: {e}")
         return
-    metrics.write("failure", step=steps[-1] if steps else 0, message=failure.message)
+    metrics.write(P.Failed(steps[-1] if steps else 0, failure.message))
     metrics.close()
 
 

@@ -161,5 +161,5 @@ class EngineProcess(ProcessHandle):
             fh.write(f"front-end: {what}\n")
         with contextlib.suppress(OSError):
             metrics = MetricsLog(self.run_dir / METRICS)
-            metrics.write("failure", step=self.last_step, message=what)
+            metrics.write(P.Failed(self.last_step, what))
             metrics.close()

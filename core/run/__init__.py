@@ -1,6 +1,7 @@
 """The run folder on disk, and what is known of runs before any engine starts.
 
-Its layout, lock and metrics log (`folder`), a checkpoint folder found and checked
+Its layout, lock and metrics log (`folder`), metrics.jsonl's rows written and read as protocol
+events (`rows`), a checkpoint folder found and checked
 (`checkpoint_folder`), what a checkpoint's pickled metadata may name, checked without running any of it
 (`checkpoint_pickle`), a resume planned before any engine starts (`resume`), the optional
 packages a run's config needs, looked for before its folder is made (`extras`), runs read side by

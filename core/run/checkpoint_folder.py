@@ -12,7 +12,8 @@ from pathlib import Path
 
 from ..config import Config, ConfigError, config_from_dict, read_toml
 from .checkpoint_pickle import check_metadata
-from .folder import CONFIG, INT_LIMIT, TOKENIZER, latest_checkpoint
+from .folder import CONFIG, TOKENIZER, latest_checkpoint
+from .rows import INT_LIMIT
 
 WEIGHTS = "model.safetensors"
 STATE = "state.json"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -25,6 +24,7 @@ from typing import Any
 from .. import protocol as P
 from ..config import Config, ConfigError, config_from_dict, read_toml
 from .extras import require_logger_packages
+from .rows import is_count, line_of, loads, well_formed
 from .safe_files import NotOwnFile, open_append, open_own, own_or_absent, pinned_dir, write_whole
 
 CONFIG = "config.toml"
@@ -222,9 +222,10 @@ class MetricsLog:
         self._dropped = 0
         self._on_written = on_written or (lambda row: None)
 
-    def write(self, kind: str, **fields: Any) -> None:
+    def write(self, event: Any) -> None:
+        """`event`'s row (rows.py): one of protocol's events with a `kind`."""
         if len(self._held) < HELD_ROWS:
-            self._held.append(_row(kind, fields))
+            self._held.append(line_of(event))
         else:
             self._dropped += 1
         self._write_held()
@@ -233,7 +234,7 @@ class MetricsLog:
         while self._held and append_whole(self._fd, self._held[0]):
             self._on_written(self._held.popleft())
         if self._dropped and not self._held:
-            note = _row("note", {"text": f"{self._dropped} rows not written: the disk was full"})
+            note = line_of(P.Note(f"{self._dropped} rows not written: the disk was full"))
             if append_whole(self._fd, note):
                 self._dropped = 0
                 self._on_written(note)
@@ -241,10 +242,6 @@ class MetricsLog:
     def close(self) -> None:
         self._write_held()
         os.close(self._fd)
-
-
-def _row(kind: str, fields: dict[str, Any]) -> bytes:
-    return (json.dumps({"kind": kind, "time": round(time.time(), 3), **fields}) + "\n").encode()
 
 
 def read_metrics(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
@@ -261,81 +258,7 @@ def read_metrics(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]
 def _rows(lines: list[str]) -> list[dict[str, Any]]:
     """The rows of these lines, past those that are not one: an engine killed mid-row leaves half
     a line, and whoever writes next (the front-end's failure row, a resumed run) goes on from it."""
-    rows = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):  # not JSON, an integer past int()'s digits, nested thousands deep
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
-# What an integer in a row of ours fits in (steps, counts, bytes): a larger one (json reads 4,300
-# digits) is not ours, and would overflow a float, an array of steps or a tensor further on.
-INT_LIMIT = 2**63
-
-
-def _number(value: object) -> bool:
-    return type(value) is float or type(value) is int and -INT_LIMIT < value < INT_LIMIT
-
-
-def _step(value: object) -> bool:
-    return type(value) is int and 0 <= value < INT_LIMIT
-
-
-def _maybe_number(value: object) -> bool:
-    return value is None or _number(value)
-
-
-def _task_scores(name: object, scores: object) -> bool:
-    """A task's entry in an eval row's `tasks`: {"accuracy": A, "centered": C, "items": N}."""
-    return (isinstance(name, str) and isinstance(scores, dict) and _number(scores.get("accuracy"))
-            and _number(scores.get("centered")) and _step(scores.get("items")))
-
-
-# The fields each kind of row holds as the engine writes it, and what each must be: what a reader
-# takes from the row without asking again. A row that lacks one was not written by lmcockpit
-# (a damaged file, or one another account wrote into a folder it can write to).
-ENDED = (P.FINISHED, P.ABORTED, P.INTERRUPTED)  # an `end` row's states; a failure writes a `failure` row
-ROW_FIELDS = {
-    "step": {"step": _step, "loss": _number, "lr": _number, "grad_norm": _number, "tokens_per_s": _number,
-             "dt": _number, "mfu": lambda v: v is None or _number(v),
-             "mem": lambda v: v is None or isinstance(v, dict) and all(map(_number, v.values()))},
-    "eval": {"step": _step, "val_loss": _maybe_number, "val_bpb": _maybe_number,
-             "tasks": lambda v: isinstance(v, dict) and all(map(_task_scores, v.keys(), v.values())),
-             "core": _maybe_number},
-    "checkpoint": {"step": _step, "path": lambda v: isinstance(v, str)},
-    "failure": {"step": _step, "message": lambda v: isinstance(v, str)},
-    "spike": {"step": _step, "loss": _number, "mean_loss": _number, "z": _number, "grad_norm": _number,
-              "z_grad": _maybe_number, "action": lambda v: v in ("warn", "skip", "rollback", "stop")},
-    "rollback": {"step": _step, "to_step": _step, "batches_skipped": _step, "rollbacks": _step,
-                 "lr_factor": _number, "lr_steps": _step},
-    "target": {"step": _step, "what": lambda v: isinstance(v, str), "value": _number, "target": _number},
-    # How the engine's training ended when it did not fail (a failure has its own row): a stop at
-    # the target and an abort both end short of max_steps, and only the engine knows which it was.
-    "end": {"step": _step, "state": lambda v: v in ENDED},
-}
-# Fields a row of that kind may lack, read with .get: no MFU on a CPU; an evaluation holds the
-# validation loss, the task scores or both (each has its own cadence), CORE only when all its
-# tasks were scored.
-OPTIONAL = {"step": {"mfu", "mem"}, "eval": {"val_loss", "val_bpb", "tasks", "core"}}
-# ...but an evaluation holds one of these at least: a row with neither says nothing of the run.
-ONE_OF = {"eval": {"val_loss", "tasks"}}
-
-
-def well_formed(row: dict[str, Any]) -> bool:
-    """Whether `row` holds every field its kind has (ROW_FIELDS), each of its type. A row of a
-    kind not listed there needs only a step, if it has one, that is a step."""
-    kind = row.get("kind")
-    if not isinstance(kind, str):
-        return False
-    if kind not in ROW_FIELDS:
-        return "step" not in row or _step(row["step"])
-    optional = OPTIONAL.get(kind, set())
-    return (all(fits(row[name]) if name in row else name in optional for name, fits in ROW_FIELDS[kind].items())
-            and (kind not in ONE_OF or any(row.get(name) is not None for name in ONE_OF[kind])))
+    return [row for row in map(loads, lines) if isinstance(row, dict)]
 
 
 def tail_lines(path: Path, max_bytes: int = 65536) -> list[str]:
@@ -373,7 +296,7 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         max_steps = read_toml(run_dir / CONFIG)["training"]["max_steps"]
     except (ConfigError, KeyError, TypeError):  # ConfigError: unreadable, not TOML, nested past reading
         max_steps = None
-    if not _step(max_steps):
+    if not is_count(max_steps):
         max_steps = None
     rows = _rows(tail_lines(run_dir / METRICS))
     ckpt = latest_checkpoint(run_dir)

@@ -3,8 +3,8 @@
 So that no reader folds a million rows again, `history.json` holds a history as it stood after
 some line of metrics.jsonl: the byte offset of the line's end and the line itself. A reader takes
 it, checks that metrics.jsonl still holds that line there (a resume rewrites the file: rows past
-the checkpoint go), and folds only the rows after it. A step row exactly as the engine writes it
-is read from its bytes (`_step_figures`); every other line through json. The engine writes it with each checkpoint row (`Summarised`), so a resume from the
+the checkpoint go), and folds only the rows after it, each read and checked by rows.py. The
+engine writes it with each checkpoint row (`Summarised`), so a resume from the
 latest checkpoint finds it whole; a folder without one (older runs), or whose one no longer fits
 its metrics.jsonl, is folded whole once, and the result written for the next reader where the
 folder is the user's own.
@@ -16,14 +16,14 @@ not yet ended by a newline is a row being written: not folded. No torch.
 from __future__ import annotations
 
 import json
-import re
 from array import array
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-from .folder import INT_LIMIT, METRICS, well_formed
+from .folder import METRICS
 from .history import History
 from .resume import KEPT_ROWS  # what happened to a run stays, whatever it redid
+from .rows import read
 from .safe_files import NotOwnFile, read_own, write_whole
 
 SUMMARY = "history.json"
@@ -48,7 +48,7 @@ class Summarised:
         """`line` (with its newline) is now at the end of metrics.jsonl."""
         self.offset += len(line)
         self.line = line
-        row = _row(line)
+        row = read(line)
         if row is None:
             return
         h = self.history
@@ -120,62 +120,11 @@ def _summary(run_dir: Path, path: Path) -> tuple[History, int, bytes]:
         return History(), 0, b""
 
 
-STEP_NUMBERS = ("loss", "lr", "grad_norm", "tokens_per_s", "dt")
-
-# A step row exactly as the engine writes it (json.dumps of trainer.py's fields, folder.MetricsLog):
-# matched whole, the figures a fold takes are read from its bytes, the fold 1.7 times as fast as
-# through json.loads and _plain_step (an older run's first reading folds a million of them). Any other line (a NaN, a
-# field more or less, other spacing) goes through json.loads and folder.well_formed as before.
-_NUM = rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
-_STEP_ROW = re.compile(
-    rb'\{"kind": "step", "time": ' + _NUM + rb', "step": (0|[1-9][0-9]*), "loss": (' + _NUM + rb'), "lr": ('
-    + _NUM + rb'), "grad_norm": ' + _NUM + rb', "tokens_per_s": (' + _NUM + rb'), "mfu": (?:null|' + _NUM
-    + rb'), "dt": (' + _NUM + rb'), "mem": (?:null|\{"[a-z_]+": [0-9]+(?:, "[a-z_]+": [0-9]+)*\})\}\n')
-
-
-def _step_figures(line: bytes) -> tuple[int, float, float, float, float] | None:
-    """(step, loss, lr, dt, tokens/s) of an engine-written step row; None for any other line."""
-    m = _STEP_ROW.fullmatch(line)
-    if m is None:
-        return None
-    step, loss, lr, tokens_per_s, dt = m.groups()
-    if len(step) > 19 or int(step) >= INT_LIMIT:  # never the engine's: json and well_formed decide
-        return None
-    return int(step), float(loss), float(lr), float(dt), float(tokens_per_s)
-
-
-def _row(line: bytes) -> dict[str, Any] | None:
-    try:
-        row = json.loads(line)
-    except (ValueError, RecursionError):  # a line cut short by a kill, or not ours
-        return None
-    if type(row) is not dict:
-        return None
-    return row if _plain_step(row) or well_formed(row) else None
-
-
-def _plain_step(row: dict[str, Any]) -> bool:
-    """folder.well_formed for a step row as the engine writes it, checked in a tenth of the time:
-    an older run's first reading folds every one of its rows (the rest go through well_formed)."""
-    if row.get("kind") != "step" or type(step := row.get("step")) is not int or not 0 <= step < INT_LIMIT:
-        return False
-    if not all(map(_fits, map(row.get, STEP_NUMBERS))):
-        return False
-    mfu, mem = row.get("mfu"), row.get("mem")
-    return (mfu is None or _fits(mfu)) and (mem is None or type(mem) is dict and all(map(_fits, mem.values())))
-
-
-def _fits(value: object) -> bool:
-    """folder.well_formed's number: a float, or an integer that one holds (bool is neither)."""
-    return type(value) is float or type(value) is int and -INT_LIMIT < value < INT_LIMIT
-
-
 def _fold(fh: IO[bytes], history: History, offset: int, last: bytes,
           dropped: set[int] | None = None) -> tuple[int, int, bytes, bool]:
     """Fold the whole lines from `fh`'s position on: (rows folded, the end offset, the last
     line, whether every cut was exact). `dropped`: line numbers (from this position) to skip."""
     folded, exact = 0, True
-    last_step_row = None  # the last step row folded from its bytes alone: read whole at the end
     for number, line in enumerate(fh):
         if not line.endswith(b"\n"):
             break  # being written
@@ -183,24 +132,13 @@ def _fold(fh: IO[bytes], history: History, offset: int, last: bytes,
         last = line
         if dropped is not None and number in dropped:
             continue
-        if figures := _step_figures(line):
-            if history.count and figures[0] <= history.last_step:
-                exact = history.cut(figures[0]) and exact
-            history.add_step(*figures)
-            last_step_row = line
-            folded += 1
-            continue
-        row = _row(line)
+        row = read(line)
         if row is None:
             continue
-        if row.get("kind") == "step":
-            last_step_row = None  # fold keeps this one as the last
-            if history.count and row["step"] <= history.last_step:
-                exact = history.cut(row["step"]) and exact
+        if row["kind"] == "step" and history.count and row["step"] <= history.last_step:
+            exact = history.cut(row["step"]) and exact
         history.fold(row)
         folded += 1
-    if last_step_row is not None:
-        history.last = json.loads(last_step_row)  # its grad norm, MFU and memory, as fold keeps them
     return folded, offset, last, exact
 
 
@@ -214,8 +152,7 @@ def _fold_whole(path: Path) -> tuple[History, int, bytes, int]:
         for line in fh:
             if not line.endswith(b"\n"):
                 break
-            figures = _step_figures(line)
-            row = {"kind": "step", "step": figures[0]} if figures else _row(line)
+            row = read(line)
             cuttable = row is not None and isinstance(row.get("step"), int) and row["kind"] not in KEPT_ROWS
             steps.append(row["step"] if cuttable else -1)
             if cuttable and row["kind"] == "step":

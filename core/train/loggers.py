@@ -9,10 +9,12 @@ that logger is switched off. tensorboard and wandb are imported only when a logg
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from .. import protocol as P
 from ..config import Config
 from ..run.folder import TENSORBOARD, WANDB, MetricsLog
 from ..run.safe_files import own_dir, pinned_dir, write_whole
@@ -20,24 +22,20 @@ from ..run.safe_files import own_dir, pinned_dir, write_whole
 WANDB_ID = "wandb_id"  # the W&B run's id, so that --resume continues the same W&B run
 CLOSE_WAIT = 60.0  # s a logger may take to close (W&B uploads what is left) before the engine exits without it
 
-# metrics.jsonl's fields, by row kind, under the names both loggers show; `mem` is spread below.
-TAGS = {
-    "step": {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
-             "tokens_per_s": "perf/tokens_per_s", "mfu": "perf/mfu"},
-    "eval": {"val_loss": "val/loss", "val_bpb": "val/bpb", "core": "eval/core"},
-}
 TASK_SCORES = ("accuracy", "centered")  # each task's, as eval/TASK/accuracy; `tasks` is spread below
 PREFIXES = ("train", "val", "perf", "memory", "eval")
 
 
-def scalars(kind: str, fields: dict[str, Any]) -> dict[str, float]:
-    """A metrics row's numbers, tagged; fields that are absent (no MFU on a CPU) are left out."""
-    out = {tag: float(fields[key]) for key, tag in TAGS.get(kind, {}).items() if fields.get(key) is not None}
-    if kind == "step":
-        for key, value in (fields.get("mem") or {}).items():  # allocated, reserved, peak: bytes
+def scalars(event: Any) -> dict[str, float]:
+    """An event's numbers under their tags (protocol's `tagged` fields); those that are None (no
+    MFU on a CPU) are left out. A step's memory and an evaluation's task scores are spread."""
+    out = {f.metadata["tag"]: float(value) for f in dataclasses.fields(event)
+           if "tag" in f.metadata and (value := getattr(event, f.name)) is not None}
+    if isinstance(event, P.StepMetrics):
+        for key, value in (event.mem or {}).items():  # allocated, reserved, peak: bytes
             out[f"memory/{key}_gib"] = value / 2**30
-    if kind == "eval":
-        for task, scores in (fields.get("tasks") or {}).items():
+    if isinstance(event, P.EvalMetrics):
+        for task, scores in event.tasks.items():
             out.update({f"eval/{task}/{key}": float(scores[key]) for key in TASK_SCORES})
     return out
 
@@ -130,17 +128,18 @@ class Metrics:
             except Exception as e:  # noqa: BLE001 - a logger must not stop the run, whatever it raised
                 self.switch_off(name, "could not start", e)
 
-    def write(self, kind: str, **fields: Any) -> None:
-        self.jsonl.write(kind, **fields)
-        values = scalars(kind, fields)
+    def write(self, event: Any) -> None:
+        """`event`'s row (one of protocol's with a `kind`) to metrics.jsonl, its numbers to the loggers."""
+        self.jsonl.write(event)
+        values = scalars(event)
         if not values:
             return
         for logger in list(self.loggers):
             try:
-                logger.write(fields["step"], values)
+                logger.write(event.step, values)
             except Exception as e:  # noqa: BLE001 - a logger's failure, whatever it is, must never stop training
                 self.loggers.remove(logger)
-                self.switch_off(logger.name, f"failed at step {fields['step']}", e)
+                self.switch_off(logger.name, f"failed at step {event.step}", e)
 
     def close(self, failed: bool = False) -> None:
         """`failed`: the run ended in a failure, which W&B shows as the run's state."""

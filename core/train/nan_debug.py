@@ -85,7 +85,7 @@ def dump(run_dir: Path, step: int, model: torch.nn.Module, batch: list[tuple[tor
     # folder may be another account's to write in, and a link planted at nan_debug/ is refused.
     with pinned_dir(folder.parent) as parent, pinned_dir(parent / folder.name) as at:
         write_whole(at / "report.txt", report + "\n")
-        write_whole(at / "report.json", json.dumps({"step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
-                                                    "bad_tensors": bad, "top_grad_norms": top}, indent=1))
+        write_whole(at / "report.json", json.dumps(dict(step=step, loss=loss, grad_norm=grad_norm, lr=lr, bad_tensors=bad,
+                                                         top_grad_norms=top), indent=1))
         write_whole(at / "batch.pt", saved.getvalue())
     return folder, report

@@ -89,7 +89,7 @@ def step_rows(draw: Callable[[int], tuple[np.ndarray, np.ndarray]], unit: DataUn
 class NoMetrics:
     """Ranks other than 0 write no metrics.jsonl: rank 0's figures already stand for the run."""
 
-    def write(self, kind: str, **fields) -> None:
+    def write(self, event) -> None:
         pass
 
     def close(self, failed: bool = False) -> None:
@@ -128,6 +128,11 @@ class Trainer:
         self.drawn: tuple[int, tuple[np.ndarray, np.ndarray]] | None = None  # the last batch drawn
         self.deferred: list = []  # commands heard during set-up, for the first step
         self.polled_at = 0.0
+
+    def record(self, event) -> None:
+        """An event that is also a metrics row (protocol's with a `kind`): written, then sent."""
+        self.metrics.write(event)
+        self.emit(event)
 
     # ------------------------------------------------------------------------------- set-up
     def setup(self) -> None:
@@ -464,9 +469,7 @@ class Trainer:
         mfu = self.flops_per_token * tps / (self.peak * self.group.world) if self.peak else None
         lr = self.optimizers[0].param_groups[0]["lr"]
         mem = memory_stats(self.device)
-        self.metrics.write("step", step=self.step, loss=loss_val, lr=lr, grad_norm=norm_val,
-                           tokens_per_s=tps, mfu=mfu, dt=dt, mem=mem or None)
-        self.emit(P.StepMetrics(self.step, loss_val, lr, norm_val, tps, mfu, dt, self.tokens_seen, mem))
+        self.record(P.StepMetrics(self.step, loss_val, lr, norm_val, tps, mfu, dt, self.tokens_seen, mem))
 
     def draw(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         """Batch g of the run's data; kept, since micro-batches smaller than it take it in parts."""
@@ -515,10 +518,8 @@ class Trainer:
         action = t.on_spike
         if action == "rollback" and self.rollbacks >= t.max_rollbacks:
             action = "stop"
-        self.metrics.write("spike", step=step, loss=spike.loss, mean_loss=spike.mean_loss, z=min(spike.z_loss, 1e9),
-                           grad_norm=spike.grad_norm, z_grad=spike.z_grad if math.isfinite(spike.z_grad) else None,
-                           action=action)
-        self.emit(P.SpikeSeen(step, spike.loss, action))
+        self.record(P.SpikeSeen(step, spike.loss, action, spike.mean_loss, min(spike.z_loss, 1e9), spike.grad_norm,
+                                spike.z_grad if math.isfinite(spike.z_grad) else None))
         if action == "warn":
             if not self.spiking:  # a stretch of spikes is one warning; each is a metrics row
                 self.log(f"warning: loss spike at step {step}: {spike.describe()}; training goes on "
@@ -597,9 +598,7 @@ class Trainer:
         self.lr_cut_until = back + t.spike_lr_steps
         self.rollbacks += 1
         self.rolled_back = True
-        self.metrics.write("rollback", step=spike_step, to_step=back, batches_skipped=spike_step - back,
-                           rollbacks=self.rollbacks, lr_factor=self.lr_cut, lr_steps=t.spike_lr_steps)
-        self.emit(P.RolledBack(spike_step, back))
+        self.record(P.RolledBack(spike_step, back, spike_step - back, self.rollbacks, self.lr_cut, t.spike_lr_steps))
         cut = (f", learning rate × {self.lr_cut:g} for {t.spike_lr_steps} steps"
                if t.spike_lr_steps and self.lr_cut < 1 else "")
         self.log(f"warning: loss spike at step {spike_step}: {spike.describe()}; rolled back to step {back}, "
@@ -695,8 +694,7 @@ class Trainer:
                 self.log(f"tasks: step {self.step} scored in {time.perf_counter() - t0:.1f} s: " + ", ".join(
                     f"{name} {s['accuracy']:.3f} of {s['items']}" for name, s in scores.items())
                          + ("" if core is None else f"; CORE {core:.4f}"))
-        self.metrics.write("eval", step=self.step, **fields)
-        self.emit(P.EvalMetrics(self.step, fields.get("val_loss"), fields.get("val_bpb"), scores, core))
+        self.record(P.EvalMetrics(self.step, fields.get("val_loss"), fields.get("val_bpb"), scores, core))
         self.check_target(fields)
         self.emit(P.StateChanged(P.PAUSED if self.paused else P.RUNNING))
 
@@ -717,8 +715,7 @@ class Trainer:
         self.target_reached = self.step
         # the run's training time so far, resumes included and steps rolled back left out
         seconds = self.summary.history.time if self.summary is not None else None
-        self.metrics.write("target", step=self.step, what=what, value=value, target=target, seconds=seconds)
-        self.emit(P.TargetReached(self.step, what, value, target, seconds))
+        self.record(P.TargetReached(self.step, what, value, target, seconds))
         after = f", after {run_time(seconds)} of training" if seconds is not None else ""
         self.log(f"target: {what} {value:.4f} reached {key} = {target:g} at step {self.step}{after}"
                  + ("; the run ends here (training.stop_at_target)" if t.stop_at_target else ""))
@@ -849,8 +846,7 @@ class Trainer:
             self.emit(P.StateChanged(P.PAUSED if self.paused else P.RUNNING))
             return False
         self.saved_step = self.step
-        self.metrics.write("checkpoint", step=self.step, path=str(path))
-        self.emit(P.CheckpointWritten(self.step, str(path)))
+        self.record(P.CheckpointWritten(self.step, str(path)))
         self.log(f"checkpoint: step {self.step} written to {path}")
         self.emit(P.StateChanged(P.PAUSED if self.paused else P.RUNNING))
         return True
@@ -879,7 +875,7 @@ class Trainer:
 
     def answer_sample(self, request: P.Sample) -> None:
         for text in self.sample_text(request) or []:
-            self.metrics.write("sample", step=self.step, prompt=request.prompt, text=text)
+            self.metrics.write(P.Sampled(self.step, request.prompt, text))
 
     def periodic_samples(self) -> None:
         s = self.cfg.sample
@@ -887,7 +883,7 @@ class Trainer:
             req = P.Sample(f"periodic-{self.step}-{i}", prompt, s.max_new_tokens, s.temperature, s.top_k,
                            seed=self.cfg.training.seed + i, top_p=s.top_p)
             for text in self.sample_text(req) or []:
-                self.metrics.write("sample", step=self.step, prompt=prompt, text=text)
+                self.metrics.write(P.Sampled(self.step, prompt, text))
                 self.log(f"sample at step {self.step}: {prompt + text!r}")
 
     def close(self, failed: bool = False) -> None:
