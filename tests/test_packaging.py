@@ -26,16 +26,22 @@ FOLDERS = {"core": ("*.py",), "tui": ("*.py", "*.tcss"), "presets": ("*.py", "*.
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """Built from a copy of the source alone: setuptools would reuse a stale build/ in the checkout."""
+def build(tmp_path_factory) -> tuple[Path, str]:
+    """Built from a copy of the source alone: setuptools would reuse a stale build/ in the checkout.
+    (the wheel, what the build printed: pip's --quiet keeps the backend's warnings)"""
     source = tmp_path_factory.mktemp("source") / "lmcockpit"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
         ".git", ".venv", "venv", ".ci", "build", "dist", "*.egg-info", "__pycache__", "runs", "tests"))
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(out), str(source)],
-                   check=True, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(out),
+                           str(source)], check=True, capture_output=True, text=True)
     [built] = out.glob("lmcockpit-*.whl")
-    return built
+    return built, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def wheel(build) -> Path:
+    return build[0]
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +68,14 @@ def test_the_wheel_holds_every_module_stylesheet_and_preset(wheel):
     assert {"lmcockpit/tui/cockpit.tcss", "lmcockpit/tui/screens/launch.py", "lmcockpit/presets/cpu.toml",
             "lmcockpit/core/model/gpt.py"} <= expected  # the walk itself sees the tree
     assert not expected - names, f"missing from the wheel: {sorted(expected - names)}"
+
+
+def test_the_build_says_nothing_of_the_license_is_deprecated(build):
+    """pyproject.toml's license is an SPDX expression (PEP 639): the table form, `{ text = "MIT" }`,
+    makes setuptools warn that builds will stop working (2027-02-18)."""
+    _, said = build
+    deprecated = [line for line in said.splitlines() if "deprecat" in line.lower() and "licen" in line.lower()]
+    assert not deprecated, deprecated
 
 
 def test_a_regular_install_opens_the_cockpit_and_runs_the_readme_commands(installed, tmp_path):
