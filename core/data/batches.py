@@ -9,6 +9,8 @@ mixture's row first draws its part by weight, then its window in that part.
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import numpy as np
 
 
@@ -63,3 +65,25 @@ def eval_windows(n_tokens: int, n_batches: int, batch_size: int, seq_len: int) -
 def rows_at(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     rows = np.stack([np.asarray(tokens[s:s + seq_len + 1], dtype=np.int64) for s in starts])
     return rows[:, :-1], rows[:, 1:]
+
+
+class DataUnit(NamedTuple):
+    """How a run draws its sequences: each step takes `per_step` batches of `rows` sequences,
+    batch g = step × per_step + j (batches.global_index's numbering over the step's micro-batches).
+    Fixed when the run starts and kept in its checkpoints: a resume that splits the step otherwise
+    (other processes, another micro-batch) still trains on the same sequences in the same order."""
+    rows: int
+    per_step: int
+
+
+def step_rows(draw: Callable[[int], tuple[np.ndarray, np.ndarray]], unit: DataUnit, step: int, first: int,
+              count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences `first` to `first + count` of step `step`'s (0-based), as (inputs, targets);
+    `draw(g)` is batch g. A micro-batch of the run's own size is one whole batch, drawn as always."""
+    xs, ys = [], []
+    for j in range(first // unit.rows, (first + count - 1) // unit.rows + 1):
+        x, y = draw(step * unit.per_step + j)
+        lo, hi = max(first - j * unit.rows, 0), min(first + count - j * unit.rows, unit.rows)
+        xs.append(x[lo:hi])
+        ys.append(y[lo:hi])
+    return (xs[0], ys[0]) if len(xs) == 1 else (np.concatenate(xs), np.concatenate(ys))

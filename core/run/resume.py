@@ -9,7 +9,7 @@ an out-of-memory error (micro-batch, accumulation, auto_micro_batch, activation 
 it refuses the rest (model, data, the sequences a step takes) by name. The number of processes
 may change too (2 → 1, 1 → 2, DDP ↔ FSDP). Whatever the split, micro-batch × accumulation ×
 processes must stay what it was: accumulation follows the other two unless given. The trainer
-draws every step's sequences in the checkpoint's own batches (trainer.DataUnit), so each step
+draws every step's sequences in the checkpoint's own batches (batches.DataUnit), so each step
 still takes the same sequences, which is what makes the continued run the same run. A run
 folder that an engine is training in is not resumed meanwhile (runfolder.hold_run_dir).
 Torch-free: the front-end plans the resume before the engine starts.

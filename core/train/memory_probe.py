@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 from contextlib import AbstractContextManager
-from typing import Protocol
+from typing import Callable, Protocol
 
 import psutil
 import torch
@@ -198,3 +198,19 @@ def saved_bytes_per_token(cfg, device: str, compiled: bool, amp_dtype: torch.dty
 
     with torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # one graph per micro-batch
         return (saved(2) - saved(1)) / T
+
+
+def unless_out_of_memory(work: Callable[[], object], device: torch.device) -> tuple[object, str | None]:
+    """(work(), None), or (None, the out-of-memory error's text) with the memory it held given
+    back; any other error goes through."""
+    try:
+        return work(), None
+    except Exception as e:  # the compiler wraps what it hits: oom_in looks behind, and re-raises the rest
+        oom = oom_in(e)
+        if oom is None:
+            raise
+        error = str(oom)
+    gc.collect()  # outside the handler: the error's frames no longer hold its tensors
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return None, error
