@@ -355,3 +355,54 @@ def test_the_checks_see_an_unnamed_module_and_a_missing_summary(tmp_path):
     assert summaryless(modules) == [f"{pkg / 'low' / 'b.py'}: B, whose first sentence runs",
                                     f"{pkg / 'low' / 'c.py'}: (no docstring)", f"{pkg / 'low' / 'd.py'}: "]
     assert summary_retold(modules) == [f"{pkg / 'low' / 'e.py'}: E holds the e: twice."]
+
+
+# ------------------------------------------------------------------ imports a reader can follow
+def absolute_self_imports(roots: dict[str, Path] = ROOTS) -> list[str]:
+    """Each import of `lmcockpit...` by its absolute name inside the package, statement or
+    `importlib.import_module("lmcockpit...")`: that name exists only through setup.py's folder
+    mapping (tui/ is `lmcockpit.tui`), so an editor, a type checker or a drawing of the structure
+    cannot follow it, where `from ..core.run import folder` leads to the folder beside. A
+    command line (`python -m lmcockpit...`) is no import and stays absolute."""
+    def ours(name: str | None) -> bool:
+        return name is not None and (name == "lmcockpit" or name.startswith("lmcockpit."))
+
+    found = []
+    for mod in _modules(roots).values():
+        for node in ast.walk(ast.parse(mod.path.read_text(), str(mod.path))):
+            if isinstance(node, ast.ImportFrom):
+                hit = node.level == 0 and ours(node.module)
+            elif isinstance(node, ast.Import):
+                hit = any(ours(alias.name) for alias in node.names)
+            elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+                called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                hit = called in ("import_module", "__import__") and isinstance(node.args[0].value, str) \
+                    and ours(node.args[0].value)
+            else:
+                continue
+            if hit:
+                found.append((mod.path, node.lineno, ast.unparse(node)))
+    return [f"{_shown(path)}:{line}: {text}" for path, line, text in sorted(found)]
+
+
+def _shown(path: Path) -> Path:
+    return path.relative_to(REPO) if path.is_relative_to(REPO) else path
+
+
+def test_the_package_imports_its_own_modules_relatively():
+    found = absolute_self_imports()
+    assert not found, ("imports of the package's own modules by their absolute name (write them relative: "
+                       "`from ..core.run.folder import ...`):\n" + "\n".join(found))
+
+
+def test_the_relative_import_check_sees_each_absolute_form(tmp_path):
+    tui = tmp_path / "tui"
+    tui.mkdir()
+    (tui / "__init__.py").write_text("from . import app\n")
+    (tui / "app.py").write_text(
+        "import importlib\nimport lmcockpitish\nfrom ..core import config\nfrom lmcockpit import __version__\n"
+        "def main():\n    import lmcockpit.core.config\n    return importlib.import_module('lmcockpit.tui.app')\n"
+        "ARGS = ['python', '-m', 'lmcockpit.core.process.host']\n")
+    assert [line.split(": ", 1)[1] for line in absolute_self_imports({"lmcockpit.tui": tui})] == [
+        "from lmcockpit import __version__", "import lmcockpit.core.config",
+        "importlib.import_module('lmcockpit.tui.app')"]

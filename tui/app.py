@@ -19,20 +19,20 @@ from textual.app import App
 from textual.binding import Binding
 from textual.worker import Worker
 
-from lmcockpit.core import protocol as P
-from lmcockpit.core.config import Config, ConfigError
-from lmcockpit.core.hardware.telemetry import Telemetry
-from lmcockpit.core.process import host
-from lmcockpit.core.process.rendezvous import Rendezvous
-from lmcockpit.core.process.viewer import NotLive, RunViewer
-from lmcockpit.core.run.folder import create_run_dir
-from lmcockpit.core.run.resume import plan_resume
-from lmcockpit.core.tasks import hub_tasks
-from lmcockpit.tui.runplan import RunPlan, check_before_start
-from lmcockpit.tui.run_state import RunState
-from lmcockpit.tui.screens.dashboard import DashboardScreen
-from lmcockpit.tui.screens.dialogs import QuitDialog
-from lmcockpit.tui.screens.launch import LaunchScreen
+from ..core import protocol as P
+from ..core.config import Config, ConfigError
+from ..core.hardware.telemetry import Telemetry
+from ..core.process import host
+from ..core.process.rendezvous import Rendezvous
+from ..core.process.viewer import NotLive, RunViewer
+from ..core.run.folder import create_run_dir
+from ..core.run.resume import plan_resume
+from ..core.tasks import hub_tasks
+from .runplan import RunPlan, check_before_start
+from .run_state import RunState
+from .screens.dashboard import DashboardScreen
+from .screens.dialogs import QuitDialog
+from .screens.launch import LaunchScreen
 
 
 def exit_code_of(views: list[RunState]) -> int:

@@ -107,7 +107,7 @@ class LogPump:
 def run_header(spec_run_dir: str) -> str:
     """What makes a result reproducible: versions, machine and GPUs, written first in train.log."""
     import torch
-    from lmcockpit import __version__
+    from ... import __version__
 
     lines = [f"lmcockpit {__version__} | python {platform.python_version()} | torch {torch.__version__}"
              f" | {platform.platform()} | pid {os.getpid()}", f"run folder: {spec_run_dir}"]
