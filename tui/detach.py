@@ -35,7 +35,7 @@ QUIET_FOR = 2.0  # seconds before the wait is shown
 
 def start_detached(plan: RunPlan) -> int:
     try:
-        proc, reports = host.launch(plan.run_dir, plan.resume_from, plan.rendezvous, plan.title)
+        proc, reports = host.start_with_reports(plan.run_dir, plan.resume_from, plan.rendezvous, plan.title)
     except host.HostError as e:
         return error(str(e))
     except KeyboardInterrupt:

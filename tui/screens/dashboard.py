@@ -189,6 +189,8 @@ class DashboardScreen(Screen):
         if not (self.view.config.get("notify") or {}).get("terminal", True):
             return
         app = self.app
+        # Textual's driver is private, and kept: Textual has no public way to send the terminal an
+        # escape sequence of one's own (App.bell and copy_to_clipboard write theirs the same way).
         if not app.is_headless and app._driver is not None:  # as App.bell writes its BEL
             app._driver.write(terminal_escape(f"lmcockpit: {what}", text, tmux=in_tmux()))
 

@@ -439,7 +439,7 @@ class LaunchScreen(Screen):
         except ConfigError as e:
             self.notify(str(e), severity="error")
             return
-        self.app.launch(cfg, self.preset_name)
+        self.app.new_run(cfg, self.preset_name)
 
     def selected_run(self) -> str | None:
         table = self.query_one("#runs", DataTable)
