@@ -79,8 +79,8 @@ def baseline_model(cfg: Config) -> torch.nn.Module:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     raw = qwen3_config(cfg, eos=0, dtype="float32")
-    config = Qwen3Config(**{k: v for k, v in raw.items() if k not in ("architectures", "model_type", "torch_dtype")})
-    config._attn_implementation = "sdpa"
+    config = Qwen3Config(**{k: v for k, v in raw.items() if k not in ("architectures", "model_type", "torch_dtype")},
+                         attn_implementation="sdpa")
     return Qwen3ForCausalLM(config)
 
 

@@ -258,7 +258,7 @@ def part_saved(presets: list[str], device: str = "cuda") -> tuple[bool, list[str
             ok &= abs(measured / counted - 1) <= SAVED_TOLERANCE
             lines.append(f"| {name} | {'compiled' if compiled else 'eager'} | {measured:,.0f} | {counted:,} | "
                          f"{measured / counted:.3f} |")
-        torch._dynamo.reset()
+        torch.compiler.reset()
     return ok, lines
 
 
@@ -292,7 +292,7 @@ def graph_gradients(mode: str, device: str, out: Path, steps: int = 4) -> tuple[
         worst.append(max(float((p.grad - r.grad).norm() / r.grad.norm().clamp_min(1e-30))
                          for p, r in zip(trainer.model.parameters(), ref.parameters())))
 
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # private, and kept: inductor counts skipped graphs nowhere public
 
     counters["inductor"]["cudagraph_skips"] = 0  # a skipped graph would pass without testing anything
     first = trainer.optimizers[0]
@@ -303,7 +303,7 @@ def graph_gradients(mode: str, device: str, out: Path, steps: int = 4) -> tuple[
             trainer.train_step()
     finally:
         trainer.close()
-        torch._dynamo.reset()
+        torch.compiler.reset()
     return worst, counters["inductor"]["cudagraph_skips"]
 
 
@@ -584,8 +584,8 @@ def part_recipe() -> tuple[bool, list[str]]:
 ALLOCATOR_PROBE = """
 import json, torch
 x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
-segments = torch.cuda.memory._snapshot()["segments"]
-parsed = getattr(torch._C, "_accelerator_getAllocatorSettings", None)  # absent before torch 2.12
+segments = torch.cuda.memory_snapshot()
+parsed = getattr(torch._C, "_accelerator_getAllocatorSettings", None)  # no public reader; absent before torch 2.12
 print(json.dumps({"parsed": parsed() if parsed else None,
                   "expandable": sorted({bool(s["is_expandable"]) for s in segments})}))
 """
@@ -594,7 +594,7 @@ print(json.dumps({"parsed": parsed() if parsed else None,
 def part_allocator() -> tuple[bool, list[str]]:
     lines = ["Both allocator variables set, to opposite `expandable_segments` values, in a fresh process that "
              "allocates 64 MiB on the GPU: the settings torch parsed (`torch._C._accelerator_getAllocatorSettings`) "
-             "and whether its segments are expandable (`torch.cuda.memory._snapshot`), against the variable "
+             "and whether its segments are expandable (`torch.cuda.memory_snapshot`), against the variable "
              "`gpu_env` names (the engine's allocator line).", "",
              "| PYTORCH_CUDA_ALLOC_CONF | PYTORCH_ALLOC_CONF | gpu_env names | torch parsed | segments expandable | "
              "result |", "| --- | --- | --- | --- | --- | --- |"]

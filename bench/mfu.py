@@ -101,7 +101,7 @@ def measure(preset: str, device: torch.device, steps: int, warmup: int, override
     }
     # The next preset needs the card to itself: the compiled graphs hold this model until reset.
     run = model = opts = batch = None  # not del: step() holds them in its closure
-    torch._dynamo.reset()
+    torch.compiler.reset()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -2,7 +2,9 @@
 
 `config` (a run's configuration: one TOML file in sections, validated into dataclasses) and
 `protocol` (the messages between a front-end and the engine process) are the two contracts every
-package reads; the packages stand in floors, each importing only those below it:
+package reads and import none of the packages; these stand in floors, each importing only those
+below it, inside a function too (tests/test_layout.py reads this list, top floor first, and names
+the lazy imports that climb still, in CLIMBS):
 
     infer/     a trained model outside training: loading it, the chat engine, Hugging Face export
     process/   the processes: the engine, torchrun's launcher and ranks, the front-end's handle on them

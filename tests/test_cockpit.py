@@ -644,7 +644,7 @@ async def test_launching_several_machines_from_the_cockpit_says_what_is_missing(
     before any run folder or engine exists."""
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
     async with app.run_test() as pilot:
-        app.launch(shrunk_cpu("distributed.nnodes=2"), "cpu")
+        app.new_run(shrunk_cpu("distributed.nnodes=2"), "cpu")
         await prepared(app, pilot)
         assert not app.engines and not (tmp_path / "runs").exists()
         assert any("--rdzv-endpoint" in n.message for n in app._notifications)
@@ -655,7 +655,7 @@ async def test_a_cuda_graph_mode_launches_from_the_cockpit_in_one_process(tmp_pa
     and trains, compiled, to its end in the engine process alone (no torchrun, no ranks)."""
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
     async with app.run_test() as pilot:
-        app.launch(shrunk_cpu("training.compile=true", "training.compile_mode=\"reduce-overhead\""), "cpu")
+        app.new_run(shrunk_cpu("training.compile=true", "training.compile_mode=\"reduce-overhead\""), "cpu")
         await prepared(app, pilot)
         assert not [n.message for n in app._notifications if n.severity == "error"]
         assert len(app.engines) == 1 and (tmp_path / "runs").exists()
@@ -697,9 +697,9 @@ async def test_the_cockpit_keeps_answering_while_a_launch_is_checked(tmp_path, m
     cfg = shrunk_cpu(f"eval.tasks=[{json.dumps(str(late))}]", "eval.tasks_every=6")
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
     async with app.run_test() as pilot:
-        worker = app.launch(cfg, "cpu")
+        worker = app.new_run(cfg, "cpu")
         assert worker is not None and not checked.is_set()  # back at once, the check not done
-        assert app.launch(cfg, "cpu") is None
+        assert app.new_run(cfg, "cpu") is None
         await pilot.pause()
         assert isinstance(app.screen, LaunchScreen) and not app.engines
         assert any("being prepared: one at a time" in n.message for n in app._notifications)

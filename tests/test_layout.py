@@ -355,3 +355,213 @@ def test_the_checks_see_an_unnamed_module_and_a_missing_summary(tmp_path):
     assert summaryless(modules) == [f"{pkg / 'low' / 'b.py'}: B, whose first sentence runs",
                                     f"{pkg / 'low' / 'c.py'}: (no docstring)", f"{pkg / 'low' / 'd.py'}: "]
     assert summary_retold(modules) == [f"{pkg / 'low' / 'e.py'}: E holds the e: twice."]
+
+
+# ------------------------------------------------------------------ imports a reader can follow
+def absolute_self_imports(roots: dict[str, Path] = ROOTS) -> list[str]:
+    """Each import of `lmcockpit...` by its absolute name inside the package, statement or
+    `importlib.import_module("lmcockpit...")`: that name exists only through setup.py's folder
+    mapping (tui/ is `lmcockpit.tui`), so an editor, a type checker or a drawing of the structure
+    cannot follow it, where `from ..core.run import folder` leads to the folder beside. A
+    command line (`python -m lmcockpit...`) is no import and stays absolute."""
+    def ours(name: str | None) -> bool:
+        return name is not None and (name == "lmcockpit" or name.startswith("lmcockpit."))
+
+    found = []
+    for mod in _modules(roots).values():
+        for node in ast.walk(ast.parse(mod.path.read_text(), str(mod.path))):
+            if isinstance(node, ast.ImportFrom):
+                hit = node.level == 0 and ours(node.module)
+            elif isinstance(node, ast.Import):
+                hit = any(ours(alias.name) for alias in node.names)
+            elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+                called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                hit = called in ("import_module", "__import__") and isinstance(node.args[0].value, str) \
+                    and ours(node.args[0].value)
+            else:
+                continue
+            if hit:
+                found.append((mod.path, node.lineno, ast.unparse(node)))
+    return [f"{_shown(path)}:{line}: {text}" for path, line, text in sorted(found)]
+
+
+def _shown(path: Path) -> Path:
+    return path.relative_to(REPO) if path.is_relative_to(REPO) else path
+
+
+def test_the_package_imports_its_own_modules_relatively():
+    found = absolute_self_imports()
+    assert not found, ("imports of the package's own modules by their absolute name (write them relative: "
+                       "`from ..core.run.folder import ...`):\n" + "\n".join(found))
+
+
+def test_the_relative_import_check_sees_each_absolute_form(tmp_path):
+    tui = tmp_path / "tui"
+    tui.mkdir()
+    (tui / "__init__.py").write_text("from . import app\n")
+    (tui / "app.py").write_text(
+        "import importlib\nimport lmcockpitish\nfrom ..core import config\nfrom lmcockpit import __version__\n"
+        "def main():\n    import lmcockpit.core.config\n    return importlib.import_module('lmcockpit.tui.app')\n"
+        "ARGS = ['python', '-m', 'lmcockpit.core.process.host']\n")
+    assert [line.split(": ", 1)[1] for line in absolute_self_imports({"lmcockpit.tui": tui})] == [
+        "from lmcockpit import __version__", "import lmcockpit.core.config",
+        "importlib.import_module('lmcockpit.tui.app')"]
+
+
+# ------------------------------------------------------------------ sizes a reader can hold
+CLASS_MAX, FUNCTION_MAX = 400, 80  # lines, from its `def`/`class` line to its last
+# Today's offenders, each at its length when the rule came: none may grow, and none may join them.
+# Shrink one below the limit and its entry goes; shrink it otherwise and lower its number.
+OVERSIZED = {
+    ("core/config.py", "validate"): 128,
+    ("core/train/trainer.py", "Trainer"): 811,
+    ("tui/screens/dashboard.py", "DashboardScreen"): 433,
+}
+
+
+def definition_sizes(path: Path) -> list[tuple[str, int, int]]:
+    """(qualified name, lines, limit) of every class and function in `path`, nested ones too."""
+    found = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = prefix + child.name
+                limit = CLASS_MAX if isinstance(child, ast.ClassDef) else FUNCTION_MAX
+                found.append((name, child.end_lineno - child.lineno + 1, limit))
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(path.read_text(), str(path)), "")
+    return found
+
+
+def oversized(folders: list[Path], ceilings: dict[tuple[str, str], int], base: Path = REPO) -> list[str]:
+    """Each class or function over its limit and not an offender already, each offender grown past
+    its ceiling, and each offender that is one no longer (its entry is to go)."""
+    problems, seen = [], set()
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            where = path.relative_to(base).as_posix()
+            for name, lines, limit in definition_sizes(path):
+                ceiling = ceilings.get((where, name))
+                if ceiling is not None:
+                    seen.add((where, name))
+                    if lines > ceiling:
+                        problems.append(f"{where}: {name} is {lines} lines, grown past its {ceiling} (limit {limit}): "
+                                        "split it rather than add to it")
+                    elif lines <= limit:
+                        problems.append(f"{where}: {name} is {lines} lines, within the limit of {limit}: remove its "
+                                        "entry from OVERSIZED")
+                elif lines > limit:
+                    problems.append(f"{where}: {name} is {lines} lines, over the limit of {limit}")
+    problems += [f"{where}: {name} is gone: remove its entry from OVERSIZED" for where, name in ceilings
+                 if (where, name) not in seen]
+    return problems
+
+
+def test_no_class_or_function_grows_past_its_limit():
+    problems = oversized([REPO / "core", REPO / "tui"], OVERSIZED)
+    assert not problems, (f"classes over {CLASS_MAX} lines and functions over {FUNCTION_MAX} (OVERSIZED holds "
+                          "today's, as ceilings that may only come down):\n" + "\n".join(problems))
+
+
+def test_the_size_check_sees_a_new_offender_a_grown_one_and_a_stale_entry(tmp_path):
+    core = tmp_path / "core"
+    core.mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(85))
+    (core / "a.py").write_text(f"def long():\n{body}\ndef short():\n    pass\n\n"
+                               f"class Holder:\n    def method(self):\n    {body.replace(chr(10), chr(10) + '    ')}\n")
+    (core / "b.py").write_text(f"def grown():\n{body}")
+    ceilings = {("core/b.py", "grown"): 82, ("core/a.py", "short"): 90, ("core/gone.py", "old"): 500}
+    assert oversized([core], ceilings, tmp_path) == [
+        "core/a.py: long is 86 lines, over the limit of 80",
+        "core/a.py: short is 2 lines, within the limit of 80: remove its entry from OVERSIZED",
+        "core/a.py: Holder.method is 86 lines, over the limit of 80",
+        "core/b.py: grown is 86 lines, grown past its 82 (limit 80): split it rather than add to it",
+        "core/gone.py: old is gone: remove its entry from OVERSIZED"]
+
+
+# ------------------------------------------------------------------ the floors of core/
+def core_floors(core_init: Path = REPO / "core" / "__init__.py") -> list[str]:
+    """core/'s packages from its docstring's list of floors (`    name/  what it holds`, top floor
+    first), bottom floor first: the docstring is where they are written down, and this reads it."""
+    doc = ast.get_docstring(ast.parse(core_init.read_text(), str(core_init))) or ""
+    return [m.group(1) for m in re.finditer(r"^    (\w+)/ ", doc, re.M)][::-1]
+
+
+# Lazy imports that climb a floor today, by importing module and the floor it reaches, with why.
+# Only inside a function; none may join them. Each is code that belongs a floor higher, or a
+# parameter its caller (above) could pass down.
+CLIMBS = {
+    "lmcockpit.core.hardware.cpu_precision": {"model"},  # the probe times a one-block GPT
+    "lmcockpit.core.run.checkpoint_folder": {"data"},  # a checkpoint's tokenizer, else a pretrained one's
+}
+
+
+def floor_climbs(modules: dict[str, Module], floors: list[str], allowed: dict[str, set[str]]) -> list[str]:
+    """Each import in core/ that reaches a floor above its own, in a function or not (config and
+    protocol, the contracts at core/'s top level, stand below every floor; tui/ above them all),
+    but for the lazy ones `allowed`; and each `allowed` climb no longer made (its entry is to go)."""
+    def level(name: str) -> int | None:
+        parts = name.split(".")
+        if parts[:2] == ["lmcockpit", "tui"]:
+            return len(floors)
+        if parts[:2] != ["lmcockpit", "core"] or len(parts) == 2:
+            return None  # the root packages: a docstring and the version
+        return floors.index(parts[2]) if parts[2] in floors else -1
+
+    problems, used = [], set()
+    for name, mod in sorted(modules.items()):
+        own = level(name)
+        if own is None or not name.startswith("lmcockpit.core"):
+            continue
+        for target in sorted(mod.anywhere):
+            reached = level(target)
+            if reached is None or reached <= own:
+                continue
+            floor = floors[reached] if reached < len(floors) else "tui"
+            if target not in mod.at_import and floor in allowed.get(name, ()):
+                used.add((name, floor))
+                continue
+            how = "when imported" if target in mod.at_import else "in a function"
+            problems.append(f"{name} imports {target} {how}: {floor}/ is above {name.split('.')[2]}")
+    problems += [f"{name} no longer climbs to {floor}/: remove it from CLIMBS" for name, floors_ in allowed.items()
+                 for floor in sorted(floors_) if (name, floor) not in used]
+    return problems
+
+
+def test_core_docstring_lists_every_package_as_a_floor():
+    packages = sorted(p.name for p in (REPO / "core").iterdir() if (p / "__init__.py").is_file())
+    assert sorted(core_floors()) == packages, "core/__init__.py's list of floors and core/'s packages differ"
+
+
+def test_no_import_climbs_a_floor_not_even_inside_a_function():
+    problems = floor_climbs(import_graph(), core_floors(), CLIMBS)
+    assert not problems, ("core/'s packages import only those below them (core/__init__.py); these climb "
+                          "(move the code up a floor, or have the caller pass it down):\n" + "\n".join(problems))
+
+
+def test_the_floor_check_sees_a_climb_at_import_and_in_a_function(tmp_path):
+    core = tmp_path / "core"
+    for package in ("low", "high"):
+        (core / package).mkdir(parents=True)
+        (core / package / "__init__.py").write_text("")
+    (core / "__init__.py").write_text('"""The core.\n\nIts floors:\n\n    high/  on top\n    low/   below\n"""\n')
+    (core / "config.py").write_text("def f():\n    from .low import a\n")
+    (core / "low" / "a.py").write_text("from ..high import b\n")
+    (core / "low" / "c.py").write_text("def f():\n    from ..high.b import x\n    from ...tui import app\n")
+    (core / "low" / "d.py").write_text("def f():\n    from ..high import b\n")
+    (core / "high" / "b.py").write_text("from ..low import a\nfrom .. import config\n")
+    floors = core_floors(core / "__init__.py")
+    assert floors == ["low", "high"]
+    modules = import_graph({"lmcockpit.core": core})
+    assert floor_climbs(modules, floors, {"lmcockpit.core.low.d": {"high"}, "lmcockpit.core.low.a": {"high"}}) == [
+        "lmcockpit.core.config imports lmcockpit.core.low in a function: low/ is above config",
+        "lmcockpit.core.config imports lmcockpit.core.low.a in a function: low/ is above config",
+        "lmcockpit.core.low.a imports lmcockpit.core.high when imported: high/ is above low",
+        "lmcockpit.core.low.a imports lmcockpit.core.high.b when imported: high/ is above low",
+        "lmcockpit.core.low.c imports lmcockpit.core.high.b in a function: high/ is above low",
+        "lmcockpit.core.low.c imports lmcockpit.tui in a function: tui/ is above low",
+        "lmcockpit.core.low.a no longer climbs to high/: remove it from CLIMBS"]

@@ -361,7 +361,7 @@ def test_a_link_at_host_log_stops_the_host_with_a_message(tmp_path, victim):
     run = create_run_dir(tiny_config(), "debug", str(tmp_path / "run"))
     planted_link(run, host.HOST_LOG, victim)
     with pytest.raises(host.HostError, match=f"did not start: .*{host.HOST_LOG}: a symbolic link"):
-        host.launch(run, timeout=30)
+        host.start_with_reports(run, timeout=30)
     assert victim.read_text() == VICTIM
     assert not (run / live.RECORD).exists()
 

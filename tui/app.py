@@ -19,20 +19,20 @@ from textual.app import App
 from textual.binding import Binding
 from textual.worker import Worker
 
-from lmcockpit.core import protocol as P
-from lmcockpit.core.config import Config, ConfigError
-from lmcockpit.core.hardware.telemetry import Telemetry
-from lmcockpit.core.process import host
-from lmcockpit.core.process.rendezvous import Rendezvous
-from lmcockpit.core.process.viewer import NotLive, RunViewer
-from lmcockpit.core.run.folder import create_run_dir
-from lmcockpit.core.run.resume import plan_resume
-from lmcockpit.core.tasks import hub_tasks
-from lmcockpit.tui.runplan import RunPlan, check_before_start
-from lmcockpit.tui.run_state import RunState
-from lmcockpit.tui.screens.dashboard import DashboardScreen
-from lmcockpit.tui.screens.dialogs import QuitDialog
-from lmcockpit.tui.screens.launch import LaunchScreen
+from ..core import protocol as P
+from ..core.config import Config, ConfigError
+from ..core.hardware.telemetry import Telemetry
+from ..core.process import host
+from ..core.process.rendezvous import Rendezvous
+from ..core.process.viewer import NotLive, RunViewer
+from ..core.run.folder import create_run_dir
+from ..core.run.resume import plan_resume
+from ..core.tasks import hub_tasks
+from .runplan import RunPlan, check_before_start
+from .run_state import RunState
+from .screens.dashboard import DashboardScreen
+from .screens.dialogs import QuitDialog
+from .screens.launch import LaunchScreen
 
 
 def exit_code_of(views: list[RunState]) -> int:
@@ -122,7 +122,7 @@ class CockpitApp(App):
         except (host.HostError, NotLive) as e:
             self.no_run(str(e))
             return None
-        return self.watch(viewer, request.title)
+        return self.open_dashboard(viewer, request.title)
 
     def attach(self, run_dir: Path) -> DashboardScreen | None:
         """A dashboard on a run that a host serves (started here earlier, elsewhere, or by --detach)."""
@@ -131,14 +131,14 @@ class CockpitApp(App):
         except NotLive as e:
             self.no_run(str(e))
             return None
-        return self.watch(viewer, Path(run_dir).name)
+        return self.open_dashboard(viewer, Path(run_dir).name)
 
     def no_run(self, why: str) -> None:
         self.notify(why, severity="error", timeout=10)
         if not self.screen_stack or len(self.screen_stack) == 1:  # nothing else to show: the launch screen
             self.push_screen(self.launch_screen())
 
-    def watch(self, engine: RunViewer, title: str) -> DashboardScreen:
+    def open_dashboard(self, engine: RunViewer, title: str) -> DashboardScreen:
         self.engines.append(engine)
         screen = DashboardScreen(engine, title, self.clock, self.telemetry)
         self.dashboards.append(screen)
@@ -156,7 +156,7 @@ class CockpitApp(App):
         else:
             self.switch_screen(self.launch_screen())
 
-    def launch(self, cfg: Config, name: str) -> Worker | None:
+    def new_run(self, cfg: Config, name: str) -> Worker | None:
         """A new run of `cfg` from the launch screen: checked, its folder made, its host started."""
         def prepare() -> RunPlan:
             # Several machines meet at an endpoint only the command line gives (--rdzv-endpoint):

@@ -12,7 +12,7 @@ from textual.message import Message
 from textual.message_pump import MessagePump
 from textual.worker import get_current_worker
 
-from lmcockpit.core.process.runner import ProcessHandle
+from ..core.process.runner import ProcessHandle
 
 BATCH_WINDOW = 0.05
 

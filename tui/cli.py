@@ -14,16 +14,16 @@ import os
 import sys
 from pathlib import Path
 
-from lmcockpit import __version__
-from lmcockpit.core.config import ConfigError, TrainingConfig, load_config, shipped_presets
-from lmcockpit.core.process import live
-from lmcockpit.core.process.rendezvous import Rendezvous
-from lmcockpit.core.run.folder import create_run_dir
-from lmcockpit.core.run.resume import plan_resume
-from lmcockpit.tui import completers
-from lmcockpit.tui.commands import COMMANDS, GROUPS, nearest, similarity
-from lmcockpit.tui.runplan import RunPlan, check_before_start, discard_unstarted_run
-from lmcockpit.tui.usage import Parser, UsageError, error
+from .. import __version__
+from ..core.config import ConfigError, TrainingConfig, load_config, shipped_presets
+from ..core.process import live
+from ..core.process.rendezvous import Rendezvous
+from ..core.run.folder import create_run_dir
+from ..core.run.resume import plan_resume
+from . import completers
+from .commands import COMMANDS, GROUPS, nearest, similarity
+from .runplan import RunPlan, check_before_start, discard_unstarted_run
+from .usage import Parser, UsageError, error
 
 # The bare command's two forms, listed in `--help` under "train" before that group's commands.
 TRAIN_FORMS = {"[PRESET]": "the cockpit; with PRESET, that run starts at once",
@@ -138,8 +138,8 @@ def plan_run(args: argparse.Namespace, preset: str | None) -> RunPlan:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from lmcockpit.core.process.runner import EngineProcess
-    from lmcockpit.tui.headless import Headless
+    from ..core.process.runner import EngineProcess
+    from .headless import Headless
 
     plan = plan_run(args, args.run or args.preset)
     live.forget(plan.run_dir)  # a run whose host died, resumed here: no longer listed as dead
@@ -151,7 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_cockpit(args: argparse.Namespace) -> int:
-    from lmcockpit.tui.app import CockpitApp
+    from .app import CockpitApp
 
     start = None
     if args.preset or args.resume:
@@ -164,7 +164,7 @@ def cmd_cockpit(args: argparse.Namespace) -> int:
 
 
 def detach_run(plan: RunPlan | None) -> int:
-    from lmcockpit.tui import detach
+    from . import detach
 
     if plan is None:
         raise UsageError("--detach starts a run: give a preset (or --resume RUN)")
@@ -191,7 +191,7 @@ def refuse_mistyped_command(word: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (see completion.py): answers and exits
-        from lmcockpit.tui.commands.completion import complete
+        from .commands.completion import complete
 
         complete(build_parser)
     argv = sys.argv[1:] if argv is None else argv

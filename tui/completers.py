@@ -17,9 +17,9 @@ import os
 import typing
 from pathlib import Path
 
-from lmcockpit.core.config import SECTIONS, read_toml, shipped_presets
-from lmcockpit.core.run.folder import CONFIG
-from lmcockpit.tui.commands import COMMANDS
+from ..core.config import SECTIONS, read_toml, shipped_presets
+from ..core.run.folder import CONFIG
+from .commands import COMMANDS
 
 RUNS = "runs"  # where runs go by default (core.run.folder.default_run_dir), relative to the cwd
 

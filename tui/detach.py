@@ -21,13 +21,13 @@ import time
 from rich.live import Live
 from rich.text import Text
 
-from lmcockpit.core import protocol as P
-from lmcockpit.core.process import host
-from lmcockpit.core.process.report import Reports
-from lmcockpit.tui.headless import EXIT_CODES, progress_line
-from lmcockpit.tui.runplan import RunPlan, discard_unstarted_run
-from lmcockpit.tui.run_state import RunState
-from lmcockpit.tui.usage import error, new_console
+from ..core import protocol as P
+from ..core.process import host
+from ..core.process.report import Reports
+from .headless import EXIT_CODES, progress_line
+from .runplan import RunPlan, discard_unstarted_run
+from .run_state import RunState
+from .usage import error, new_console
 
 START_WAIT = 30.0  # seconds --detach waits for the engine to start training
 QUIET_FOR = 2.0  # seconds before the wait is shown
@@ -35,7 +35,7 @@ QUIET_FOR = 2.0  # seconds before the wait is shown
 
 def start_detached(plan: RunPlan) -> int:
     try:
-        proc, reports = host.launch(plan.run_dir, plan.resume_from, plan.rendezvous, plan.title)
+        proc, reports = host.start_with_reports(plan.run_dir, plan.resume_from, plan.rendezvous, plan.title)
     except host.HostError as e:
         return error(str(e))
     except KeyboardInterrupt:

@@ -6,7 +6,7 @@ figure reads the same everywhere.
 
 from __future__ import annotations
 
-from lmcockpit.core.run.target import run_time
+from ..core.run.target import run_time
 
 DASH = "–"
 

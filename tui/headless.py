@@ -13,16 +13,16 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from lmcockpit.core import protocol as P
-from lmcockpit.core.config import NotifyConfig
-from lmcockpit.core.hardware.telemetry import Reading, Telemetry, find_gpu, run_gpu_indices
-from lmcockpit.core.process.child import eval_line
-from lmcockpit.core.process.notify import Announcer, Notifier
-from lmcockpit.core.process.runner import EngineProcess
-from lmcockpit.core.process.stall import StallWatch
-from lmcockpit.tui.formatting import DASH, bar, fmt_count, fmt_duration
-from lmcockpit.tui.run_state import RunState
-from lmcockpit.tui.usage import new_console
+from ..core import protocol as P
+from ..core.config import NotifyConfig
+from ..core.hardware.telemetry import Reading, Telemetry, find_gpu, run_gpu_indices
+from ..core.process.child import eval_line
+from ..core.process.notify import Announcer, Notifier
+from ..core.process.runner import EngineProcess
+from ..core.process.stall import StallWatch
+from .formatting import DASH, bar, fmt_count, fmt_duration
+from .run_state import RunState
+from .usage import new_console
 
 EXIT_CODES = {P.FINISHED: 0, P.ABORTED: 0, P.INTERRUPTED: 130, P.FAILED: 1}
 

@@ -7,10 +7,10 @@ not in a command's module, because a screen never imports a command.
 
 from __future__ import annotations
 
-from lmcockpit.core.config import load_config, shipped_presets, toml_value
-from lmcockpit.core.hardware import memory_estimate
-from lmcockpit.core.run.curves import RunCurves, differing_settings
-from lmcockpit.tui.formatting import DASH, fmt_duration
+from ..core.config import load_config, shipped_presets, toml_value
+from ..core.hardware import memory_estimate
+from ..core.run.curves import RunCurves, differing_settings
+from .formatting import DASH, fmt_duration
 
 VERDICT_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from lmcockpit.core import protocol as P
-from lmcockpit.core.process import live
-from lmcockpit.core.run.history import History, ReadsHistory
-from lmcockpit.core.run.target import Forecast, forecast_aim
+from ..core import protocol as P
+from ..core.process import live
+from ..core.run.history import History, ReadsHistory
+from ..core.run.target import Forecast, forecast_aim
 
 @dataclass
 class RunState(ReadsHistory):

@@ -7,9 +7,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmcockpit.core.config import Config
-from lmcockpit.core.process.rendezvous import Rendezvous
-from lmcockpit.core.run.folder import CONFIG, LOCK, METRICS, TOKENIZER, TRAIN_LOG
+from ..core.config import Config
+from ..core.process.rendezvous import Rendezvous
+from ..core.run.folder import CONFIG, LOCK, METRICS, TOKENIZER, TRAIN_LOG
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,8 @@ class RunPlan:
 def check_before_start(cfg: Config) -> None:
     """What a run's config names that only a look outside the config can refuse (task files and Hub
     tasks, notification targets and their env:NAME), refused before any run folder is made."""
-    from lmcockpit.core.process import notify
-    from lmcockpit.core.tasks import catalog
+    from ..core.process import notify
+    from ..core.tasks import catalog
 
     catalog.check(cfg)
     notify.check(cfg)
@@ -42,7 +42,7 @@ def discard_unstarted_run(plan: RunPlan) -> None:
     run_dir = plan.run_dir
     if plan.in_place or plan.cfg.distributed.nnodes > 1:
         return
-    from lmcockpit.core.process.host import HOST_LOG  # here: a command that starts no run needs none of its imports
+    from ..core.process.host import HOST_LOG  # here: a command that starts no run needs none of its imports
 
     # the tokenizer is a copy of the token cache's, made before the checkpoint is loaded
     ours = {CONFIG, METRICS, TRAIN_LOG, LOCK, HOST_LOG, TOKENIZER}

@@ -117,6 +117,7 @@ def attention_header(cfg, device: torch.device, precision: str) -> str:
     dtype = autocast_dtype(precision) or torch.float32
     q = torch.zeros(1, m.n_head, T, D, dtype=dtype, device=device, requires_grad=True)
     kv = torch.zeros(1, kv_heads, T, D, dtype=dtype, device=device)
+    # Private, and kept: torch has no public way to ask which kernel scaled_dot_product_attention picks.
     choice = SDPBackend(torch._fused_sdp_choice(q, kv, kv, None, 0.0, True, enable_gqa=True))
     kernel = KERNELS.get(choice.name, choice.name.lower())
     return attention.header(cfg, path, kernel, precision, device.type)

@@ -70,6 +70,8 @@ def expandable_segments(device: torch.device) -> bool | None:
     """Whether the allocator really uses expandable segments (torch has ignored the variable
     under some names in some releases): read from a memory snapshot after one allocation."""
     keep = torch.empty(1 << 20, dtype=torch.uint8, device=device)
+    # Private, and kept: the public torch.cuda.memory_snapshot() returns only the segments, not
+    # the allocator_settings that recent releases state outright.
     snapshot = torch.cuda.memory._snapshot()
     del keep
     settings = snapshot.get("allocator_settings") or {}

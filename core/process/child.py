@@ -107,7 +107,7 @@ class LogPump:
 def run_header(spec_run_dir: str) -> str:
     """What makes a result reproducible: versions, machine and GPUs, written first in train.log."""
     import torch
-    from lmcockpit import __version__
+    from ... import __version__
 
     lines = [f"lmcockpit {__version__} | python {platform.python_version()} | torch {torch.__version__}"
              f" | {platform.platform()} | pid {os.getpid()}", f"run folder: {spec_run_dir}"]
@@ -243,6 +243,8 @@ def exit_now(code: int) -> NoReturn:
     multiprocessing at the end of each process it starts): it first tells thread pools to let their
     idle workers go. A plain join of every thread waited forever for inductor's, idle after a
     compiled run's samples."""
+    # Both private, and kept: Python has no public way to run its exit-time thread join or its
+    # atexit handlers before an os._exit (sys.exit would run the teardown this function skips).
     threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

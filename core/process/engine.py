@@ -43,9 +43,9 @@ def main(run_dir: str, config: dict, resume_from: str | None, rendezvous, events
     print(run_header(run_dir))
     print(f"allocator: {allocator.describe()}")
     if rendezvous is not None:
-        from .launcher import launch
+        from .launcher import train_on_ranks
 
-        final, failure = launch(run_dir, config, resume_from, rendezvous, events, commands)
+        final, failure = train_on_ranks(run_dir, config, resume_from, rendezvous, events, commands)
     else:
         final, failure = train(run_dir, config, resume_from, events, Commands(commands))
     if failure is not None:

@@ -70,7 +70,7 @@ class HostError(Exception):
     """The host could not start: the message carries the last it printed."""
 
 
-class Viewer:
+class AttachedViewer:
     """One attached front-end: events out through a bounded queue and a thread, commands in
     through another thread.
 
@@ -176,7 +176,7 @@ class RunServer:
             os.umask(saved)
         self.listener.listen()
         self.inode = _inode(self.path)  # which socket file at that path is ours
-        self.viewers: list[Viewer] = []
+        self.viewers: list[AttachedViewer] = []
         self.lock = threading.Lock()
         self.snapshot: dict[type, object] = {}  # the latest RunStarted, StateChanged, Progress
         self.closing = False
@@ -246,7 +246,7 @@ class RunServer:
             if self.closing:
                 conn.close()
                 return
-            viewer = Viewer(conn, self)
+            viewer = AttachedViewer(conn, self)
             self.viewers.append(viewer)
             watching = self.count  # counted with the change it reports: two threads log apart
             viewer.offer(P.Catchup("attached", tuple(self.snapshot.values()), watching))
@@ -260,7 +260,7 @@ class RunServer:
     def count(self) -> int:
         return len(self.viewers)
 
-    def forget_viewer(self, viewer: Viewer) -> None:
+    def forget_viewer(self, viewer: AttachedViewer) -> None:
         with self.lock:
             if viewer not in self.viewers:
                 return
@@ -445,8 +445,8 @@ def spawn(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None
                                 start_new_session=True, pass_fds=(ready_w,))
 
 
-def launch(run_dir: Path, resume_from: Path | None = None, rendezvous: Rendezvous | None = None,
-           label: str = "", timeout: float = 60) -> tuple[subprocess.Popen, Reports]:
+def start_with_reports(run_dir: Path, resume_from: Path | None = None, rendezvous: Rendezvous | None = None,
+                       label: str = "", timeout: float = 60) -> tuple[subprocess.Popen, Reports]:
     """Start a host for `run_dir` (its config.toml already written) and return it once it serves,
     with what it goes on to report about the run's start. One that fails first is reported with
     the last it printed. `label`: what listings call the run (its preset)."""
@@ -482,8 +482,8 @@ def last_words(run_dir: Path) -> str:
 
 def start(run_dir: Path, resume_from: Path | None = None, rendezvous: Rendezvous | None = None,
           label: str = "", timeout: float = 60) -> subprocess.Popen:
-    """`launch`, for a front-end that attaches at once and so needs no more of its reports."""
-    proc, reports = launch(run_dir, resume_from, rendezvous, label, timeout)
+    """`start_with_reports`, for a front-end that attaches at once and so needs no more of its reports."""
+    proc, reports = start_with_reports(run_dir, resume_from, rendezvous, label, timeout)
     reports.close()
     return proc
 

@@ -45,8 +45,10 @@ LOST_PEER = re.compile(r"Connection (reset|closed) by peer|Broken pipe|\bgloo\b|
                        r"DistBackendError|DistStoreError")
 
 
-def launch(run_dir: str, config: dict, resume_from: str | None, rendezvous: Rendezvous, events,
-           commands) -> tuple[str, P.Failure | None]:
+def train_on_ranks(run_dir: str, config: dict, resume_from: str | None, rendezvous: Rendezvous, events,
+                   commands) -> tuple[str, P.Failure | None]:
+    """The run, on distributed.nproc ranks here started by torch's elastic launcher (torchrun's
+    code) and met by the other machines' launchers: the run's final state, and its first failure."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 

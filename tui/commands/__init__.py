@@ -26,8 +26,8 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-from lmcockpit.core.config import ConfigError
-from lmcockpit.tui.usage import Parser, UsageError, error
+from ...core.config import ConfigError
+from ..usage import Parser, UsageError, error
 
 
 @dataclass(frozen=True)
@@ -57,18 +57,18 @@ class Command:
 GROUPS = ("train", "data", "models", "machine", "help")
 
 COMMANDS: dict[str, Command] = {c.name: c for c in (
-    Command("attach", "lmcockpit.tui.commands.attach", "train", "the dashboard of a run training in the background"),
-    Command("ps", "lmcockpit.tui.commands.ps", "train", "the runs training in the background, and dead ones"),
-    Command("compare", "lmcockpit.tui.commands.compare", "train", "runs side by side: differing settings, losses, a chart"),
-    Command("serve", "lmcockpit.tui.commands.serve", "train", "the cockpit in a web browser, through an SSH tunnel"),
-    Command("data", "lmcockpit.tui.commands.data", "data", "token caches: prepare, info (a preset's data too), rm"),
-    Command("chat", "lmcockpit.tui.commands.chat", "models", "sample from a trained model, at a prompt or once"),
-    Command("export", "lmcockpit.tui.commands.export", "models", "write a checkpoint as a Hugging Face model folder"),
-    Command("eval", "lmcockpit.tui.commands.eval", "models", "score a checkpoint on downstream tasks"),
-    Command("presets", "lmcockpit.tui.commands.presets", "machine", "the shipped presets: size, memory, whether each fits"),
-    Command("doctor", "lmcockpit.tui.commands.doctor", "machine", "check torch, CUDA, GPUs and the compiler here"),
-    Command("help", "lmcockpit.tui.commands.help", "help", "this overview, or a command's own: lmcockpit help chat"),
-    Command("completion", "lmcockpit.tui.commands.completion", "help", "print the tab completion script for bash, zsh, fish"),
+    Command("attach", f"{__name__}.attach", "train", "the dashboard of a run training in the background"),
+    Command("ps", f"{__name__}.ps", "train", "the runs training in the background, and dead ones"),
+    Command("compare", f"{__name__}.compare", "train", "runs side by side: differing settings, losses, a chart"),
+    Command("serve", f"{__name__}.serve", "train", "the cockpit in a web browser, through an SSH tunnel"),
+    Command("data", f"{__name__}.data", "data", "token caches: prepare, info (a preset's data too), rm"),
+    Command("chat", f"{__name__}.chat", "models", "sample from a trained model, at a prompt or once"),
+    Command("export", f"{__name__}.export", "models", "write a checkpoint as a Hugging Face model folder"),
+    Command("eval", f"{__name__}.eval", "models", "score a checkpoint on downstream tasks"),
+    Command("presets", f"{__name__}.presets", "machine", "the shipped presets: size, memory, whether each fits"),
+    Command("doctor", f"{__name__}.doctor", "machine", "check torch, CUDA, GPUs and the compiler here"),
+    Command("help", f"{__name__}.help", "help", "this overview, or a command's own: lmcockpit help chat"),
+    Command("completion", f"{__name__}.completion", "help", "print the tab completion script for bash, zsh, fish"),
 )}
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmcockpit.core.process import live
-from lmcockpit.core.process.viewer import NotLive, RunViewer
-from lmcockpit.tui import completers
-from lmcockpit.tui.commands import command_parser
-from lmcockpit.tui.usage import Parser, UsageError, error
+from ...core.process import live
+from ...core.process.viewer import NotLive, RunViewer
+from .. import completers
+from . import command_parser
+from ..usage import Parser, UsageError, error
 
 
 def build_parser() -> Parser:
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
         RunViewer(run_dir).close()  # here, before the cockpit takes the terminal: a dead run says so plainly
     except NotLive as e:
         return error(str(e))
-    from lmcockpit.tui.app import CockpitApp
+    from ..app import CockpitApp
 
     app = CockpitApp(attach=run_dir)
     app.run()

@@ -16,14 +16,14 @@ import sys
 import threading
 from typing import Any, Self, TextIO
 
-from lmcockpit.core import protocol as P
-from lmcockpit.core.config import ConfigError
-from lmcockpit.core.infer.chat_engine import ChatEngine
-from lmcockpit.core.protocol import SAMPLE_SETTINGS, parse_setting
-from lmcockpit.core.run.checkpoint_folder import find_checkpoint
-from lmcockpit.tui.commands import command_parser
-from lmcockpit.tui.completers import run_folders
-from lmcockpit.tui.usage import UsageError, error
+from ...core import protocol as P
+from ...core.config import ConfigError
+from ...core.infer.chat_engine import ChatEngine
+from ...core.protocol import SAMPLE_SETTINGS, parse_setting
+from ...core.run.checkpoint_folder import find_checkpoint
+from . import command_parser
+from ..completers import run_folders
+from ..usage import UsageError, error
 
 HELP = """\
 Type text to continue it with the current settings. Commands (also with a leading /, as in the

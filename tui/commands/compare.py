@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lmcockpit.core.run.curves import AXES, RunCurves, load_runs
-from lmcockpit.core.run.ticks import axis_title, ticks
-from lmcockpit.tui.commands import command_parser
-from lmcockpit.tui.completers import run_folders
-from lmcockpit.tui.rows import labels, result_rows, setting_rows
-from lmcockpit.tui.usage import UsageError, new_console
+from ...core.run.curves import AXES, RunCurves, load_runs
+from ...core.run.ticks import axis_title, ticks
+from . import command_parser
+from ..completers import run_folders
+from ..rows import labels, result_rows, setting_rows
+from ..usage import UsageError, new_console
 
 PNG_POINTS = 2000  # a curve's points in the PNG: twice its 1000 pixels' width
 

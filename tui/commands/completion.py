@@ -19,8 +19,8 @@ from typing import NoReturn
 
 import argcomplete
 
-from lmcockpit.tui.commands import COMMANDS, command_parser
-from lmcockpit.tui.usage import Parser
+from . import COMMANDS, command_parser
+from ..usage import Parser
 
 SHELLS = ("bash", "zsh", "fish")
 

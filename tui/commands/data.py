@@ -24,13 +24,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from lmcockpit.core.config import Config, load_config
-from lmcockpit.core.data import store
-from lmcockpit.core.data.sources import NOT_FETCHED
-from lmcockpit.tui import completers
-from lmcockpit.tui.commands import command_parser
-from lmcockpit.tui.formatting import fmt_count, fmt_duration
-from lmcockpit.tui.usage import Parser, UsageError, new_console
+from ...core.config import Config, load_config
+from ...core.data import store
+from ...core.data.sources import NOT_FETCHED
+from .. import completers
+from . import command_parser
+from ..formatting import fmt_count, fmt_duration
+from ..usage import Parser, UsageError, new_console
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,7 +134,7 @@ class Progress:
 
 def prepare(cfg: Config, again: str) -> int:
     """`again`: the arguments that run it once more, said when it is interrupted."""
-    from lmcockpit.core.data.prepare import prepare as build
+    from ...core.data.prepare import prepare as build
 
     console = plain_console()
     progress = Progress(console)
@@ -161,7 +161,7 @@ def again(preset: str, overrides: list[str]) -> str:
 
 def run_info(preset: str, overrides: list[str], cache_dir: str | None) -> int:
     """What a run of the preset makes of its data, part by part; then the caches where it looks."""
-    from lmcockpit.core.data import budget
+    from ...core.data import budget
 
     if cache_dir is not None:  # as --set data.cache_dir would: the run's caches and the listing agree
         overrides = [*overrides, "data.cache_dir=" + json.dumps(str(Path(cache_dir).expanduser()))]

@@ -22,13 +22,13 @@ from pathlib import Path
 
 from rich.text import Text
 
-from lmcockpit import __version__
-from lmcockpit.core.config import Config
-from lmcockpit.core.data.store import cache_root
-from lmcockpit.core.hardware import gpu_env
-from lmcockpit.core.hardware.cpu_precision import MARGIN
-from lmcockpit.tui.commands import command_parser
-from lmcockpit.tui.usage import Parser, new_console
+from ... import __version__
+from ...core.config import Config
+from ...core.data.store import cache_root
+from ...core.hardware import gpu_env
+from ...core.hardware.cpu_precision import MARGIN
+from . import command_parser
+from ..usage import Parser, new_console
 
 TORCH_CHECK_TIMEOUT = 600  # a cold compile smoke test on a slow machine takes well under a minute
 LOW_DISK = 10 * 1024**3  # a checkpoint of the h100 preset (weights and optimizer state) is about 4 GB

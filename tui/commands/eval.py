@@ -15,9 +15,9 @@ import sys
 
 from rich.table import Table
 
-from lmcockpit.tui.commands import command_parser
-from lmcockpit.tui.completers import run_folders
-from lmcockpit.tui.usage import UsageError, new_console
+from . import command_parser
+from ..completers import run_folders
+from ..usage import UsageError, new_console
 
 FORMAT = """\
 a task file holds one JSON object a line, its kind read from its fields:
@@ -58,8 +58,8 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.max_per_task < 0:
         raise UsageError(f"--max-per-task {args.max_per_task}: expected 0 (all) or more")
-    from lmcockpit.core.infer import harness
-    from lmcockpit.core.infer.task_eval import checkpoint_of, resolve, score_checkpoint
+    from ...core.infer import harness
+    from ...core.infer.task_eval import checkpoint_of, resolve, score_checkpoint
 
     names, harness_specs = (split_list(args.tasks), split_list(args.harness))
     log = new_console(stderr=True, markup=False)
@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
 def item_by_item(task, result, at_most: int) -> dict:
     """A task's scores, and for each item scored, which it was, the model's choice and the right
     one, side by side: an accuracy can then be checked, and a wrong answer found, item by item."""
-    from lmcockpit.core.tasks.items import subset
+    from ...core.tasks.items import subset
 
     scored = subset(len(task.items), at_most)  # the items score_task scored, in its order
     return {**result.row(), "indices": scored, "predictions": result.predictions,
@@ -108,7 +108,7 @@ def print_tasks(tasks, results) -> None:
         r = results[task.name]
         table.add_row(task.name, task.kind.replace("_", " "), str(r.items), f"{r.accuracy:.4f}",
                       f"{task.chance_level():.4f}", f"{r.centered:+.4f}")
-    from lmcockpit.core.tasks.items import core_score
+    from ...core.tasks.items import core_score
 
     core = core_score(results, tasks)
     if core is not None:

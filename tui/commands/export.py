@@ -10,10 +10,10 @@ import argparse
 import sys
 import traceback
 
-from lmcockpit.core.config import ConfigError
-from lmcockpit.tui.commands import command_parser
-from lmcockpit.tui.completers import directories, run_folders
-from lmcockpit.tui.usage import UsageError, error
+from ...core.config import ConfigError
+from . import command_parser
+from ..completers import directories, run_folders
+from ..usage import UsageError, error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
-        from lmcockpit.core.infer.export import export
+        from ...core.infer.export import export
 
         done = export(args.path, args.out, log=lambda s: print(s, file=sys.stderr))
     except (UsageError, ConfigError):

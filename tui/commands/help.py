@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from lmcockpit.tui.commands import COMMANDS, command_parser, nearest
-from lmcockpit.tui.completers import command_names
-from lmcockpit.tui.usage import error
+from . import COMMANDS, command_parser, nearest
+from ..completers import command_names
+from ..usage import error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    from lmcockpit.tui import cli
+    from .. import cli
 
     args = build_parser().parse_args(argv)
     if args.command is None:

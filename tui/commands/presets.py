@@ -13,15 +13,15 @@ import math
 from rich import box
 from rich.table import Table
 
-from lmcockpit.core.config import load_config
-from lmcockpit.core.data import budget as data_budget
-from lmcockpit.core.hardware import memory_estimate
-from lmcockpit.core.hardware.compute_estimate import mfu_rule, training_time
-from lmcockpit.core.hardware.telemetry import Telemetry
-from lmcockpit.tui.commands import command_parser
-from lmcockpit.tui.formatting import DASH
-from lmcockpit.tui.rows import VERDICT_STYLE, preset_rows
-from lmcockpit.tui.usage import Parser, error, new_console
+from ...core.config import load_config
+from ...core.data import budget as data_budget
+from ...core.hardware import memory_estimate
+from ...core.hardware.compute_estimate import mfu_rule, training_time
+from ...core.hardware.telemetry import Telemetry
+from . import command_parser
+from ..formatting import DASH
+from ..rows import VERDICT_STYLE, preset_rows
+from ..usage import Parser, error, new_console
 
 
 def build_parser() -> Parser:

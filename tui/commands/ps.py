@@ -17,10 +17,10 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from lmcockpit.core.process import live
-from lmcockpit.tui.commands import command_parser
-from lmcockpit.tui.formatting import DASH, fmt_duration
-from lmcockpit.tui.usage import Parser, new_console
+from ...core.process import live
+from . import command_parser
+from ..formatting import DASH, fmt_duration
+from ..usage import Parser, new_console
 
 
 def build_parser() -> Parser:

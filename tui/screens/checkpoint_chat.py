@@ -13,11 +13,11 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from lmcockpit.core import protocol as P
-from lmcockpit.core.infer.chat_engine import ChatEngine
-from lmcockpit.tui.bridge import EngineEvents, drain
-from lmcockpit.tui.widgets.chat_pane import ChatPane
-from lmcockpit.tui.widgets.log_pane import LogPane
+from ...core import protocol as P
+from ...core.infer.chat_engine import ChatEngine
+from ..bridge import EngineEvents, drain
+from ..widgets.chat_pane import ChatPane
+from ..widgets.log_pane import LogPane
 
 
 CLOSE_GRACE = 5.0  # seconds a closing chat engine gets to exit on its own before it is killed

@@ -20,24 +20,24 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
-from lmcockpit.core import protocol as P
-from lmcockpit.core.process.notify import in_tmux, terminal_escape
-from lmcockpit.core.config import ConfigError
-from lmcockpit.core.hardware.telemetry import ProcessLoad, Reading, Telemetry, find_gpu, run_gpu_indices
-from lmcockpit.core.process.viewer import RunViewer
-from lmcockpit.core.run.curves import load_run
-from lmcockpit.core.run.folder import recent_runs, run_summary
-from lmcockpit.tui.bridge import EngineEvents, drain
-from lmcockpit.tui.formatting import fmt_duration
-from lmcockpit.tui.run_state import RunState
-from lmcockpit.tui.screens.dialogs import AbortDialog, BaselinePicker, HelpScreen, QuitDialog
-from lmcockpit.tui.widgets.charts import Baseline, LossChart
-from lmcockpit.tui.widgets.chat_pane import ChatPane
-from lmcockpit.tui.widgets.glance import cpu_line, gpu_lines, step_text
-from lmcockpit.tui.widgets.log_pane import LogPane
-from lmcockpit.tui.widgets.panels import (Panel, SideColumn, cpu_memory_rows, gpu_layout, gpu_panel, host_rows,
+from ...core import protocol as P
+from ...core.process.notify import in_tmux, terminal_escape
+from ...core.config import ConfigError
+from ...core.hardware.telemetry import ProcessLoad, Reading, Telemetry, find_gpu, run_gpu_indices
+from ...core.process.viewer import RunViewer
+from ...core.run.curves import load_run
+from ...core.run.folder import recent_runs, run_summary
+from ..bridge import EngineEvents, drain
+from ..formatting import fmt_duration
+from ..run_state import RunState
+from .dialogs import AbortDialog, BaselinePicker, HelpScreen, QuitDialog
+from ..widgets.charts import Baseline, LossChart
+from ..widgets.chat_pane import ChatPane
+from ..widgets.glance import cpu_line, gpu_lines, step_text
+from ..widgets.log_pane import LogPane
+from ..widgets.panels import (Panel, SideColumn, cpu_memory_rows, gpu_layout, gpu_panel, host_rows,
                                           memory_rows, spark, state_text, target_text, throughput_rows)
-from lmcockpit.tui.widgets.task_panel import TaskPanel, references_of
+from ..widgets.task_panel import TaskPanel, references_of
 
 # Seconds between redraws of a dashboard that changed: a redraw (Textual laying out and rendering
 # every panel, plotext rebuilding the chart) costs some 50 ms of a core here whatever the run's
@@ -189,6 +189,8 @@ class DashboardScreen(Screen):
         if not (self.view.config.get("notify") or {}).get("terminal", True):
             return
         app = self.app
+        # Textual's driver is private, and kept: Textual has no public way to send the terminal an
+        # escape sequence of one's own (App.bell and copy_to_clipboard write theirs the same way).
         if not app.is_headless and app._driver is not None:  # as App.bell writes its BEL
             app._driver.write(terminal_escape(f"lmcockpit: {what}", text, tmux=in_tmux()))
 

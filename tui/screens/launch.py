@@ -20,14 +20,14 @@ from textual.containers import Container, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
-from lmcockpit.core.config import Config, ConfigError, load_config, shipped_presets, toml_value
-from lmcockpit.core.data import budget as data_budget
-from lmcockpit.core.hardware.compute_estimate import training_time
-from lmcockpit.core.hardware.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count
-from lmcockpit.core.process import live
-from lmcockpit.core.run.folder import CONFIG, UNREADABLE, recent_runs, run_summary, write_config
-from lmcockpit.tui.rows import VERDICT_STYLE, preset_rows
-from lmcockpit.tui.formatting import DASH, fmt_duration
+from ...core.config import Config, ConfigError, load_config, shipped_presets, toml_value
+from ...core.data import budget as data_budget
+from ...core.hardware.compute_estimate import training_time
+from ...core.hardware.telemetry import GPUReading, Reading, Telemetry, cuda_gpu_count
+from ...core.process import live
+from ...core.run.folder import CONFIG, UNREADABLE, recent_runs, run_summary, write_config
+from ..rows import VERDICT_STYLE, preset_rows
+from ..formatting import DASH, fmt_duration
 
 
 def flatten(cfg: Config) -> list[tuple[str, str]]:
@@ -439,7 +439,7 @@ class LaunchScreen(Screen):
         except ConfigError as e:
             self.notify(str(e), severity="error")
             return
-        self.app.launch(cfg, self.preset_name)
+        self.app.new_run(cfg, self.preset_name)
 
     def selected_run(self) -> str | None:
         table = self.query_one("#runs", DataTable)
@@ -458,7 +458,7 @@ class LaunchScreen(Screen):
 
     def action_open_chat(self) -> None:
         if run := self.selected_run():
-            from lmcockpit.tui.screens.checkpoint_chat import ChatScreen
+            from .checkpoint_chat import ChatScreen
 
             self.app.push_screen(ChatScreen(run))
 
@@ -486,8 +486,8 @@ class LaunchScreen(Screen):
     @work(thread=True, exclusive=True, group="compare")
     def read_runs(self, paths: list[Path]) -> None:
         """In a thread: a long run's metrics.jsonl takes a second or more to read."""
-        from lmcockpit.core.run.curves import load_runs
-        from lmcockpit.tui.screens.side_by_side import CompareScreen
+        from ...core.run.curves import load_runs
+        from .side_by_side import CompareScreen
 
         try:
             runs = load_runs(paths)
@@ -497,7 +497,7 @@ class LaunchScreen(Screen):
         self.app.call_from_thread(self.app.push_screen, CompareScreen(runs))
 
     def action_help(self) -> None:
-        from lmcockpit.tui.screens.dialogs import HelpScreen
+        from .dialogs import HelpScreen
 
         self.app.push_screen(HelpScreen(self.BINDINGS))
 

@@ -11,9 +11,9 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
-from lmcockpit.core.run.curves import AXES, RunCurves
-from lmcockpit.tui.rows import labels, result_rows, setting_rows
-from lmcockpit.tui.widgets.compare_chart import CompareChart
+from ...core.run.curves import AXES, RunCurves
+from ..rows import labels, result_rows, setting_rows
+from ..widgets.compare_chart import CompareChart
 
 
 class CompareScreen(Screen):

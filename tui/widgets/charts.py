@@ -26,10 +26,10 @@ from rich.text import Text
 from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
-from lmcockpit.core.run.curves import RunCurves
-from lmcockpit.core.run.history import History
-from lmcockpit.core.run.target import spread
-from lmcockpit.core.run.ticks import ticks
+from ...core.run.curves import RunCurves
+from ...core.run.history import History
+from ...core.run.target import spread
+from ...core.run.ticks import ticks
 
 
 def log_ticks(lo: float, hi: float, most: int = 6) -> list[float]:

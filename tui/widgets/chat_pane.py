@@ -19,9 +19,9 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Input, Static
 
-from lmcockpit.core import protocol as P
-from lmcockpit.core.config import ConfigError
-from lmcockpit.core.protocol import SAMPLE_SETTINGS, parse_setting
+from ...core import protocol as P
+from ...core.config import ConfigError
+from ...core.protocol import SAMPLE_SETTINGS, parse_setting
 
 EDITABLE = ("temperature", "top_k", "top_p", "max_new_tokens", "num_samples", "seed")
 

@@ -10,9 +10,9 @@ on every render from the runs it holds.
 
 from __future__ import annotations
 
-from lmcockpit.core.run.curves import RunCurves
-from lmcockpit.core.run.ticks import axis_title
-from lmcockpit.tui.widgets.charts import Chart, drawn, plotted, set_log_ticks, set_x_ticks
+from ...core.run.curves import RunCurves
+from ...core.run.ticks import axis_title
+from .charts import Chart, drawn, plotted, set_log_ticks, set_x_ticks
 
 COLORS = ("cyan", "orange", "green", "magenta", "red", "blue", "yellow", "white")
 

@@ -13,11 +13,11 @@ import math
 
 from rich.text import Text
 
-from lmcockpit.core import protocol as P
-from lmcockpit.core.hardware.telemetry import GPUReading, ProcessLoad, Reading, find_gpu
-from lmcockpit.tui.formatting import DASH, bar, fmt_count, fmt_duration
-from lmcockpit.tui.run_state import RunState
-from lmcockpit.tui.widgets.panels import gib
+from ...core import protocol as P
+from ...core.hardware.telemetry import GPUReading, ProcessLoad, Reading, find_gpu
+from ..formatting import DASH, bar, fmt_count, fmt_duration
+from ..run_state import RunState
+from .panels import gib
 
 SEP = " · "
 MIN_BAR = 4

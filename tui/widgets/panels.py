@@ -17,10 +17,10 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from lmcockpit.core import protocol as P
-from lmcockpit.core.hardware.telemetry import GPUReading, ProcessLoad, Reading, find_gpu
-from lmcockpit.tui.formatting import DASH, fmt_count, fmt_duration
-from lmcockpit.tui.run_state import RunState
+from ...core import protocol as P
+from ...core.hardware.telemetry import GPUReading, ProcessLoad, Reading, find_gpu
+from ..formatting import DASH, fmt_count, fmt_duration
+from ..run_state import RunState
 
 STATE_STYLE = {P.RUNNING: "bold green", P.PAUSED: "bold yellow", P.FAILED: "bold red", P.FINISHED: "bold cyan",
                P.ABORTED: "bold magenta", P.INTERRUPTED: "bold magenta", P.COMPILING: "bold blue",

@@ -16,9 +16,9 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from lmcockpit.tui.formatting import DASH
-from lmcockpit.tui.run_state import RunState
-from lmcockpit.tui.widgets.panels import Panel, spark
+from ..formatting import DASH
+from ..run_state import RunState
+from .panels import Panel, spark
 
 # Reference models' accuracy by task, drawn on that task's plot. GPT-2 124M's HellaSwag is llm.c's
 # scoring (0.2955). No config key names them yet: see references_of.

@@ -33,8 +33,8 @@ import stat
 import sys
 from pathlib import Path
 
-from lmcockpit.tui.commands import command_parser
-from lmcockpit.tui.usage import UsageError, error
+from .. import command_parser
+from ...usage import UsageError, error
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_PORT = 8000  # textual-serve's own default; also the laptop's end of the tunnel
@@ -155,7 +155,7 @@ def main(argv: list[str]) -> int:
         return serve_tcp(args.host or LOOPBACK, args.port or DEFAULT_PORT)
     if args.socket is not None:
         return serve_unix(args.socket.absolute())
-    from lmcockpit.core.run.safe_files import fresh_runtime_dir, runtime_dir
+    from ....core.run.safe_files import fresh_runtime_dir, runtime_dir
 
     folder = runtime_dir().absolute()
     if not fresh_runtime_dir(folder):
@@ -214,7 +214,7 @@ def serve_tcp(host: str, port: int) -> int:
 
 
 def run(listen: dict, **options) -> int:
-    from lmcockpit.tui.commands.serve.webserver import CockpitServer
+    from .webserver import CockpitServer
 
     CockpitServer(cockpit_command(), listen, **options).serve()  # until Ctrl-C or SIGTERM, a graceful exit
     return 130  # it serves until a signal stops it: interrupted, as every command exits then

@@ -30,6 +30,6 @@ if __name__ == "__main__":  # python -m lmcockpit.tui.commands.serve.session SER
     quit_with_server()
     if sys.argv[1:] != [str(os.getppid())]:
         sys.exit(0)  # the server died before prctl took effect: no one is left to see this cockpit
-    from lmcockpit.tui.cli import main
+    from ...cli import main
 
     sys.exit(main([]))

@@ -123,6 +123,8 @@ class CockpitServer(Server):
             loop.add_signal_handler(sig, self.request_exit)
         web.run_app(self._make_app(), **self.listen, handle_signals=False, loop=loop, print=lambda _: self.on_open())
 
+    # textual-serve's Server._make_app is private, and overridden all the same: the server has no
+    # public hook to add middleware or mount its routes under a base path.
     async def _make_app(self) -> web.Application:
         app = await super()._make_app()
         if self.base != "/":  # textual-serve's routes, and the URLs its page is given, all under base
