@@ -414,7 +414,6 @@ CLASS_MAX, FUNCTION_MAX = 400, 80  # lines, from its `def`/`class` line to its l
 # Shrink one below the limit and its entry goes; shrink it otherwise and lower its number.
 OVERSIZED = {
     ("core/config.py", "validate"): 128,
-    ("core/train/trainer.py", "Trainer"): 811,
     ("tui/screens/dashboard.py", "DashboardScreen"): 433,
 }
 
@@ -565,3 +564,11 @@ def test_the_floor_check_sees_a_climb_at_import_and_in_a_function(tmp_path):
         "lmcockpit.core.low.c imports lmcockpit.core.high.b in a function: high/ is above low",
         "lmcockpit.core.low.c imports lmcockpit.tui in a function: tui/ is above low",
         "lmcockpit.core.low.a no longer climbs to high/: remove it from CLIMBS"]
+
+
+def test_the_training_loop_stays_a_loop():
+    """trainer.py holds the loop and the step; recovery, evaluation and checkpoints are parts with
+    modules of their own (core/train/recovery.py, evaluation.py, checkpointing.py)."""
+    lines = len((REPO / "core/train/trainer.py").read_text().splitlines())
+    assert lines <= 450, f"core/train/trainer.py is {lines} lines: give what grew a part of its own"
+
