@@ -150,7 +150,7 @@ def trial_step(trainer: Fitting, mb: int) -> bool:
             raise
         ok = False
         # An out-of-memory error can stop a CUDA graph half recorded: the next trial starts clean.
-        torch._dynamo.reset()
+        torch.compiler.reset()
     trainer.model.zero_grad(set_to_none=True)
     gc.collect()
     torch.cuda.empty_cache()

@@ -423,7 +423,7 @@ class Trainer:
         for attr in ("train_model", "wrapped", "model", "optimizers", "scaler"):
             self.__dict__.pop(attr, None)
         if self.cfg.training.compile:
-            torch._dynamo.reset()
+            torch.compiler.reset()
         gc.collect()
 
 
