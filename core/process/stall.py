@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from .. import protocol as P
+from .live import Pace
 
 STEP_TIMES = 20  # a silence this many step times long is no step that is merely slow
 # Training and what it stops for. Preparing data and compiling take as long as the corpus and the
@@ -37,8 +38,12 @@ class StallWatch:
         self.stall_after, self.clock = stall_after, clock
         self.heard_at = clock()
         self.state = P.PREPARING  # the engine's own, which a stall hides and its end gives back
-        self.step_time: float | None = None  # smoothed, as the front-ends smooth it
+        self.pace = Pace()  # the run's step time, the figure every view of it shows
         self.stalled_since: float | None = None
+
+    @property
+    def step_time(self) -> float | None:
+        return self.pace.step_time
 
     @property
     def limit(self) -> float:
@@ -47,8 +52,12 @@ class StallWatch:
     def heard(self, event: object) -> str | None:
         """An event from the engine; the line to say if it ends a stall."""
         now = self.clock()
-        if isinstance(event, P.StepMetrics) and event.dt > 0:
-            self.step_time = event.dt if self.step_time is None else 0.9 * self.step_time + 0.1 * event.dt
+        if isinstance(event, P.RunStarted):
+            self.pace.start(event.start_step)
+        elif isinstance(event, P.StepMetrics):
+            self.pace.add(event.step, event.dt)
+        elif isinstance(event, P.RolledBack):
+            self.pace.cut(event.to_step)
         elif isinstance(event, P.StateChanged):
             self.state = event.state
         was, self.heard_at = self.stalled_since, now
