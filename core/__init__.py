@@ -1,8 +1,8 @@
 """The engine and everything it needs, by concern.
 
-`config` (a run's configuration: one TOML file in sections, validated into dataclasses) and
-`protocol` (the messages between a front-end and the engine process) are the two contracts every
-package reads; the packages stand in floors, each importing only those below it:
+`config` (a run's configuration: one TOML file in sections, validated into dataclasses, each key
+declared once with its rules through `config_keys`) and `protocol` (the messages between a
+front-end and the engine process) are the two contracts every package reads; the packages stand in floors, each importing only those below it:
 
     infer/     a trained model outside training: loading it, the chat engine, Hugging Face export
     process/   the processes: the engine, torchrun's launcher and ranks, the front-end's handle on them
