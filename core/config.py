@@ -210,7 +210,8 @@ class TrainingConfig:
     max_rollbacks: int = setting(3, "rollbacks before a spike stops the run", ge=0, on_resume="safe")
     # Its time of arrival is fitted from the evaluations so far.
     target_val_loss: float = setting(0.0, "the validation loss aimed at; 0: none", ge=0, on_resume="safe")
-    target_task: str = setting("", "or a task of eval.tasks whose accuracy is aimed at instead", on_resume="safe")
+    target_task: str = setting("", "a task of eval.tasks whose accuracy is aimed at, instead of a loss",
+                               on_resume="safe")
     target_accuracy: float = setting(0.0, "with target_task: the accuracy aimed at, in (0, 1]", on_resume="safe")
     stop_at_target: bool = setting(False, "end the run with a checkpoint once an evaluation reaches the target",
                                    on_resume="safe")
@@ -271,7 +272,7 @@ class SampleConfig:
 class HardwareConfig:
     device: str = setting("auto", '"auto", "cpu", "cuda" or "cuda:N"', check=_device, on_resume="safe")
     gpu_class: str = setting("cpu", "the card this preset was sized for")
-    vram_gb: float = setting(0.0, "its memory, for the fit verdict", ge=0, unit="GB")
+    vram_gb: float = setting(0.0, "that card's memory in GB, for the fit verdict", ge=0, unit="GB")
     cost_per_hour: float = setting(0.0, "what the machine costs an hour, for the time to target in money; 0: not said",
                                    ge=0, on_resume="safe")
 
@@ -286,7 +287,7 @@ class DistributedConfig:
     nproc: int = setting(1, "training processes on each machine (one per GPU); above 1 starts torchrun", gt=0,
                          on_resume="safe")
     # The rendezvous flags (--rdzv-endpoint, --node-rank) say how they meet.
-    nnodes: int = setting(1, "machines", gt=0, on_resume="safe")
+    nnodes: int = setting(1, "machines taking part", gt=0, on_resume="safe")
 
 
 @dataclass
