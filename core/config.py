@@ -3,116 +3,192 @@
 Every user mistake becomes a `ConfigError` whose message names the file, the key and what was
 expected; the front-ends print it and exit 2. Unknown keys are errors (with the closest valid
 name), never silently ignored. This module imports no torch: the front-end validates presets.
+
+Each key is declared once, as its section's field: its type, default, help, bounds, a check of
+its own and whether it may change on resume (`setting`, core/config_keys.py). Validation of a
+single key, `--resume`'s keys that may change (`safe_on_resume`), a choice's values
+(`choices_of`), `--set`'s completion and `lmcockpit help config` (`key_help`) all follow from
+those declarations; only the rules between keys are written out, in `_between_keys`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import hashlib
 import json
 import re
 import sys
 import tomllib
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import tomli_w
 
+# SHOWN_CHARS and shown are core/tasks' too: their messages quote values as the config's do.
+from .config_keys import SHOWN_CHARS, default_of, problems, rules_of, setting, shown, table_of, type_name  # noqa: F401
+
 
 class ConfigError(ValueError):
-    """A mistake in the user's input: shown as one message, exit code 2, no traceback."""
+    """A mistake in the user's input: shown as one message, exit code 2, no traceback.
+
+    `where` is what the message blames (a file, `--set`, or `--set ITEM`) and `detail` the rest,
+    so that a screen showing the mistake beside the key being edited need not cut up the text;
+    `keys`, the config keys the mistake is about (none for one that is about no key)."""
+
+    def __init__(self, detail: str, where: str = "", keys: tuple[str, ...] = ()):
+        super().__init__(f"{where}: {detail}" if where else detail)
+        self.where, self.detail, self.keys = str(where), detail, keys
+
+    def __reduce__(self):  # pickled whole across the engine's queue, where/detail/keys included
+        return type(self), (self.detail, self.where, self.keys)
 
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 INT_RANGE = f"a 64-bit integer (from {INT64_MIN:,} to {INT64_MAX:,})"
-SHOWN_CHARS = 60  # of a value in a message: a pasted file or 5,000 digits is abbreviated
+
+WANDB_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")  # wandb.init refuses these: said here, before a run
+HUB_TOKENIZER = re.compile(r"hf:([A-Za-z0-9][\w.-]*/[\w.-]+)")  # tokenizer.kind naming a Hub model repo
 
 
-def shown(value: Any) -> str:
-    """`value` as a message quotes it (repr), abbreviated past SHOWN_CHARS with its length said,
-    so that an error stays one line."""
-    text = repr(value)
-    if len(text) <= SHOWN_CHARS:
-        return text
-    size = f"{len(str(abs(value))):,} digits" if isinstance(value, int) else f"{len(str(value)):,} characters"
-    return f"{text[:SHOWN_CHARS // 2]}…{text[-SHOWN_CHARS // 4:]} ({size})"
+# The forms of keys that no type says (config_keys.Key.check): what is wrong with a value, or None.
+def _device(value: str) -> str | None:
+    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+        return None
+    return 'must be "auto", "cpu", "cuda" or "cuda:N"'
 
 
+def _hub_tokenizer(value: str) -> str | None:
+    if not value.startswith("hf:") or HUB_TOKENIZER.fullmatch(value):
+        return None
+    return ": expected hf:OWNER/NAME, a model repo on the Hub (e.g. hf:openai-community/gpt2)"
+
+
+def _wandb_project(value: str) -> str | None:
+    if len(value) <= 128 and not any(c in value for c in WANDB_FORBIDDEN):
+        return None
+    return f"must be a W&B project name: at most 128 characters, none of {' '.join(WANDB_FORBIDDEN)}"
+
+
+# [notify]: a URL nothing can post to would otherwise show itself only when the run's first event
+# is lost, hours in. env:NAME is checked for its form only: the variable is read by the process
+# that sends (core/process/notify.py), whose environment this may not be.
+def _env_name(value: str) -> bool:
+    return re.fullmatch(r"env:[A-Za-z_][A-Za-z0-9_]*", value) is not None
+
+
+def _http_url(value: str) -> bool:
+    try:
+        parts = urlsplit(value)
+        parts.port  # a port beyond 65535, or not a number, raises here rather than at send time
+    except ValueError:
+        return False
+    # urllib refuses spaces and control characters only when it sends
+    return (parts.scheme in ("http", "https") and bool(parts.hostname)
+            and not any(c.isspace() or not c.isprintable() for c in value))
+
+
+def _post_target(value: str) -> str | None:
+    return None if value == "" or _env_name(value) or _http_url(value) else "must be an http(s) URL or env:NAME"
+
+
+def _apprise_url(value: str) -> str | None:
+    if _env_name(value) or re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", value):
+        return None
+    return "must be an Apprise URL (SCHEME://...) or env:NAME"
+
+
+# Each section's keys: `setting(default, help, bounds..., on_resume=...)` (core/config_keys.py).
+# on_resume="safe": `--resume --set` may change it (resume.py); the rest would change the run the
+# checkpoint belongs to. A comment above a key says what its one line of help cannot.
 @dataclass
 class ModelConfig:
-    n_layer: int = 4
-    d_model: int = 256
-    n_head: int = 4
-    n_kv_head: int = 2
-    head_dim: int = 0  # 0: d_model // n_head
-    mlp_hidden: int = 0  # 0: the multiple of 64 nearest 8/3 · d_model (SwiGLU's usual width)
-    max_seq_len: int = 0  # 0: training.seq_len; rotary positions beyond what it trains on are untrained
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-6
-    init_std: float = 0.02
+    n_layer: int = setting(4, "transformer blocks", gt=0)
+    d_model: int = setting(256, "the residual stream's width", gt=0)
+    n_head: int = setting(4, "attention heads (query heads)", gt=0)
+    n_kv_head: int = setting(2, "key/value heads (grouped-query attention); divides n_head", gt=0)
+    head_dim: int = setting(0, "each head's width; 0: d_model // n_head", ge=0)
+    mlp_hidden: int = setting(0, "SwiGLU's hidden width; 0: the multiple of 64 nearest 8/3 · d_model", ge=0)
+    # Rotary positions beyond what it trains on are untrained.
+    max_seq_len: int = setting(0, "the model's context; 0: training.seq_len", ge=0)
+    rope_theta: float = setting(10000.0, "the rotary embeddings' base", gt=0)
+    # RMSNorm divides by sqrt(mean(x²) + eps): at 0 or below a zero row is NaN.
+    norm_eps: float = setting(1e-6, "RMSNorm's epsilon", gt=0)
+    init_std: float = setting(0.02, "the standard deviation of the initial weights", gt=0)
 
 
 @dataclass
 class SourcePart:
     """One part of a mixture: `[[data.sources]]` tables, each with its own source and weight."""
-    source: str = ""
-    text_field: str = "text"
-    weight: float = 1.0  # share of the training tokens (normalised over the parts)
+    source: str = setting("", "the part's source, as data.source takes it (required)")
+    text_field: str = setting("text", "the JSON field or Parquet/Arrow column holding the text")
+    weight: float = setting(1.0, "share of the training tokens (normalised over the parts)", gt=0)
 
 
 @dataclass
 class DataConfig:
     # "python-stdlib"; a text, JSONL (.jsonl/.json, also .gz/.zst/.xz), Parquet or Arrow file; a folder
     # of them (save_to_disk folders too); or "hf:OWNER/NAME[/PATH]", a Hub dataset's Parquet files.
-    source: str = "python-stdlib"
-    text_field: str = "text"  # the JSON field or Parquet/Arrow column holding the text
-    val_fraction: float = 0.02  # share of documents (files) held out for validation
-    max_bytes: int = 0  # 0: all of it; else a deterministic selection of about this many bytes
-    cache_dir: str = ""  # "": $XDG_CACHE_HOME/lmcockpit
-    workers: int = 0  # tokenizer processes preparing the cache; 0: one per core, up to about 1.5 GB in all
-    shard_bytes: int = 16_000_000  # text per shard of the cache: the unit of parallel work and of resume
-    # A mixture instead of one source: [[data.sources]] tables, each drawn by its weight (in place of
-    # data.source and data.text_field, which then stay unset).
-    sources: list[SourcePart] = field(default_factory=list)
+    source: str = setting("python-stdlib", "the training text: a file, a folder, hf:OWNER/NAME or python-stdlib")
+    text_field: str = setting("text", "the JSON field or Parquet/Arrow column holding the text")
+    val_fraction: float = setting(0.02, "share of documents (files) held out for validation", gt=0, lt=1)
+    max_bytes: int = setting(0, "0: all of it; else a deterministic selection of about this many bytes", ge=0)
+    cache_dir: str = setting("", 'where token caches go; "": $XDG_CACHE_HOME/lmcockpit')
+    workers: int = setting(0, "tokenizer processes preparing the cache; 0: one per core, up to about 1.5 GB",
+                           ge=0, on_resume="safe")
+    shard_bytes: int = setting(16_000_000, "text per shard of the cache: the unit of parallel work and of resume",
+                               gt=0)
+    # Each part drawn by its weight, in place of data.source and data.text_field, which then stay unset.
+    sources: list[SourcePart] = setting([], "a mixture instead of one source: [[data.sources]] tables")
 
 
 @dataclass
 class TokenizerConfig:
     # "bpe": a byte-level BPE trained on the source; a local folder holding tokenizer.json; or
     # "hf:OWNER/NAME", a model repo on the Hub whose tokenizer files are fetched (hf:openai-community/gpt2).
-    kind: str = "bpe"
-    # The BPE's size; with a pretrained tokenizer, the model's embedding rows: its vocabulary or more
-    # (GPT-2's 50,257 padded to 50,304, a multiple of 128).
-    vocab_size: int = 8192
-    train_bytes: int = 8_000_000  # how much training text the BPE learns merges from
+    kind: str = setting("bpe", '"bpe" (trained on the source), a folder with tokenizer.json, or hf:OWNER/NAME',
+                        check=_hub_tokenizer)
+    # With a pretrained tokenizer, the model's embedding rows: its vocabulary or more (GPT-2's 50,257
+    # padded to 50,304, a multiple of 128).
+    vocab_size: int = setting(8192, "the BPE's size; with a pretrained tokenizer, the embedding's rows", gt=0)
+    train_bytes: int = setting(8_000_000, "how much training text the BPE learns merges from", ge=0)
 
 
 @dataclass
 class TrainingConfig:
-    max_steps: int = 400
-    micro_batch_size: int = 16
-    grad_accum_steps: int = 1
-    seq_len: int = 256
-    seed: int = 1337
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
-    compile: bool = True
+    max_steps: int = setting(400, "optimizer steps in the run", gt=0, on_resume="safe")
+    # What gets a run past running out of memory (micro-batch, accumulation, auto_micro_batch,
+    # activation checkpointing) may change on resume: the same sequences a step, split otherwise.
+    micro_batch_size: int = setting(16, "sequences in each forward/backward pass", gt=0, on_resume="safe")
+    grad_accum_steps: int = setting(1, "micro-batches accumulated into each step", gt=0, on_resume="safe")
+    seq_len: int = setting(256, "tokens in each training sequence", gt=0)
+    seed: int = setting(1337, "the seed of the initial weights and of the data's order", ge=0)
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = setting(
+        "auto", "auto: bf16 where it is supported (and pays, on a CPU), else fp16 on a GPU or fp32")
+    compile: bool = setting(True, "torch.compile the model")
     # "default" suits every card; the autotuning modes compile for minutes to win a few per cent, and
     # "reduce-overhead" / "max-autotune" add CUDA graphs (fewer kernel launches: small models gain most).
-    compile_mode: Literal["default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune"] = "default"
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune"] = setting(
+        "default", "torch.compile's mode; the last two use CUDA graphs (one process only)")
     # The largest micro-batch that fits (estimated, then confirmed by a trial step), with
     # grad_accum_steps raised so that micro_batch_size × grad_accum_steps stays the same.
-    auto_micro_batch: bool = False
-    # Recompute each block's activations in backward: a fraction of the memory for ~30% more compute.
-    activation_checkpointing: bool = False
-    grad_clip: float = 1.0  # 0: no clipping
-    log_every: int = 10
-    on_nan: Literal["stop", "skip"] = "stop"
-    max_nan_skips: int = 10
+    auto_micro_batch: bool = setting(False, "the largest micro-batch that fits, accumulation raised to match",
+                                     on_resume="safe")
+    activation_checkpointing: bool = setting(
+        False, "recompute activations in backward: a fraction of the memory for ~30% more compute", on_resume="safe")
+    # What gets a run past a loss spike (below, and optimizer.lr, optimizer.muon_lr) may change on
+    # resume: they change the steps to come, which is the point.
+    grad_clip: float = setting(1.0, "the gradient norm clipped to; 0: no clipping", ge=0, on_resume="safe")
+    log_every: int = setting(10, "steps between log lines", gt=0, on_resume="safe")
+    on_nan: Literal["stop", "skip"] = setting("stop", "what a non-finite loss does: end the run, or skip the step",
+                                              on_resume="safe")
+    max_nan_skips: int = setting(10, "with on_nan \"skip\": the skips before the run stops anyway", ge=0,
+                                 on_resume="safe")
     # A loss spike: a step's loss that many standard deviations above the mean of the last
     # spike_window steps (llm.c's test), judged once 10 are seen (against their median until the
     # window fills: train.spikes). "warn" says so; "skip" drops that update; "rollback" goes back
@@ -120,100 +196,123 @@ class TrainingConfig:
     # spike_lr_factor for spike_lr_steps steps (each further rollback in that stretch cuts it
     # again), at most max_rollbacks times; "stop" ends the run. A run that stops on a spike keeps
     # the last checkpoint before it as its latest: the weights that spiked are not saved.
-    on_spike: Literal["warn", "skip", "rollback", "stop"] = "warn"
-    spike_window: int = 100
-    spike_zscore: float = 6.0  # on the loss; 0: not watched
-    spike_grad_zscore: float = 0.0  # on the gradient norm, the same way; 0: not watched
-    spike_lr_factor: float = 0.5  # a rollback retrying at the rate that spiked meets the spike again
-    spike_lr_steps: int = 100
-    max_rollbacks: int = 3
-    # The validation loss aimed at: its time of arrival fitted from the evaluations so far; 0: none.
-    target_val_loss: float = 0.0
-    # Or a task's accuracy aimed at instead: a task of eval.tasks, by the name its scores have.
-    target_task: str = ""
-    target_accuracy: float = 0.0
-    stop_at_target: bool = False  # end the run with a checkpoint once an evaluation reaches the target
+    on_spike: Literal["warn", "skip", "rollback", "stop"] = setting(
+        "warn", "what a loss spike does (README: Spikes, stalls, and when the target is reached)", on_resume="safe")
+    spike_window: int = setting(100, "the steps a spike's loss is measured against", ge=2, unit="steps",
+                                on_resume="safe")
+    spike_zscore: float = setting(6.0, "standard deviations above the mean that make a spike; 0: not watched",
+                                  ge=0, on_resume="safe")
+    spike_grad_zscore: float = setting(0.0, "the same on the gradient norm; 0: not watched", ge=0, on_resume="safe")
+    # A rollback retrying at the rate that spiked meets the spike again.
+    spike_lr_factor: float = setting(0.5, "after a rollback, the learning rate times this", gt=0, le=1,
+                                     on_resume="safe")
+    spike_lr_steps: int = setting(100, "steps at that cut rate after a rollback", ge=0, on_resume="safe")
+    max_rollbacks: int = setting(3, "rollbacks before a spike stops the run", ge=0, on_resume="safe")
+    # Its time of arrival is fitted from the evaluations so far.
+    target_val_loss: float = setting(0.0, "the validation loss aimed at; 0: none", ge=0, on_resume="safe")
+    target_task: str = setting("", "a task of eval.tasks whose accuracy is aimed at, instead of a loss",
+                               on_resume="safe")
+    target_accuracy: float = setting(0.0, "with target_task: the accuracy aimed at, in (0, 1]", on_resume="safe")
+    stop_at_target: bool = setting(False, "end the run with a checkpoint once an evaluation reaches the target",
+                                   on_resume="safe")
 
 
 @dataclass
 class OptimizerConfig:
     # "muon": Muon for the 2-D matrices inside the blocks, AdamW for the rest; "adamw": AdamW for
     # every parameter (lr, betas, weight_decay below), the baseline that shows what Muon adds.
-    kind: Literal["muon", "adamw"] = "muon"
-    lr: float = 3e-3  # AdamW: embedding (tied head) and norms; with kind "adamw", everything
-    muon_lr: float = 0.02  # Muon: the 2-D matrices inside the blocks
-    muon_momentum: float = 0.95
-    weight_decay: float = 0.0  # Muon's matrices; with kind "adamw", every 2-D parameter
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    schedule: Literal["cosine", "wsd"] = "cosine"
-    warmup_steps: int = 20
-    min_lr_ratio: float = 0.1  # the final learning rate as a share of the peak
-    decay_fraction: float = 0.2  # wsd: the share of steps spent decaying at the end
+    kind: Literal["muon", "adamw"] = setting("muon", "Muon for the blocks' matrices and AdamW for the rest, or AdamW")
+    lr: float = setting(3e-3, "AdamW's rate: embedding (tied head) and norms; with kind \"adamw\", all", gt=0,
+                        on_resume="safe")
+    muon_lr: float = setting(0.02, "Muon's rate: the 2-D matrices inside the blocks", gt=0, on_resume="safe")
+    muon_momentum: float = setting(0.95, "Muon's momentum", ge=0, lt=1)
+    weight_decay: float = setting(0.0, "on Muon's matrices; with kind \"adamw\", every 2-D parameter", ge=0)
+    beta1: float = setting(0.9, "AdamW's beta1", ge=0, lt=1)
+    beta2: float = setting(0.95, "AdamW's beta2", ge=0, lt=1)
+    # AdamW divides by sqrt(v) + eps, and v is 0 for a parameter no gradient reached.
+    eps: float = setting(1e-8, "AdamW's epsilon", gt=0)
+    schedule: Literal["cosine", "wsd"] = setting("cosine", "the learning rate's schedule after warmup: cosine, "
+                                                 "or warmup-stable-decay")
+    warmup_steps: int = setting(20, "steps of linear warmup", ge=0)
+    min_lr_ratio: float = setting(0.1, "the final learning rate as a share of the peak", ge=0, le=1)
+    decay_fraction: float = setting(0.2, "wsd: the share of steps spent decaying at the end", ge=0, le=1)
 
 
 @dataclass
 class CheckpointConfig:
-    every: int = 0  # 0: only at the end
-    keep: int = 3
+    every: int = setting(0, "steps between checkpoints; 0: only at the end", ge=0, on_resume="safe")
+    keep: int = setting(3, "checkpoints kept (the oldest go)", gt=0, on_resume="safe")
 
 
 @dataclass
 class EvalConfig:
-    every: int = 100  # 0: only at the end
-    batches: int = 8  # micro-batches of held-out text per evaluation
-    # Downstream tasks scored while training (core/tasks): "python-functions", or a task file's path.
-    tasks: list[str] = field(default_factory=list)
-    tasks_every: int = 0  # steps between task scorings; 0: at every evaluation (eval.every)
-    max_per_task: int = 0  # items scored of each task; 0: all of them
-    # Reference models' scores the cockpit draws beside the run's: {task: {model: accuracy}}.
-    references: dict[str, dict[str, float]] = field(default_factory=dict)
+    every: int = setting(100, "steps between evaluations; 0: only at the end", ge=0, on_resume="safe")
+    batches: int = setting(8, "micro-batches of held-out text per evaluation", gt=0, on_resume="safe")
+    # Scored while training (core/tasks).
+    tasks: list[str] = setting([], 'downstream tasks: "python-functions", or a task file\'s path', on_resume="safe")
+    tasks_every: int = setting(0, "steps between task scorings; 0: at every evaluation (eval.every)", ge=0,
+                               on_resume="safe")
+    max_per_task: int = setting(0, "items scored of each task; 0: all of them", ge=0, on_resume="safe")
+    references: dict[str, dict[str, float]] = setting(
+        {}, "reference models' scores drawn beside the run's: {task = {model = accuracy}}", on_resume="safe")
 
 
+# Sampling, logging and notification change no step: each may change on resume.
 @dataclass
 class SampleConfig:
-    every: int = 0  # 0: never during training
-    prompts: list[str] = field(default_factory=lambda: ["def fibonacci("])
-    max_new_tokens: int = 64
-    temperature: float = 0.8
-    top_k: int = 50  # 0: off
-    top_p: float = 1.0  # nucleus sampling; 1: off
+    every: int = setting(0, "steps between samples while training; 0: never", ge=0, on_resume="safe")
+    prompts: list[str] = setting(["def fibonacci("], "what the samples continue", on_resume="safe")
+    max_new_tokens: int = setting(64, "tokens generated per sample", gt=0, on_resume="safe")
+    temperature: float = setting(0.8, "sampling temperature; 0: greedy", ge=0, on_resume="safe")
+    top_k: int = setting(50, "sample from the k likeliest tokens; 0: off", ge=0, on_resume="safe")
+    top_p: float = setting(1.0, "nucleus sampling; 1: off", gt=0, le=1, on_resume="safe")
 
 
 @dataclass
 class HardwareConfig:
-    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
-    gpu_class: str = "cpu"  # the card this preset was sized for
-    vram_gb: float = 0.0  # its memory, for the fit verdict
-    cost_per_hour: float = 0.0  # what the machine costs an hour, for the time to target in money; 0: not said
+    device: str = setting("auto", '"auto", "cpu", "cuda" or "cuda:N"', check=_device, on_resume="safe")
+    gpu_class: str = setting("cpu", "the card this preset was sized for")
+    vram_gb: float = setting(0.0, "that card's memory in GB, for the fit verdict", ge=0, unit="GB")
+    cost_per_hour: float = setting(0.0, "what the machine costs an hour, for the time to target in money; 0: not said",
+                                   ge=0, on_resume="safe")
 
 
 @dataclass
 class DistributedConfig:
     # "ddp": every process holds the whole model; "fsdp": FSDP2 shards weights, gradients and
-    # optimizer state across processes, for models that do not fit one card.
-    strategy: Literal["ddp", "fsdp"] = "ddp"
-    nproc: int = 1  # training processes on each machine (one per GPU); more than 1 starts torchrun
-    nnodes: int = 1  # machines; the rendezvous flags (--rdzv-endpoint, --node-rank) say how they meet
+    # optimizer state across processes, for models that do not fit one card. The process count may
+    # change on resume (accumulation follows, so a step takes the same sequences).
+    strategy: Literal["ddp", "fsdp"] = setting("ddp", "ddp: a whole model per process; fsdp: shards it across them",
+                                               on_resume="safe")
+    nproc: int = setting(1, "training processes on each machine (one per GPU); above 1 starts torchrun", gt=0,
+                         on_resume="safe")
+    # The rendezvous flags (--rdzv-endpoint, --node-rank) say how they meet.
+    nnodes: int = setting(1, "machines taking part", gt=0, on_resume="safe")
 
 
 @dataclass
 class LoggingConfig:
     """Where else the metrics go, besides metrics.jsonl: what a team already watches."""
-    tensorboard: bool = False  # event files in the run folder's tensorboard/ (needs lmcockpit[tensorboard])
-    wandb: str = ""  # a Weights & Biases project to log to; "": none (needs lmcockpit[wandb])
+    tensorboard: bool = setting(False, "event files in the run folder's tensorboard/ (lmcockpit[tensorboard])",
+                                on_resume="safe")
+    wandb: str = setting("", 'a Weights & Biases project to log to; "": none (lmcockpit[wandb])',
+                         check=_wandb_project, on_resume="safe")
 
 
 @dataclass
 class NotifyConfig:
     """Where word of a run's events goes (finished, failed, nan, spike, rollback, stalled, target),
     sent by the process that owns the engine, never in training's way."""
-    terminal: bool = True  # every attached cockpit: the terminal's notification escape and the bell
-    webhook: str = ""  # a URL that gets each event as a JSON POST; "env:NAME" reads it from the environment
-    ntfy: str = ""  # an ntfy topic URL (https://ntfy.sh/TOPIC or a server of your own); env:NAME too
-    apprise: list[str] = field(default_factory=list)  # Apprise URLs (Slack, Discord, e-mail...): lmcockpit[notify]
-    stall_after: float = 600.0  # seconds without a step (and many times the run's step time) before "stalled"
+    terminal: bool = setting(True, "every attached cockpit: the terminal's notification escape and the bell",
+                             on_resume="safe")
+    webhook: str = setting("", "a URL that gets each event as a JSON POST; env:NAME reads it from the environment",
+                           check=_post_target, on_resume="safe")
+    ntfy: str = setting("", "an ntfy topic URL (https://ntfy.sh/TOPIC or a server of your own); env:NAME too",
+                        check=_post_target, on_resume="safe")
+    apprise: list[str] = setting([], "Apprise URLs (Slack, Discord, e-mail...); env:NAME too (lmcockpit[notify])",
+                                 check=_apprise_url, each=True, on_resume="safe")
+    stall_after: float = setting(600.0, "seconds without a step (and many step times) before \"stalled\"", ge=0,
+                                 on_resume="safe")
 
     def holds_urls(self) -> bool:
         """Whether a target is written as its URL (token and all) rather than `env:NAME`: the
@@ -309,7 +408,7 @@ def resolve_preset(spec: str) -> Path:
     if name in shipped and (path.suffix != ".toml" or path.parent.name in ("presets", "")):
         return shipped[name]
     if path.exists():
-        raise ConfigError(f"{spec}: is a folder, expected a preset TOML file")
+        raise ConfigError("is a folder, expected a preset TOML file", spec)
     hint = _closest(name, shipped)
     raise ConfigError(
         f"preset {shown(spec)} not found: no such file, and no shipped preset of that name"
@@ -321,16 +420,16 @@ def read_toml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+        raise ConfigError(f"cannot read ({e.strerror})", path) from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text, expected a TOML file") from None
+        raise ConfigError("not UTF-8 text, expected a TOML file", path) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         # tomllib's message already carries "(at line L, column C)".
-        raise ConfigError(f"{path}: TOML syntax error: {e}") from None
+        raise ConfigError(f"TOML syntax error: {e}", path) from None
     except (ValueError, RecursionError) as e:
-        raise ConfigError(f"{path}: {_beyond_parsing(e, text)}") from None
+        raise ConfigError(_beyond_parsing(e, text), path) from None
 
 
 def _beyond_parsing(e: ValueError | RecursionError, text: str = "") -> str:
@@ -352,7 +451,7 @@ def parse_override(item: str) -> tuple[str, str, Any]:
     key = key.strip()
     parts = key.split(".")
     if not sep or len(parts) != 2 or not all(parts):
-        raise ConfigError(f"--set {shown(item)}: expected SECTION.KEY=VALUE, e.g. --set training.max_steps=200")
+        raise ConfigError("expected SECTION.KEY=VALUE, e.g. --set training.max_steps=200", f"--set {shown(item)}")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
@@ -360,12 +459,10 @@ def parse_override(item: str) -> tuple[str, str, Any]:
         if raw.strip() and not any(c in raw for c in "\"'[]{}=\n"):
             value = raw.strip()
         else:
-            raise ConfigError(
-                f"--set {shown(item)}: {shown(raw.strip())} is not a TOML value"
-                " (strings in quotes, numbers, true/false, [lists])"
-            ) from None
+            raise ConfigError(f"{shown(raw.strip())} is not a TOML value (strings in quotes, numbers, true/false, "
+                              "[lists])", f"--set {shown(item)}", keys=(key,)) from None
     except (ValueError, RecursionError) as e:
-        raise ConfigError(f"--set {key} = {shown(raw.strip())}: {_beyond_parsing(e)}") from None
+        raise ConfigError(_beyond_parsing(e), f"--set {key} = {shown(raw.strip())}", keys=(key,)) from None
     return parts[0], parts[1], value
 
 
@@ -374,11 +471,12 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     for item in overrides:
         section, key, value = parse_override(item)
         if section not in SECTIONS:  # here, where the --set item is known, so it is named and not the file
-            raise ConfigError(f"--set {shown(item)}: unknown section [{section}]"
-                              f"{_closest(section, SECTIONS) or ' (sections: ' + ', '.join(SECTIONS) + ')'}")
+            raise ConfigError(f"unknown section [{section}]"
+                              f"{_closest(section, SECTIONS) or ' (sections: ' + ', '.join(SECTIONS) + ')'}",
+                              f"--set {shown(item)}")
         target = out.setdefault(section, {})
         if not isinstance(target, dict):
-            raise ConfigError(f"--set {shown(item)}: {section!r} is not a section")
+            raise ConfigError(f"{section!r} is not a section", f"--set {shown(item)}")
         target[key] = value
     return out
 
@@ -395,9 +493,9 @@ def config_from_dict(raw: dict[str, Any], source: str = "<config>", from_set: se
     sections: dict[str, Any] = {}
     for name, value in raw.items():
         if name not in SECTIONS:
-            raise ConfigError(f"{source}: unknown section [{name}]{_closest(name, SECTIONS)}")
+            raise ConfigError(f"unknown section [{name}]{_closest(name, SECTIONS)}", source)
         if not isinstance(value, dict):
-            raise ConfigError(f"{source}: {name} must be a [{name}] section, got a {_toml_type(value)}")
+            raise ConfigError(f"{name} must be a [{name}] section, got a {_toml_type(value)}", source)
         sections[name] = _build_section(name, SECTIONS[name], value, source, from_set)
     cfg = Config(**sections)
     validate(cfg, source, from_set)
@@ -411,7 +509,8 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, fr
     for key, value in values.items():
         where = "--set" if f"{name}.{key}" in from_set else source
         if key not in known:
-            raise ConfigError(f"{where}: unknown key {name}.{key}{_closest(key, known, prefix=name + '.')}")
+            raise ConfigError(f"unknown key {name}.{key}{_closest(key, known, prefix=name + '.')}", where,
+                              keys=(f"{name}.{key}",))
         kwargs[key] = _check_type(f"{name}.{key}", value, hints[key], where)
     return cls(**kwargs)
 
@@ -421,7 +520,8 @@ def _build_table(key: str, cls: type, values: dict[str, Any], source: str):
     known = {f.name for f in dataclasses.fields(cls)}
     for name in values:
         if name not in known:
-            raise ConfigError(f"{source}: unknown key {key}.{name}{_closest(name, known, prefix=key + '.')}")
+            raise ConfigError(f"unknown key {key}.{name}{_closest(name, known, prefix=key + '.')}", source,
+                              keys=(f"{key}.{name}",))
     return cls(**{name: _check_type(f"{key}.{name}", v, hints[name], source) for name, v in values.items()})
 
 
@@ -431,22 +531,23 @@ def _check_type(key: str, value: Any, hint: Any, source: str) -> Any:
         choices = typing.get_args(hint)
         if value not in choices:
             allowed = " | ".join(repr(c) for c in choices)
-            raise ConfigError(f"{source}: {key} = {shown(value)} is not one of {allowed}")
+            raise ConfigError(f"{key} = {shown(value)} is not one of {allowed}", source, keys=(key,))
         return value
     if origin is list and dataclasses.is_dataclass(typing.get_args(hint)[0]):
         (item,) = typing.get_args(hint)
         if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-            raise ConfigError(f"{source}: {key} must be a list of tables ([[{key}]] entries), got {shown(value)}")
+            raise ConfigError(f"{key} must be a list of tables ([[{key}]] entries), got {shown(value)}", source,
+                              keys=(key,))
         return [_build_table(f"{key}[{i}]", item, v, source) for i, v in enumerate(value)]
     if origin is dict:
         _, inner = typing.get_args(hint)
         if not isinstance(value, dict):
-            raise ConfigError(f"{source}: {key} must be a table, got {_toml_type(value)} {shown(value)}")
+            raise ConfigError(f"{key} must be a table, got {_toml_type(value)} {shown(value)}", source, keys=(key,))
         return {name: _check_type(f"{key}.{name}", v, inner, source) for name, v in value.items()}
     if origin is list:
         (item,) = typing.get_args(hint)
         if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
-            raise ConfigError(f"{source}: {key} must be a list of {item.__name__}, got {shown(value)}")
+            raise ConfigError(f"{key} must be a list of {item.__name__}, got {shown(value)}", source, keys=(key,))
         return list(value)
     ok = {
         bool: lambda v: isinstance(v, bool),
@@ -455,18 +556,17 @@ def _check_type(key: str, value: Any, hint: Any, source: str) -> Any:
         str: lambda v: isinstance(v, str),
     }[hint](value)
     if not ok:
-        raise ConfigError(f"{source}: {key} must be {_article(hint)}, got {_toml_type(value)} {shown(value)}")
+        raise ConfigError(f"{key} must be {_article(hint)}, got {_toml_type(value)} {shown(value)}", source,
+                          keys=(key,))
     # Counts, sizes and seeds end up in int64 tensors and float arithmetic (the token budget), where
     # a larger integer overflows far from the key that held it.
     if hint is int and not INT64_MIN <= value <= INT64_MAX:
-        raise ConfigError(f"{source}: {key} = {shown(value)} is out of range, expected {INT_RANGE}")
+        raise ConfigError(f"{key} = {shown(value)} is out of range, expected {INT_RANGE}", source, keys=(key,))
     if hint is float and isinstance(value, int) and not abs(value) <= sys.float_info.max:
-        raise ConfigError(f"{source}: {key} = {shown(value)} is beyond any float, expected a finite number")
+        raise ConfigError(f"{key} = {shown(value)} is beyond any float, expected a finite number", source,
+                          keys=(key,))
     return float(value) if hint is float else value
 
-
-WANDB_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")  # wandb.init refuses these: said here, before a run
-HUB_TOKENIZER = re.compile(r"hf:([A-Za-z0-9][\w.-]*/[\w.-]+)")  # tokenizer.kind naming a Hub model repo
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
@@ -482,149 +582,131 @@ def cuda_graphs_need_one_process(mode: str, processes: str) -> str:
 
 
 def validate(cfg: Config, source: str = "<config>", from_set: set[str] = frozenset()) -> None:
-    """Ranges and consistency between keys; each message names the key and what was expected."""
-    def need(cond: bool, msg: str) -> None:
-        if not cond:  # blame --set when a key the message names came from there
-            named = set(re.findall(r"\b[a-z_]+\.[a-z_][a-z0-9_]*\b", msg))  # optimizer.beta1 too
-            raise ConfigError(f"{'--set' if named & set(from_set) else source}: {msg}")
-
-    m, t, o = cfg.model, cfg.training, cfg.optimizer
-    # TOML reads inf and nan as floats, and every range check below lets one of them through.
-    for key, value in _float_values(cfg):
-        need(math.isfinite(value), f"{key} = {value} must be a finite number")
-    for key, value in [
-        ("model.n_layer", m.n_layer), ("model.d_model", m.d_model), ("model.n_head", m.n_head),
-        ("model.n_kv_head", m.n_kv_head),
-        ("training.max_steps", t.max_steps), ("training.micro_batch_size", t.micro_batch_size),
-        ("training.grad_accum_steps", t.grad_accum_steps), ("training.seq_len", t.seq_len),
-        ("training.log_every", t.log_every), ("tokenizer.vocab_size", cfg.tokenizer.vocab_size),
-        ("checkpoint.keep", cfg.checkpoint.keep), ("eval.batches", cfg.eval.batches),
-        ("sample.max_new_tokens", cfg.sample.max_new_tokens), ("distributed.nproc", cfg.distributed.nproc),
-        ("distributed.nnodes", cfg.distributed.nnodes), ("data.shard_bytes", cfg.data.shard_bytes),
-    ]:
-        need(value > 0, f"{key} = {value} must be a positive integer")
-    for key, value in [("model.head_dim", m.head_dim), ("model.mlp_hidden", m.mlp_hidden),
-                       ("model.max_seq_len", m.max_seq_len),
-                       ("checkpoint.every", cfg.checkpoint.every), ("eval.every", cfg.eval.every),
-                       ("eval.tasks_every", cfg.eval.tasks_every), ("eval.max_per_task", cfg.eval.max_per_task),
-                       ("sample.every", cfg.sample.every), ("data.max_bytes", cfg.data.max_bytes),
-                       ("data.workers", cfg.data.workers),
-                       ("optimizer.warmup_steps", o.warmup_steps), ("training.seed", t.seed),
-                       ("training.max_nan_skips", t.max_nan_skips), ("sample.top_k", cfg.sample.top_k),
-                       ("training.spike_zscore", t.spike_zscore), ("training.spike_grad_zscore", t.spike_grad_zscore),
-                       ("training.spike_lr_steps", t.spike_lr_steps), ("training.max_rollbacks", t.max_rollbacks),
-                       ("training.target_val_loss", t.target_val_loss), ("notify.stall_after", cfg.notify.stall_after),
-                       ("hardware.cost_per_hour", cfg.hardware.cost_per_hour),
-                       ("tokenizer.train_bytes", cfg.tokenizer.train_bytes)]:
-        need(value >= 0, f"{key} = {value} must be 0 or more")
-    need(m.n_head % m.n_kv_head == 0,
-         f"model.n_kv_head = {m.n_kv_head} must divide model.n_head = {m.n_head} (grouped-query attention)")
-    need(m.head_dim > 0 or m.d_model % m.n_head == 0,
-         f"model.n_head = {m.n_head} must divide model.d_model = {m.d_model} (or set model.head_dim)")
-    need(cfg.head_dim % 2 == 0, f"the head dimension ({cfg.head_dim}) must be even for rotary embeddings")
-    need(t.seq_len <= cfg.max_seq_len,
-         f"training.seq_len = {t.seq_len} is above the model's context, model.max_seq_len = {m.max_seq_len}")
-    kind = cfg.tokenizer.kind
-    need(not kind.startswith("hf:") or HUB_TOKENIZER.fullmatch(kind) is not None,
-         f"tokenizer.kind = {shown(kind)}: expected hf:OWNER/NAME, a model repo on the Hub "
-         "(e.g. hf:openai-community/gpt2)")
-    need(cfg.tokenizer.vocab_size >= 260 or cfg.tokenizer.kind != "bpe",
-         f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} must be at least 260 (256 bytes + specials)")
-    need(0 < cfg.data.val_fraction < 1, f"data.val_fraction = {cfg.data.val_fraction} must be between 0 and 1")
-    d, default = cfg.data, DataConfig()
-    need(not d.sources or (d.source, d.text_field) == (default.source, default.text_field),
-         "data.source and data.text_field name one source; with [[data.sources]] each part names its own")
-    for i, part in enumerate(d.sources):
-        need(bool(part.source), f"data.sources[{i}].source is missing: each part names its source")
-        need(math.isfinite(part.weight) and part.weight > 0,
-             f"data.sources[{i}].weight = {part.weight} must be a positive number")
-    for key, value in [("optimizer.lr", o.lr), ("optimizer.muon_lr", o.muon_lr),
-                       # AdamW divides by sqrt(v) + eps, and v is 0 for a parameter no gradient reached
-                       ("optimizer.eps", o.eps),
-                       ("model.init_std", m.init_std),
-                       # RMSNorm divides by sqrt(mean(x²) + eps): at 0 or below a zero row is NaN
-                       ("model.norm_eps", m.norm_eps),
-                       ("model.rope_theta", m.rope_theta)]:
-        need(value > 0, f"{key} = {value} must be positive")
-    for key, value in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2),
-                       ("optimizer.muon_momentum", o.muon_momentum)]:
-        need(0 <= value < 1, f"{key} = {value} must be in [0, 1)")
-    need(0 <= o.min_lr_ratio <= 1, f"optimizer.min_lr_ratio = {o.min_lr_ratio} must be in [0, 1]")
-    need(0 <= o.decay_fraction <= 1, f"optimizer.decay_fraction = {o.decay_fraction} must be in [0, 1]")
-    need(o.weight_decay >= 0, f"optimizer.weight_decay = {o.weight_decay} must be 0 or more")
-    need(t.grad_clip >= 0, f"training.grad_clip = {t.grad_clip} must be 0 or more")
-    need(t.spike_window >= 2, f"training.spike_window = {t.spike_window} must be 2 steps or more")
-    need(not (t.target_task and t.target_val_loss),
-         "training.target_val_loss and training.target_task: one target at a time (set the other to its default)")
-    need(not t.target_task or 0 < t.target_accuracy <= 1,
-         f"training.target_accuracy = {t.target_accuracy} must be in (0, 1] with training.target_task")
-    need(t.target_accuracy == 0 or bool(t.target_task),
-         f"training.target_accuracy = {t.target_accuracy} needs training.target_task, the task it is of")
-    need(0 < t.spike_lr_factor <= 1, f"training.spike_lr_factor = {t.spike_lr_factor} must be in (0, 1]")
-    need(t.compile or t.compile_mode == "default",
-         f"training.compile_mode = {t.compile_mode!r} needs training.compile = true")
-    need(cfg.world == 1 or t.compile_mode not in CUDA_GRAPH_MODES, cuda_graphs_need_one_process(
-        t.compile_mode, f"distributed.nproc = {cfg.distributed.nproc}, nnodes = {cfg.distributed.nnodes}"))
-    need(cfg.hardware.vram_gb >= 0, f"hardware.vram_gb = {cfg.hardware.vram_gb} must be 0 or more (GB)")
-    need(cfg.sample.temperature >= 0, f"sample.temperature = {cfg.sample.temperature} must be 0 or more")
-    need(0 < cfg.sample.top_p <= 1, f"sample.top_p = {cfg.sample.top_p} must be in (0, 1]")
-    need(not t.auto_micro_batch or cfg.world == 1,
-         f"training.auto_micro_batch = true needs a single process (distributed.nproc = {cfg.distributed.nproc}, "
-         f"nnodes = {cfg.distributed.nnodes}): every rank must use the same micro-batch; set "
-         "training.micro_batch_size (lmcockpit presets shows what fits)")
-    project = cfg.logging.wandb
-    need(len(project) <= 128 and not any(c in project for c in WANDB_FORBIDDEN),
-         f"logging.wandb = {shown(project)} must be a W&B project name: at most 128 characters, none of "
-         f"{' '.join(WANDB_FORBIDDEN)}")
-    dev = cfg.hardware.device
-    need(dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()),
-         f"hardware.device = {shown(dev)} must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")
-    # Each process takes the GPU of its local rank: one named GPU cannot serve several.
-    need(cfg.distributed.nproc == 1 or not dev.startswith("cuda:"),
-         f"hardware.device = {shown(dev)} names one GPU, but distributed.nproc = {cfg.distributed.nproc} "
-         "processes each take their own (process i uses GPU i); use \"auto\" or \"cuda\", and "
-         "CUDA_VISIBLE_DEVICES to choose GPUs")
-    # [notify]: a URL nothing can post to would otherwise show itself only when the run's first
-    # event is lost, hours in. env:NAME is checked for its form only: the variable is read by the
-    # process that sends (core/process/notify.py), whose environment this may not be.
-    from urllib.parse import urlsplit
-
-    def env_name(value: str) -> bool:
-        return re.fullmatch(r"env:[A-Za-z_][A-Za-z0-9_]*", value) is not None
-
-    def http_url(value: str) -> bool:
-        try:
-            parts = urlsplit(value)
-            parts.port  # a port beyond 65535, or not a number, raises here rather than at send time
-        except ValueError:
-            return False
-        # urllib refuses spaces and control characters only when it sends
-        return (parts.scheme in ("http", "https") and bool(parts.hostname)
-                and not any(c.isspace() or not c.isprintable() for c in value))
-
-    n = cfg.notify
-    for key, value in (("notify.webhook", n.webhook), ("notify.ntfy", n.ntfy)):
-        need(value == "" or env_name(value) or http_url(value),
-             f"{key} = {shown(value)} must be an http(s) URL or env:NAME")
-    for i, value in enumerate(n.apprise):
-        need(env_name(value) or bool(re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", value)),
-             f"notify.apprise[{i}] = {shown(value)} must be an Apprise URL (SCHEME://...) or env:NAME")
-
-
-def _float_values(cfg: Config):
-    """(key, value) of every float in the config, the mixture's parts' included."""
-    def of(prefix: str, obj):
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            if isinstance(value, float):
-                yield f"{prefix}.{f.name}", value
-            elif isinstance(value, list):
-                for i, item in enumerate(value):
-                    if dataclasses.is_dataclass(item):
-                        yield from of(f"{prefix}.{f.name}[{i}]", item)
+    """Each key against its own rules (its `setting`), then the rules between keys; the first
+    mistake is raised, blaming `--set` when a key it is about came from there (`from_set`)."""
+    def blamed(keys: tuple[str, ...]) -> str:
+        return "--set" if any(k.split("[")[0] in from_set for k in keys) else source
 
     for section in dataclasses.fields(cfg):
-        yield from of(section.name, getattr(cfg, section.name))
+        for key, message in problems(getattr(cfg, section.name), section.name):
+            raise ConfigError(message, blamed((key,)), keys=(key,))
+    for keys, message in _between_keys(cfg):
+        raise ConfigError(message, blamed(keys), keys=keys)
+
+
+def _between_keys(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
+    """(the keys it is about, message) for each rule that relates several keys and is broken; each
+    key's own bounds hold by now (n_kv_head is positive before n_head is divided by it)."""
+    m, t, d = cfg.model, cfg.training, cfg.distributed
+    if m.n_head % m.n_kv_head:
+        yield (("model.n_kv_head", "model.n_head"),
+               f"model.n_kv_head = {m.n_kv_head} must divide model.n_head = {m.n_head} (grouped-query attention)")
+    if not m.head_dim and m.d_model % m.n_head:
+        yield (("model.n_head", "model.d_model", "model.head_dim"),
+               f"model.n_head = {m.n_head} must divide model.d_model = {m.d_model} (or set model.head_dim)")
+    if cfg.head_dim % 2:
+        yield (("model.head_dim", "model.d_model", "model.n_head"),
+               f"the head dimension ({cfg.head_dim}) must be even for rotary embeddings")
+    if t.seq_len > cfg.max_seq_len:
+        yield (("training.seq_len", "model.max_seq_len"),
+               f"training.seq_len = {t.seq_len} is above the model's context, model.max_seq_len = {m.max_seq_len}")
+    if cfg.tokenizer.kind == "bpe" and cfg.tokenizer.vocab_size < 260:
+        yield (("tokenizer.vocab_size", "tokenizer.kind"),
+               f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} must be at least 260 (256 bytes + specials)")
+    default = DataConfig()
+    if cfg.data.sources and (cfg.data.source, cfg.data.text_field) != (default.source, default.text_field):
+        yield (("data.sources", "data.source", "data.text_field"),
+               "data.source and data.text_field name one source; with [[data.sources]] each part names its own")
+    for i, part in enumerate(cfg.data.sources):
+        if not part.source:  # required in a part; the field's default only stands in for it
+            yield ("data.sources",), f"data.sources[{i}].source is missing: each part names its source"
+    if t.target_task and t.target_val_loss:
+        yield (("training.target_val_loss", "training.target_task"),
+               "training.target_val_loss and training.target_task: one target at a time (set the other to its "
+               "default)")
+    if t.target_task and not 0 < t.target_accuracy <= 1:
+        yield (("training.target_accuracy", "training.target_task"),
+               f"training.target_accuracy = {t.target_accuracy} must be in (0, 1] with training.target_task")
+    if t.target_accuracy and not t.target_task:
+        yield (("training.target_accuracy", "training.target_task"),
+               f"training.target_accuracy = {t.target_accuracy} needs training.target_task, the task it is of")
+    if not t.compile and t.compile_mode != "default":
+        yield (("training.compile_mode", "training.compile"),
+               f"training.compile_mode = {t.compile_mode!r} needs training.compile = true")
+    if cfg.world > 1 and t.compile_mode in CUDA_GRAPH_MODES:
+        yield (("training.compile_mode", "distributed.nproc", "distributed.nnodes"),
+               cuda_graphs_need_one_process(t.compile_mode, f"distributed.nproc = {d.nproc}, nnodes = {d.nnodes}"))
+    if t.auto_micro_batch and cfg.world > 1:
+        yield (("training.auto_micro_batch", "distributed.nproc", "distributed.nnodes"),
+               f"training.auto_micro_batch = true needs a single process (distributed.nproc = {d.nproc}, "
+               f"nnodes = {d.nnodes}): every rank must use the same micro-batch; set "
+               "training.micro_batch_size (lmcockpit presets shows what fits)")
+    # Each process takes the GPU of its local rank: one named GPU cannot serve several.
+    dev = cfg.hardware.device
+    if d.nproc > 1 and dev.startswith("cuda:"):
+        yield (("hardware.device", "distributed.nproc"),
+               f"hardware.device = {shown(dev)} names one GPU, but distributed.nproc = {d.nproc} processes each "
+               "take their own (process i uses GPU i); use \"auto\" or \"cuda\", and CUDA_VISIBLE_DEVICES to "
+               "choose GPUs")
+
+
+# --------------------------------------------------------------------------------------------
+# What the declarations tell the rest: resume, completion, `lmcockpit help config`
+
+
+def keys() -> Iterator[tuple[str, dataclasses.Field, Any]]:
+    """(section.key, its field, its type) of every key, in the order of the sections and their
+    fields; a mixture part's keys follow data.sources as data.sources[].KEY."""
+    for section, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            yield f"{section}.{f.name}", f, hints[f.name]
+            if (table := table_of(hints[f.name])) is not None:
+                inner = typing.get_type_hints(table)
+                for g in dataclasses.fields(table):
+                    yield f"{section}.{f.name}[].{g.name}", g, inner[g.name]
+
+
+def field_of(key: str) -> tuple[dataclasses.Field, Any]:
+    """The field of `section.key` and its type; a ConfigError naming the key when there is none."""
+    found = {name: (f, hint) for name, f, hint in keys()}
+    if key not in found:
+        raise ConfigError(f"no config key {key}{_closest(key, found)}")
+    return found[key]
+
+
+def choices_of(key: str) -> tuple[Any, ...]:
+    """The values a choice key can take, as its Literal type declares them:
+    choices_of("training.on_spike") == ("warn", "skip", "rollback", "stop"); () for a key that is
+    no choice."""
+    _, hint = field_of(key)
+    return typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
+
+
+def safe_on_resume() -> frozenset[str]:
+    """The keys that `--resume --set` may change: those declared on_resume="safe"."""
+    return frozenset(name for name, f, _ in keys() if "[]" not in name and rules_of(f).on_resume == "safe")
+
+
+@dataclass(frozen=True)
+class KeyHelp:
+    """One key as `lmcockpit help config` and `--set`'s completion describe it."""
+    key: str
+    type: str  # int, list[str], "warn" | "skip", with its bounds: int > 0, float in [0, 1)
+    default: str  # in TOML, as --set takes it
+    help: str
+    safe_on_resume: bool
+
+
+def key_help() -> list[KeyHelp]:
+    rows = []
+    for name, f, hint in keys():
+        rules = rules_of(f)
+        default = default_of(f)
+        rows.append(KeyHelp(name, " ".join(filter(None, (type_name(hint), rules.bounds()))),
+                            "" if table_of(hint) else toml_value(default), rules.help,
+                            rules.on_resume == "safe"))
+    return rows
 
 
 def toml_value(value) -> str:

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, TypedDict
 
-from .config import ConfigError
+from .config import ConfigError, choices_of
 
 
 # Run states, in the order a healthy run passes through them.
@@ -34,7 +34,7 @@ INTERRUPTED = "interrupted"
 STALLED = "stalled"
 TERMINAL_STATES = frozenset({FINISHED, ABORTED, FAILED, INTERRUPTED})
 ENDED = (FINISHED, ABORTED, INTERRUPTED)  # an `end` row's states; a failure writes a `failure` row
-SPIKE_ACTIONS = ("warn", "skip", "rollback", "stop")  # training.on_spike's choices: what was done
+SPIKE_ACTIONS = choices_of("training.on_spike")  # what a spike row says was done
 
 
 # ------------------------------------------------------------------------------ row fields

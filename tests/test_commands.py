@@ -209,7 +209,7 @@ def test_each_command_completes_its_own_flags_and_choices(workdir):
     assert complete("lmcockpit chat --t", workdir) == ["--temperature", "--top-k", "--top-p"]
     assert complete("lmcockpit presets --", workdir) == ["--help", "--memory"]
     assert complete("lmcockpit completion ", workdir) == ["bash", "zsh", "fish"]
-    assert complete("lmcockpit help ", workdir) == list(COMMANDS)
+    assert complete("lmcockpit help ", workdir) == [*COMMANDS, "config"]  # and the config keys' listing
     assert complete("lmcockpit --res", workdir) == ["--resume"]
 
 

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -241,3 +242,115 @@ def test_the_readme_data_source_example_works_on_the_default_preset(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "eval.tasks: python-functions is made from the held-out files" in lines[0]
     assert lines[0].endswith("--set 'eval.tasks=[]' scores no task)"), proc.stderr
+
+
+# ---------------------------------------------------------------------------- the keys' declarations
+def every_field():
+    """(section.key, field) of every section's fields and of a mixture part's."""
+    import dataclasses
+
+    from lmcockpit.core.config import SECTIONS, SourcePart
+
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            yield f"{section}.{f.name}", f
+    for f in dataclasses.fields(SourcePart):
+        yield f"data.sources[].{f.name}", f
+
+
+def test_every_key_is_declared_with_a_line_of_help():
+    from lmcockpit.core.config_keys import rules_of
+
+    for key, f in every_field():
+        assert rules_of(f).help.strip(), f"{key} has no help: declare it with setting(default, help, ...)"
+        assert "\n" not in rules_of(f).help, key
+
+
+def test_help_config_lists_every_key_with_its_default_in_80_columns(capsys):
+    """`lmcockpit help config`, through the CLI's main: each key's line names its type and its
+    default (as --set writes it), and its help follows; nothing is wider than 80 columns."""
+    from lmcockpit.core.config import toml_value
+    from lmcockpit.core.config_keys import default_of, rules_of
+    from lmcockpit.tui.cli import main
+
+    assert main(["help", "config"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and max(map(len, out.splitlines())) <= 80
+    lines = out.splitlines()
+    for key, f in every_field():
+        (at,) = [i for i, line in enumerate(lines) if line.startswith(f"{key}  ")]
+        head = lines[at]
+        while lines[at + 1].startswith(" " * 8):  # a long type wraps under its key
+            at += 1
+            head += " " + lines[at].strip()
+        if key != "data.sources":  # a list of tables: its parts' keys follow with theirs
+            assert f"default {toml_value(default_of(f))}" in head, (key, head)
+        assert lines[at + 1].startswith("    ") and lines[at + 1].strip() in rules_of(f).help, key
+    assert 'training.on_spike  "warn" | "skip" | "rollback" | "stop", default "warn", may\n        change on resume' in out
+    assert "model.n_layer  int > 0, default 4\n" in out and "optimizer.beta1  float in [0, 1), default 0.9\n" in out
+
+
+def test_choices_are_read_from_the_key_that_declares_them():
+    from lmcockpit.core.config import choices_of
+
+    assert choices_of("training.on_spike") == ("warn", "skip", "rollback", "stop")
+    assert choices_of("distributed.strategy") == ("ddp", "fsdp") and choices_of("training.max_steps") == ()
+    with pytest.raises(ConfigError, match=r"no config key training.on_spik \(did you mean training.on_spike\?\)"):
+        choices_of("training.on_spik")
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("training.max_steps", "0", "training.max_steps = 0 must be a positive integer"),
+    ("model.init_std", "0", "model.init_std = 0.0 must be positive"),
+    ("eval.every", "-1", "eval.every = -1 must be 0 or more"),
+    ("training.spike_window", "1", "training.spike_window = 1 must be 2 or more (steps)"),
+    ("hardware.vram_gb", "-1", "hardware.vram_gb = -1.0 must be 0 or more (GB)"),
+    ("data.val_fraction", "1", "data.val_fraction = 1.0 must be in (0, 1)"),
+    ("optimizer.beta2", "1", "optimizer.beta2 = 1.0 must be in [0, 1)"),
+    ("optimizer.min_lr_ratio", "1.5", "optimizer.min_lr_ratio = 1.5 must be in [0, 1]"),
+    ("training.spike_lr_factor", "0", "training.spike_lr_factor = 0.0 must be in (0, 1]"),
+    ("training.on_spike", '"ignore"', "training.on_spike = 'ignore' is not one of 'warn' | 'skip' | 'rollback' | 'stop'"),
+])
+def test_a_value_out_of_its_bounds_names_the_file_the_key_the_value_and_what_was_expected(tmp_path, key, value,
+                                                                                            expected):
+    section, name = key.split(".")
+    p = write(tmp_path, f"[{section}]\n{name} = {value}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(p))
+    assert str(e.value) == f"{p}: {expected}" and e.value.keys == (key,)
+    with pytest.raises(ConfigError, match=rf"^--set: {re.escape(expected)}$"):
+        load_config("debug", [f"{key}={value}"])
+
+
+def test_every_bound_declared_is_enforced():
+    """A value just past each key's declared bound is refused by --set, naming that key."""
+    from lmcockpit.core.config_keys import rules_of
+
+    bounded = 0
+    for key, f in every_field():
+        rules = rules_of(f)
+        if "[]" in key or (rules.gt, rules.ge, rules.lt, rules.le) == (None,) * 4:
+            continue
+        past = (rules.gt if rules.gt is not None else rules.ge - 1 if rules.ge is not None
+                else rules.lt if rules.lt is not None else rules.le + 1)
+        with pytest.raises(ConfigError, match=rf"^--set: {re.escape(key)} = \S+ must be ") as e:
+            load_config("debug", [f"{key}={past}"])
+        assert e.value.keys == (key,)
+        bounded += 1
+    assert bounded >= 50
+
+
+def test_a_rule_between_keys_blames_the_set_only_for_keys_it_is_about():
+    # the compile mode comes from the file's defaults; the process count, from --set
+    with pytest.raises(ConfigError) as e:
+        load_config("debug", ["training.compile=true", "training.compile_mode=\"reduce-overhead\"",
+                              "distributed.nproc=2"])
+    assert e.value.where == "--set" and "distributed.nproc" in e.value.keys
+
+
+def test_a_rule_between_keys_broken_by_the_file_blames_the_file(tmp_path):
+    """sample.top_k comes from --set, but the broken rule is about the model's heads: the file's."""
+    p = write(tmp_path, "[model]\nn_head = 4\nn_kv_head = 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(p), ["sample.top_k=5"])
+    assert e.value.where == str(p) and str(e.value).startswith(f"{p}: model.n_kv_head = 3 must divide")

@@ -19,6 +19,7 @@ INVOCATIONS = {
     "lmcockpit--help": ["--help"],
     "help": ["help"],
     **{f"help-{name}": ["help", name] for name in COMMANDS},
+    "help-config": ["help", "config"],
     **{f"data-{action}--help": ["data", action, "--help"] for action in ("prepare", "info", "rm")},
     **{f"completion-{shell}": ["completion", shell] for shell in ("bash", "zsh", "fish")},
 }

@@ -109,7 +109,7 @@ def test_a_missing_part_is_named_by_its_index(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ('data.sources=[{source="a", weight=0}]', r"data.sources\[0\].weight = 0.0 must be a positive number"),
+    ('data.sources=[{source="a", weight=0}]', r"data.sources\[0\].weight = 0.0 must be positive"),
     ('data.sources=[{sorce="a"}]', r"unknown key data.sources\[0\].sorce \(did you mean data.sources\[0\].source\?\)"),
     ('data.sources=[{weight=2.0}]', r"data.sources\[0\].source is missing"),
     ('data.sources=["a"]', r"data.sources must be a list of tables"),

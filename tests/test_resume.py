@@ -568,6 +568,34 @@ def test_resume_refuses_unsafe_changes_by_name(reference, tmp_path):
     assert proc.returncode == 2 and "--set: unknown key training.max_step" in proc.stderr, proc.stderr
 
 
+def test_resume_may_change_exactly_the_keys_declared_safe(reference, tmp_path):
+    """Each key, --set to the value the checkpoint already holds: refused by name where its
+    declaration says it is fixed on resume, taken where it says "safe" (config.safe_on_resume:
+    resume.py keeps no list of its own)."""
+    import dataclasses
+
+    from lmcockpit.core.config import SECTIONS, config_from_dict, read_toml, safe_on_resume, toml_value
+    from lmcockpit.core.run.resume import plan_resume
+
+    ckpt = reference / "checkpoints" / "step_000020"
+    saved = config_from_dict(read_toml(ckpt / "config.toml"))
+    every = [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+    refused = set()
+    for i, key in enumerate(every):
+        section, name = key.split(".")
+        item = f"{key}={toml_value(getattr(getattr(saved, section), name))}"
+        try:
+            plan_resume(str(ckpt), [item], str(tmp_path / str(i)))
+        except ConfigError as e:
+            assert str(e).startswith(f"--set {key}: cannot change when resuming") and e.keys == (key,), str(e)
+            refused.add(key)
+    assert refused == set(every) - safe_on_resume()
+    # what makes the continued run the same run: its model, its data and tokenizer, its sequences
+    fixed = {"model", "tokenizer", "data.source", "data.sources", "training.seq_len", "training.seed",
+             "training.precision", "optimizer.kind", "optimizer.schedule"}
+    assert not {key for key in safe_on_resume() if key in fixed or key.split(".")[0] in fixed}
+
+
 def test_a_run_stopped_before_its_first_checkpoint_is_named_as_such(reference, tmp_path):
     import shutil
 

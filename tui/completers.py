@@ -11,13 +11,10 @@ dataclasses only, quickly, and imports nothing heavy.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-import typing
 from pathlib import Path
 
-from ..core.config import SECTIONS, read_toml, shipped_presets
+from ..core.config import choices_of, key_help, read_toml, shipped_presets, toml_value
 from ..core.run.folder import CONFIG
 from .commands import COMMANDS
 
@@ -85,34 +82,16 @@ def run_folders(prefix: str, **_) -> list[str]:
 
 
 def config_keys(prefix: str, **_) -> dict[str, str]:
-    """`--set` completes to `section.key=` for every field of the config dataclasses, each with its
-    type and default; after the `=`, the values a choice or a boolean can take."""
+    """`--set` completes to `section.key=` for every key, each with its type, default and help
+    (config.key_help, from the keys' declarations); after the `=`, the values a choice or a
+    boolean can take."""
     key, eq, _ = prefix.partition("=")
-    fields = {}
-    for section, cls in SECTIONS.items():
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            fields[f"{section}.{f.name}"] = (hints[f.name], default_of(f))
+    rows = {row.key: row for row in key_help() if "[]" not in row.key}  # a mixture part's keys are no --set's
     if not eq:
-        return {f"{name}=": f"{describe(hint)}, default {json.dumps(default)}"
-                for name, (hint, default) in fields.items()}
-    if key not in fields:
+        return {f"{name}=": f"{row.type}, default {row.default}: {row.help}" for name, row in rows.items()}
+    if key not in rows:
         return {}
-    hint, default = fields[key]
-    if hint is bool:
-        values = ["true", "false"]
-    elif typing.get_origin(hint) is typing.Literal:
-        values = list(typing.get_args(hint))
-    else:
-        return {}
-    return {f"{key}={value}": "the default" if value in (default, str(default).lower()) else "" for value in values}
-
-
-def default_of(f: dataclasses.Field):
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
-
-
-def describe(hint) -> str:
-    if typing.get_origin(hint) is typing.Literal:
-        return " | ".join(map(str, typing.get_args(hint)))
-    return getattr(hint, "__name__", str(hint))
+    row = rows[key]
+    values = (True, False) if row.type == "bool" else choices_of(key)
+    return {f"{key}={str(v).lower() if isinstance(v, bool) else v}": "the default" if toml_value(v) == row.default
+            else "" for v in values}

@@ -23,28 +23,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Config, ConfigError, apply_overrides, config_from_dict, parse_override, read_toml
+from ..config import (SECTIONS, Config, ConfigError, apply_overrides, config_from_dict, parse_override, read_toml,
+                      safe_on_resume)
 from .checkpoint_folder import check_checkpoint, is_run_dir
 from .extras import require_logger_packages
 from .folder import (CHECKPOINTS, CONFIG, METRICS, check_not_training, create_run_dir, latest_checkpoint,
                      remove_later_checkpoints, write_config)
 from .safe_files import write_whole
 
-SAFE_TO_CHANGE = {"training.max_steps", "training.log_every", "eval.every", "eval.batches", "eval.tasks",
-                  "eval.tasks_every", "eval.max_per_task", "eval.references", "checkpoint.every",
-                  "checkpoint.keep", "hardware.device", "distributed.nproc", "distributed.nnodes",
-                  "distributed.strategy", "data.workers",
-                  # What gets a run past a loss spike: they change the steps to come, which is the point.
-                  "optimizer.lr", "optimizer.muon_lr", "training.grad_clip", "training.on_nan",
-                  "training.max_nan_skips", "training.on_spike", "training.spike_window", "training.spike_zscore",
-                  "training.spike_grad_zscore", "training.spike_lr_factor", "training.spike_lr_steps",
-                  "training.max_rollbacks", "training.target_val_loss", "training.stop_at_target",
-                  "training.target_task", "training.target_accuracy",
-                  "hardware.cost_per_hour",
-                  # What gets it past running out of memory: the same sequences a step, split otherwise.
-                  "training.micro_batch_size", "training.grad_accum_steps", "training.auto_micro_batch",
-                  "training.activation_checkpointing"}
-SAFE_SECTIONS = {"sample", "logging", "notify"}  # none changes a step
+def changeable_on_resume() -> str:
+    """The keys `--set` may change when resuming (config.safe_on_resume, each key's declaration),
+    a section whose every key may change as `section.*`."""
+    safe = safe_on_resume()
+    whole = {s for s in SECTIONS if {f"{s}.{f.name}" for f in dataclasses.fields(SECTIONS[s])} <= safe}
+    return ", ".join(sorted({k for k in safe if k.split(".")[0] not in whole} | {f"{s}.*" for s in whole}))
 
 
 @dataclass(frozen=True)
@@ -79,14 +71,11 @@ def plan_resume(path_arg: str, overrides: list[str], out: str | None,
     raw = apply_overrides(saved, overrides)
     # First whether each key exists and each value fits (a misspelt key is a misspelling), then
     # whether it may change.
-    given = {".".join(parse_override(o)[:2]) for o in overrides}
-    cfg = config_from_dict(raw, source=str(ckpt / CONFIG), from_set=given)
-    for item in overrides:
-        section, key, _ = parse_override(item)
-        if f"{section}.{key}" not in SAFE_TO_CHANGE and section not in SAFE_SECTIONS:
-            allowed = ", ".join(sorted(SAFE_TO_CHANGE | {f"{s}.*" for s in SAFE_SECTIONS}))
-            raise ConfigError(f"--set {section}.{key}: cannot change when resuming (it would change the run "
-                              f"the checkpoint belongs to); these can: {allowed}")
+    given = [".".join(parse_override(o)[:2]) for o in overrides]
+    cfg = config_from_dict(raw, source=str(ckpt / CONFIG), from_set=set(given))
+    if fixed := [key for key in given if key not in safe_on_resume()]:
+        raise ConfigError("cannot change when resuming (it would change the run the checkpoint belongs to); "
+                          f"these can: {changeable_on_resume()}", f"--set {fixed[0]}", keys=tuple(fixed))
     saved_cfg = config_from_dict(saved, source=str(ckpt / CONFIG))
     cfg = same_sequences_per_step(saved_cfg, cfg, accum_given="training.grad_accum_steps" in given)
     if cfg.training.max_steps <= step:

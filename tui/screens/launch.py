@@ -348,7 +348,7 @@ class LaunchScreen(Screen):
         try:
             self.current_config({key: text})
         except ConfigError as e:
-            return str(e).split(": ", 1)[-1] if str(e).startswith(("/", "--set")) else str(e)
+            return e.detail  # beside the key being edited: what is wrong, without the file or --set it blames
         return None
 
     def set_override(self, key: str, text: str) -> str | None:
