@@ -413,7 +413,6 @@ CLASS_MAX, FUNCTION_MAX = 400, 80  # lines, from its `def`/`class` line to its l
 # Today's offenders, each at its length when the rule came: none may grow, and none may join them.
 # Shrink one below the limit and its entry goes; shrink it otherwise and lower its number.
 OVERSIZED = {
-    ("core/config.py", "validate"): 128,
     ("tui/screens/dashboard.py", "DashboardScreen"): 433,
 }
 

@@ -33,7 +33,7 @@ def topics(prefix: str, **kwargs) -> dict[str, str]:
 
 def config_keys_text(width: int = WIDTH) -> str:
     """Every key as `section.key  type, default X` and its help indented below, by section."""
-    from ..core.config import key_help
+    from ...core.config import key_help
 
     lines = ["Every config key: a preset's [section] table sets it, or --set section.key=VALUE",
              "(VALUE in TOML). \"may change on resume\": --resume RUN --set may change it."]
