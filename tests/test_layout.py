@@ -436,9 +436,7 @@ def test_the_relative_import_check_sees_each_absolute_form(tmp_path):
 CLASS_MAX, FUNCTION_MAX = 400, 80  # lines, from its `def`/`class` line to its last
 # Today's offenders, each at its length when the rule came: none may grow, and none may join them.
 # Shrink one below the limit and its entry goes; shrink it otherwise and lower its number.
-OVERSIZED = {
-    ("tui/screens/dashboard.py", "DashboardScreen"): 433,
-}
+OVERSIZED: dict[tuple[str, str], int] = {}
 
 
 def definition_sizes(path: Path) -> list[tuple[str, int, int]]:

@@ -7,7 +7,6 @@ rate.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -23,17 +22,16 @@ from textual.widgets import Footer, Input, Static
 from ...core import protocol as P
 from ...core.process.notify import in_tmux, terminal_escape
 from ...core.config import ConfigError
-from ...core.hardware.telemetry import ProcessLoad, Reading, Telemetry, find_gpu, run_gpu_indices
+from ...core.hardware.telemetry import ProcessLoad, Reading, Telemetry, find_gpu
 from ...core.process.viewer import RunViewer
 from ...core.run.curves import load_run
-from ...core.run.folder import recent_runs, run_summary
 from ..bridge import EngineEvents, drain
 from ..formatting import fmt_duration
 from ..run_state import RunState
-from .dialogs import AbortDialog, BaselinePicker, HelpScreen, QuitDialog
+from .dialogs import AbortDialog, BaselinePicker, HelpScreen, QuitDialog, past_runs
 from ..widgets.charts import Baseline, LossChart
 from ..widgets.chat_pane import ChatPane
-from ..widgets.glance import cpu_line, gpu_lines, step_text
+from ..widgets.glance import device_lines, failure_text, run_gpus, step_text
 from ..widgets.log_pane import LogPane
 from ..widgets.panels import (Panel, SideColumn, cpu_memory_rows, gpu_layout, gpu_panel, host_rows,
                                           memory_rows, spark, state_text, target_text, throughput_rows)
@@ -206,15 +204,7 @@ class DashboardScreen(Screen):
             self.app.exit()
 
     def show_failure(self) -> None:
-        v, f = self.view, self.view.failure
-        text = Text("RUN FAILED\n", style="bold red")
-        text.append((f.message if f else v.state_detail or "the engine stopped") + "\n", style="bold")
-        if f and f.traceback:
-            text.append("\n".join(f.traceback.rstrip().splitlines()[-8:]) + "\n", style="red")
-        text.append(f"run folder: {v.run_dir or '–'}\n")
-        text.append(f"last checkpoint: {v.last_checkpoint or 'none'}")
-        failure = self.query_one("#failure", Static)
-        failure.update(text)
+        self.query_one("#failure", Static).update(failure_text(self.view))
         self.add_class("failed")
 
     # --------------------------------------------------------------------------------- redraw
@@ -229,11 +219,7 @@ class DashboardScreen(Screen):
     def gpu_indices(self) -> list[int]:
         """NVML indices of the GPUs this run trains on here; until RunStarted names them (while
         preparing or compiling), the first GPU; empty for a CPU run."""
-        if self.devices is None:
-            return [g.index for g in self.reading.gpus[:1]] if self.reading else []
-        # the engine inherits this process's environment, so its CUDA numbering is ours
-        return run_gpu_indices(self.devices, os.environ.get("CUDA_VISIBLE_DEVICES"), self.device_uuids,
-                               self.reading.gpus if self.reading else [])
+        return run_gpus(self.devices, self.device_uuids, self.reading)
 
     @property
     def on_gpu(self) -> bool:
@@ -260,19 +246,6 @@ class DashboardScreen(Screen):
         self.gpu_keys = keys
         self.gpu_panels = [Panel("GPU", classes=f"gpu gpu-{key}") for key in keys]
         box.mount_all(self.gpu_panels)
-
-    def device_lines(self, gpus: list[int], width: int) -> Text:
-        """A bar per GPU of the run (two to four lines at most, several GPUs to a line when they
-        are many), or the CPU run's own CPU and memory."""
-        if gpus:
-            lines = gpu_lines(gpus, self.reading, width, 2 if self.has_class("short") else 4)
-        elif self.on_gpu:
-            lines = [Text("GPU: no reading of the run's GPU" + (f" ({self.telemetry.nvml_error})"
-                                                                 if self.telemetry and self.telemetry.nvml_error
-                                                                 else ""), style="dim")]
-        else:
-            lines = [cpu_line(self.load, self.reading, width)]
-        return Text("\n").join(lines)
 
     def redraw(self) -> None:
         if not self.dirty:
@@ -319,7 +292,7 @@ class DashboardScreen(Screen):
         self.put("#lr", lr_line + spark([x / lr_max * 100 for x in lrs], width))
         width = self.query_one("#stepline").content_region.width or self.size.width
         self.put("#stepline", step_text(v, width))
-        self.put("#devices", self.device_lines(gpus, width))
+        self.put("#devices", device_lines(self, gpus, width))
         side.fit()
         chart = self.query_one("#loss", LossChart)
         chart.set_data(v.history)
@@ -395,17 +368,8 @@ class DashboardScreen(Screen):
     def action_baseline(self) -> None:
         """Pick a past run (any with steps: finished, stopped, failed) to draw under the live curves,
         or take the one shown away."""
-        own = Path(self.view.run_dir).resolve() if self.view.run_dir else None
-        found = recent_runs(getattr(self.app, "runs_root", Path("runs")))
-        found += [p for p in getattr(self.app, "run_dirs", []) if p not in found]
-        runs = []
-        for path in found:
-            if path.resolve() == own:
-                continue
-            s = run_summary(path)
-            if s["step"]:
-                loss = f"loss {s['loss']:.3f}" if s["loss"] is not None else ""
-                runs.append((str(path), f"{s['name']}  {s['status']} · step {s['step']} · {loss}"))
+        runs = past_runs(self.view.run_dir, getattr(self.app, "runs_root", Path("runs")),
+                         getattr(self.app, "run_dirs", []))
         showing = self.query_one("#loss", LossChart).baseline
         if not runs and showing is None:
             self.notify(f"no other run with steps under {getattr(self.app, 'runs_root', 'runs')}/ to draw as a "

@@ -7,12 +7,16 @@ keeps the app's own bindings from its keys, so each names it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
+
+from ...core.run.folder import recent_runs, run_summary
 
 QUIT = Binding("ctrl+c", "app.quit_cockpit", "Quit", show=False)
 
@@ -96,3 +100,21 @@ class BaselinePicker(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+def past_runs(own: str | None, runs_root: Path, run_dirs: list[Path]) -> list[tuple[str, str]]:
+    """(folder, what to show for it) of every run with steps (finished, stopped, failed) under
+    `runs_root` or named on the command line, `own` (the run on the screen) left out."""
+    own_path = Path(own).resolve() if own else None
+    found = recent_runs(runs_root)
+    found += [p for p in run_dirs if p not in found]
+    runs = []
+    for path in found:
+        if path.resolve() == own_path:
+            continue
+        s = run_summary(path)
+        if s["step"]:
+            loss = f"loss {s['loss']:.3f}" if s["loss"] is not None else ""
+            runs.append((str(path), f"{s['name']}  {s['status']} · step {s['step']} · {loss}"))
+    return runs
+

@@ -10,11 +10,12 @@ rather than letting the terminal cut the line.
 from __future__ import annotations
 
 import math
+import os
 
 from rich.text import Text
 
 from ...core import protocol as P
-from ...core.hardware.telemetry import GPUReading, ProcessLoad, Reading, find_gpu
+from ...core.hardware.telemetry import GPUReading, ProcessLoad, Reading, find_gpu, run_gpu_indices
 from ..formatting import DASH, bar, fmt_count, fmt_duration
 from ..run_state import RunState
 from .panels import gib
@@ -134,3 +135,39 @@ def cpu_line(load: ProcessLoad | None, reading: Reading | None, width: int) -> T
     text.append(rss)
     text.truncate(width)
     return text
+
+
+def device_lines(screen, gpus: list[int], width: int) -> Text:
+    """A bar per GPU of the run (two to four lines at most, several GPUs to a line when they are
+    many), or the CPU run's own CPU and memory; `screen`: the dashboard, with its readings."""
+    if gpus:
+        lines = gpu_lines(gpus, screen.reading, width, 2 if screen.has_class("short") else 4)
+    elif screen.on_gpu:
+        nvml_error = screen.telemetry.nvml_error if screen.telemetry else ""
+        lines = [Text("GPU: no reading of the run's GPU" + (f" ({nvml_error})" if nvml_error else ""), style="dim")]
+    else:
+        lines = [cpu_line(screen.load, screen.reading, width)]
+    return Text("\n").join(lines)
+
+
+def run_gpus(devices: tuple[str, ...] | None, uuids: tuple[str, ...], reading: Reading | None) -> list[int]:
+    """NVML indices of the GPUs a run trains on here (`devices` as RunStarted names them); before
+    it names them (preparing, compiling), the first GPU; empty for a CPU run."""
+    if devices is None:
+        return [g.index for g in reading.gpus[:1]] if reading else []
+    # the engine inherits this process's environment, so its CUDA numbering is ours
+    return run_gpu_indices(devices, os.environ.get("CUDA_VISIBLE_DEVICES"), uuids, reading.gpus if reading else [])
+
+
+def failure_text(v: RunState) -> Text:
+    """What a failed run's dashboard shows in place of its panels: the error, the end of its
+    traceback, where the run and its last checkpoint are."""
+    f = v.failure
+    text = Text("RUN FAILED\n", style="bold red")
+    text.append((f.message if f else v.state_detail or "the engine stopped") + "\n", style="bold")
+    if f and f.traceback:
+        text.append("\n".join(f.traceback.rstrip().splitlines()[-8:]) + "\n", style="red")
+    text.append(f"run folder: {v.run_dir or '–'}\n")
+    text.append(f"last checkpoint: {v.last_checkpoint or 'none'}")
+    return text
+
