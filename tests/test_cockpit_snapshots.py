@@ -601,6 +601,7 @@ async def test_a_task_with_a_reference_model_draws_its_score_as_a_dotted_line():
     """HellaSwag, which GPT-2 124M scores 0.2955 (llm.c's scoring): the panel draws that score
     across the task's plot, dotted, and names the model under it. Left of the first scoring
     (step 100 of 300) the run's line is not yet there: only the reference's dots are."""
+    from lmcockpit.core.config import config_from_dict
     from lmcockpit.tui.widgets.task_panel import references_of
 
     hellaswag = [P.EvalMetrics(step, None, None, {"hellaswag": task_scores(acc, items=10042)})
@@ -626,5 +627,6 @@ async def test_a_task_with_a_reference_model_draws_its_score_as_a_dotted_line():
         pf = next(n for n, line in enumerate(lines) if "python-functions" in line)
         assert not any(c - 2 < width / 4 for row in lines[pf + 1:pf + 3] for c in braille_columns(row))
 
-    assert references_of({}) == {}
-    assert references_of({"eval": {"references": {"mine": {"a model": 0.5}}}}) == {"mine": {"a model": 0.5}}
+    assert references_of(None) == {} and references_of(config_from_dict({})) == {}
+    assert references_of(config_from_dict({"eval": {"references": {"mine": {"a model": 0.5}}}})) == {
+        "mine": {"a model": 0.5}}

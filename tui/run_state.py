@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..core import protocol as P
+from ..core.config import Config, ConfigError, config_from_dict
 from ..core.process import live
 from ..core.run.history import History, ReadsHistory
 from ..core.run.target import Forecast, forecast_aim
@@ -55,7 +56,7 @@ class RunState(ReadsHistory):
     tokens_per_step: int = 0
     failure: P.Failure | None = None
     state_detail: str = ""
-    config: dict = field(default_factory=dict)
+    config: Config | None = None  # the run's, built once from RunStarted's (run_config)
 
     def __post_init__(self) -> None:
         self.started_at = self.clock()
@@ -94,7 +95,7 @@ class RunState(ReadsHistory):
             self.run_dir, self.max_steps = ev.run_dir, ev.max_steps
             self.start_step = self.step = ev.start_step
             self.device, self.precision, self.n_params = ev.device, ev.precision, ev.n_params
-            self.tokens_per_step, self.config = ev.tokens_per_step, ev.config
+            self.tokens_per_step, self.config = ev.tokens_per_step, run_config(ev.config)
             self.pace.start(ev.start_step)
         elif isinstance(ev, live.Began):
             # The host's wall-clock start, on this front-end's clock (monotonic: a clock set back
@@ -188,17 +189,19 @@ class RunState(ReadsHistory):
     @property
     def target(self) -> float:
         """training.target_val_loss as the run's config says; 0: none."""
-        return float(self.config.get("training", {}).get("target_val_loss") or 0.0)
+        return float(self.config.training.target_val_loss or 0.0) if self.config else 0.0
 
     @property
     def target_task(self) -> tuple[str, float]:
         """training.target_task and its target_accuracy; ("", 0) for none."""
-        t = self.config.get("training", {})
-        return str(t.get("target_task") or ""), float(t.get("target_accuracy") or 0.0)
+        if self.config is None:
+            return "", 0.0
+        t = self.config.training
+        return str(t.target_task or ""), float(t.target_accuracy or 0.0)
 
     @property
     def cost_per_hour(self) -> float:
-        return float(self.config.get("hardware", {}).get("cost_per_hour") or 0.0)
+        return float(self.config.hardware.cost_per_hour or 0.0) if self.config else 0.0
 
     @property
     def forecast(self) -> Forecast | None:
@@ -219,3 +222,14 @@ class RunState(ReadsHistory):
         if self.ended_at is not None:  # aborted or failed short of max_steps: nothing is coming
             return None
         return live.eta(self.step, self.max_steps, self.dt_ema)
+
+
+def run_config(raw: dict) -> Config | None:
+    """The run's config from the dict RunStarted carries (the engine's validated Config, as a
+    dict to cross the queue); None where this lmcockpit cannot read it (a host of another version):
+    the views then go without its target and cost, as for a run that names none."""
+    try:
+        return config_from_dict(raw, source="the run's config")
+    except ConfigError:
+        return None
+

@@ -16,6 +16,7 @@ from textual.widgets import Footer, Static
 from ...core import protocol as P
 from ...core.infer.chat_engine import ChatEngine
 from ..bridge import EngineEvents, drain
+from ..run_state import run_config
 from ..widgets.chat_pane import ChatPane
 from ..widgets.log_pane import LogPane
 
@@ -55,7 +56,8 @@ class ChatScreen(Screen):
             elif isinstance(ev, P.LogLine):
                 self.query_one("#log", LogPane).add(ev.text)
             elif isinstance(ev, P.RunStarted):
-                self.query_one(ChatPane).configure(ev.config.get("sample") or {})
+                if config := run_config(ev.config):
+                    self.query_one(ChatPane).configure(config.sample)
                 top.update(Text(f" chat · {ev.run_dir} · step {ev.start_step} · {ev.n_params / 1e6:.2f}M params "
                                 f"· {ev.device} {ev.precision}", style="bold"))
             elif isinstance(ev, P.Failure):

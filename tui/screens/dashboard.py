@@ -163,7 +163,8 @@ class DashboardScreen(Screen):
             elif isinstance(ev, P.SampleText):
                 self.query_one(ChatPane).receive(ev)
             elif isinstance(ev, P.RunStarted):
-                self.query_one(ChatPane).configure(ev.config.get("sample") or {})
+                if self.view.config:
+                    self.query_one(ChatPane).configure(self.view.config.sample)
                 self.devices, self.world = ev.devices or (ev.device,), ev.world
                 self.device_uuids = ev.device_uuids
             elif isinstance(ev, P.StateChanged) and ev.state in P.TERMINAL_STATES:
@@ -184,7 +185,7 @@ class DashboardScreen(Screen):
         """A toast; with notify.terminal, the terminal's own notification (OSC 777 and 9, wrapped
         for tmux's passthrough inside tmux) and its bell, which always gets through."""
         self.notify(text, severity=severity, timeout=10)
-        if not (self.view.config.get("notify") or {}).get("terminal", True):
+        if self.view.config and not self.view.config.notify.terminal:
             return
         app = self.app
         # Textual's driver is private, and kept: Textual has no public way to send the terminal an

@@ -20,7 +20,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Input, Static
 
 from ...core import protocol as P
-from ...core.config import ConfigError
+from ...core.config import ConfigError, SampleConfig
 from ...core.protocol import SAMPLE_SETTINGS, parse_setting
 
 EDITABLE = ("temperature", "top_k", "top_p", "max_new_tokens", "num_samples", "seed")
@@ -57,9 +57,9 @@ class ChatPane(Vertical):
         self.show_settings()
         self.show_history()
 
-    def configure(self, sample_section: dict[str, Any]) -> None:
+    def configure(self, sample: SampleConfig) -> None:
         """Start from a run's [sample] settings."""
-        self.settings.update({k: v for k, v in sample_section.items() if k in EDITABLE})
+        self.settings.update({k: getattr(sample, k) for k in EDITABLE if hasattr(sample, k)})
         self.show_settings()
 
     def show_settings(self) -> None:

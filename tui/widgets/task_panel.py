@@ -16,6 +16,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from ...core.config import Config
 from ..formatting import DASH
 from ..run_state import RunState
 from .panels import Panel, spark
@@ -32,11 +33,10 @@ DOTS = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))  # a cell's dot 
 LINE, REFERENCE = "cyan", "magenta"
 
 
-def references_of(config: dict) -> dict[str, dict[str, float]]:
+def references_of(config: Config | None) -> dict[str, dict[str, float]]:
     """{task: {model label: accuracy}} to draw: the run's `eval.references` (a preset's: the
     gpt2-fineweb preset names GPT-2 124M's HellaSwag)."""
-    named = (config.get("eval") or {}).get("references") if isinstance(config, dict) else None
-    return named or {}
+    return config.eval.references if config else {}
 
 
 def scores_text(name: str, scores: dict[str, float], width: int, tail: str = "") -> Text:
@@ -121,10 +121,10 @@ def task_lines(v: RunState, width: int, references: dict[str, dict[str, float]])
     """The panel's rows, a line each: CORE where the run has it; per task its scores, and its plot
     while the tasks are few (a sparkline on its row when many). None: no panel."""
     if not v.last_tasks:
-        tasks = (v.config.get("eval") or {}) if isinstance(v.config, dict) else {}
-        if not tasks.get("tasks"):
+        e = v.config.eval if v.config else None
+        if e is None or not e.tasks:
             return []
-        every = tasks.get("tasks_every") or tasks.get("every")
+        every = e.tasks_every or e.every
         first = -(-max(v.step, 1) // every) * every if every else 0  # the next step the cadence scores at
         return [Text(f"first at step {first}" if first else "none scored yet", style="dim")]
     lines = [scores_text("CORE", {"accuracy": v.last_core}, width)] if v.last_core is not None else []
