@@ -57,17 +57,23 @@ def _imports(node: ast.AST, in_function: bool, out: list[tuple[ast.AST, bool]]) 
                      out)
 
 
-def _targets(mod: Module, node: ast.AST, known: dict[str, Module]) -> set[str]:
-    """The modules (ours by full name, others by their top name) an import statement loads."""
-    if isinstance(node, ast.Import):
-        names = {alias.name for alias in node.names}
-        return {n if n in known else n.split(".")[0] for n in names}
+def _base(mod: Module, node: ast.ImportFrom) -> str:
+    """The module a `from X import ...` names, a relative X resolved from `mod`'s package."""
     base = node.module or ""
     if node.level:
         package = mod.name if mod.is_package else mod.name.rsplit(".", 1)[0]
         for _ in range(node.level - 1):
             package = package.rsplit(".", 1)[0]
         base = f"{package}.{base}" if base else package
+    return base
+
+
+def _targets(mod: Module, node: ast.AST, known: dict[str, Module]) -> set[str]:
+    """The modules (ours by full name, others by their top name) an import statement loads."""
+    if isinstance(node, ast.Import):
+        names = {alias.name for alias in node.names}
+        return {n if n in known else n.split(".")[0] for n in names}
+    base = _base(mod, node)
     if base not in known and not base.startswith("lmcockpit"):
         return {base.split(".")[0]}
     out = {base}
@@ -404,11 +410,7 @@ def unresolved_relative_imports(roots: dict[str, Path] = ROOTS) -> list[str]:
         _imports(ast.parse(mod.path.read_text(), str(mod.path)), False, found)
         for node, _ in found:
             if isinstance(node, ast.ImportFrom) and node.level:
-                package = mod.name if mod.is_package else mod.name.rsplit(".", 1)[0]
-                for _ in range(node.level - 1):
-                    package = package.rsplit(".", 1)[0]
-                base = f"{package}.{node.module}" if node.module else package
-                if base not in modules:
+                if (base := _base(mod, node)) not in modules:
                     out.append(f"{mod.path.relative_to(REPO)}:{node.lineno}: {'.' * node.level}{node.module or ''} "
                                f"is {base}, no module of ours")
     return out
