@@ -709,7 +709,7 @@ async def test_the_cockpit_keeps_answering_while_a_launch_is_checked(tmp_path, m
         await wait_for(pilot, lambda: dash.view.state in P.TERMINAL_STATES, timeout=180, what="the run to end")
         assert dash.view.state == P.FINISHED, dash.engine.failure
         dash.engine.join(timeout=30)
-    scored = [r for r in read_metrics(dash.engine.run_dir, "eval") if "tasks" in r]
+    scored = [r for r in read_metrics(dash.engine.run_dir, "eval") if r["tasks"]]
     assert [r["step"] for r in scored] == [6, 12] and all(r["tasks"]["late"]["items"] == 2 for r in scored)
 
 

@@ -1,5 +1,6 @@
 """The real engine process, spawned, driven through the protocol."""
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -141,11 +142,15 @@ def test_metrics_jsonl_schema(trained_run):
     kinds = {r["kind"] for r in rows}
     assert {"step", "eval", "checkpoint", "sample"} <= kinds
     step = read_metrics(run, "step")[0]
-    assert set(step) == {"kind", "time", "step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "dt", "mem"}
+    # every field of the event, in its order (core/run/rows.py)
+    assert list(step) == ["kind", "time", *(f.name for f in dataclasses.fields(P.StepMetrics))]
+    steps = read_metrics(run, "step")
+    assert [s["tokens_seen"] for s in steps] == [s["step"] * steps[0]["tokens_seen"] for s in steps]
     assert step["step"] == 1 and step["mfu"] is None and step["tokens_per_s"] > 0
     assert [r["step"] for r in read_metrics(run, "step")] == list(range(1, 13))
     ev = read_metrics(run, "eval")[-1]
-    assert set(ev) == {"kind", "time", "step", "val_loss", "val_bpb", "tasks"} and ev["step"] == 12
+    assert list(ev) == ["kind", "time", *(f.name for f in dataclasses.fields(P.EvalMetrics))] and ev["step"] == 12
+    assert ev["core"] is None  # CORE only when every CORE task was scored
     assert set(ev["tasks"]) == {"python-functions"}  # trained_run scores the cpu preset's task
     assert set(ev["tasks"]["python-functions"]) == {"accuracy", "centered", "items"}
     val_loss, val_bpb = held_out_loss_and_bits_per_byte(run / "checkpoints" / "step_000012")
