@@ -13,7 +13,6 @@ import re
 import socket
 import stat
 import threading
-import time
 from multiprocessing import AuthenticationError, connection
 from pathlib import Path
 
@@ -22,49 +21,12 @@ import pytest
 from lmcockpit.core import protocol as P
 from lmcockpit.core.process import host, live
 from lmcockpit.core.process.viewer import RunViewer
-from lmcockpit.core.run.folder import create_run_dir, read_metrics
+from lmcockpit.core.run.folder import read_metrics
 from lmcockpit.tui.app import CockpitApp
 
-from .conftest import cli
-from .test_cockpit import dashboard, shrunk_cpu, wait_for
+from .helpers import cli, dashboard, detached, last_step, steps, stop, wait_for, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-def wait_until(condition, timeout: float = 120, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)  # polling the state waited for, not standing in for it
-    return value
-
-
-def steps(run: Path) -> list[dict]:
-    return read_metrics(run, "step") if (run / "metrics.jsonl").is_file() else []
-
-
-def last_step(run: Path) -> int:
-    rows = steps(run)
-    return rows[-1]["step"] if rows else 0
-
-
-def stop(run: Path, timeout: float = 120) -> None:
-    """Whatever a test left training ends here, its host gone."""
-    record = live.LiveRecord.read(run)
-    if record is None or not live.alive(record.pid):
-        return
-    viewer = RunViewer(run)
-    viewer.send(P.Abort(save=False))
-    viewer.join(timeout)
-    viewer.close()
-    assert not live.alive(record.pid), "the run host did not end"
-
-
-def detached(tmp_path: Path, name: str, *extra: str) -> Path:
-    cfg = shrunk_cpu("training.max_steps=100000", "training.log_every=1", *extra)
-    run = create_run_dir(cfg, "cpu", str(tmp_path / name))
-    host.start(run, label="cpu")
-    return run
 
 
 @pytest.fixture(scope="module")
@@ -333,14 +295,14 @@ def test_a_step_s_validation_and_task_scores_reach_a_viewer_once_each(tmp_path):
     """The validation loss and the task scores have cadences of their own: one step may bring
     both, as two evaluations. A viewer attaching reads each in the history, and neither comes again
     when the engine's events for them come after it (they were written first)."""
-    from .test_cli_failures import serve
+    from .helpers import run_server
 
     scores = {"python-functions": {"accuracy": 0.43, "centered": 0.24, "items": 111}}
     val, tasks = P.EvalMetrics(4, 3.41, 1.2), P.EvalMetrics(4, None, None, scores)
     rows = [{"kind": "eval", "time": 1.0, "step": 4, "val_loss": 3.41, "val_bpb": 1.2},
             {"kind": "eval", "time": 1.0, "step": 4, "tasks": scores}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    server = serve(tmp_path)
+    server = run_server(tmp_path)
     try:
         viewer = RunViewer(tmp_path)
         wait_until(lambda: server.count == 1, what="the viewer to join")

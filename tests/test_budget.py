@@ -8,7 +8,7 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.data import budget
 from lmcockpit.core.data.prepare import prepare
 
-from .conftest import cli, drive_engine, tiny_config
+from .helpers import cli, drive_engine, tiny_config
 
 
 def test_the_estimate_before_a_cache_and_the_exact_count_after(tmp_path):
@@ -35,7 +35,7 @@ def test_many_compressed_shards_are_estimated_from_a_spread_sample_of_them(tmp_p
     from lmcockpit.core.config import ConfigError, DataConfig
     from lmcockpit.core.data import readers, sources
 
-    from .test_data_scale import records
+    from .helpers import records
 
     for i in range(40):
         text = "".join(json.dumps({"text": t}) + "\n" for t in records(30 + 5 * i, seed=i))
@@ -64,7 +64,7 @@ def test_a_file_that_cannot_be_read_is_said_not_raised(tmp_path):
     import gzip
     import json
 
-    from .test_data_scale import records
+    from .helpers import records
 
     for i in range(3):
         text = "".join(json.dumps({"text": t}) + "\n" for t in records(40, seed=i))

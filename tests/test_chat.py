@@ -19,7 +19,7 @@ from lmcockpit.core.model.sampling import generate
 from lmcockpit.core.run.checkpoint_folder import find_checkpoint
 from lmcockpit.tui.commands.chat import HELP
 
-from .conftest import NO_GPU, cli
+from .helpers import NO_GPU, cli
 
 
 @pytest.fixture(scope="module")
@@ -298,7 +298,7 @@ async def test_cockpit_chat_says_it_is_still_loading_and_closes_at_once_on_a_bus
     from lmcockpit.tui.app import CockpitApp
     from lmcockpit.tui.widgets.chat_pane import ChatPane
 
-    from .test_cockpit import wait_for
+    from .helpers import wait_for
 
     app = CockpitApp(runs_root=run.parent, telemetry=False)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -326,7 +326,7 @@ async def test_cockpit_chat_closes_promptly_during_a_long_generation(run):
     from lmcockpit.tui.app import CockpitApp
     from lmcockpit.tui.widgets.chat_pane import ChatPane
 
-    from .test_cockpit import wait_for
+    from .helpers import wait_for
 
     app = CockpitApp(runs_root=run.parent, telemetry=False)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -347,7 +347,7 @@ async def test_cockpit_chat_says_why_a_checkpoint_could_not_be_loaded(run, tmp_p
     from lmcockpit.tui.app import CockpitApp
     from lmcockpit.tui.widgets.chat_pane import ChatPane
 
-    from .test_cockpit import wait_for
+    from .helpers import wait_for
 
     copy = tmp_path / "runs" / "damaged"
     shutil.copytree(run, copy)

@@ -17,8 +17,7 @@ from lmcockpit.core.config import ConfigError
 from lmcockpit.core.run.checkpoint_folder import STATE, TRAIN_STATE, check_checkpoint
 from lmcockpit.core.train import checkpoint_io
 
-from .conftest import cli
-from .test_checkpoint_trust import SHIPPED, model_and_optimizers
+from .helpers import SHIPPED, cli, model_and_optimizers
 
 
 @pytest.fixture

@@ -23,18 +23,13 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
-from lmcockpit.core.model.gpt import GPT, shape_from_config
 from lmcockpit.core.run.checkpoint_pickle import ALLOWED, DTYPES
 from lmcockpit.core.run.checkpoint_folder import check_checkpoint, checkpoint_config
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.core.run.resume import ResumePlan
 from lmcockpit.core.train import checkpoint_io
-from lmcockpit.core.train.optim import build_optimizers
 
-from .conftest import cli, drive_engine
-
-SHIPPED = "step_000006"
-
+from .helpers import SHIPPED, cli, drive_engine, model_and_optimizers
 
 class RunsCommand:
     """Unpickled, runs `command` through the shell: what a crafted checkpoint would carry."""
@@ -75,13 +70,6 @@ def crafted(copied, tmp_path) -> tuple[Path, Path]:
     metadata.storage_meta.modules = [touching(marker)]
     write_metadata(copied, metadata)
     return copied, marker
-
-
-def model_and_optimizers(ckpt: Path):
-    """The model and optimizers the trainer builds for this checkpoint's config, on the CPU."""
-    cfg = checkpoint_config(ckpt)
-    model = GPT(shape_from_config(cfg))
-    return model, build_optimizers(model, cfg.optimizer, torch.device("cpu"), "fp32")
 
 
 def assert_refused_in_one_line(message: str, ckpt: Path, where: str, names: str = "posix.system") -> None:

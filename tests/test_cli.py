@@ -6,7 +6,7 @@ import pytest
 
 from lmcockpit.core.run.folder import latest_checkpoint, read_metrics
 
-from .conftest import TINY, TRAINED_RUN, as_flags, cli
+from .helpers import TINY, TRAINED_RUN, as_flags, cli
 
 XTERM = {"TERM": "xterm-256color"}
 

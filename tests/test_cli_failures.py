@@ -29,9 +29,9 @@ from lmcockpit.core.process.viewer import RunViewer
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.tui.app import CockpitApp
 
-from .conftest import NO_GPU, TINY, as_flags, cli, tiny_config
-from .test_attach import last_step, stop, wait_until
-from .test_cockpit import dashboard, request, wait_for
+from .helpers import (
+    NO_GPU, TINY, as_flags, cli, dashboard, last_step, request, run_server, stop, tiny_config, wait_for, wait_until,
+)
 
 
 def cli_popen(*args: str, **kwargs) -> subprocess.Popen:
@@ -135,22 +135,12 @@ def test_a_host_whose_starter_is_gone_before_it_serves_runs_on_and_can_be_attach
         proc.wait(timeout=60)
 
 
-# ---------------------------------------------------------------------------------- attach
-def serve(run: Path) -> host.RunServer:
-    """A run host's server on `run`, with the live.json that points viewers to it: the host's
-    socket and handshake for real, without an engine behind them."""
-    (run / "train.log").touch()
-    server = host.RunServer(run, on_command=lambda c: None, log=lambda text: None)
-    live.LiveRecord(str(run.resolve()), os.getpid(), socket.gethostname(), str(server.path)).write()
-    return server
-
-
 def test_attaching_again_right_after_detaching_finds_the_handshake_whole(tmp_path):
     """`lmcockpit attach` checks the run with one connection, closes it and opens the cockpit's:
     the first one's receiving thread, still reading the catch-up's history, must not take the
     second one's handshake."""
     (tmp_path / "train.log").write_text("a log line of a long run\n" * 20000)  # a catch-up that takes a while
-    server = serve(tmp_path)
+    server = run_server(tmp_path)
     try:
         for _ in range(30):
             RunViewer(tmp_path).close()
@@ -206,7 +196,7 @@ def test_a_checkpoint_whose_state_is_not_text_is_named_damaged(trained_run, tmp_
 
 
 def test_attach_with_a_key_that_is_not_text_is_refused_with_a_message(tmp_path):
-    server = serve(tmp_path)
+    server = run_server(tmp_path)
     try:
         (tmp_path / live.KEY).write_bytes(b"\xff\xfe\x00garbage")
         proc = cli("attach", str(tmp_path), timeout=60)
@@ -344,7 +334,7 @@ def test_a_host_ending_leaves_the_files_of_a_run_resumed_meanwhile(tmp_path):
     """The old host removes its socket, live.json, live.key and registry pointer as its engine
     ends; a resume started then has written its own at the same places, and must stay listed and
     attachable."""
-    old = serve(tmp_path)
+    old = run_server(tmp_path)
     live.register(tmp_path)
     with served_apart(tmp_path) as (pid, path, key):  # a new key, a new socket at the same path
         resumed = live.LiveRecord(str(tmp_path.resolve()), pid, socket.gethostname(), path)
@@ -361,7 +351,7 @@ def test_a_host_ending_leaves_the_files_of_a_run_resumed_meanwhile(tmp_path):
 
 
 def test_a_host_ending_alone_removes_all_it_wrote(tmp_path):
-    server = serve(tmp_path)
+    server = run_server(tmp_path)
     live.register(tmp_path)
     host.stop_serving(tmp_path, server)
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("live.")]

@@ -2,53 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import io
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.config import load_config
-from lmcockpit.core.run.folder import create_run_dir, latest_checkpoint, read_metrics
+from lmcockpit.core.run.folder import latest_checkpoint, read_metrics
 from lmcockpit.tui.app import CockpitApp
-from lmcockpit.tui.runplan import RunPlan
 from lmcockpit.tui.screens.dashboard import DashboardScreen
 from lmcockpit.tui.screens.dialogs import AbortDialog
 from lmcockpit.tui.screens.launch import COUNTING, LaunchScreen
 
-from .conftest import SHRINK_CPU, TINY, cli
+from .helpers import (
+    SHRINK_CPU, TINY, budget_counted, cli, dashboard, request, screen_lines, shown_in, shrunk_cpu, wait_for,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-def shrunk_cpu(*extra: str):
-    cfg, _ = load_config("cpu", [*SHRINK_CPU, *TINY, "training.compile=false", "eval.every=0", *extra])
-    return cfg
-
-
-def request(tmp_path: Path, *extra: str) -> RunPlan:
-    cfg = shrunk_cpu(*extra)
-    return RunPlan(cfg, create_run_dir(cfg, "cpu", str(tmp_path / "run")), None, "cpu")
-
-
-async def wait_for(pilot, condition, timeout: float = 90.0, what: str = "condition") -> None:
-    """Let the app run until `condition()` holds (a synchronisation on state, not a guess)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await pilot.pause(0.05)
-
-
-async def budget_counted(launch) -> None:
-    """Until the launch screen shows the token budget of the settings it shows (counted in a
-    thread; a count for settings replaced meanwhile is dropped, and never sets this)."""
-    await asyncio.wait_for(launch.counted.wait(), timeout=60)
 
 
 def screen_text(renderable) -> str:
@@ -57,24 +30,6 @@ def screen_text(renderable) -> str:
     console = Console(width=120, record=True, file=open("/dev/null", "w"))
     console.print(renderable)
     return console.export_text()
-
-
-def screen_lines(app) -> list[str]:
-    """The screen as the terminal shows it, a string per row: what the snapshot SVGs draw."""
-    from rich.console import Console
-
-    width, height = app.size
-    console = Console(width=width, height=height, record=True, file=io.StringIO(), legacy_windows=False,
-                      safe_box=False)
-    console.print(app.screen._compositor.render_update(full=True))
-    return console.export_text().splitlines()
-
-
-def shown_in(app, widget) -> list[str]:
-    """The screen's rows within `widget`'s region: what of the widget the user really sees (a
-    table cell cropped by the widget's edge, or scrolled out of it, is not there)."""
-    x, y, width, height = widget.region
-    return [line[x:x + width] for line in screen_lines(app)[y:y + height]]
 
 
 def footer_keys(app) -> str:
@@ -86,11 +41,6 @@ async def prepared(app, pilot) -> None:
     thread: the checks may fetch from the Hub)."""
     await app.preparing.wait()
     await pilot.pause()
-
-
-def dashboard(app) -> DashboardScreen:
-    assert isinstance(app.screen, DashboardScreen), app.screen
-    return app.screen
 
 
 @contextlib.asynccontextmanager
@@ -293,7 +243,7 @@ async def test_the_launch_screen_shows_each_mixture_part_s_tokens_and_epochs(tmp
     tokens and epochs), every part's epochs on the settings' border; `e` on a part edits them all."""
     from lmcockpit.core.data import budget
 
-    from .test_data_scale import records, write_jsonl
+    from .helpers import records, write_jsonl
 
     monkeypatch.chdir(tmp_path)
     apples = write_jsonl(tmp_path / "apples.jsonl", records(600, seed=1))
@@ -347,7 +297,7 @@ async def test_the_launch_screen_counts_a_source_s_tokens_in_a_thread_and_shows_
     source before it lands shows the new source's count, never the one it replaced."""
     from lmcockpit.core.data import budget
 
-    from .test_data_scale import records, write_jsonl
+    from .helpers import records, write_jsonl
 
     monkeypatch.chdir(tmp_path)
     small = write_jsonl(tmp_path / "small.jsonl", records(50, seed=1))
@@ -427,7 +377,7 @@ async def test_after_a_run_ends_n_goes_back_to_the_launch_screen_which_lists_it(
 async def test_n_takes_the_run_s_notice_away_with_its_dashboard(tmp_path):
     """A finished run's notice ("run finished at step N: n goes back…") stayed over the launch
     screen's runs for its ten seconds after n had gone back there."""
-    from .test_cockpit_snapshots import fixed_events
+    from .helpers import fixed_events
 
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
@@ -510,7 +460,7 @@ from lmcockpit.core.config import load_config
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.runplan import RunPlan
-from tests.test_cockpit import shrunk_cpu
+from tests.helpers import shrunk_cpu
 
 cfg = shrunk_cpu("training.max_steps=4")
 req = RunPlan(cfg, create_run_dir(cfg, "cpu", {str(tmp_path / 'run')!r}), None, "cpu")
@@ -722,7 +672,7 @@ async def test_the_log_scale_chart_survives_a_resize_and_the_chat_pane():
     without fresh data (a resize, the chat pane narrowing the chart) crashed the cockpit."""
     from lmcockpit.tui.widgets.charts import LossChart
 
-    from .test_cockpit_snapshots import FedDashboard
+    from .helpers import FedDashboard
 
     app = FedDashboard()
     async with app.run_test(size=(120, 40)) as pilot:
@@ -751,7 +701,7 @@ async def test_the_log_scale_chart_survives_a_resize_and_the_chat_pane():
 
 
 async def test_escape_leaves_the_chat_prompt_then_closes_the_pane():
-    from .test_cockpit_snapshots import FedDashboard
+    from .helpers import FedDashboard
 
     app = FedDashboard()
     async with app.run_test(size=(120, 40)) as pilot:
@@ -836,7 +786,7 @@ async def test_spikes_stalls_and_the_target_are_announced_and_spikes_marked():
     a spike read back from the folder by an attaching viewer is marked on the chart, not announced."""
     from lmcockpit.tui.widgets.charts import LossChart
 
-    from .test_cockpit_snapshots import FedDashboard
+    from .helpers import FedDashboard
 
     app = FedDashboard(then=[P.SpikeSeen(30, 41.5, "rollback", live=False), P.SpikeSeen(60, 88.0, "skip"),
                              P.StateChanged(P.STALLED, "no word for 11 min"), P.StateChanged(P.RUNNING),

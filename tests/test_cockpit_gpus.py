@@ -199,8 +199,8 @@ async def test_p_cycles_processes_through_the_gpus_into_the_launched_run(tmp_pat
     the CPU with gloo here, the GPUs being made up), which train the run together to its end."""
     from lmcockpit.core.run.folder import TRAIN_LOG
 
-    from .conftest import SHRINK_CPU, TINY
-    from .test_cockpit import wait_for
+    from .helpers import SHRINK_CPU, TINY
+    from .helpers import wait_for
 
     monkeypatch.chdir(tmp_path)
     app = launch_app(tmp_path, gpus=3)

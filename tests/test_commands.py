@@ -18,7 +18,7 @@ import pytest
 from lmcockpit.core.config import SECTIONS, shipped_presets
 from lmcockpit.tui.commands import COMMANDS, GROUPS
 
-from .conftest import cli
+from .helpers import cli
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,8 +20,7 @@ from lmcockpit.tui.screens.side_by_side import CompareScreen
 from lmcockpit.tui.screens.launch import LaunchScreen
 from lmcockpit.tui.widgets.compare_chart import CompareChart
 
-from .conftest import cli, drive_engine, tiny_config, ema
-from .test_cockpit import shown_in, wait_for
+from .helpers import cli, drive_engine, ema, shown_in, tiny_config, wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -375,7 +374,7 @@ async def test_b_draws_a_finished_run_under_the_live_curves_and_takes_it_away(ru
     from lmcockpit.tui.screens.dialogs import BaselinePicker
     from lmcockpit.tui.widgets.charts import LossChart
 
-    from .test_cockpit_snapshots import FedDashboard
+    from .helpers import FedDashboard
 
     app = FedDashboard()
     app.runs_root = runs

@@ -4,7 +4,7 @@ import pytest
 
 from lmcockpit.core.config import Config, ConfigError, load_config, parse_override, shipped_presets
 
-from .conftest import cli
+from .helpers import cli
 
 
 def write(tmp_path: Path, text: str) -> Path:

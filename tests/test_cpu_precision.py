@@ -11,7 +11,7 @@ from lmcockpit.core.hardware import memory_estimate
 from lmcockpit.core.hardware.device import choose_precision
 from lmcockpit.core.run.folder import read_metrics
 
-from .conftest import cli, cpu_verdict, drive_engine, losses, tiny_config
+from .helpers import cli, cpu_verdict, drive_engine, losses, tiny_config
 
 
 @pytest.mark.parametrize("fp32_ms, bf16_ms, chosen", [

@@ -7,7 +7,7 @@ from tokenizers import Tokenizer
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.data import prepare as data_prepare
 
-from .conftest import tiny_config
+from .helpers import tiny_config
 
 
 def prepare(cfg):

@@ -12,8 +12,7 @@ from pathlib import Path
 
 from lmcockpit.core.data import budget
 
-from .conftest import cli
-from .test_data_scale import records, write_jsonl
+from .helpers import cli, records, write_jsonl
 
 SETTINGS = ["data.max_bytes=0", "data.val_fraction=0.05", "tokenizer.vocab_size=300",
             "tokenizer.train_bytes=100_000", "data.shard_bytes=60_000", "data.workers=1"]

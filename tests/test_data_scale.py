@@ -26,36 +26,7 @@ from lmcockpit.core.config import ConfigError, DataConfig
 from lmcockpit.core.data import build, cache, readers, sources, spool, store
 from lmcockpit.core.data.prepare import prepare
 
-from .conftest import tiny_config
-
-WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing "
-         "matches near rivers of molten copper and ünïcode glyphs").split()
-
-
-def records(n: int, seed: int = 0, words: int = 60) -> list[str]:
-    rng = random.Random(seed)
-    return [f"record {i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(words // 2, words)))
-            for i in range(n)]
-
-
-def write_jsonl(path: Path, texts: list[str], field: str = "text") -> Path:
-    path.write_text("".join(json.dumps({field: t, "id": i}) + "\n" for i, t in enumerate(texts)))
-    return path
-
-
-def documents(source: str | Path, **data) -> list[readers.Document]:
-    """Every document of the source's pieces as a build plans and reads them (a large compressed
-    file's through spools)."""
-    cfg = DataConfig(source=str(source), **data)
-    planned = build.plan(cfg, sources.list_source(cfg))
-    with tempfile.TemporaryDirectory() as spools:
-        return [d for p, s in spool.spooled(planned.pieces, lambda p: p, Path(spools))
-                for d in readers.read_piece(p, cfg.text_field, lambda _: True, s)]
-
-
-def texts_of(source, **data) -> list[str]:
-    return [d.text for d in documents(source, **data)]
-
+from .helpers import WORDS, documents, records, texts_of, tiny_config, write_jsonl
 
 # ------------------------------------------------------------------------------------- formats
 def test_every_format_yields_the_documents_of_its_jsonl_twin(tmp_path):
@@ -366,7 +337,7 @@ def test_a_killed_build_resumes_and_the_cache_is_byte_identical(tmp_path, compre
     driver = textwrap.dedent(f"""
         import os, signal
         from lmcockpit.core.data.prepare import prepare
-        from tests.conftest import tiny_config
+        from tests.helpers import tiny_config
         writes = 0
         def progress(stage, done, total, unit):
             global writes
@@ -479,7 +450,7 @@ def test_a_killed_build_s_workers_die_with_it_and_the_next_build_is_whole(tmp_pa
         import os, signal, psutil
         from pathlib import Path
         from lmcockpit.core.data.prepare import prepare
-        from tests.conftest import tiny_config
+        from tests.helpers import tiny_config
         def progress(stage, done, total, unit):
             if stage == "tokenizing" and done:
                 workers = [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
@@ -560,7 +531,7 @@ def test_preparing_ten_times_the_text_takes_about_the_same_memory(tmp_path):
     driver = textwrap.dedent("""
         import re, sys
         from lmcockpit.core.data.prepare import prepare
-        from tests.conftest import tiny_config
+        from tests.helpers import tiny_config
         prepare(tiny_config(*sys.argv[1:]), lambda line: None, lambda *a: None)
         print(int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024)
         """)
@@ -579,7 +550,6 @@ def test_preparing_ten_times_the_text_takes_about_the_same_memory(tmp_path):
     # Flat within 20% (the issue's bound from 1 GB to 5 GB). Holding the corpus, as preparation did
     # before it streamed, adds twice the added text and more: 1.4× here.
     assert large_peak < 1.2 * small_peak, peaks
-
 
 
 def test_a_parquet_row_group_is_read_a_batch_at_a_time(tmp_path):
@@ -614,7 +584,6 @@ def test_a_parquet_row_group_is_read_a_batch_at_a_time(tmp_path):
     assert grown[5_000] - grown[1_250] < 15_000_000, grown  # 30 MB more text in the row group
 
 
-
 def test_the_bpe_trainer_s_memory_is_not_kept_by_the_build(tmp_path):
     """The BPE trains in a child process of its own: the build's main process, which goes on to run
     the workers or tokenise itself, peaks the same whether the trainer's sample is 0.1 or 3 MB
@@ -622,7 +591,7 @@ def test_the_bpe_trainer_s_memory_is_not_kept_by_the_build(tmp_path):
     driver = textwrap.dedent("""
         import re, sys
         from lmcockpit.core.data.prepare import prepare
-        from tests.conftest import tiny_config
+        from tests.helpers import tiny_config
         prepare(tiny_config(*sys.argv[1:]), lambda line: None, lambda *a: None)
         print(int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024)
         """)
@@ -671,7 +640,7 @@ def test_a_cache_of_more_shards_than_open_files_allowed_is_read(tmp_path):
         import resource, sys
         import numpy as np
         from lmcockpit.core.data.prepare import prepare
-        from tests.conftest import tiny_config
+        from tests.helpers import tiny_config
         resource.setrlimit(resource.RLIMIT_NOFILE, (200, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         data = prepare(tiny_config(*sys.argv[1:]), lambda line: None, lambda *a: None)
         stream = data.train

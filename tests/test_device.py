@@ -11,7 +11,7 @@ from lmcockpit.core.config import ConfigError
 from lmcockpit.core.hardware import gpu_env
 from lmcockpit.core.hardware.device import choose_precision, peak_flops, peak_tflops
 
-from .conftest import NO_GPU, TINY, as_flags, cli, drive_engine, tiny_config
+from .helpers import NO_GPU, TINY, as_flags, cli, drive_engine, tiny_config
 
 
 @pytest.mark.parametrize("readings, chosen", [

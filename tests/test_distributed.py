@@ -19,7 +19,7 @@ import pytest
 from lmcockpit.core import protocol as P
 from lmcockpit.core.process.launcher import first_failure, write_record
 from lmcockpit.core.run.folder import METRICS, TRAIN_LOG
-from tests.conftest import TINY, as_flags, cli, drive_engine, losses, tiny_config
+from tests.helpers import TINY, as_flags, cli, drive_engine, losses, tiny_config
 
 # Three eval batches over two ranks: under FSDP rank 1 must run a forward pass it does not count.
 STEPS = ["training.max_steps=10", "eval.every=5", "eval.batches=3", "checkpoint.every=5", "training.log_every=1",
@@ -287,7 +287,7 @@ def test_a_killed_front_end_makes_every_rank_checkpoint_and_stop(tmp_path):
     """SSH drops under a multi-process run: the launcher sees its parent go and tells rank 0; the
     ranks agree, write one checkpoint together and all end."""
     from lmcockpit.core.run.folder import latest_checkpoint
-    from tests.conftest import start_cli_run
+    from tests.helpers import start_cli_run
 
     out = tmp_path / "run"
     proc = start_cli_run(out, "distributed.nproc=2", until="step 4/")

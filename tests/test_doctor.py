@@ -2,7 +2,7 @@ import os
 
 from lmcockpit.core.hardware import cpu_precision as cp
 
-from .conftest import NO_GPU, cli, cpu_verdict
+from .helpers import NO_GPU, cli, cpu_verdict
 
 
 def lines(proc) -> dict[str, str]:

@@ -12,7 +12,7 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.config import load_config
 from lmcockpit.core.run.folder import read_metrics
 
-from .conftest import drive_engine, losses, tiny_config
+from .helpers import drive_engine, losses, tiny_config
 
 
 def test_engine_runs_in_its_own_process_and_fills_the_run_folder(tmp_path):

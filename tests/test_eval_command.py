@@ -13,7 +13,7 @@ import pytest
 
 from lmcockpit.core.run.curves import load_run
 from lmcockpit.core.run.folder import read_metrics
-from tests.conftest import SHRINK_CPU, TINY, as_flags, cli
+from tests.helpers import SHRINK_CPU, TINY, as_flags, cli
 
 MC_ROWS = [{"context": "def add(a, b):\n", "choices": ["    return a + b\n", "    pass\n", "    import os\n"], "gold": 0},
            {"context": "import", "choices": [" os\n", " the\n"], "gold": 0},
@@ -152,7 +152,7 @@ def test_scoring_rounds_do_not_grow_the_process_memory():
         from lmcockpit.core.config import Config
         from lmcockpit.core.model.gpt import GPT, shape_from_config
         from lmcockpit.core.tasks import python_functions, scoring
-        from tests.conftest import tiny_config
+        from tests.helpers import tiny_config
         torch.manual_seed(0)
         cfg = tiny_config("model.max_seq_len=128", "training.seq_len=128")
         model = GPT(shape_from_config(cfg)).eval()
@@ -171,7 +171,7 @@ def test_scoring_rounds_do_not_grow_the_process_memory():
 
 
 def test_a_core_bundle_is_scored_with_its_core_mean_by_eval_and_by_a_run(trained_run, tmp_path):
-    from tests.test_tasks import write_bundle
+    from tests.helpers import write_bundle
 
     bundle = f"core:{write_bundle(tmp_path / 'bundle')}"
     r = cli("eval", str(trained_run[0]), "--tasks", bundle)

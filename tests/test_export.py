@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli
+from tests.helpers import cli
 
 # No network for transformers or the hub, in this process and in the ones it starts.
 os.environ["HF_HUB_OFFLINE"] = "1"

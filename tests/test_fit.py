@@ -11,7 +11,7 @@ from lmcockpit.core.model.muon import Muon
 from lmcockpit.core.train import memory_probe
 from lmcockpit.core.train.optim import split_params
 
-from .conftest import drive_engine, tiny_config
+from .helpers import cpu_bytes_held, drive_engine, tiny_config
 
 
 def model_of(cfg) -> GPT:
@@ -93,24 +93,6 @@ def test_compiled_activations_are_what_the_partitioner_saves():
     cfg = tiny_config(*HAND)
     measured = memory_probe.saved_bytes_per_token(cfg, "cpu", compiled=True, amp_dtype=torch.bfloat16)
     assert measured == pytest.approx(memory_estimate.saved_per_token(cfg, 2, compiled=True), rel=0.03)
-
-
-def cpu_bytes_held(fn) -> int:
-    """The most bytes `fn` holds at once beyond what existed when it began: the CPU allocator's
-    events, in the order the profiler saw them."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    # Every allocation and free is a "[memory]" event in the raw results (the summarised
-    # prof.events() attributes some to their op and drops them).
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = held = 0
-    for e in events:
-        live += e.nbytes()
-        held = max(held, live)
-    return held
 
 
 @pytest.mark.parametrize("preset, overrides", [("debug", HAND), ("cpu", ["model.n_layer=2"])])

@@ -79,7 +79,7 @@ def test_the_run_view_keeps_the_loss_ema_a_step_at_a_time():
     every redraw: the two must be the same numbers."""
     import math
 
-    from .conftest import ema
+    from .helpers import ema
 
     v = RunState(clock=lambda: 0.0)
     losses = [5 + math.sin(i / 3) + 3 * math.exp(-i / 50) for i in range(500)]

@@ -21,7 +21,7 @@ from lmcockpit.core.config import ConfigError, load_config
 from lmcockpit.core.hardware import memory_estimate
 
 from .fake_hub import FakeHub
-from .test_hub_fetch import closed_port, hub_env  # noqa: F401 - closed_port is a fixture
+from .helpers import hub_env
 
 PRESET = "gpt2-fineweb"
 DATASET, SAMPLE = "HuggingFaceFW/fineweb", "sample/10BT"

@@ -23,8 +23,7 @@ from lmcockpit.core.run.folder import create_run_dir, list_checkpoints
 from lmcockpit.core.train import checkpoint_io, memory_probe
 from lmcockpit.core.train.trainer import Trainer, run_in_process
 
-from .conftest import tiny_config
-from .test_fit import cpu_bytes_held
+from .helpers import cpu_bytes_held, tiny_config
 
 GPU_OOM = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 7.63 GiB of which 1.2 GiB is free."
 
@@ -186,7 +185,7 @@ DDP_PROBE = textwrap.dedent("""
     from lmcockpit.core.run.folder import create_run_dir
     from lmcockpit.core.train.group import ProcessGroup
     from lmcockpit.core.train.trainer import Trainer
-    from tests.conftest import tiny_config
+    from tests.helpers import tiny_config
 
     device = os.environ.get("LMCOCKPIT_PROBE_DEVICE", "cpu")  # bench/gpu_check.py's ddp part: "cuda"
     cfg = tiny_config("training.grad_accum_steps=2", "eval.every=0", "checkpoint.every=0",

@@ -256,7 +256,7 @@ def test_the_engine_keeps_the_summary_through_a_run_and_its_resume(tmp_path):
     from lmcockpit.core.run.folder import read_metrics
     from lmcockpit.core.run.resume import plan_resume
 
-    from .conftest import drive_engine, tiny_config
+    from .helpers import drive_engine, tiny_config
 
     engine, _ = drive_engine(tiny_config("training.max_steps=10", "checkpoint.every=4", "eval.every=5"), tmp_path)
     assert engine.final_state == P.FINISHED, engine.failure

@@ -23,8 +23,7 @@ from lmcockpit.core.process import host, live
 from lmcockpit.core.process.viewer import RunViewer
 from lmcockpit.core.run.target import EVALS_KEPT, SPREAD, Evaluations, forecast_aim, spread
 
-from .conftest import tiny_config
-from .test_attach import detached, stop, wait_until
+from .helpers import detached, stop, tiny_config, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -5,11 +5,9 @@ the code under test runs in a process of its own, started with that environment.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,17 +18,12 @@ from lmcockpit.core.config import load_config
 from lmcockpit.core.data.hub import FILE_BYTES_PER_TOKEN, choose_files
 
 from .fake_hub import FakeHub
+from .helpers import hub_env
 
 REPO, PATH = "owner/name", "sample/10BT"
 SHARDS = [f"{PATH}/{i:03d}_00000.parquet" for i in range(4)]
 SMALL = ["tokenizer.vocab_size=300", "tokenizer.train_bytes=20_000", "data.workers=1", "data.max_bytes=0",
          "data.val_fraction=0.1", "data.shard_bytes=50_000"]
-
-
-def hub_env(home: Path, endpoint: str, **extra: str) -> dict[str, str]:
-    """The environment a user's command has: this Hub, a Hub cache of its own, no token."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k != "TRANSFORMERS_OFFLINE"}
-    return {**env, "HF_ENDPOINT": endpoint, "HF_HOME": str(home), **extra}
 
 
 def prepare(env: dict[str, str], cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -84,15 +77,6 @@ def steps_for_two_shards(repo: Path) -> int:
 def meta_of(cache_dir: Path) -> tuple[Path, dict]:
     (meta,) = cache_dir.glob("*/meta.json")
     return meta.parent, json.loads(meta.read_text())
-
-
-@pytest.fixture
-def closed_port():
-    """An endpoint on loopback that refuses connections: a port held (so no one else takes it)
-    but not listening."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        yield f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from lmcockpit.core.tasks import hub_tasks
 from lmcockpit.core.tasks.items import Item
 
 from .fake_hub import FakeHub
-from .test_hub_fetch import hub_env
+from .helpers import hub_env
 
 ARC_FILE = "ARC-Easy/test-00000-of-00001.parquet"
 ROWS = [{"id": f"q{i}", "question": f"Which number comes after {i}?",

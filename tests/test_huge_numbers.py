@@ -24,8 +24,7 @@ from lmcockpit.core.run.resume import truncate_metrics
 from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.screens.launch import LaunchScreen
 
-from .conftest import cli, tiny_config
-from .test_hostile_inputs import SMALL, as_set, one_error
+from .helpers import QUICK_BUILD, as_set, cli, one_error, tiny_config
 
 HUGE = "9" * 5000  # past int()'s 4,300-digit limit: ValueError
 LARGE = "9" * 4000  # read by json, but no step: past what a step is held in (a signed 64-bit integer)
@@ -138,6 +137,6 @@ def test_a_corpus_line_with_a_huge_integer_is_refused_naming_file_and_line(tmp_p
     lines.insert(12, '{"text": "big", "id": ' + HUGE + "}")
     source.write_text("\n".join(lines) + "\n")
     line = one_error(cli("data", "prepare", "debug",
-                         *as_set(f'data.source="{source}"', f'data.cache_dir="{tmp_path / "c"}"', *SMALL)),
+                         *as_set(f'data.source="{source}"', f'data.cache_dir="{tmp_path / "c"}"', *QUICK_BUILD)),
                      f"{source}:13: not readable as JSON", "expected an object with a string field 'text'")
     assert len(line) < 400, line

@@ -20,7 +20,7 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.run.folder import TRAIN_LOG, read_metrics
 from lmcockpit.core.run.resume import plan_resume
 
-from .conftest import as_flags, cli, drive_engine, tiny_config
+from .helpers import as_flags, cli, drive_engine, tiny_config
 
 # Short: 8 steps, an eval and a checkpoint every 4.
 SHORT = ["training.max_steps=8", "eval.every=4", "checkpoint.every=4", "training.log_every=4"]

@@ -14,7 +14,7 @@ from lmcockpit.core.config import ConfigError
 from lmcockpit.core.data import batches, budget, store
 from lmcockpit.core.data.prepare import prepare
 
-from .conftest import drive_engine, tiny_config
+from .helpers import drive_engine, tiny_config
 
 
 def corpus(path, word: str, n: int):

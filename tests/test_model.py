@@ -101,7 +101,7 @@ def test_a_checkpoint_without_room_on_the_disk_leaves_nothing_and_the_one_before
 
     from lmcockpit.core.train import checkpoint_io
 
-    from .conftest import fill
+    from .helpers import fill
 
     model = GPT(SHAPE)
     opts = build_optimizers(model, OptimizerConfig(), torch.device("cpu"))

@@ -13,9 +13,7 @@ import pytest
 
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.process import notify
-from tests.conftest import cli, tiny_config
-from tests.test_notify import Server
-from tests.test_notify_run import NO_PROXY
+from tests.helpers import NO_PROXY, Server, cli, tiny_config
 
 
 @contextlib.contextmanager

@@ -15,12 +15,7 @@ import psutil
 
 from lmcockpit.core.process import live
 from lmcockpit.core.run.folder import read_metrics
-from tests.conftest import TINY, as_flags, cli
-from tests.test_attach import detached, last_step, stop, wait_until
-from tests.test_notify import Server
-
-NO_PROXY = {"no_proxy": "*", "NO_PROXY": "*"}  # a proxy in the environment would take 127.0.0.1's posts elsewhere
-
+from tests.helpers import NO_PROXY, TINY, Server, as_flags, cli, detached, last_step, stop, wait_until
 
 def events(server: Server) -> list[dict]:
     return [json.loads(r.body) for r in server.received]
@@ -145,7 +140,7 @@ def test_each_engine_event_worth_word_becomes_its_notification(monkeypatch):
 
 def test_a_config_keeps_its_file_private_only_where_notify_holds_a_url(tmp_path):
     from lmcockpit.core.run.folder import write_config
-    from tests.conftest import tiny_config
+    from tests.helpers import tiny_config
 
     for setting, mode in [("notify.webhook=\"env:HOOK\"", 0o644), ("notify.ntfy=\"https://ntfy.sh/SECRET\"", 0o600),
                           ("notify.apprise=[\"discord://1/SECRET\"]", 0o600), ("notify.terminal=true", 0o644)]:

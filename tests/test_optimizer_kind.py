@@ -11,7 +11,7 @@ from lmcockpit.core.model.muon import Muon
 from lmcockpit.core.run.folder import read_metrics
 from lmcockpit.core.train.optim import build_optimizers
 
-from .conftest import cli, drive_engine, losses, tiny_config
+from .helpers import cli, drive_engine, losses, tiny_config
 
 ADAMW = ['optimizer.kind="adamw"', "optimizer.weight_decay=0.1", "optimizer.lr=0.01"]
 

@@ -6,7 +6,7 @@ import pytest
 from lmcockpit.core.config import ConfigError, load_config, shipped_presets
 from lmcockpit.core.hardware import memory_estimate
 
-from .conftest import NO_GPU, cli
+from .helpers import NO_GPU, cli
 
 GPU_PRESETS = {"3060": 12, "4070ti": 12, "3090": 24, "4090": 24, "a100-40gb": 40, "a100-80gb": 80, "h100": 80}
 # Reference runs sized to a known result, not to fill a card (tests/test_gpt2_preset.py).

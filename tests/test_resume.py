@@ -14,7 +14,7 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.run.folder import latest_checkpoint, read_metrics
 
-from .conftest import as_flags, cli, drive_engine, start_cli_run, tiny_config
+from .helpers import as_flags, cli, drive_engine, start_cli_run, tiny_config
 
 LONG = ["training.max_steps=40", "checkpoint.every=20", "checkpoint.keep=5", "eval.every=0"]
 

@@ -22,9 +22,7 @@ from lmcockpit.tui.formatting import DASH, fmt_duration
 from lmcockpit.tui.headless import progress_line
 from lmcockpit.tui.run_state import RunState
 
-from .conftest import cli
-from .test_attach import detached, last_step, stop, wait_until
-from .test_cockpit import dashboard, wait_for
+from .helpers import cli, dashboard, detached, last_step, stop, wait_for, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -23,7 +23,7 @@ from lmcockpit.core.run.folder import (CHECKPOINTS, NAN_DEBUG, RUN_FOLDERS, TENS
 from lmcockpit.core.run.safe_files import NotOwnFile, pinned_dir
 from lmcockpit.core.train import checkpoint_io, nan_debug
 
-from .conftest import cli, drive_engine, tiny_config
+from .helpers import cli, drive_engine, tiny_config
 from .other_account import other_account, run_as_other
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

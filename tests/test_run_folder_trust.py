@@ -42,7 +42,7 @@ from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.formatting import DASH
 from lmcockpit.tui.screens.launch import LaunchScreen
 
-from .conftest import PINNED_FP32, cli, tiny_config
+from .helpers import PINNED_FP32, cli, tiny_config
 from .other_account import held_by_other, other_account, run_as_other
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -14,7 +14,7 @@ from lmcockpit.core.model.sampling import TextStream, answer, filter_logits, gen
 from lmcockpit.core.run.checkpoint_folder import find_checkpoint
 from lmcockpit.core.run.folder import read_metrics
 
-from .conftest import drive_engine, losses, tiny_config
+from .helpers import drive_engine, losses, tiny_config
 
 SHAPE = GPTShape(vocab_size=97, n_layer=2, d_model=32, n_head=4, n_kv_head=2, head_dim=8, mlp_hidden=64,
                  max_seq_len=32)

@@ -22,7 +22,7 @@ from lmcockpit.core.run.resume import truncate_metrics
 from lmcockpit.core.train.spikes import SpikeWatch
 from lmcockpit.core.train.trainer import SpikeStop
 from lmcockpit.tui.run_state import RunState
-from tests.conftest import SHRINK_CPU, TINY, as_flags, cli
+from tests.helpers import SHRINK_CPU, TINY, as_flags, cli
 
 # The shrunk cpu preset, uncompiled, with a window short enough for a 40-step run to fill.
 BASE = as_flags([*SHRINK_CPU, *TINY, "training.compile=false", "eval.every=0", "training.spike_window=20"])

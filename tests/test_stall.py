@@ -15,7 +15,7 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.process import live
 from lmcockpit.core.process.stall import STEP_TIMES, StallWatch
 from lmcockpit.core.run.folder import read_metrics
-from tests.test_attach import detached, last_step, stop, wait_until
+from tests.helpers import detached, last_step, stop, wait_until
 
 
 class Clock:

@@ -218,7 +218,7 @@ def test_a_run_says_when_it_will_get_there_and_stops_at_its_target(tmp_path):
     """The same run twice (CPU training repeats itself exactly): once to learn its validation
     losses, then with the one at step 30 as its target and stop_at_target: each evaluation line
     says how far the target is, and the run ends at step 30 with a checkpoint."""
-    from tests.conftest import SHRINK_CPU, TINY, as_flags, cli
+    from tests.helpers import SHRINK_CPU, TINY, as_flags, cli
 
     flags = as_flags([*SHRINK_CPU, *TINY, "training.compile=false", "training.max_steps=50", "eval.every=10"])
     first = cli("--run", "cpu", *flags, "--out", str(tmp_path / "first"))
@@ -274,7 +274,7 @@ def test_ps_says_when_a_background_run_should_reach_its_target(tmp_path):
     import subprocess
     import sys
 
-    from tests.test_attach import detached, stop, wait_until
+    from tests.helpers import detached, stop, wait_until
 
     run = detached(tmp_path, "run", "eval.every=3", "training.target_val_loss=0.5")
 
@@ -314,7 +314,7 @@ def test_a_task_s_accuracy_is_forecast_through_its_error_rate():
 def test_a_run_aimed_at_a_task_s_accuracy_stops_where_it_first_gets_there(tmp_path):
     """The run twice again: its python-functions accuracy at step 30 as the target, then the run
     stops at the first scoring that reaches it, the evaluation lines saying how far it is."""
-    from tests.conftest import SHRINK_CPU, TINY, as_flags, cli
+    from tests.helpers import SHRINK_CPU, TINY, as_flags, cli
 
     flags = as_flags([*SHRINK_CPU, *TINY, "training.compile=false", "training.max_steps=50", "eval.every=10",
                       'eval.tasks=["python-functions"]', "eval.max_per_task=24"])
@@ -343,7 +343,7 @@ def test_a_run_aimed_at_a_task_s_accuracy_stops_where_it_first_gets_there(tmp_pa
       "training.target_val_loss=3.0"], "one target at a time"),
 ])
 def test_a_target_that_cannot_be_aimed_at_is_one_error_line(tmp_path, sets, message):
-    from tests.conftest import as_flags, cli
+    from tests.helpers import as_flags, cli
 
     r = cli("--run", "cpu", *as_flags(sets), "--out", str(tmp_path / "run"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
