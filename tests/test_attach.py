@@ -39,6 +39,7 @@ def background(tmp_path_factory):
 
 
 # ------------------------------------------------------------------------ access and listing
+@pytest.mark.slow
 def test_the_socket_and_the_key_are_the_owners_alone(background):
     record = live.LiveRecord.read(background)
     for path in (Path(record.socket), background / live.KEY, background / live.RECORD):
@@ -46,6 +47,7 @@ def test_the_socket_and_the_key_are_the_owners_alone(background):
     assert stat.S_ISSOCK(os.stat(record.socket).st_mode)
 
 
+@pytest.mark.slow
 def test_a_connection_with_the_wrong_key_is_refused_and_logged(background):
     record = live.LiveRecord.read(background)
     with pytest.raises(AuthenticationError):
@@ -54,6 +56,7 @@ def test_a_connection_with_the_wrong_key_is_refused_and_logged(background):
                in (background / "train.log").read_text(), what="the refusal in train.log")
 
 
+@pytest.mark.slow
 def test_ps_lists_the_live_run_with_its_step_and_viewers(background):
     viewer = RunViewer(background)
     try:
@@ -69,6 +72,7 @@ def test_ps_lists_the_live_run_with_its_step_and_viewers(background):
 
 
 # --------------------------------------------------------------------------------- viewers
+@pytest.mark.slow
 def test_pause_from_one_of_two_viewers_pauses_training_and_both_see_it(background):
     a, b = RunViewer(background), RunViewer(background)
     seen: dict[RunViewer, set[str]] = {a: set(), b: set()}
@@ -94,6 +98,7 @@ def test_pause_from_one_of_two_viewers_pauses_training_and_both_see_it(backgroun
         b.close()
 
 
+@pytest.mark.slow
 def test_attaching_shows_the_whole_history_then_live_steps_once_each(background):
     before = last_step(background)
     viewer = RunViewer(background)
@@ -116,6 +121,7 @@ def test_attaching_shows_the_whole_history_then_live_steps_once_each(background)
     assert seen == list(range(1, seen[-1] + 1))  # from step 1 (the folder), no gap, none twice
 
 
+@pytest.mark.slow
 def test_a_viewer_that_never_reads_does_not_slow_training(background):
     """A frozen SSH session, end to end: a viewer connected to the real host that never reads; the
     steps go on at the same pace. (Its queue overflowing, 4,096 events, is the next test's: it would
@@ -197,6 +203,7 @@ def test_a_viewer_that_hangs_up_while_the_host_writes_to_it_is_let_go_at_once(tm
         server.close(grace=1)
 
 
+@pytest.mark.slow
 async def test_the_launch_screen_lists_a_live_run_first_and_enter_attaches(background, tmp_path):
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
     async with app.run_test(size=(120, 40)) as pilot:

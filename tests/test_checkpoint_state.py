@@ -39,6 +39,7 @@ def a_shard(ckpt: Path) -> Path:
     return next(p for p in (ckpt / TRAIN_STATE).iterdir() if p.suffix == ".distcp")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["a FIFO", "a link"])
 def test_a_shard_that_is_no_regular_file_is_refused_not_waited_on(copied, tmp_path, how):
     shard = a_shard(copied)
@@ -90,6 +91,7 @@ def test_a_state_json_a_resume_cannot_read_is_refused_by_the_check_and_the_loade
         assert message.endswith("the checkpoint is damaged, or not lmcockpit's")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [
     ("--run", "--resume", "{ckpt}", "--out", "{out}"),
     ("chat", "{ckpt}", "--prompt", "def "),

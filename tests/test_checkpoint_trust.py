@@ -89,6 +89,7 @@ def test_a_metadata_that_runs_a_command_is_refused_by_the_check(crafted):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_the_check_imports_nothing_a_metadata_names(crafted, trained_run):
     """Not even torch: the check gives each allowed name a stand-in, and refuses the rest unlooked-up."""
     ckpt, marker = crafted
@@ -110,6 +111,7 @@ def test_the_check_imports_nothing_a_metadata_names(crafted, trained_run):
     assert imported == "[]" and not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_metadata_that_runs_a_command_is_refused_by_resume_before_any_engine(crafted, tmp_path):
     ckpt, marker = crafted
     out = tmp_path / "continued"
@@ -131,6 +133,7 @@ def test_a_metadata_that_runs_a_command_is_refused_by_the_engines_loader(crafted
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_metadata_that_runs_a_command_and_reaches_the_engine_fails_it_in_one_line(crafted, tmp_path):
     """Past the front-end's check somehow (a plan made without it): the trainer refuses it with
     the same line, a user error (exit 2), not a traceback."""
@@ -160,6 +163,7 @@ def crafted_entry(copied, tmp_path) -> tuple[Path, Path]:
     return copied, marker
 
 
+@pytest.mark.slow
 def test_an_entry_that_runs_a_command_is_refused_by_the_engines_loader(crafted_entry):
     ckpt, marker = crafted_entry
     # The premise: DCP's own planner loads an entry that is no tensor with weights_only=False,
@@ -211,6 +215,7 @@ def test_a_metadata_pointing_outside_its_folder_is_refused(copied):
         assert str(refused.value) == expected
 
 
+@pytest.mark.slow
 def test_a_metadata_written_under_python_3_13_is_read_by_both(copied, monkeypatch):
     """Python 3.13 pickles PosixPath from pathlib._local, which older Pythons lack: both readers
     take it as this Python's pathlib.PosixPath (DCP's own reader fails on it here)."""

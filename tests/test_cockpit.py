@@ -56,6 +56,7 @@ async def training_cockpit(tmp_path: Path, size=(120, 40)):
         app.stop_runs(timeout=60)  # leaving the cockpit leaves a run training: the test's must stop
 
 
+@pytest.mark.slow
 async def test_pause_checkpoint_resume(tmp_path):
     async with training_cockpit(tmp_path, (120, 40)) as (app, pilot, dash):
         await pilot.press("p")
@@ -100,6 +101,7 @@ def test_paused_holds_through_a_checkpoint_or_evaluation_taken_while_paused():
         assert view.paused is paused, state
 
 
+@pytest.mark.slow
 async def test_quit_with_a_run_going_asks_then_stops_it_with_a_checkpoint(tmp_path):
     async with training_cockpit(tmp_path, (80, 24)) as (app, pilot, dash):
         await pilot.press("q")
@@ -114,6 +116,7 @@ async def test_quit_with_a_run_going_asks_then_stops_it_with_a_checkpoint(tmp_pa
     assert latest_checkpoint(tmp_path / "run") is not None
 
 
+@pytest.mark.slow
 async def test_a_failing_engine_shows_the_failure_panel_and_the_cockpit_stays_usable(tmp_path):
     app = CockpitApp(request(tmp_path, "optimizer.lr=1e30", "optimizer.muon_lr=1e30", "training.grad_clip=0"),
                      telemetry=False)
@@ -131,6 +134,7 @@ async def test_a_failing_engine_shows_the_failure_panel_and_the_cockpit_stays_us
     assert app.return_code == 0
 
 
+@pytest.mark.slow
 async def test_launch_screen_selects_edits_validates_and_saves(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
@@ -175,6 +179,7 @@ def preset_line(name: str, params: str, memory: str, verdict: str) -> re.Pattern
     return re.compile(rf"│ {re.escape(name)} +{re.escape(params)} +{re.escape(memory)} +{re.escape(verdict)}( |$)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(80, 24), (100, 30), (120, 40), (170, 45)], ids=lambda s: f"{s[0]}x{s[1]}")
 async def test_the_launch_screen_shows_every_presets_fit_and_the_settings_values(tmp_path, size):
     """At 80 columns the settings showed only their keys and the presets stopped at "tok…"; at
@@ -238,6 +243,7 @@ async def test_the_launch_screen_shows_every_preset_column_from_120_columns(tmp_
         assert any(re.search(rf"│ {key} +{values[key]} ", line) for line in shown_in(app, settings))
 
 
+@pytest.mark.slow
 async def test_the_launch_screen_shows_each_mixture_part_s_tokens_and_epochs(tmp_path, monkeypatch):
     """A mixture typed in for data.sources at 80×24: a row per part under it (its share, train
     tokens and epochs), every part's epochs on the settings' border; `e` on a part edits them all."""
@@ -331,6 +337,7 @@ async def test_the_launch_screen_counts_a_source_s_tokens_in_a_thread_and_shows_
         assert launch.preset_name == "debug"
 
 
+@pytest.mark.slow
 async def test_after_a_run_ends_n_goes_back_to_the_launch_screen_which_lists_it(tmp_path):
     """The run's controls leave the footer when it ends, n takes their place and returns to the
     launch screen it was launched from, whose recent runs now hold it; q still quits."""
@@ -374,6 +381,7 @@ async def test_after_a_run_ends_n_goes_back_to_the_launch_screen_which_lists_it(
     assert dash.engine.exitcode == 0
 
 
+@pytest.mark.slow
 async def test_n_takes_the_run_s_notice_away_with_its_dashboard(tmp_path):
     """A finished run's notice ("run finished at step N: n goes back…") stayed over the launch
     screen's runs for its ten seconds after n had gone back there."""
@@ -406,6 +414,7 @@ async def test_ctrl_c_on_the_launch_screen_quits():
     assert app.return_code == 0
 
 
+@pytest.mark.slow
 async def test_ctrl_c_with_a_run_going_asks_as_q_does(tmp_path):
     """From the dashboard, or a dialog over it: the quit dialog (Enter stops the run, d leaves
     it training); a second Ctrl-C while it asks changes nothing."""
@@ -427,6 +436,7 @@ async def test_ctrl_c_with_a_run_going_asks_as_q_does(tmp_path):
         assert dash.engine.host_alive  # left training: the fixture stops it
 
 
+@pytest.mark.slow
 def test_started_on_a_run_n_opens_the_launch_screen_and_the_exit_prints_the_run_folder(tmp_path, capsys):
     """`lmcockpit PRESET`: when the run ends, n puts a launch screen in the dashboard's place
     (listing the run, though its folder is not under runs/); after q the terminal gets the folder."""
@@ -452,6 +462,7 @@ def test_started_on_a_run_n_opens_the_launch_screen_and_the_exit_prints_the_run_
     assert f"run folder: {tmp_path / 'run'} (finished at step 3)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_starting_the_cockpit_never_imports_torch(tmp_path):
     """The front-end process stays torch-free even while a run is training under it."""
     script = f"""
@@ -482,6 +493,7 @@ asyncio.run(main())
     assert "torch imported: False" in proc.stdout
 
 
+@pytest.mark.slow
 async def test_chat_pane_samples_the_live_model_while_it_trains(tmp_path):
     from lmcockpit.tui.widgets.chat_pane import ChatPane
 
@@ -503,6 +515,7 @@ async def test_chat_pane_samples_the_live_model_while_it_trains(tmp_path):
         await wait_for(pilot, lambda: dash.view.step > step, what="training to go on after sampling")
 
 
+@pytest.mark.slow
 async def test_launch_screen_opens_a_past_run_in_chat(trained_run, monkeypatch):
     """`o` opens the run in chat; `/greedy` and `/set temperature` change what the chat engine
     samples: each answer is the text this process computes from the same checkpoint with the
@@ -554,6 +567,7 @@ async def test_launch_screen_opens_a_past_run_in_chat(trained_run, monkeypatch):
         assert chat.engine.process.exitcode == 0
 
 
+@pytest.mark.slow
 async def test_r_on_the_launch_screen_resumes_a_stopped_run_in_place(trained_run, tmp_path):
     """r continues the selected run from its latest checkpoint, in its own folder, on a dashboard;
     a run already at its step budget is refused with the reason, and nothing starts."""
@@ -600,6 +614,7 @@ async def test_launching_several_machines_from_the_cockpit_says_what_is_missing(
         assert any("--rdzv-endpoint" in n.message for n in app._notifications)
 
 
+@pytest.mark.slow
 async def test_a_cuda_graph_mode_launches_from_the_cockpit_in_one_process(tmp_path):
     """Only torchrun's runs refuse the CUDA-graph compile modes: one process launches as any run,
     and trains, compiled, to its end in the engine process alone (no torchrun, no ranks)."""
@@ -619,6 +634,7 @@ async def test_a_cuda_graph_mode_launches_from_the_cockpit_in_one_process(tmp_pa
     assert not re.search(r"^(rank\d+|launcher): ", log, re.M)
 
 
+@pytest.mark.slow
 async def test_the_cockpit_keeps_answering_while_a_launch_is_checked(tmp_path, monkeypatch):
     """A launch's checks run in a thread (a first Hub task fetch takes minutes): while the check
     waits (here held at a gate until the test opens it; it then runs as ever, on a real task file),
@@ -667,6 +683,7 @@ async def test_the_cockpit_keeps_answering_while_a_launch_is_checked(tmp_path, m
 # The dashboard with no engine, fed the snapshot tests' fixed event stream: what it does with
 # keys and resizes does not need a training run.
 
+@pytest.mark.slow
 async def test_the_log_scale_chart_survives_a_resize_and_the_chat_pane():
     """plotext's own log axis took log10 of its stored data again on every build, so a repaint
     without fresh data (a resize, the chat pane narrowing the chart) crashed the cockpit."""
@@ -700,6 +717,7 @@ async def test_the_log_scale_chart_survives_a_resize_and_the_chat_pane():
     assert app.return_code in (None, 0)
 
 
+@pytest.mark.slow
 async def test_escape_leaves_the_chat_prompt_then_closes_the_pane():
     from .helpers import FedDashboard
 

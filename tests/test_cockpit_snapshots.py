@@ -54,6 +54,7 @@ async def assert_at_a_glance(pilot) -> None:
     assert dash.query_one("#side").max_scroll_y == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("device", ["cpu", "cuda:0"], ids=["cpu", "gpu"])
 def test_dashboard_snapshot(snap_compare, size, device):
@@ -109,6 +110,7 @@ async def assert_panels_whole(pilot) -> None:
         {"throughput"} if dash.size.height < 30 else set())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", LAUNCH_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_target_dashboard_snapshot(snap_compare, size):
     """A run with a target (training.target_val_loss) attached from elsewhere (its folder
@@ -136,6 +138,7 @@ async def test_a_cpu_run_says_once_it_has_no_gpu_and_shows_its_memory():
         assert [re.sub(r" +", " ", line) for line in memory] == ["RSS 1.4G of 32.0G", "GPU none (CPU run)"]
 
 
+@pytest.mark.slow
 async def test_viewers_coming_and_going_are_a_count_in_the_top_bar_not_log_lines():
     """The run host logs each viewer that attaches or detaches (a probe too); at 80x24 those
     lines filled the log's two lines. They stay out of the log: the top bar counts the cockpits
@@ -158,6 +161,7 @@ async def test_viewers_coming_and_going_are_a_count_in_the_top_bar_not_log_lines
         assert "watching" not in shown_in(app, dash.query_one("#topbar"))[0]
 
 
+@pytest.mark.slow
 async def test_the_log_wraps_again_to_its_width_after_a_resize():
     """A line wrapped at 80 columns stayed wrapped there on a wider terminal, and one written wide
     ran past the pane's edge on a narrower one."""
@@ -184,6 +188,7 @@ def test_ended_dashboard_snapshot(snap_compare):
     assert snap_compare(FedDashboard([P.StateChanged(P.ABORTED)]), terminal_size=(80, 24))
 
 
+@pytest.mark.slow
 async def test_the_chat_pane_at_100_columns_leaves_the_chart_its_width():
     """Below 140 columns the chat pane opens under the chart, in the log's place."""
     app = FedDashboard(device="cuda:0", gpus=1)
@@ -236,6 +241,7 @@ async def test_e_cycles_which_side_panel_is_open():
         assert len(opened()) >= 3 and dash.query_one("#side").max_scroll_y == 0
 
 
+@pytest.mark.slow
 async def test_a_long_history_reads_as_a_person_writes_its_steps():
     """A viewer's reading of 150,375 steps (HistoryRead), then live steps: the chart spans them all,
     its step axis labelled 50k, 100k, 150k (plotext alone wrote 75187.5), the step line shows
@@ -280,6 +286,7 @@ async def test_a_history_read_is_drawn_at_once_not_at_the_next_redraw():
         assert not dash.dirty and dash.query_one("#loss", LossChart).history is h
 
 
+@pytest.mark.slow
 async def test_a_long_run_s_chart_is_painted_again_only_when_its_picture_moves():
     """plotext costs as much to draw the same picture again as a new one: at 150,000 steps a
     second's 25 steps move no dot of a 100-column chart, and the chart is left as it is (watching
@@ -355,6 +362,7 @@ def test_a_chart_draws_at_most_twice_its_width_of_evaluations():
     assert drawn([(5, 3.0), (10, 2.9)], 100) == ([5, 10], [3.0, 2.9])
 
 
+@pytest.mark.slow
 async def test_the_chart_keeps_its_data_through_collapsing_and_resizes():
     app = FedDashboard(device="cuda:0", gpus=1)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -366,6 +374,7 @@ async def test_the_chart_keeps_its_data_through_collapsing_and_resizes():
             assert chart.error == "" and chart.history.count == 240
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", LAUNCH_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_launch_screen_snapshot(snap_compare, size, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no runs here: the recent-runs table is empty and stable
@@ -413,6 +422,7 @@ async def assert_tasks_shown(pilot) -> None:
     assert "0.430" in "\n".join(shown_in(pilot.app, panel))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_task_scores_dashboard_snapshot(snap_compare, size):
     """The cpu preset's run scoring python-functions at steps 100, 200 and 300: the tasks panel, a
@@ -421,6 +431,7 @@ def test_task_scores_dashboard_snapshot(snap_compare, size):
     assert snap_compare(app, terminal_size=size, run_before=assert_tasks_shown)
 
 
+@pytest.mark.slow
 async def test_the_tasks_panel_shows_each_task_s_accuracy_over_steps():
     """At 80×24 the tasks panel is one line: python-functions' latest accuracy (its name cut to
     fit). e opens it: accuracy and centred score, and under them the accuracy at steps 100, 200

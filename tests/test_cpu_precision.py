@@ -88,6 +88,7 @@ def header_of(events) -> str:
     return next(e.text for e in events if isinstance(e, P.LogLine) and e.text.startswith("model:"))
 
 
+@pytest.mark.slow
 def test_auto_trains_in_bf16_where_measured_faster_and_a_resume_keeps_it(tmp_path):
     from lmcockpit.core.run.resume import plan_resume
 
@@ -109,6 +110,7 @@ def test_auto_trains_in_bf16_where_measured_faster_and_a_resume_keeps_it(tmp_pat
     assert "precision bf16 (auto: kept from the checkpoint)," in header_of(events)
 
 
+@pytest.mark.slow
 def test_a_run_with_nothing_cached_probes_and_says_what_it_chose(tmp_path):
     with cpu_verdict(None):
         proc = cli("--run", "debug", "--out", str(tmp_path / "run"), "--set", "training.max_steps=2",

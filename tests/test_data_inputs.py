@@ -257,6 +257,7 @@ def worker_build(tmp_path: Path, lines: list[str]):
                        "data.workers=2")
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_build_stops_it_naming_its_piece_and_preparing_again_resumes(tmp_path):
     """The OOM killer's SIGKILL on one tokenizing worker, from outside, as it comes: the build stops
     at once naming the piece and the cause (a Pool put a new worker in its place and waited for
@@ -296,6 +297,7 @@ def test_a_worker_killed_mid_build_stops_it_naming_its_piece_and_preparing_again
         tok.decode(np.asarray(data.val[0:len(data.val)]).tolist()).count("record ") == len(texts)
 
 
+@pytest.mark.slow
 def test_an_error_in_a_worker_is_raised_by_the_build(tmp_path):
     import json
 

@@ -245,6 +245,7 @@ def test_a_parquet_file_without_the_text_column_names_its_columns(tmp_path):
         documents(tmp_path / "x.parquet")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("surrogate", [rb"\ud800", b"\xed\xa0\x80"])  # escaped; raw bytes (CESU-8, WTF-8)
 def test_a_lone_surrogate_in_a_json_line_is_replaced_not_fatal(tmp_path, surrogate):
     texts = records(300)
@@ -263,6 +264,7 @@ def test_a_lone_surrogate_in_a_json_line_is_replaced_not_fatal(tmp_path, surroga
     assert "\ufffd tail" in text and "\ud800" not in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offline", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"])  # huggingface_hub reads both
 def test_an_hf_source_offline_exits_2_with_the_download_command(tmp_path, offline):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
@@ -307,6 +309,7 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_the_split_and_selection_are_the_same_whatever_the_worker_count(tmp_path):
     source = corpus(tmp_path)
     one = prepare(scale_config(tmp_path, source, tmp_path / "c1", "data.workers=1", "data.max_bytes=120_000"),
@@ -320,6 +323,7 @@ def test_the_split_and_selection_are_the_same_whatever_the_worker_count(tmp_path
     assert 0.7 * 120_000 < meta["bytes"] < 1.3 * 120_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compressed", [False, True])
 def test_a_killed_build_resumes_and_the_cache_is_byte_identical(tmp_path, compressed):
     """Also for one large compressed file: its pieces spooled as the build reaches them, the BPE's
@@ -365,6 +369,7 @@ def test_a_killed_build_resumes_and_the_cache_is_byte_identical(tmp_path, compre
     assert not list(resumed.dir.parent.rglob("*spool*"))
 
 
+@pytest.mark.slow
 def test_a_compressed_file_s_piece_sent_to_validation_is_read_again_from_a_spool(tmp_path):
     """A corpus whose hash sent no document to validation sends the training document nearest to
     it, tokenising its piece again: a compressed file's piece, from a spool of its own."""
@@ -399,6 +404,7 @@ def start_bpe_training(tmp_path: Path):
     return proc, trainer[0]
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_bpe_trains_stops_it_at_once(tmp_path):
     """Ctrl-C reaches the whole process group: `data prepare` answers 130 and kills the BPE's child
     then and there, rather than wait for it to finish training and write the tokenizer."""
@@ -421,6 +427,7 @@ def test_ctrl_c_while_the_bpe_trains_stops_it_at_once(tmp_path):
     assert not psutil.wait_procs([trainer], timeout=10)[1], "the trainer outlived the build"
 
 
+@pytest.mark.slow
 def test_a_bpe_trainer_killed_from_outside_is_an_error_not_a_hang(tmp_path):
     """The OOM killer's SIGKILL on the BPE's child: `data prepare` says so and exits 2 (a Pool
     would have waited for its answer for ever)."""
@@ -435,6 +442,7 @@ def test_a_bpe_trainer_killed_from_outside_is_an_error_not_a_hang(tmp_path):
     assert "Traceback" not in out
 
 
+@pytest.mark.slow
 def test_a_killed_build_s_workers_die_with_it_and_the_next_build_is_whole(tmp_path):
     """SIGKILL of the main process alone (the OOM killer's way): its workers must not go on
     writing pieces beside the next build's (they did, and the next build failed on a rename)."""
@@ -484,6 +492,7 @@ def test_a_killed_build_s_workers_die_with_it_and_the_next_build_is_whole(tmp_pa
     assert resumed.dir.name == whole.dir.name and folder_bytes(resumed.dir) == folder_bytes(whole.dir)
 
 
+@pytest.mark.slow
 def test_a_cache_of_the_previous_format_is_still_read(tmp_path):
     """Format 1 (lmcockpit before shards): one train.bin and val.bin, found under its old key."""
     source = corpus(tmp_path, 200)
@@ -524,6 +533,7 @@ def test_a_token_stream_reads_windows_across_shards():
             assert stream[start:stop].tolist() == list(range(start, stop))
 
 
+@pytest.mark.slow
 def test_preparing_ten_times_the_text_takes_about_the_same_memory(tmp_path):
     """Peak RSS of a real prepare (one process: the reader, the tokenizer and the writer) on a
     corpus and on one ten times larger: the corpus is never held. The peak is the kernel's VmHWM,
@@ -552,6 +562,7 @@ def test_preparing_ten_times_the_text_takes_about_the_same_memory(tmp_path):
     assert large_peak < 1.2 * small_peak, peaks
 
 
+@pytest.mark.slow
 def test_a_parquet_row_group_is_read_a_batch_at_a_time(tmp_path):
     """Row groups of 10 and 40 MB (FineWeb's hold hundreds of MB), each read by a fresh process: the
     peak grows by a page and a record batch, not with the row group (pyarrow's default reading and
@@ -584,6 +595,7 @@ def test_a_parquet_row_group_is_read_a_batch_at_a_time(tmp_path):
     assert grown[5_000] - grown[1_250] < 15_000_000, grown  # 30 MB more text in the row group
 
 
+@pytest.mark.slow
 def test_the_bpe_trainer_s_memory_is_not_kept_by_the_build(tmp_path):
     """The BPE trains in a child process of its own: the build's main process, which goes on to run
     the workers or tokenise itself, peaks the same whether the trainer's sample is 0.1 or 3 MB
@@ -626,6 +638,7 @@ def test_the_default_worker_count_keeps_preparation_under_its_memory_bound(monke
     assert not log or f"{workers} tokenizer processes for {cores} cores" in log[0] and "data.workers" in log[0]
 
 
+@pytest.mark.slow
 def test_a_cache_of_more_shards_than_open_files_allowed_is_read(tmp_path):
     """Thousands of shards (a 45 GB corpus) against the usual limit of 1,024 open files, here 300
     shards against 200: a shard is mapped while it is read, not all at once."""
@@ -655,6 +668,7 @@ def test_a_cache_of_more_shards_than_open_files_allowed_is_read(tmp_path):
     assert proc.stdout.split() == [str(len(whole)), str(expected)]
 
 
+@pytest.mark.slow
 def test_a_damaged_shard_is_named_with_the_command_that_mends_it(tmp_path):
     source = corpus(tmp_path, n=300)
     cfg = scale_config(tmp_path, source, tmp_path / "cache", "data.workers=1")
@@ -666,6 +680,7 @@ def test_a_damaged_shard_is_named_with_the_command_that_mends_it(tmp_path):
         prepare(cfg, lambda line: None, lambda *a: None)
 
 
+@pytest.mark.slow
 def test_the_first_child_a_build_spawns_is_born_deaf_to_ctrl_c_too():
     """multiprocessing starts its resource tracker with the first spawn and unblocks SIGINT on its
     way out: the BPE's child, a build's first, was born hearing Ctrl-C, and one that landed while

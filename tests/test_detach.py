@@ -20,7 +20,7 @@ from lmcockpit.tui.app import CockpitApp
 
 from .helpers import cli, dashboard, detached, last_step, request, stop, wait_for, wait_until
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 # ----------------------------------------------------------------- detaching from the cockpit

@@ -11,6 +11,8 @@ from lmcockpit.core.run.folder import CHECKPOINTS, METRICS, TRAIN_LOG, list_chec
 
 from .helpers import drive_engine, fill, tiny_config
 
+pytestmark = pytest.mark.slow
+
 
 def full_run(disk, when_waiting, *overrides: str):
     """A tiny run of 12 steps on `disk`, checkpointing every 6, paused before its first step while

@@ -90,6 +90,7 @@ def odd_merges_tokenizer(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_piece_where_tiktoken_disagrees_is_encoded_by_tokenizers(tmp_path):
     folder = odd_merges_tokenizer(tmp_path / "odd")
     slow = encoder.Encoder(str(folder / "tokenizer.json"), eos=0, fast=False)

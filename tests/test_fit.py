@@ -89,6 +89,7 @@ def test_the_estimate_counts_the_expanded_kv_where_no_kernel_takes_gqa():
     assert memory_estimate.largest_micro_batch(cfg, budget, limit=8, compute_capability=(7, 5)) < 8
 
 
+@pytest.mark.slow
 def test_compiled_activations_are_what_the_partitioner_saves():
     cfg = tiny_config(*HAND)
     measured = memory_probe.saved_bytes_per_token(cfg, "cpu", compiled=True, amp_dtype=torch.bfloat16)
@@ -107,6 +108,7 @@ def test_muons_step_holds_what_fit_counts(preset, overrides):
     assert cpu_bytes_held(opt.step) == memory_estimate.muon_step_bytes(cfg, "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("micro_batch, accum, recompute", [(1, 1, False), (16, 1, False), (8, 2, False),
                                                          (16, 1, True), (8, 2, True)])
 def test_an_eager_step_on_the_cpu_peaks_where_fit_says(tmp_path, micro_batch, accum, recompute):
@@ -134,6 +136,7 @@ def test_an_eager_step_on_the_cpu_peaks_where_fit_says(tmp_path, micro_batch, ac
         torch.use_deterministic_algorithms(False)  # the trainer set it for this whole process
 
 
+@pytest.mark.slow
 def test_an_eager_fp16_step_holds_the_plain_loss_that_fit_counts():
     """fp16 without compile keeps the whole logits' loss (gpt._fp16_autocast): with a vocabulary
     512 times the width, the loss is most of the step, counted as if blockwise it was half."""
@@ -330,6 +333,7 @@ def test_an_out_of_memory_error_is_found_behind_the_compilers_wrapping():
     assert oom_in(ValueError("not memory")) is None
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_gives_the_same_gradients():
     cfg = tiny_config()
     torch.manual_seed(0)
@@ -345,6 +349,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
         assert torch.allclose(plain, recomputed, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_auto_micro_batch_on_cpu_keeps_the_tokens_per_step(tmp_path):
     cfg = tiny_config("training.auto_micro_batch=true", "training.micro_batch_size=2", "training.grad_accum_steps=4",
                       "training.max_steps=4", "eval.every=0")

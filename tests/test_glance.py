@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from lmcockpit.core import protocol as P
 from lmcockpit.core.hardware.telemetry import GPUReading, Telemetry
 from lmcockpit.tui.run_state import RunState
@@ -45,6 +47,7 @@ def test_a_gpu_cell_gives_up_extras_then_bars_before_its_figures():
     assert "61.3/80G" in cells[30]
 
 
+@pytest.mark.slow
 def test_the_cpu_load_is_the_runs_whole_process_tree():
     """A run's host and every process under it: a grandchild holding 200 MiB and spinning shows
     in the parent's load."""

@@ -16,6 +16,8 @@ import pytest
 
 from .helpers import QUICK_BUILD, TINY, as_set, cli, one_error
 
+pytestmark = pytest.mark.slow
+
 def corpus(folder: Path) -> Path:
     folder.mkdir()
     for i in range(6):

@@ -100,6 +100,7 @@ def test_every_format_a_build_reads_is_fetched_and_a_readme_is_not():
                                                "data/train.arrow"])
 
 
+@pytest.mark.slow
 def test_prepare_fetches_only_the_shards_its_budget_needs(fetched):
     hub, env, tmp, steps, proc = fetched
     assert proc.returncode == 0, proc.stderr
@@ -117,6 +118,7 @@ def test_prepare_fetches_only_the_shards_its_budget_needs(fetched):
     assert sorted(p.name for p in snapshot.iterdir()) == [Path(n).name for n in SHARDS[:2]]
 
 
+@pytest.mark.slow
 def test_offline_the_files_fetched_before_serve(fetched):
     hub, env, tmp, steps, first = fetched
     assert first.returncode == 0, first.stderr
@@ -136,6 +138,7 @@ def test_offline_the_files_fetched_before_serve(fetched):
     assert len(hub.requests) == seen
 
 
+@pytest.mark.slow
 def test_online_again_only_what_the_budget_lacks_is_fetched(fetched, tmp_path):
     hub, env, tmp, steps, first = fetched
     assert first.returncode == 0, first.stderr
@@ -154,6 +157,7 @@ def test_online_again_only_what_the_budget_lacks_is_fetched(fetched, tmp_path):
     assert sorted(p.name for p in Path(more.stdout.strip()).iterdir()) == [Path(n).name for n in SHARDS[:3]]
 
 
+@pytest.mark.slow
 def test_out_of_reach_the_files_fetched_before_serve(fetched, closed_port):
     hub, env, tmp, steps, first = fetched
     assert first.returncode == 0, first.stderr
@@ -164,6 +168,7 @@ def test_out_of_reach_the_files_fetched_before_serve(fetched, closed_port):
     assert "Retrying" not in proc.stderr  # a refused connection is not waited on (1+2+4+8+8 s of backoff)
 
 
+@pytest.mark.slow
 def test_out_of_reach_with_nothing_fetched_exits_2_with_the_download_command(tmp_path, closed_port):
     proc = prepare(hub_env(tmp_path / "hf", closed_port), tmp_path / "tokens")
     assert proc.returncode == 2, proc.stderr
@@ -175,6 +180,7 @@ def test_out_of_reach_with_nothing_fetched_exits_2_with_the_download_command(tmp
     assert not (tmp_path / "tokens").exists()
 
 
+@pytest.mark.slow
 def test_hf_token_reaches_the_hub_as_a_bearer_header(tmp_path):
     with FakeHub({REPO: make_repo(tmp_path / "repo")}) as hub:
         proc = fetch(hub_env(tmp_path / "hf", hub.url, HF_TOKEN="hf_test_token"), f"hf:{REPO}/{PATH}")
@@ -185,6 +191,7 @@ def test_hf_token_reaches_the_hub_as_a_bearer_header(tmp_path):
                                                                            ("HEAD", "Bearer hf_test_token")}
 
 
+@pytest.mark.slow
 def test_a_download_cut_midway_resumes_where_it_stopped(tmp_path):
     from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE
 
@@ -205,6 +212,7 @@ def test_a_download_cut_midway_resumes_where_it_stopped(tmp_path):
     assert resumed and 0 < int(resumed[1]) <= cut, gets[1].headers  # not from the start, nor past the cut
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token", ["", "hf_secret"])
 def test_a_dataset_the_hub_does_not_have_is_named_with_what_to_do(tmp_path, token):
     with FakeHub({REPO: make_repo(tmp_path / "repo")}) as hub:

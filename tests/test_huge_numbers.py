@@ -86,6 +86,7 @@ def test_a_resume_s_truncation_passes_over_a_row_with_a_huge_integer(tmp_path):
     assert [r["step"] for r in read_metrics(run, "step")] == [1, 2]
 
 
+@pytest.mark.slow
 def test_compare_reads_a_run_with_a_huge_integer(tmp_path):
     a, b = hostile_run(tmp_path / "a", UNREADABLE_LINES), hostile_run(tmp_path / "b", FOREIGN_ROWS)
     proc = cli("compare", str(a), str(b))
@@ -130,6 +131,7 @@ def test_an_attached_viewer_reads_a_live_run_whose_metrics_hold_a_huge_integer(t
         server.close(grace=1)
 
 
+@pytest.mark.slow
 def test_a_corpus_line_with_a_huge_integer_is_refused_naming_file_and_line(tmp_path):
     """As a line nested thousands deep is: the build stops at it, naming where, in one line."""
     source = tmp_path / "corpus.jsonl"

@@ -141,6 +141,7 @@ def test_wandb_logs_offline_into_the_run_folder_and_a_resume_continues_the_same_
     assert "warning" not in (run / TRAIN_LOG).read_text()
 
 
+@pytest.mark.slow
 def test_a_logger_that_cannot_start_is_reported_once_and_training_goes_on(tmp_path):
     from lmcockpit.core.run.folder import create_run_dir
 
@@ -246,6 +247,7 @@ def written_history(run_folder: Path) -> list[dict[str, float]]:
         return []
 
 
+@pytest.mark.slow
 def test_wandb_charts_task_scores_against_the_run_s_step(tmp_path, wandb_env):
     """W&B's own step only goes up (WandbLogger): every tag prefix, eval/ too, is charted against ours."""
     from lmcockpit.core.run.folder import MetricsLog
@@ -267,6 +269,7 @@ def test_wandb_charts_task_scores_against_the_run_s_step(tmp_path, wandb_env):
     assert [row["step"] for row in rows if "val/loss" in row] == [4, 8]
 
 
+@pytest.mark.slow
 def test_the_wandb_run_s_config_holds_no_notification_url(tmp_path, wandb_env):
     """[notify] says where word of the run goes, tokens and all: nothing of how it trains, and an
     online W&B run uploads its config. The rest of the config is there."""
@@ -317,6 +320,7 @@ def test_scalars_take_what_a_row_has_under_the_loggers_tags():
     assert scalars("sample", {"step": 3, "prompt": "a", "text": "b"}) == {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key, value, package", [("tensorboard", "true", "tensorboard"),
                                                   ("wandb", "\"my-project\"", "wandb")])
 def test_a_logger_whose_package_is_missing_is_a_usage_error_before_the_run(tmp_path, key, value, package):

@@ -437,6 +437,7 @@ def through_tmux(tmp_path, wrap: bool, passthrough: bool) -> bytes:
         os.waitpid(pid, 0)
 
 
+@pytest.mark.slow
 def test_terminal_notification_gets_through_tmux_with_passthrough(tmp_path):
     """Inside tmux the dashboard's OSC 777 and 9 reach the outer terminal as written, and the bell
     with them; written bare, tmux swallows them (why they are wrapped); without the user's
@@ -485,6 +486,7 @@ def test_good_notify_urls_load():
     assert cfg.notify.apprise == ["discord://id/token", "env:SLACK_URL"]
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_bad_webhook_before_a_run_starts(tmp_path):
     proc = cli("--run", "debug", "--set", 'notify.webhook="ftp://x"', "--out", str(tmp_path / "run"))
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -21,6 +21,8 @@ import pytest
 
 from .helpers import TINY, as_flags
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"core": ("*.py",), "tui": ("*.py", "*.tcss"), "presets": ("*.py", "*.toml"), "lmcockpit": ("*.py",)}
 

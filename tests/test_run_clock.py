@@ -99,6 +99,7 @@ def ps_row(run) -> dict[str, str]:
     return dict(zip(header, next(line for line in lines if line[0] == str(run.resolve()))))
 
 
+@pytest.mark.slow
 async def test_every_viewer_of_a_detached_run_shows_its_elapsed_time_and_ps_s_eta(tmp_path):
     """A run that trains in the background, watched by two cockpits one after the other, each
     attaching well after the run began: each shows the time since the run began, the same start

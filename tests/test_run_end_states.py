@@ -17,7 +17,7 @@ from lmcockpit.tui.app import CockpitApp
 
 from .helpers import cli, drive_engine, shown_in, tiny_config, wait_for
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 def stop_at_step(step: int, command: P.Abort):

@@ -34,6 +34,8 @@ import pytest
 
 from .helpers import WEBSOCKET, Served, free_port, http_get, token_cookie
 
+pytestmark = pytest.mark.slow
+
 CHROMIUM_MISSING = ("no `chromium` on PATH: the browser test needs the system's Chromium "
                     "(apt-get install chromium; .ci/run installs it)")
 # textual-serve's front end keeps its xterm.js Terminal as `this.terminal`; the hook also names it.

@@ -17,6 +17,8 @@ import pytest
 from .other_account import OtherRaised, run_as_other
 from .helpers import WEBSOCKET, free_port, http_get, token_cookie
 
+pytestmark = pytest.mark.slow
+
 NO_TOKEN = "refused: no token; open the address `lmcockpit serve` printed, with its ?token="
 OUTSIDE = "no such page: open the address `lmcockpit serve` printed, all of it"
 DENIED = r"PermissionError: \[Errno 13\] Permission denied"

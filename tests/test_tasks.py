@@ -119,6 +119,7 @@ def test_the_subset_is_a_fixed_spread_in_file_order():
 
 
 # ------------------------------------------------------------------------- the built-in task
+@pytest.mark.slow
 def test_python_functions_comes_from_held_out_files_only():
     cfg = Config()
     task = python_functions.task(cfg)
@@ -210,6 +211,7 @@ def kind_tasks() -> list[Task]:
             Task("lm", LANGUAGE_MODELING, tuple(lm))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rows", [3, 16])
 def test_each_kind_chooses_as_transformers_does_on_the_export(models, rows):
     """Batched, padded and bucketed (3 rows: many batches of mixed lengths; 16: one), the choices
