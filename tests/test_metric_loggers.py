@@ -67,6 +67,7 @@ def scalars_of(run: Path, kind: str, field: str) -> dict[int, float]:
     return {r["step"]: r[field] for r in rows}
 
 
+@pytest.mark.slow
 def test_tensorboard_holds_the_metrics_jsonl_values_once_per_step(logged_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -116,6 +117,7 @@ def wandb_history(run_folder: Path) -> list[dict[str, float]]:
             for r in wandb_records(log) if r.WhichOneof("record_type") == "history"]
 
 
+@pytest.mark.slow
 def test_wandb_logs_offline_into_the_run_folder_and_a_resume_continues_the_same_run(logged_run, wandb_env):
     run = logged_run.dir
     saved_id = (run / "wandb_id").read_text().strip()
@@ -338,6 +340,7 @@ def test_a_logger_whose_package_is_missing_is_a_usage_error_before_the_run(tmp_p
     assert not out.exists(), "a run folder was created for a run that cannot start"
 
 
+@pytest.mark.slow
 def test_a_resume_asking_for_a_missing_package_leaves_the_run_folder_as_it_was(logged_run, monkeypatch):
     from lmcockpit.core.config import ConfigError
 
@@ -363,6 +366,7 @@ def test_logging_settings_are_checked_like_the_others(override, message):
     assert str(e.value).startswith(message)
 
 
+@pytest.mark.slow
 def test_the_loggers_are_off_unless_asked_for_and_may_change_on_resume(logged_run, tmp_path):
     from lmcockpit.core.config import load_config
 
