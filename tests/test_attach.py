@@ -13,7 +13,6 @@ import re
 import socket
 import stat
 import threading
-import time
 from multiprocessing import AuthenticationError, connection
 from pathlib import Path
 
@@ -22,49 +21,12 @@ import pytest
 from lmcockpit.core import protocol as P
 from lmcockpit.core.process import host, live
 from lmcockpit.core.process.viewer import RunViewer
-from lmcockpit.core.run.folder import create_run_dir, read_metrics
+from lmcockpit.core.run.folder import read_metrics
 from lmcockpit.tui.app import CockpitApp
 
-from .conftest import cli
-from .test_cockpit import dashboard, shrunk_cpu, wait_for
+from .helpers import cli, dashboard, detached, last_step, steps, stop, wait_for, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-def wait_until(condition, timeout: float = 120, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)  # polling the state waited for, not standing in for it
-    return value
-
-
-def steps(run: Path) -> list[dict]:
-    return read_metrics(run, "step") if (run / "metrics.jsonl").is_file() else []
-
-
-def last_step(run: Path) -> int:
-    rows = steps(run)
-    return rows[-1]["step"] if rows else 0
-
-
-def stop(run: Path, timeout: float = 120) -> None:
-    """Whatever a test left training ends here, its host gone."""
-    record = live.LiveRecord.read(run)
-    if record is None or not live.alive(record.pid):
-        return
-    viewer = RunViewer(run)
-    viewer.send(P.Abort(save=False))
-    viewer.join(timeout)
-    viewer.close()
-    assert not live.alive(record.pid), "the run host did not end"
-
-
-def detached(tmp_path: Path, name: str, *extra: str) -> Path:
-    cfg = shrunk_cpu("training.max_steps=100000", "training.log_every=1", *extra)
-    run = create_run_dir(cfg, "cpu", str(tmp_path / name))
-    host.start(run, label="cpu")
-    return run
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +39,7 @@ def background(tmp_path_factory):
 
 
 # ------------------------------------------------------------------------ access and listing
+@pytest.mark.slow
 def test_the_socket_and_the_key_are_the_owners_alone(background):
     record = live.LiveRecord.read(background)
     for path in (Path(record.socket), background / live.KEY, background / live.RECORD):
@@ -84,6 +47,7 @@ def test_the_socket_and_the_key_are_the_owners_alone(background):
     assert stat.S_ISSOCK(os.stat(record.socket).st_mode)
 
 
+@pytest.mark.slow
 def test_a_connection_with_the_wrong_key_is_refused_and_logged(background):
     record = live.LiveRecord.read(background)
     with pytest.raises(AuthenticationError):
@@ -92,6 +56,7 @@ def test_a_connection_with_the_wrong_key_is_refused_and_logged(background):
                in (background / "train.log").read_text(), what="the refusal in train.log")
 
 
+@pytest.mark.slow
 def test_ps_lists_the_live_run_with_its_step_and_viewers(background):
     viewer = RunViewer(background)
     try:
@@ -107,6 +72,7 @@ def test_ps_lists_the_live_run_with_its_step_and_viewers(background):
 
 
 # --------------------------------------------------------------------------------- viewers
+@pytest.mark.slow
 def test_pause_from_one_of_two_viewers_pauses_training_and_both_see_it(background):
     a, b = RunViewer(background), RunViewer(background)
     seen: dict[RunViewer, set[str]] = {a: set(), b: set()}
@@ -132,6 +98,7 @@ def test_pause_from_one_of_two_viewers_pauses_training_and_both_see_it(backgroun
         b.close()
 
 
+@pytest.mark.slow
 def test_attaching_shows_the_whole_history_then_live_steps_once_each(background):
     before = last_step(background)
     viewer = RunViewer(background)
@@ -154,6 +121,7 @@ def test_attaching_shows_the_whole_history_then_live_steps_once_each(background)
     assert seen == list(range(1, seen[-1] + 1))  # from step 1 (the folder), no gap, none twice
 
 
+@pytest.mark.slow
 def test_a_viewer_that_never_reads_does_not_slow_training(background):
     """A frozen SSH session, end to end: a viewer connected to the real host that never reads; the
     steps go on at the same pace. (Its queue overflowing, 4,096 events, is the next test's: it would
@@ -235,6 +203,7 @@ def test_a_viewer_that_hangs_up_while_the_host_writes_to_it_is_let_go_at_once(tm
         server.close(grace=1)
 
 
+@pytest.mark.slow
 async def test_the_launch_screen_lists_a_live_run_first_and_enter_attaches(background, tmp_path):
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -333,14 +302,14 @@ def test_a_step_s_validation_and_task_scores_reach_a_viewer_once_each(tmp_path):
     """The validation loss and the task scores have cadences of their own: one step may bring
     both, as two evaluations. A viewer attaching reads each in the history, and neither comes again
     when the engine's events for them come after it (they were written first)."""
-    from .test_cli_failures import serve
+    from .helpers import run_server
 
     scores = {"python-functions": {"accuracy": 0.43, "centered": 0.24, "items": 111}}
     val, tasks = P.EvalMetrics(4, 3.41, 1.2), P.EvalMetrics(4, None, None, scores)
     rows = [{"kind": "eval", "time": 1.0, "step": 4, "val_loss": 3.41, "val_bpb": 1.2},
             {"kind": "eval", "time": 1.0, "step": 4, "tasks": scores}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    server = serve(tmp_path)
+    server = run_server(tmp_path)
     try:
         viewer = RunViewer(tmp_path)
         wait_until(lambda: server.count == 1, what="the viewer to join")

@@ -8,7 +8,7 @@ import torch
 from lmcockpit.core.hardware import attention as A
 from lmcockpit.core.hardware.device import attention_header
 
-from .conftest import tiny_config
+from .helpers import tiny_config
 
 
 @pytest.mark.parametrize("device, precision, cc, head_dim, path", [

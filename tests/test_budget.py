@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from lmcockpit.core import protocol as P
 from lmcockpit.core.data import budget
 from lmcockpit.core.data.prepare import prepare
 
-from .conftest import cli, drive_engine, tiny_config
+from .helpers import cli, drive_engine, tiny_config
 
 
+@pytest.mark.slow
 def test_the_estimate_before_a_cache_and_the_exact_count_after(tmp_path):
     cfg = tiny_config(f"data.cache_dir=\"{tmp_path}\"", "data.max_bytes=300_000", "training.max_steps=100")
     before = budget.estimate(cfg)
@@ -35,7 +38,7 @@ def test_many_compressed_shards_are_estimated_from_a_spread_sample_of_them(tmp_p
     from lmcockpit.core.config import ConfigError, DataConfig
     from lmcockpit.core.data import readers, sources
 
-    from .test_data_scale import records
+    from .helpers import records
 
     for i in range(40):
         text = "".join(json.dumps({"text": t}) + "\n" for t in records(30 + 5 * i, seed=i))
@@ -64,7 +67,7 @@ def test_a_file_that_cannot_be_read_is_said_not_raised(tmp_path):
     import gzip
     import json
 
-    from .test_data_scale import records
+    from .helpers import records
 
     for i in range(3):
         text = "".join(json.dumps({"text": t}) + "\n" for t in records(40, seed=i))
@@ -86,6 +89,7 @@ def test_many_epochs_warn_and_say_what_to_do():
     assert budget.Budget(100, None, False, 10).warning() is None  # a Hub source not fetched: unknown
 
 
+@pytest.mark.slow
 def test_a_run_says_its_budget_and_warns_when_it_repeats_its_source(tmp_path):
     cfg = tiny_config("data.max_bytes=40_000", "training.max_steps=500")
     _, events = drive_engine(cfg, tmp_path / "run", set_up_then=[P.Abort(save=False)])
@@ -95,6 +99,7 @@ def test_a_run_says_its_budget_and_warns_when_it_repeats_its_source(tmp_path):
     assert any(line.startswith("warning: ") and "epochs over the same" in line for line in lines), lines
 
 
+@pytest.mark.slow
 def test_presets_say_the_epochs_of_each(tmp_path):
     out = cli("presets").stdout
     assert "Epochs of its source each preset's steps make" in out

@@ -19,7 +19,7 @@ from lmcockpit.core.model.sampling import generate
 from lmcockpit.core.run.checkpoint_folder import find_checkpoint
 from lmcockpit.tui.commands.chat import HELP
 
-from .conftest import NO_GPU, cli
+from .helpers import NO_GPU, cli
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +50,14 @@ def chat(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, env={**os.environ, **NO_GPU})
 
 
+@pytest.mark.slow
 def test_one_shot_greedy_prints_exactly_the_prompt_and_its_greedy_continuation(run, greedy):
     proc = chat(str(run), "--greedy", "--prompt", "def ", "--max-new-tokens", "40")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "def " + greedy("def ", 40) + "\n"
 
 
+@pytest.mark.slow
 def test_one_shot_sampling_flags_and_seeds(run, greedy):
     # Each flag alone makes a draw at a high temperature greedy, where the defaults (temperature
     # 0.8, top-k 50, top-p 1) would sample: so each must reach the sampler.
@@ -79,6 +81,7 @@ def test_one_shot_sampling_flags_and_seeds(run, greedy):
     assert b.returncode == 0 and b.stdout.count("--- sample ") == 3 and b.stdout != a.stdout
 
 
+@pytest.mark.slow
 def test_repl_commands_through_stdin(run, greedy):
     script = "\n".join(["settings", "set temperature 0", "set max_new_tokens 12", "set bogus 1", "set top_p 2",
                         "set batch 2", "greedy def ", "batch class ", "help", "def ", "quit", "never sampled"]) + "\n"
@@ -95,6 +98,7 @@ def test_repl_commands_through_stdin(run, greedy):
     assert "step 12" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_bad_input_exits_2_with_a_message(run, tmp_path):
     no_ckpt = tmp_path / "fresh"
     (no_ckpt / "checkpoints").mkdir(parents=True)
@@ -119,6 +123,7 @@ def test_bad_input_exits_2_with_a_message(run, tmp_path):
         assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_exits_2_from_the_engine(run, tmp_path):
     ckpt = tmp_path / "run" / "checkpoints" / "step_000012"
     shutil.copytree(run / "checkpoints" / "step_000012", ckpt)
@@ -151,6 +156,7 @@ def done(e) -> bool:
     return isinstance(e, P.SampleText) and e.done
 
 
+@pytest.mark.slow
 def test_chat_engine_answers_streamed_samples_until_aborted(run):
     engine = ChatEngine(run / "checkpoints" / "step_000012", "cpu")
     engine.start()
@@ -190,6 +196,7 @@ def test_chat_engine_reports_a_missing_checkpoint_as_a_user_error(tmp_path):
         engine.close()
 
 
+@pytest.mark.slow
 def test_chat_engine_stops_a_generation_on_cancel_and_on_abort(run):
     """Commands are heard while a (here practically endless) generation runs: a Cancel ends it at
     once with its done marker and the engine answers the next request; an Abort ends the engine."""
@@ -217,6 +224,7 @@ def test_chat_engine_stops_a_generation_on_cancel_and_on_abort(run):
         engine.close()
 
 
+@pytest.mark.slow
 def test_repl_says_what_greedy_and_batch_expect_and_takes_the_cockpits_slash_commands(run, greedy):
     script = ("greedy\nbatch \n/set temperature 0\n/set max_new_tokens 12\n/set batch 2\n/settings\n"
               "/greedy def \n/batch class \n/frobnicate\n/help\n/quit\nnever sampled\n")
@@ -236,6 +244,7 @@ def test_repl_says_what_greedy_and_batch_expect_and_takes_the_cockpits_slash_com
 
 
 # --------------------------------------------------------------- the REPL on a terminal
+@pytest.mark.slow
 def test_ctrl_c_stops_a_generation_and_the_repl_goes_on(run, terminal):
     term = terminal("chat", str(run))
     term.expect("> ")
@@ -264,6 +273,7 @@ def test_ctrl_c_stops_a_generation_and_the_repl_goes_on(run, terminal):
     assert "Traceback" not in rest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key, code", [("\x04", 0), ("\x03", 130)])
 def test_ctrl_d_and_ctrl_c_at_the_prompt_leave_the_shell_a_line_of_its_own(run, terminal, key, code):
     term = terminal("chat", str(run))
@@ -291,6 +301,7 @@ def notes(app) -> list[str]:
     return [n.message for n in app._notifications]
 
 
+@pytest.mark.slow
 async def test_cockpit_chat_says_it_is_still_loading_and_closes_at_once_on_a_busy_engine(run):
     """A prompt typed while the checkpoint loads is not blamed on an ended run; and Esc returns at
     once even when the engine does not answer (held stopped here, as a long load or one slow
@@ -298,7 +309,7 @@ async def test_cockpit_chat_says_it_is_still_loading_and_closes_at_once_on_a_bus
     from lmcockpit.tui.app import CockpitApp
     from lmcockpit.tui.widgets.chat_pane import ChatPane
 
-    from .test_cockpit import wait_for
+    from .helpers import wait_for
 
     app = CockpitApp(runs_root=run.parent, telemetry=False)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -322,11 +333,12 @@ async def test_cockpit_chat_says_it_is_still_loading_and_closes_at_once_on_a_bus
         await wait_for(pilot, lambda: not chat.engine.process.is_alive(), timeout=30, what="the engine to end")
 
 
+@pytest.mark.slow
 async def test_cockpit_chat_closes_promptly_during_a_long_generation(run):
     from lmcockpit.tui.app import CockpitApp
     from lmcockpit.tui.widgets.chat_pane import ChatPane
 
-    from .test_cockpit import wait_for
+    from .helpers import wait_for
 
     app = CockpitApp(runs_root=run.parent, telemetry=False)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -343,11 +355,12 @@ async def test_cockpit_chat_closes_promptly_during_a_long_generation(run):
         assert chat.engine.process.exitcode == 0
 
 
+@pytest.mark.slow
 async def test_cockpit_chat_says_why_a_checkpoint_could_not_be_loaded(run, tmp_path):
     from lmcockpit.tui.app import CockpitApp
     from lmcockpit.tui.widgets.chat_pane import ChatPane
 
-    from .test_cockpit import wait_for
+    from .helpers import wait_for
 
     copy = tmp_path / "runs" / "damaged"
     shutil.copytree(run, copy)

@@ -17,8 +17,7 @@ from lmcockpit.core.config import ConfigError
 from lmcockpit.core.run.checkpoint_folder import STATE, TRAIN_STATE, check_checkpoint
 from lmcockpit.core.train import checkpoint_io
 
-from .conftest import cli
-from .test_checkpoint_trust import SHIPPED, model_and_optimizers
+from .helpers import SHIPPED, cli, model_and_optimizers
 
 
 @pytest.fixture
@@ -40,6 +39,7 @@ def a_shard(ckpt: Path) -> Path:
     return next(p for p in (ckpt / TRAIN_STATE).iterdir() if p.suffix == ".distcp")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["a FIFO", "a link"])
 def test_a_shard_that_is_no_regular_file_is_refused_not_waited_on(copied, tmp_path, how):
     shard = a_shard(copied)
@@ -91,6 +91,7 @@ def test_a_state_json_a_resume_cannot_read_is_refused_by_the_check_and_the_loade
         assert message.endswith("the checkpoint is damaged, or not lmcockpit's")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [
     ("--run", "--resume", "{ckpt}", "--out", "{out}"),
     ("chat", "{ckpt}", "--prompt", "def "),

@@ -23,18 +23,13 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
-from lmcockpit.core.model.gpt import GPT, shape_from_config
 from lmcockpit.core.run.checkpoint_pickle import ALLOWED, DTYPES
 from lmcockpit.core.run.checkpoint_folder import check_checkpoint, checkpoint_config
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.core.run.resume import ResumePlan
 from lmcockpit.core.train import checkpoint_io
-from lmcockpit.core.train.optim import build_optimizers
 
-from .conftest import cli, drive_engine
-
-SHIPPED = "step_000006"
-
+from .helpers import SHIPPED, cli, drive_engine, model_and_optimizers
 
 class RunsCommand:
     """Unpickled, runs `command` through the shell: what a crafted checkpoint would carry."""
@@ -77,13 +72,6 @@ def crafted(copied, tmp_path) -> tuple[Path, Path]:
     return copied, marker
 
 
-def model_and_optimizers(ckpt: Path):
-    """The model and optimizers the trainer builds for this checkpoint's config, on the CPU."""
-    cfg = checkpoint_config(ckpt)
-    model = GPT(shape_from_config(cfg))
-    return model, build_optimizers(model, cfg.optimizer, torch.device("cpu"), "fp32")
-
-
 def assert_refused_in_one_line(message: str, ckpt: Path, where: str, names: str = "posix.system") -> None:
     assert message == (f"{ckpt}: {where} names {names}, which no lmcockpit checkpoint holds: refused (nothing in "
                        "it was run)"), message
@@ -101,6 +89,7 @@ def test_a_metadata_that_runs_a_command_is_refused_by_the_check(crafted):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_the_check_imports_nothing_a_metadata_names(crafted, trained_run):
     """Not even torch: the check gives each allowed name a stand-in, and refuses the rest unlooked-up."""
     ckpt, marker = crafted
@@ -122,6 +111,7 @@ def test_the_check_imports_nothing_a_metadata_names(crafted, trained_run):
     assert imported == "[]" and not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_metadata_that_runs_a_command_is_refused_by_resume_before_any_engine(crafted, tmp_path):
     ckpt, marker = crafted
     out = tmp_path / "continued"
@@ -143,6 +133,7 @@ def test_a_metadata_that_runs_a_command_is_refused_by_the_engines_loader(crafted
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_metadata_that_runs_a_command_and_reaches_the_engine_fails_it_in_one_line(crafted, tmp_path):
     """Past the front-end's check somehow (a plan made without it): the trainer refuses it with
     the same line, a user error (exit 2), not a traceback."""
@@ -172,6 +163,7 @@ def crafted_entry(copied, tmp_path) -> tuple[Path, Path]:
     return copied, marker
 
 
+@pytest.mark.slow
 def test_an_entry_that_runs_a_command_is_refused_by_the_engines_loader(crafted_entry):
     ckpt, marker = crafted_entry
     # The premise: DCP's own planner loads an entry that is no tensor with weights_only=False,
@@ -223,6 +215,7 @@ def test_a_metadata_pointing_outside_its_folder_is_refused(copied):
         assert str(refused.value) == expected
 
 
+@pytest.mark.slow
 def test_a_metadata_written_under_python_3_13_is_read_by_both(copied, monkeypatch):
     """Python 3.13 pickles PosixPath from pathlib._local, which older Pythons lack: both readers
     take it as this Python's pathlib.PosixPath (DCP's own reader fails on it here)."""

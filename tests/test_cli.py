@@ -6,7 +6,7 @@ import pytest
 
 from lmcockpit.core.run.folder import latest_checkpoint, read_metrics
 
-from .conftest import TINY, TRAINED_RUN, as_flags, cli
+from .helpers import TINY, TRAINED_RUN, as_flags, cli
 
 XTERM = {"TERM": "xterm-256color"}
 
@@ -30,6 +30,7 @@ def test_set_overrides_land_in_the_resolved_config(trained_run):
     assert "d_model = 64" in text and "compile = true" in text
 
 
+@pytest.mark.slow
 def test_the_same_run_again_reuses_the_data_cache_and_repeats_every_loss(trained_run, tmp_path):
     """Compiled, too: torch.compile on CPU scatters the embedding gradient with atomic adds unless
     deterministic algorithms are on, and without them these losses differ around 1e-4 by step 6."""
@@ -55,6 +56,7 @@ def small_corpus(tmp_path):
     return f"data.source=\"{folder}\""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make_args, message", [
     (lambda t: ["--run", preset_file(t, "[training]\nmax_steps = = 3\n")], "TOML syntax error"),
     (lambda t: ["--run", preset_file(t, "[trainig]\n")], "unknown section [trainig] (did you mean training?)"),
@@ -74,6 +76,7 @@ def test_each_bad_input_exits_2_with_its_message(tmp_path, make_args, message):
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--run", "nosuchpreset"], "preset 'nosuchpreset' not found"),
     (["--run", "debug", "--set", "training.max_steps"], "expected SECTION.KEY=VALUE"),
@@ -89,6 +92,7 @@ def test_user_mistakes_exit_2_with_one_message(args, message, tmp_path):
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_version_prints_the_installed_version():
     import lmcockpit
 
@@ -97,6 +101,7 @@ def test_version_prints_the_installed_version():
     assert proc.stdout == f"lmcockpit {lmcockpit.__version__}\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["debug", "--run", "cpu"], "give the preset once: either `lmcockpit debug` or `--run cpu`"),
     (["--run"], "--run needs a preset (a TOML path or a shipped name such as `cpu`)"),
@@ -110,6 +115,7 @@ def test_usage_mistakes_are_one_error_line_before_anything_starts(tmp_path, args
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_non_empty_out_is_refused_and_left_alone(tmp_path):
     out = tmp_path / "taken"
     out.mkdir()
@@ -119,6 +125,7 @@ def test_non_empty_out_is_refused_and_left_alone(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["precious.txt"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["nosuchpreset"], "preset 'nosuchpreset' not found"),
     (["debug", "--set", "training.max_steps=0"], "training.max_steps = 0 must be a positive integer"),
@@ -137,6 +144,7 @@ def ended_cockpit(term, notice: str) -> str:
     return shown if notice in shown else shown + term.expect(notice, timeout=30)
 
 
+@pytest.mark.slow
 def test_lmcockpit_preset_and_resume_open_the_cockpit_on_a_terminal(tmp_path, terminal):
     """`lmcockpit PRESET` opens the cockpit on the run, started at once; once it has finished
     (the footer offers n), q quits and the terminal gets the run's folder. `lmcockpit --resume
@@ -175,6 +183,7 @@ def progressed_view(steps: int = 45, max_steps: int = 400, mfu: float | None = N
     return view
 
 
+@pytest.mark.slow
 def test_a_run_on_a_terminal_is_one_live_progress_line(tmp_path, terminal):
     """`lmcockpit --run` on a real terminal (a pty): the progress is one line redrawn in place
     (carriage return, erase line), not a line per log interval; log lines still print above it,

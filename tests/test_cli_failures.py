@@ -29,9 +29,9 @@ from lmcockpit.core.process.viewer import RunViewer
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.tui.app import CockpitApp
 
-from .conftest import NO_GPU, TINY, as_flags, cli, tiny_config
-from .test_attach import last_step, stop, wait_until
-from .test_cockpit import dashboard, request, wait_for
+from .helpers import (
+    NO_GPU, TINY, as_flags, cli, dashboard, last_step, request, run_server, stop, tiny_config, wait_for, wait_until,
+)
 
 
 def cli_popen(*args: str, **kwargs) -> subprocess.Popen:
@@ -48,6 +48,7 @@ def read_until(proc: subprocess.Popen, prefix: str) -> bool:
 
 
 # ----------------------------------------------------------------------------------- nohup
+@pytest.mark.slow
 def test_a_run_started_with_hang_ups_ignored_trains_on_through_one(tmp_path):
     """`nohup lmcockpit --run ... &` and the SSH session drops: the hang-up reaches the whole job,
     front-end and engine, and both leave it ignored, as nohup asked."""
@@ -75,6 +76,7 @@ def damage_weights(ckpt: Path) -> None:
     (ckpt / "train_state" / "__0_0.distcp").write_bytes(b"\x00" * 64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage, flags, message", [
     (None, ["--gpu", "0"], "no usable CUDA GPU"),  # refused before the data is prepared
     (damage_weights, [], "does not fit this model or is damaged"),  # after: the tokenizer was copied
@@ -94,6 +96,7 @@ def test_a_checkpoint_continued_into_a_new_folder_and_refused_leaves_no_folder(t
     assert not out.exists(), sorted(p.name for p in out.iterdir())
 
 
+@pytest.mark.slow
 def test_a_run_resumed_in_place_and_refused_is_left_as_it_was(trained_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained_run[0], run)
@@ -104,6 +107,7 @@ def test_a_run_resumed_in_place_and_refused_is_left_as_it_was(trained_run, tmp_p
 
 
 # ------------------------------------------------------------------------- detached runs
+@pytest.mark.slow
 def test_a_detached_run_that_fails_at_its_start_says_why_and_leaves_nothing(tmp_path):
     """A mistyped data source: the engine's own message and exit 2, as in the foreground, not
     'training in the background' for a run that is gone; the same --out is free again."""
@@ -115,6 +119,7 @@ def test_a_detached_run_that_fails_at_its_start_says_why_and_leaves_nothing(tmp_
     assert not out.exists(), sorted(p.name for p in out.iterdir())
 
 
+@pytest.mark.slow
 def test_a_host_whose_starter_is_gone_before_it_serves_runs_on_and_can_be_attached(tmp_path):
     """Ctrl-C while --detach starts the host: nobody reads the host's report any more. The run
     goes on, listed live and attachable, rather than a host dead of a broken pipe whose run `ps`
@@ -135,22 +140,12 @@ def test_a_host_whose_starter_is_gone_before_it_serves_runs_on_and_can_be_attach
         proc.wait(timeout=60)
 
 
-# ---------------------------------------------------------------------------------- attach
-def serve(run: Path) -> host.RunServer:
-    """A run host's server on `run`, with the live.json that points viewers to it: the host's
-    socket and handshake for real, without an engine behind them."""
-    (run / "train.log").touch()
-    server = host.RunServer(run, on_command=lambda c: None, log=lambda text: None)
-    live.LiveRecord(str(run.resolve()), os.getpid(), socket.gethostname(), str(server.path)).write()
-    return server
-
-
 def test_attaching_again_right_after_detaching_finds_the_handshake_whole(tmp_path):
     """`lmcockpit attach` checks the run with one connection, closes it and opens the cockpit's:
     the first one's receiving thread, still reading the catch-up's history, must not take the
     second one's handshake."""
     (tmp_path / "train.log").write_text("a log line of a long run\n" * 20000)  # a catch-up that takes a while
-    server = serve(tmp_path)
+    server = run_server(tmp_path)
     try:
         for _ in range(30):
             RunViewer(tmp_path).close()
@@ -169,6 +164,7 @@ def session_processes(sid: int) -> list[psutil.Process]:
     return left
 
 
+@pytest.mark.slow
 def test_chat_whose_reader_is_gone_stops_quietly_and_leaves_no_engine(trained_run):
     """`lmcockpit chat RUN --prompt X | head -c 20`: the reader is gone (here, before the first
     word): no traceback, the interrupted exit, and the chat engine ends with the command."""
@@ -190,6 +186,7 @@ def test_chat_whose_reader_is_gone_stops_quietly_and_leaves_no_engine(trained_ru
 
 
 # --------------------------------------------------------------------------- damaged files
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [
     lambda ckpt, t: ["chat", str(ckpt), "--prompt", "x"],
     lambda ckpt, t: ["export", str(ckpt), str(t / "hf")],
@@ -205,8 +202,9 @@ def test_a_checkpoint_whose_state_is_not_text_is_named_damaged(trained_run, tmp_
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_attach_with_a_key_that_is_not_text_is_refused_with_a_message(tmp_path):
-    server = serve(tmp_path)
+    server = run_server(tmp_path)
     try:
         (tmp_path / live.KEY).write_bytes(b"\xff\xfe\x00garbage")
         proc = cli("attach", str(tmp_path), timeout=60)
@@ -249,6 +247,7 @@ def test_attaching_to_a_host_that_never_answers_gives_up_with_a_message(tmp_path
     assert "did not answer within" in str(raised[0])
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_attach_waits_for_the_host_exits_130_without_a_traceback(tmp_path):
     listener = silent_host(tmp_path)
     listener.settimeout(60)
@@ -265,6 +264,7 @@ def test_ctrl_c_while_attach_waits_for_the_host_exits_130_without_a_traceback(tm
     assert proc.returncode == 130 and "Traceback" not in err, err
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_doctor_checks_exits_130_without_a_traceback():
     proc = cli_popen("doctor", start_new_session=True)
     try:
@@ -283,6 +283,7 @@ def test_ctrl_c_while_doctor_checks_exits_130_without_a_traceback():
 
 
 # ------------------------------------------------------------------ the cockpit's exit code
+@pytest.mark.slow
 async def test_quitting_the_cockpit_after_its_run_failed_exits_1(tmp_path):
     app = CockpitApp(request(tmp_path, "optimizer.lr=1e30", "optimizer.muon_lr=1e30", "training.grad_clip=0"),
                      telemetry=False)
@@ -340,11 +341,12 @@ def served_apart(run: Path):
         os.waitpid(pid, 0)
 
 
+@pytest.mark.slow
 def test_a_host_ending_leaves_the_files_of_a_run_resumed_meanwhile(tmp_path):
     """The old host removes its socket, live.json, live.key and registry pointer as its engine
     ends; a resume started then has written its own at the same places, and must stay listed and
     attachable."""
-    old = serve(tmp_path)
+    old = run_server(tmp_path)
     live.register(tmp_path)
     with served_apart(tmp_path) as (pid, path, key):  # a new key, a new socket at the same path
         resumed = live.LiveRecord(str(tmp_path.resolve()), pid, socket.gethostname(), path)
@@ -361,7 +363,7 @@ def test_a_host_ending_leaves_the_files_of_a_run_resumed_meanwhile(tmp_path):
 
 
 def test_a_host_ending_alone_removes_all_it_wrote(tmp_path):
-    server = serve(tmp_path)
+    server = run_server(tmp_path)
     live.register(tmp_path)
     host.stop_serving(tmp_path, server)
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("live.")]
@@ -370,6 +372,7 @@ def test_a_host_ending_alone_removes_all_it_wrote(tmp_path):
 
 
 # ------------------------------------------------------------------ Ctrl-C before the first step
+@pytest.mark.slow
 def test_ctrl_c_while_the_run_prepares_says_when_it_will_stop(tmp_path):
     """The engine hears commands between steps only: a Ctrl-C while it prepares is answered once
     the preparation is done, before any step, and the user is told so rather than promised a
@@ -400,6 +403,7 @@ def test_ctrl_c_while_the_run_prepares_says_when_it_will_stop(tmp_path):
     assert "step 1/" not in out_text and "interrupted at step 0" in out_text
 
 
+@pytest.mark.slow
 def test_a_stop_while_the_data_is_tokenised_ends_the_run_there_and_the_next_resumes_it(tmp_path):
     """Preparing a real corpus takes minutes to hours: an Abort (Ctrl-C, SIGTERM, the cockpit's
     stop) is heard at the build's next progress tick, not after it. The real Trainer, its real

@@ -2,53 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import io
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.config import load_config
-from lmcockpit.core.run.folder import create_run_dir, latest_checkpoint, read_metrics
+from lmcockpit.core.run.folder import latest_checkpoint, read_metrics
 from lmcockpit.tui.app import CockpitApp
-from lmcockpit.tui.runplan import RunPlan
 from lmcockpit.tui.screens.dashboard import DashboardScreen
 from lmcockpit.tui.screens.dialogs import AbortDialog
 from lmcockpit.tui.screens.launch import COUNTING, LaunchScreen
 
-from .conftest import SHRINK_CPU, TINY, cli
+from .helpers import (
+    SHRINK_CPU, TINY, budget_counted, cli, dashboard, request, screen_lines, shown_in, shrunk_cpu, wait_for,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-def shrunk_cpu(*extra: str):
-    cfg, _ = load_config("cpu", [*SHRINK_CPU, *TINY, "training.compile=false", "eval.every=0", *extra])
-    return cfg
-
-
-def request(tmp_path: Path, *extra: str) -> RunPlan:
-    cfg = shrunk_cpu(*extra)
-    return RunPlan(cfg, create_run_dir(cfg, "cpu", str(tmp_path / "run")), None, "cpu")
-
-
-async def wait_for(pilot, condition, timeout: float = 90.0, what: str = "condition") -> None:
-    """Let the app run until `condition()` holds (a synchronisation on state, not a guess)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await pilot.pause(0.05)
-
-
-async def budget_counted(launch) -> None:
-    """Until the launch screen shows the token budget of the settings it shows (counted in a
-    thread; a count for settings replaced meanwhile is dropped, and never sets this)."""
-    await asyncio.wait_for(launch.counted.wait(), timeout=60)
 
 
 def screen_text(renderable) -> str:
@@ -57,24 +30,6 @@ def screen_text(renderable) -> str:
     console = Console(width=120, record=True, file=open("/dev/null", "w"))
     console.print(renderable)
     return console.export_text()
-
-
-def screen_lines(app) -> list[str]:
-    """The screen as the terminal shows it, a string per row: what the snapshot SVGs draw."""
-    from rich.console import Console
-
-    width, height = app.size
-    console = Console(width=width, height=height, record=True, file=io.StringIO(), legacy_windows=False,
-                      safe_box=False)
-    console.print(app.screen._compositor.render_update(full=True))
-    return console.export_text().splitlines()
-
-
-def shown_in(app, widget) -> list[str]:
-    """The screen's rows within `widget`'s region: what of the widget the user really sees (a
-    table cell cropped by the widget's edge, or scrolled out of it, is not there)."""
-    x, y, width, height = widget.region
-    return [line[x:x + width] for line in screen_lines(app)[y:y + height]]
 
 
 def footer_keys(app) -> str:
@@ -86,11 +41,6 @@ async def prepared(app, pilot) -> None:
     thread: the checks may fetch from the Hub)."""
     await app.preparing.wait()
     await pilot.pause()
-
-
-def dashboard(app) -> DashboardScreen:
-    assert isinstance(app.screen, DashboardScreen), app.screen
-    return app.screen
 
 
 @contextlib.asynccontextmanager
@@ -106,6 +56,7 @@ async def training_cockpit(tmp_path: Path, size=(120, 40)):
         app.stop_runs(timeout=60)  # leaving the cockpit leaves a run training: the test's must stop
 
 
+@pytest.mark.slow
 async def test_pause_checkpoint_resume(tmp_path):
     async with training_cockpit(tmp_path, (120, 40)) as (app, pilot, dash):
         await pilot.press("p")
@@ -150,6 +101,7 @@ def test_paused_holds_through_a_checkpoint_or_evaluation_taken_while_paused():
         assert view.paused is paused, state
 
 
+@pytest.mark.slow
 async def test_quit_with_a_run_going_asks_then_stops_it_with_a_checkpoint(tmp_path):
     async with training_cockpit(tmp_path, (80, 24)) as (app, pilot, dash):
         await pilot.press("q")
@@ -164,6 +116,7 @@ async def test_quit_with_a_run_going_asks_then_stops_it_with_a_checkpoint(tmp_pa
     assert latest_checkpoint(tmp_path / "run") is not None
 
 
+@pytest.mark.slow
 async def test_a_failing_engine_shows_the_failure_panel_and_the_cockpit_stays_usable(tmp_path):
     app = CockpitApp(request(tmp_path, "optimizer.lr=1e30", "optimizer.muon_lr=1e30", "training.grad_clip=0"),
                      telemetry=False)
@@ -181,6 +134,7 @@ async def test_a_failing_engine_shows_the_failure_panel_and_the_cockpit_stays_us
     assert app.return_code == 0
 
 
+@pytest.mark.slow
 async def test_launch_screen_selects_edits_validates_and_saves(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
@@ -225,6 +179,7 @@ def preset_line(name: str, params: str, memory: str, verdict: str) -> re.Pattern
     return re.compile(rf"│ {re.escape(name)} +{re.escape(params)} +{re.escape(memory)} +{re.escape(verdict)}( |$)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(80, 24), (100, 30), (120, 40), (170, 45)], ids=lambda s: f"{s[0]}x{s[1]}")
 async def test_the_launch_screen_shows_every_presets_fit_and_the_settings_values(tmp_path, size):
     """At 80 columns the settings showed only their keys and the presets stopped at "tok…"; at
@@ -288,12 +243,13 @@ async def test_the_launch_screen_shows_every_preset_column_from_120_columns(tmp_
         assert any(re.search(rf"│ {key} +{values[key]} ", line) for line in shown_in(app, settings))
 
 
+@pytest.mark.slow
 async def test_the_launch_screen_shows_each_mixture_part_s_tokens_and_epochs(tmp_path, monkeypatch):
     """A mixture typed in for data.sources at 80×24: a row per part under it (its share, train
     tokens and epochs), every part's epochs on the settings' border; `e` on a part edits them all."""
     from lmcockpit.core.data import budget
 
-    from .test_data_scale import records, write_jsonl
+    from .helpers import records, write_jsonl
 
     monkeypatch.chdir(tmp_path)
     apples = write_jsonl(tmp_path / "apples.jsonl", records(600, seed=1))
@@ -347,7 +303,7 @@ async def test_the_launch_screen_counts_a_source_s_tokens_in_a_thread_and_shows_
     source before it lands shows the new source's count, never the one it replaced."""
     from lmcockpit.core.data import budget
 
-    from .test_data_scale import records, write_jsonl
+    from .helpers import records, write_jsonl
 
     monkeypatch.chdir(tmp_path)
     small = write_jsonl(tmp_path / "small.jsonl", records(50, seed=1))
@@ -381,6 +337,7 @@ async def test_the_launch_screen_counts_a_source_s_tokens_in_a_thread_and_shows_
         assert launch.preset_name == "debug"
 
 
+@pytest.mark.slow
 async def test_after_a_run_ends_n_goes_back_to_the_launch_screen_which_lists_it(tmp_path):
     """The run's controls leave the footer when it ends, n takes their place and returns to the
     launch screen it was launched from, whose recent runs now hold it; q still quits."""
@@ -424,10 +381,11 @@ async def test_after_a_run_ends_n_goes_back_to_the_launch_screen_which_lists_it(
     assert dash.engine.exitcode == 0
 
 
+@pytest.mark.slow
 async def test_n_takes_the_run_s_notice_away_with_its_dashboard(tmp_path):
     """A finished run's notice ("run finished at step N: n goes back…") stayed over the launch
     screen's runs for its ten seconds after n had gone back there."""
-    from .test_cockpit_snapshots import fixed_events
+    from .helpers import fixed_events
 
     app = CockpitApp(runs_root=tmp_path / "runs", telemetry=False)
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
@@ -456,6 +414,7 @@ async def test_ctrl_c_on_the_launch_screen_quits():
     assert app.return_code == 0
 
 
+@pytest.mark.slow
 async def test_ctrl_c_with_a_run_going_asks_as_q_does(tmp_path):
     """From the dashboard, or a dialog over it: the quit dialog (Enter stops the run, d leaves
     it training); a second Ctrl-C while it asks changes nothing."""
@@ -477,6 +436,7 @@ async def test_ctrl_c_with_a_run_going_asks_as_q_does(tmp_path):
         assert dash.engine.host_alive  # left training: the fixture stops it
 
 
+@pytest.mark.slow
 def test_started_on_a_run_n_opens_the_launch_screen_and_the_exit_prints_the_run_folder(tmp_path, capsys):
     """`lmcockpit PRESET`: when the run ends, n puts a launch screen in the dashboard's place
     (listing the run, though its folder is not under runs/); after q the terminal gets the folder."""
@@ -502,6 +462,7 @@ def test_started_on_a_run_n_opens_the_launch_screen_and_the_exit_prints_the_run_
     assert f"run folder: {tmp_path / 'run'} (finished at step 3)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_starting_the_cockpit_never_imports_torch(tmp_path):
     """The front-end process stays torch-free even while a run is training under it."""
     script = f"""
@@ -510,7 +471,7 @@ from lmcockpit.core.config import load_config
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.runplan import RunPlan
-from tests.test_cockpit import shrunk_cpu
+from tests.helpers import shrunk_cpu
 
 cfg = shrunk_cpu("training.max_steps=4")
 req = RunPlan(cfg, create_run_dir(cfg, "cpu", {str(tmp_path / 'run')!r}), None, "cpu")
@@ -532,6 +493,7 @@ asyncio.run(main())
     assert "torch imported: False" in proc.stdout
 
 
+@pytest.mark.slow
 async def test_chat_pane_samples_the_live_model_while_it_trains(tmp_path):
     from lmcockpit.tui.widgets.chat_pane import ChatPane
 
@@ -553,6 +515,7 @@ async def test_chat_pane_samples_the_live_model_while_it_trains(tmp_path):
         await wait_for(pilot, lambda: dash.view.step > step, what="training to go on after sampling")
 
 
+@pytest.mark.slow
 async def test_launch_screen_opens_a_past_run_in_chat(trained_run, monkeypatch):
     """`o` opens the run in chat; `/greedy` and `/set temperature` change what the chat engine
     samples: each answer is the text this process computes from the same checkpoint with the
@@ -604,6 +567,7 @@ async def test_launch_screen_opens_a_past_run_in_chat(trained_run, monkeypatch):
         assert chat.engine.process.exitcode == 0
 
 
+@pytest.mark.slow
 async def test_r_on_the_launch_screen_resumes_a_stopped_run_in_place(trained_run, tmp_path):
     """r continues the selected run from its latest checkpoint, in its own folder, on a dashboard;
     a run already at its step budget is refused with the reason, and nothing starts."""
@@ -650,6 +614,7 @@ async def test_launching_several_machines_from_the_cockpit_says_what_is_missing(
         assert any("--rdzv-endpoint" in n.message for n in app._notifications)
 
 
+@pytest.mark.slow
 async def test_a_cuda_graph_mode_launches_from_the_cockpit_in_one_process(tmp_path):
     """Only torchrun's runs refuse the CUDA-graph compile modes: one process launches as any run,
     and trains, compiled, to its end in the engine process alone (no torchrun, no ranks)."""
@@ -669,6 +634,7 @@ async def test_a_cuda_graph_mode_launches_from_the_cockpit_in_one_process(tmp_pa
     assert not re.search(r"^(rank\d+|launcher): ", log, re.M)
 
 
+@pytest.mark.slow
 async def test_the_cockpit_keeps_answering_while_a_launch_is_checked(tmp_path, monkeypatch):
     """A launch's checks run in a thread (a first Hub task fetch takes minutes): while the check
     waits (here held at a gate until the test opens it; it then runs as ever, on a real task file),
@@ -717,12 +683,13 @@ async def test_the_cockpit_keeps_answering_while_a_launch_is_checked(tmp_path, m
 # The dashboard with no engine, fed the snapshot tests' fixed event stream: what it does with
 # keys and resizes does not need a training run.
 
+@pytest.mark.slow
 async def test_the_log_scale_chart_survives_a_resize_and_the_chat_pane():
     """plotext's own log axis took log10 of its stored data again on every build, so a repaint
     without fresh data (a resize, the chat pane narrowing the chart) crashed the cockpit."""
     from lmcockpit.tui.widgets.charts import LossChart
 
-    from .test_cockpit_snapshots import FedDashboard
+    from .helpers import FedDashboard
 
     app = FedDashboard()
     async with app.run_test(size=(120, 40)) as pilot:
@@ -750,8 +717,9 @@ async def test_the_log_scale_chart_survives_a_resize_and_the_chat_pane():
     assert app.return_code in (None, 0)
 
 
+@pytest.mark.slow
 async def test_escape_leaves_the_chat_prompt_then_closes_the_pane():
-    from .test_cockpit_snapshots import FedDashboard
+    from .helpers import FedDashboard
 
     app = FedDashboard()
     async with app.run_test(size=(120, 40)) as pilot:
@@ -836,7 +804,7 @@ async def test_spikes_stalls_and_the_target_are_announced_and_spikes_marked():
     a spike read back from the folder by an attaching viewer is marked on the chart, not announced."""
     from lmcockpit.tui.widgets.charts import LossChart
 
-    from .test_cockpit_snapshots import FedDashboard
+    from .helpers import FedDashboard
 
     app = FedDashboard(then=[P.SpikeSeen(30, 41.5, "rollback", 3.0, 40.0, 1.0, None, live=False),
                              P.SpikeSeen(60, 88.0, "skip", 3.0, 90.0, 1.0, None),

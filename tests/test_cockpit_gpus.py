@@ -107,6 +107,7 @@ def test_gpu_layout_goes_from_panels_to_one_table_as_gpus_grow():
 
 
 # --------------------------------------------------------------------------------- the dashboard
+@pytest.mark.slow
 async def test_a_two_process_run_shows_a_panel_for_each_of_its_gpus():
     app = FedDashboard(gpus=4)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -165,6 +166,7 @@ async def test_a_cpu_run_has_no_gpu_panel_and_says_so_once(gpus):
         assert re.search(r"GPU +none \(CPU run\)", memory) and "allocated" not in memory and "NVML" not in memory
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(80, 24), (100, 30), (120, 40)], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("n", [1, 2, 8])
 async def test_every_gpu_has_a_bar_on_screen(size, n):
@@ -194,13 +196,14 @@ def launch_app(tmp_path, gpus: int) -> CockpitApp:
     return app
 
 
+@pytest.mark.slow
 async def test_p_cycles_processes_through_the_gpus_into_the_launched_run(tmp_path, monkeypatch):
     """p picks the process count; Enter launches it for real: two processes through torchrun (on
     the CPU with gloo here, the GPUs being made up), which train the run together to its end."""
     from lmcockpit.core.run.folder import TRAIN_LOG
 
-    from .conftest import SHRINK_CPU, TINY
-    from .test_cockpit import wait_for
+    from .helpers import SHRINK_CPU, TINY
+    from .helpers import wait_for
 
     monkeypatch.chdir(tmp_path)
     app = launch_app(tmp_path, gpus=3)
@@ -240,6 +243,7 @@ async def test_p_cycles_processes_through_the_gpus_into_the_launched_run(tmp_pat
         assert re.search(rf"^rank{rank}: model: .* 2 processes \(ddp\)$", log, re.M), log
 
 
+@pytest.mark.slow
 async def test_p_counts_only_the_gpus_cuda_may_use(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")

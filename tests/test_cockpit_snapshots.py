@@ -8,121 +8,19 @@ asserts that the chart, the step line and the GPU (or CPU) bars are on screen, u
 
 from __future__ import annotations
 
-import math
 import re
 
 import pytest
-from textual.app import App
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.hardware.telemetry import GPUReading, ProcessLoad, Reading, Telemetry
 from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.screens.dashboard import DashboardScreen
 from lmcockpit.tui.widgets.charts import LossChart
 
-from .test_cockpit import budget_counted, shown_in
+from .helpers import FedDashboard, budget_counted, fixed_last_step, shown_in, task_scores
 
 SIZES = [(80, 24), (100, 30), (120, 40)]
 LAUNCH_SIZES = [(80, 24), (120, 40)]
-GiB = 2**30
-H100_UUID = "GPU-5f1c2d3e-0000-4a4a-9b9b-0123456789ab"
-
-
-TASK_ACCURACY = {100: 0.30, 200: 0.38, 300: 0.43}  # python-functions' (chance 0.25) at each scoring
-
-
-def task_scores(accuracy: float, chance: float = 0.25, items: int = 66) -> dict[str, float]:
-    """A task's entry in EvalMetrics.tasks, centred as the engine centres it."""
-    return {"accuracy": accuracy, "centered": (accuracy - chance) / (1 - chance), "items": items}
-
-
-def fixed_events(device: str = "cpu", tasks: bool = False, target: float = 0.0, run: str = "") -> list[object]:
-    """A run at step 240 of 400 with two evaluations and a checkpoint; on `device` ("cpu" or
-    "cuda:0": bf16, MFU and allocator figures as the engine reports them on a GPU). With `tasks`,
-    as the cpu preset: at step 300, each of its three evaluations scoring python-functions. With
-    `target` (training.target_val_loss, at $2.50 an hour), evaluations every 50 steps, enough to
-    forecast it. `run`: its folder, if not runs/cpu-20261123-120000 (or h100-...)."""
-    gpu = device.startswith("cuda")
-    run = run or f"runs/{'h100' if gpu else 'cpu'}-20261123-120000"
-    tokens_per_step = 524_288 if gpu else 4096
-    config = {"sample": {"max_new_tokens": 48}}
-    if tasks:
-        config["eval"] = {"every": 100, "tasks": ["python-functions"], "tasks_every": 0,
-                          "references": {"hellaswag": {"GPT-2 124M": 0.2955}}}  # as gpt2-fineweb names it
-    if target:
-        config |= {"training": {"target_val_loss": target}, "hardware": {"cost_per_hour": 2.5}}
-    events: list[object] = [
-        P.StateChanged(P.PREPARING),
-        P.LogLine("data: reusing token cache ~/.cache/lmcockpit/9f7e97d0744113f743ad"),
-        P.LogLine("model: 5,245,696 parameters, 4 layers, d_model 256, 4 heads / 2 kv heads"),
-        P.RunStarted(run, config, 5_245_696, device, "bf16" if gpu else "fp32", 0, 400,
-                     tokens_per_step, devices=(device,), device_uuids=(H100_UUID,) if gpu else ("",)),
-        P.StateChanged(P.RUNNING),
-    ]
-    mem = {"allocated": 21 * GiB, "reserved": 30 * GiB, "peak": 28 * GiB} if gpu else {}
-    for step in range(1, last_step(tasks) + 1):
-        loss = 3.2 + 5.8 * math.exp(-step / 40) + 0.15 * math.sin(step / 3)
-        lr = 0.006 * min(1.0, step / 20) * (0.55 + 0.45 * math.cos(math.pi * step / 400))
-        dt = 0.8 if gpu else 0.82
-        events.append(P.StepMetrics(step, loss, lr, 0.5, tokens_per_step / dt, 0.41 if gpu else None, dt,
-                                    step * tokens_per_step, mem))
-        if step % (50 if target else 100) == 0:
-            scores = {"python-functions": task_scores(TASK_ACCURACY[step])} if tasks and step % 100 == 0 else {}
-            events.append(P.EvalMetrics(step, loss + 0.2, (loss + 0.2) / 2.4, scores))
-            events.append(P.StateChanged(P.RUNNING))
-    events += [P.CheckpointWritten(200, f"{run}/checkpoints/step_000200"),
-               P.LogLine(f"checkpoint: step 200 written to {run}/checkpoints/step_000200")]
-    return events
-
-
-def last_step(tasks: bool) -> int:
-    return 300 if tasks else 240
-
-
-class StandInTelemetry(Telemetry):
-    """Fixed readings: one H100 at 87% (or none), a host, and the run's processes at 180% CPU."""
-
-    def __init__(self, gpus: int):  # no NVML to start: read() and process_load() are all the dashboard uses
-        self.gpus = gpus
-        self.nvml = None
-        self.nvml_error = "" if gpus else "no NVML: NVML Shared Library Not Found"
-        self.driver = "550.54"
-
-    def read(self) -> Reading:
-        h100 = [GPUReading(i, "NVIDIA H100 80GB HBM3", util=87.0, mem_util=41.0, mem_used=int(61.3 * GiB),
-                           mem_total=80 * GiB, temperature=64.0, power=512.0, sm_clock=1980,
-                           uuid=H100_UUID if i == 0 else f"GPU-{i}") for i in range(self.gpus)]
-        return Reading(12.0, 9 * GiB, 32 * GiB, h100)
-
-    def process_load(self, pid: int) -> ProcessLoad | None:
-        return ProcessLoad(180.0, int(1.4 * GiB), 2)
-
-
-class FedDashboard(App):
-    """The dashboard with no engine: events come from the test (the fixed ones, then `then`), the
-    clock stands still; with `gpus`, stand-in telemetry (0: a CPU machine's); with `tasks`, the
-    run scores python-functions; `target` and `run` as fixed_events takes them."""
-    CSS_PATH = CockpitApp.CSS_PATH
-
-    def __init__(self, then: list[object] = (), device: str = "cpu", gpus: int | None = None,
-                 tasks: bool = False, target: float = 0.0, run: str = "") -> None:
-        super().__init__()
-        self.then = list(then)
-        self.device = device
-        self.tasks = tasks
-        self.target, self.run_dir = target, run
-        self.telemetry = StandInTelemetry(gpus) if gpus is not None else None
-
-    async def on_mount(self) -> None:
-        screen = DashboardScreen(None, "cpu" if self.device == "cpu" else "h100", clock=lambda: 1000.0,
-                                 telemetry=self.telemetry)
-        screen.run_pid = 4242  # read by the stand-in telemetry only
-        await self.push_screen(screen)
-        if self.telemetry is not None:  # a full utilisation history, so the 1 Hz sampling changes nothing
-            for _ in range(120):
-                screen.sample_telemetry()
-        screen.apply_events(fixed_events(self.device, self.tasks, self.target, self.run_dir) + self.then)
-        screen.redraw()
 
 
 def on_screen(dash: DashboardScreen, selector: str):
@@ -143,7 +41,7 @@ async def assert_at_a_glance(pilot) -> None:
     chart = on_screen(dash, "#loss")
     assert chart.region.width >= width / 2 and chart.region.height >= 6
     step = on_screen(dash, "#stepline").render().plain
-    assert f"step {last_step(pilot.app.tasks)}/400" in step and "loss 3." in step and "tok/s" in step and "ETA" in step
+    assert f"step {fixed_last_step(pilot.app.tasks)}/400" in step and "loss 3." in step and "tok/s" in step and "ETA" in step
     devices = on_screen(dash, "#devices").render().plain
     if dash.devices[0].startswith("cuda"):
         assert "MFU 41.0%" in step
@@ -156,6 +54,7 @@ async def assert_at_a_glance(pilot) -> None:
     assert dash.query_one("#side").max_scroll_y == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("device", ["cpu", "cuda:0"], ids=["cpu", "gpu"])
 def test_dashboard_snapshot(snap_compare, size, device):
@@ -211,6 +110,7 @@ async def assert_panels_whole(pilot) -> None:
         {"throughput"} if dash.size.height < 30 else set())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", LAUNCH_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_target_dashboard_snapshot(snap_compare, size):
     """A run with a target (training.target_val_loss) attached from elsewhere (its folder
@@ -238,6 +138,7 @@ async def test_a_cpu_run_says_once_it_has_no_gpu_and_shows_its_memory():
         assert [re.sub(r" +", " ", line) for line in memory] == ["RSS 1.4G of 32.0G", "GPU none (CPU run)"]
 
 
+@pytest.mark.slow
 async def test_viewers_coming_and_going_are_a_count_in_the_top_bar_not_log_lines():
     """The run host logs each viewer that attaches or detaches (a probe too); at 80x24 those
     lines filled the log's two lines. They stay out of the log: the top bar counts the cockpits
@@ -260,6 +161,7 @@ async def test_viewers_coming_and_going_are_a_count_in_the_top_bar_not_log_lines
         assert "watching" not in shown_in(app, dash.query_one("#topbar"))[0]
 
 
+@pytest.mark.slow
 async def test_the_log_wraps_again_to_its_width_after_a_resize():
     """A line wrapped at 80 columns stayed wrapped there on a wider terminal, and one written wide
     ran past the pane's edge on a narrower one."""
@@ -286,6 +188,7 @@ def test_ended_dashboard_snapshot(snap_compare):
     assert snap_compare(FedDashboard([P.StateChanged(P.ABORTED)]), terminal_size=(80, 24))
 
 
+@pytest.mark.slow
 async def test_the_chat_pane_at_100_columns_leaves_the_chart_its_width():
     """Below 140 columns the chat pane opens under the chart, in the log's place."""
     app = FedDashboard(device="cuda:0", gpus=1)
@@ -338,6 +241,7 @@ async def test_e_cycles_which_side_panel_is_open():
         assert len(opened()) >= 3 and dash.query_one("#side").max_scroll_y == 0
 
 
+@pytest.mark.slow
 async def test_a_long_history_reads_as_a_person_writes_its_steps():
     """A viewer's reading of 150,375 steps (HistoryRead), then live steps: the chart spans them all,
     its step axis labelled 50k, 100k, 150k (plotext alone wrote 75187.5), the step line shows
@@ -382,6 +286,7 @@ async def test_a_history_read_is_drawn_at_once_not_at_the_next_redraw():
         assert not dash.dirty and dash.query_one("#loss", LossChart).history is h
 
 
+@pytest.mark.slow
 async def test_a_long_run_s_chart_is_painted_again_only_when_its_picture_moves():
     """plotext costs as much to draw the same picture again as a new one: at 150,000 steps a
     second's 25 steps move no dot of a 100-column chart, and the chart is left as it is (watching
@@ -457,6 +362,7 @@ def test_a_chart_draws_at_most_twice_its_width_of_evaluations():
     assert drawn([(5, 3.0), (10, 2.9)], 100) == ([5, 10], [3.0, 2.9])
 
 
+@pytest.mark.slow
 async def test_the_chart_keeps_its_data_through_collapsing_and_resizes():
     app = FedDashboard(device="cuda:0", gpus=1)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -468,6 +374,7 @@ async def test_the_chart_keeps_its_data_through_collapsing_and_resizes():
             assert chart.error == "" and chart.history.count == 240
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", LAUNCH_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_launch_screen_snapshot(snap_compare, size, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no runs here: the recent-runs table is empty and stable
@@ -515,6 +422,7 @@ async def assert_tasks_shown(pilot) -> None:
     assert "0.430" in "\n".join(shown_in(pilot.app, panel))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_task_scores_dashboard_snapshot(snap_compare, size):
     """The cpu preset's run scoring python-functions at steps 100, 200 and 300: the tasks panel, a
@@ -523,6 +431,7 @@ def test_task_scores_dashboard_snapshot(snap_compare, size):
     assert snap_compare(app, terminal_size=size, run_before=assert_tasks_shown)
 
 
+@pytest.mark.slow
 async def test_the_tasks_panel_shows_each_task_s_accuracy_over_steps():
     """At 80×24 the tasks panel is one line: python-functions' latest accuracy (its name cut to
     fit). e opens it: accuracy and centred score, and under them the accuracy at steps 100, 200

@@ -18,7 +18,7 @@ import pytest
 from lmcockpit.core.config import SECTIONS, shipped_presets
 from lmcockpit.tui.commands import COMMANDS, GROUPS
 
-from .conftest import cli
+from .helpers import cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,6 +66,7 @@ def test_every_command_is_a_module_with_a_parser_and_a_main_that_fit_the_registr
     assert not COMMANDS.keys() & shipped_presets().keys()
 
 
+@pytest.mark.slow
 def test_help_lists_every_command_under_its_group_then_the_training_flags_then_examples():
     proc = cli("--help")
     assert proc.returncode == 0 and proc.stderr == ""
@@ -88,6 +89,7 @@ def test_help_lists_every_command_under_its_group_then_the_training_flags_then_e
     assert "lmcockpit --run cpu" in out.split("examples:")[1]
 
 
+@pytest.mark.slow
 def test_help_fits_an_80_column_terminal():
     out = lmcockpit("-m", "lmcockpit.tui.cli", "--help").stdout
     assert [line for line in out.splitlines() if len(line) > 80] == []
@@ -103,6 +105,7 @@ def test_the_readme_table_names_every_command_and_no_other():
     assert {"lmcockpit", "lmcockpit --run"} <= {" ".join(form.split()[:2]) for form in forms}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [None, *COMMANDS])
 def test_help_x_prints_exactly_what_x_help_prints(name):
     asked = cli("help", *([name] if name else []))
@@ -111,6 +114,7 @@ def test_help_x_prints_exactly_what_x_help_prints(name):
     assert (asked.returncode, asked.stdout, asked.stderr) == (direct.returncode, direct.stdout, direct.stderr)
 
 
+@pytest.mark.slow
 def test_help_of_a_command_that_does_not_exist_names_the_nearest():
     proc = cli("help", "exprot")
     assert proc.returncode == 2 and proc.stdout == ""
@@ -118,6 +122,7 @@ def test_help_of_a_command_that_does_not_exist_names_the_nearest():
 
 
 # -------------------------------------------------------------------- a mistyped command
+@pytest.mark.slow
 @pytest.mark.parametrize("args, meant", [
     (["chta"], "chat"),
     (["chta", "runs/cpu-1", "--prompt", "def "], "chat"),  # named before its arguments are judged
@@ -134,6 +139,7 @@ def test_a_mistyped_command_exits_2_naming_the_nearest(tmp_path, args, meant):
     assert proc.stdout == "" and list(tmp_path.iterdir()) == []  # no run folder, no cockpit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["cpuu"], "preset 'cpuu' not found: no such file, and no shipped preset of that name"),  # nearer a preset
     (["nosuchpreset"], "preset 'nosuchpreset' not found"),  # shares a stem with `presets`, no more
@@ -150,6 +156,7 @@ def test_a_preset_path_stays_a_preset_and_a_command_out_of_place_is_named(tmp_pa
 
 
 # ---------------------------------------------------------------------------- completion
+@pytest.mark.slow
 @pytest.mark.parametrize("shell, registers", [
     ("bash", r"\n\s*complete .*-F _python_argcomplete lmcockpit\n"),
     ("zsh", r"^#compdef lmcockpit\n(.*\n)*\s+compdef _python_argcomplete lmcockpit\n"),
@@ -165,12 +172,14 @@ def test_the_completion_script_is_printed_for_each_shell(shell, registers):
         assert check.returncode == 0, check.stderr
 
 
+@pytest.mark.slow
 def test_completion_for_another_shell_is_a_usage_error():
     proc = cli("completion", "tcsh")
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: argument SHELL: invalid choice: 'tcsh'")
 
 
+@pytest.mark.slow
 def test_the_first_word_completes_to_commands_and_presets(workdir):
     assert complete("lmcockpit ch", workdir) == ["chat"]
     assert complete("lmcockpit co", workdir) == ["compare", "completion"]
@@ -183,6 +192,7 @@ def test_the_first_word_completes_to_commands_and_presets(workdir):
     assert set(complete("lmcockpit --run ", workdir)) == {*shipped_presets(), "mine.toml"}
 
 
+@pytest.mark.slow
 def test_set_completes_to_the_config_keys_and_the_values_a_choice_takes(workdir):
     training = {f"training.{f.name}=" for f in dataclasses.fields(SECTIONS["training"])}
     assert set(complete("lmcockpit --run cpu --set train", workdir)) == training
@@ -194,6 +204,7 @@ def test_set_completes_to_the_config_keys_and_the_values_a_choice_takes(workdir)
     assert complete("lmcockpit --set training.compile=", workdir) == ["training.compile=true", "training.compile=false"]
 
 
+@pytest.mark.slow
 def test_resume_chat_and_export_complete_to_the_run_folders(workdir):
     runs = ["runs/cpu-20261123-084716", "runs/debug-20261124-101500"]  # not runs/half-made: no config.toml
     assert complete("lmcockpit --resume ", workdir) == runs
@@ -205,6 +216,7 @@ def test_resume_chat_and_export_complete_to_the_run_folders(workdir):
     assert complete("lmcockpit export runs/cpu-20261123-084716 c", workdir) == ["corpus/"]
 
 
+@pytest.mark.slow
 def test_each_command_completes_its_own_flags_and_choices(workdir):
     assert complete("lmcockpit chat --t", workdir) == ["--temperature", "--top-k", "--top-p"]
     assert complete("lmcockpit presets --", workdir) == ["--help", "--memory"]
@@ -213,12 +225,14 @@ def test_each_command_completes_its_own_flags_and_choices(workdir):
     assert complete("lmcockpit --res", workdir) == ["--resume"]
 
 
+@pytest.mark.slow
 def test_data_prepare_and_info_complete_to_presets_and_config_keys(workdir):
     for action in ("prepare", "info"):
         assert set(complete(f"lmcockpit data {action} ", workdir)) == {*shipped_presets(), "mine.toml"}, action
         assert complete(f"lmcockpit data {action} cpu --set training.max_s", workdir) == ["training.max_steps="]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("line", ["lmcockpit ", *(f"lmcockpit {name} " for name in COMMANDS)])
 def test_completion_imports_no_torch_transformers_or_numpy(workdir, line):
     """Every Tab starts the process: it must stay the front-end's quick start."""
@@ -230,6 +244,7 @@ def test_completion_imports_no_torch_transformers_or_numpy(workdir, line):
     assert {name.split(".")[0] for name in imported} & {"torch", "transformers", "numpy"} == set()
 
 
+@pytest.mark.slow
 def test_the_bash_script_completes_through_the_installed_command(workdir):
     """The printed script and the installed `lmcockpit` agree: bash runs the script's completion
     function as it does on Tab, and gets the command's own answer."""
@@ -244,6 +259,7 @@ def test_the_bash_script_completes_through_the_installed_command(workdir):
 
 
 # ------------------------------------------------------------------------------------ ps
+@pytest.mark.slow
 def test_ps_on_an_80_column_terminal_gives_each_run_one_line(tmp_path, terminal):
     """`lmcockpit ps` at 80 columns split a run's folder over four lines (every column folded):
     now each run is a line, its folder cut from the left (its name, at the end, whole); the

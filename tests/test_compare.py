@@ -20,8 +20,7 @@ from lmcockpit.tui.screens.side_by_side import CompareScreen
 from lmcockpit.tui.screens.launch import LaunchScreen
 from lmcockpit.tui.widgets.compare_chart import CompareChart
 
-from .conftest import cli, drive_engine, tiny_config, ema
-from .test_cockpit import shown_in, wait_for
+from .helpers import cli, drive_engine, ema, shown_in, tiny_config, wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -206,6 +205,7 @@ async def test_marking_a_run_leaves_every_run_s_loss_in_view(runs, tmp_path):
             assert any(re.search(rf"│ ● {copy.name} +12/\d+ +{re.escape(loss)} ", line) for line in shown), (loss, shown)
 
 
+@pytest.mark.slow
 async def test_marked_runs_open_side_by_side_and_come_back_marked(runs):
     app = CockpitApp(runs_root=runs, telemetry=False)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -274,6 +274,7 @@ async def test_the_compare_view_keeps_the_chart_big_at_80x24(runs):
         assert app.screen is launch
 
 
+@pytest.mark.slow
 async def test_the_compare_view_never_shows_a_notification_url(runs, tmp_path):
     root = tmp_path / "runs"
     notified = with_notify(runs, root)
@@ -292,6 +293,7 @@ async def test_the_compare_view_never_shows_a_notification_url(runs, tmp_path):
 
 
 # ------------------------------------------------------------------------------- the CLI
+@pytest.mark.slow
 def test_compare_prints_the_differing_setting_and_writes_a_png(runs, tmp_path):
     from matplotlib.image import imread
 
@@ -307,6 +309,7 @@ def test_compare_prints_the_differing_setting_and_writes_a_png(runs, tmp_path):
     assert (width, height) == (1000, 600)
 
 
+@pytest.mark.slow
 def test_compare_prints_each_task_s_last_score_and_a_dash_where_a_run_has_none(runs, tmp_path):
     plain = cli("compare", str(runs / "lr-high"), str(runs / "lr-low"))
     assert plain.returncode == 0, plain.stderr
@@ -326,6 +329,7 @@ def test_compare_prints_each_task_s_last_score_and_a_dash_where_a_run_has_none(r
         line.replace("lr-high", "scored") for line in plain.stdout.splitlines()]
 
 
+@pytest.mark.slow
 def test_compare_on_an_80_column_terminal_keeps_each_setting_s_name_whole(runs, tmp_path, terminal):
     """Three runs side by side at 80 columns broke the settings' names mid-word (`training.max_s`
     over `teps`): each name is now on one line, whole, and the runs' columns share the rest."""
@@ -339,6 +343,7 @@ def test_compare_on_an_80_column_terminal_keeps_each_setting_s_name_whole(runs, 
     assert all(len(line) <= 80 for line in lines)
 
 
+@pytest.mark.slow
 def test_compare_never_prints_a_notification_url(runs, tmp_path):
     proc = cli("compare", *map(str, with_notify(runs, tmp_path)))
     assert proc.returncode == 0, proc.stderr
@@ -346,6 +351,7 @@ def test_compare_never_prints_a_notification_url(runs, tmp_path):
     assert "SECRET" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_compare_refuses_a_missing_folder_and_a_single_run(runs, tmp_path):
     proc = cli("compare", str(runs / "lr-high"), str(tmp_path / "nowhere"))
     assert proc.returncode == 2 and f"{tmp_path / 'nowhere'}: no such run folder" in proc.stderr
@@ -354,6 +360,7 @@ def test_compare_refuses_a_missing_folder_and_a_single_run(runs, tmp_path):
     assert proc.returncode == 2 and "two or more run folders" in proc.stderr
 
 
+@pytest.mark.slow
 def test_compare_png_without_matplotlib_says_what_to_install(runs, tmp_path):
     stub = tmp_path / "stub" / "matplotlib"
     stub.mkdir(parents=True)
@@ -367,6 +374,7 @@ def test_compare_png_without_matplotlib_says_what_to_install(runs, tmp_path):
 
 
 # ---------------------------------------------------------------- a baseline on the live chart
+@pytest.mark.slow
 async def test_b_draws_a_finished_run_under_the_live_curves_and_takes_it_away(runs):
     """On a live dashboard, b lists the finished runs; the one picked is drawn under the live
     curves (its smoothed loss and validation points), and b again offers to remove it."""
@@ -375,7 +383,7 @@ async def test_b_draws_a_finished_run_under_the_live_curves_and_takes_it_away(ru
     from lmcockpit.tui.screens.dialogs import BaselinePicker
     from lmcockpit.tui.widgets.charts import LossChart
 
-    from .test_cockpit_snapshots import FedDashboard
+    from .helpers import FedDashboard
 
     app = FedDashboard()
     app.runs_root = runs

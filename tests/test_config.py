@@ -5,7 +5,7 @@ import pytest
 
 from lmcockpit.core.config import Config, ConfigError, load_config, parse_override, shipped_presets
 
-from .conftest import cli
+from .helpers import cli
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -185,6 +185,7 @@ def test_derived_sizes():
     assert cfg.tokens_per_step == cfg.training.micro_batch_size * cfg.training.seq_len
 
 
+@pytest.mark.slow
 def test_cuda_graph_modes_are_refused_with_several_processes(tmp_path):
     """DDP and FSDP accumulate gradients that the next graph replay would overwrite; `--nproc 1`
     goes through torchrun too, which only the command line shows."""
@@ -200,6 +201,7 @@ def test_cuda_graph_modes_are_refused_with_several_processes(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("item, told", [
     ("trainng.max_steps=1", "unknown section [trainng] (did you mean training?)"),
     ("nosuch.x=1", "unknown section [nosuch] (sections: model, data, tokenizer, training, optimizer,"),
@@ -214,6 +216,7 @@ def test_a_set_section_that_does_not_exist_blames_the_set_item_not_the_preset(tm
     assert "presets" not in proc.stderr and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_the_readme_data_source_example_works_on_the_default_preset(tmp_path):
     """The README's `--set data.source=...` example, on the `cpu` preset: without `eval.tasks=[]`
     the run is refused (its python-functions task is made from the standard library) by a message

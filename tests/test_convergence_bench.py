@@ -38,6 +38,7 @@ def test_the_best_run_of_a_kind_is_the_lowest_final_loss():
     assert convergence.best(runs, "baseline") is runs[1]
 
 
+@pytest.mark.slow
 def test_the_bench_runs_end_to_end_and_records_every_run(tmp_path):
     results = tmp_path / "RESULTS.md"
     proc = subprocess.run([sys.executable, str(BENCH / "convergence.py"), "--preset", "debug", "--steps", "6",

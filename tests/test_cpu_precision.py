@@ -11,7 +11,7 @@ from lmcockpit.core.hardware import memory_estimate
 from lmcockpit.core.hardware.device import choose_precision
 from lmcockpit.core.run.folder import read_metrics
 
-from .conftest import cli, cpu_verdict, drive_engine, losses, tiny_config
+from .helpers import cli, cpu_verdict, drive_engine, losses, tiny_config
 
 
 @pytest.mark.parametrize("fp32_ms, bf16_ms, chosen", [
@@ -88,6 +88,7 @@ def header_of(events) -> str:
     return next(e.text for e in events if isinstance(e, P.LogLine) and e.text.startswith("model:"))
 
 
+@pytest.mark.slow
 def test_auto_trains_in_bf16_where_measured_faster_and_a_resume_keeps_it(tmp_path):
     from lmcockpit.core.run.resume import plan_resume
 
@@ -109,6 +110,7 @@ def test_auto_trains_in_bf16_where_measured_faster_and_a_resume_keeps_it(tmp_pat
     assert "precision bf16 (auto: kept from the checkpoint)," in header_of(events)
 
 
+@pytest.mark.slow
 def test_a_run_with_nothing_cached_probes_and_says_what_it_chose(tmp_path):
     with cpu_verdict(None):
         proc = cli("--run", "debug", "--out", str(tmp_path / "run"), "--set", "training.max_steps=2",

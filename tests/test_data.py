@@ -7,7 +7,7 @@ from tokenizers import Tokenizer
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.data import prepare as data_prepare
 
-from .conftest import tiny_config
+from .helpers import tiny_config
 
 
 def prepare(cfg):
@@ -16,6 +16,7 @@ def prepare(cfg):
     return data, logs
 
 
+@pytest.mark.slow
 def test_cache_is_built_once_and_reused():
     cfg = tiny_config()
     first, _ = prepare(cfg)
@@ -60,6 +61,7 @@ def test_tokens_decode_back_to_the_text_and_the_tokenizer_loads_in_transformers(
     assert sum(data.token_bytes[i] for i in ids) == len(text.encode())
 
 
+@pytest.mark.slow
 def test_text_folder_and_jsonl_sources(tmp_path):
     folder = tmp_path / "texts"
     folder.mkdir()
@@ -76,6 +78,7 @@ def test_text_folder_and_jsonl_sources(tmp_path):
     assert len(data.train) > len(data.val) > 65
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setup, message", [
     (lambda p: p / "missing", "no such file or folder"),
     (lambda p: (p / "empty").mkdir() or p / "empty", "no text found"),
@@ -87,6 +90,7 @@ def test_bad_sources_are_config_errors(tmp_path, setup, message):
         prepare(tiny_config(f"data.source=\"{path}\"", "data.max_bytes=0"))
 
 
+@pytest.mark.slow
 def test_corpus_too_small_for_one_sequence(tmp_path):
     folder = tmp_path / "small"
     folder.mkdir()
@@ -97,6 +101,7 @@ def test_corpus_too_small_for_one_sequence(tmp_path):
                             "tokenizer.vocab_size=300"))
 
 
+@pytest.mark.slow
 def test_malformed_jsonl_names_the_line(tmp_path):
     jl = tmp_path / "bad.jsonl"
     jl.write_text('{"text": "fine"}\n{"content": "no text field"}\n')
@@ -107,6 +112,7 @@ def test_malformed_jsonl_names_the_line(tmp_path):
         prepare(tiny_config(f"data.source=\"{jl}\"", "data.max_bytes=0"))
 
 
+@pytest.mark.slow
 def test_a_single_text_file_is_cut_into_documents_at_line_ends(tmp_path):
     """One big file would be one document, all train or all validation: it is cut at line ends
     into documents of about CHUNK_BYTES, which split as a folder's files do."""
@@ -159,6 +165,7 @@ def sentencepiece_style_folder(folder):
     return tok
 
 
+@pytest.mark.slow
 def test_a_sentencepiece_style_tokenizer_counts_bytes_and_finds_its_end_token(tmp_path):
     from transformers import AutoTokenizer
 
@@ -179,6 +186,7 @@ def test_a_sentencepiece_style_tokenizer_counts_bytes_and_finds_its_end_token(tm
     assert AutoTokenizer.from_pretrained(str(data.tokenizer_dir)).eos_token == "</s>"
 
 
+@pytest.mark.slow
 def test_a_tokenizer_without_an_end_token_is_said_once(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -193,6 +201,7 @@ def test_a_tokenizer_without_an_end_token_is_said_once(tmp_path):
     assert [line for line in logs if "no end-of-text token" in line]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_keeps_its_own_tokenizer_when_the_data_changed(tmp_path):
     """A BPE trained again on changed data gives other ids; the checkpoint's weights know the old ones."""
     folder = tmp_path / "texts"
@@ -228,6 +237,7 @@ def test_a_resumed_run_keeps_its_own_tokenizer_when_the_data_changed(tmp_path):
     assert again.reused and again.dir == kept.dir
 
 
+@pytest.mark.slow
 def test_a_killed_cache_build_is_cleaned_up_by_the_next(tmp_path):
     import os
     import socket

@@ -10,10 +10,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from lmcockpit.core.data import budget
 
-from .conftest import cli
-from .test_data_scale import records, write_jsonl
+from .helpers import cli, records, write_jsonl
 
 SETTINGS = ["data.max_bytes=0", "data.val_fraction=0.05", "tokenizer.vocab_size=300",
             "tokenizer.train_bytes=100_000", "data.shard_bytes=60_000", "data.workers=1"]
@@ -24,6 +25,7 @@ def flags(corpus: Path, cache: Path) -> list[str]:
     return [a for s in overrides for a in ("--set", s)]
 
 
+@pytest.mark.slow
 def test_prepare_info_and_rm_of_a_token_cache(tmp_path):
     corpus, cache = write_jsonl(tmp_path / "corpus.jsonl", records(1500)), tmp_path / "cache"
     # A build killed in its third piece: info lists it as partial, prepare resumes it.
@@ -68,6 +70,7 @@ def test_prepare_info_and_rm_of_a_token_cache(tmp_path):
     assert "no token caches" in cli("data", "info", "--cache-dir", str(cache)).stdout
 
 
+@pytest.mark.slow
 def test_prepare_says_how_the_sizing_of_many_compressed_shards_goes(tmp_path):
     import gzip
 
@@ -102,6 +105,7 @@ def test_prepare_s_bar_on_a_terminal_counts_files_as_files_and_bytes_as_bytes():
     assert " 50% 5.0/10.0 MB " in shown
 
 
+@pytest.mark.slow
 def test_data_commands_refuse_bad_input_in_one_line(tmp_path):
     gone = cli("data", "rm", "0123abcd", "--cache-dir", str(tmp_path))
     assert gone.returncode == 2 and "'0123abcd': no token cache" in gone.stderr and "Traceback" not in gone.stderr
@@ -152,6 +156,7 @@ def part_blocks(out: str) -> dict[str, list[str]]:
     return blocks
 
 
+@pytest.mark.slow
 def test_info_of_a_mixture_preset_says_each_part_s_share_tokens_and_epochs(tmp_path):
     # apples: four times the text, a quarter of the weight; zebras: a small part drawn three times as often
     apples = write_jsonl(tmp_path / "apples.jsonl", records(600, seed=1))
@@ -200,6 +205,7 @@ def ageless(listing: str) -> str:
     return re.sub(r", \d+ \w+ old: ", ", AGE old: ", listing)
 
 
+@pytest.mark.slow
 def test_info_of_a_preset_reads_a_hub_source_from_the_hub_s_cache_and_never_the_network(tmp_path):
     # What an earlier run fetched, in the Hub cache's own layout; and a dataset never fetched.
     snapshot = tmp_path / "hub" / "datasets--someone--fetched" / "snapshots" / "0123abcd"
@@ -229,6 +235,7 @@ def test_info_of_a_preset_reads_a_hub_source_from_the_hub_s_cache_and_never_the_
     assert f"`lmcockpit data prepare {preset}` fetches and prepares what is missing" in proc.stdout
 
 
+@pytest.mark.slow
 def test_info_of_a_bad_preset_is_one_error_line(tmp_path):
     for args, said in ((["nosuchpreset"], "preset 'nosuchpreset' not found"),
                        (["debug", "--set", "data.sorce=1"], "data.sorce"),

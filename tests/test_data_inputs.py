@@ -19,7 +19,7 @@ import zstandard
 from lmcockpit.core.config import ConfigError, DataConfig
 from lmcockpit.core.data import readers, sources
 
-from .test_data_scale import WORDS, documents, records, texts_of, write_jsonl
+from .helpers import WORDS, documents, records, texts_of, write_jsonl
 
 
 # ------------------------------------------------------------------------------------- formats
@@ -166,7 +166,7 @@ def damage(name: str, how: str, raw: bytes) -> bytes:
 def test_a_damaged_compressed_file_is_named_where_it_is_planned_and_where_it_is_read(tmp_path, name, how):
     from lmcockpit.core.data import budget, build, readers
 
-    from .conftest import tiny_config
+    from .helpers import tiny_config
 
     path = tmp_path / name
     path.write_bytes(damage(name, how, write_jsonl(tmp_path / "twin", records(300)).read_bytes()))
@@ -188,7 +188,7 @@ def test_a_truncated_parquet_file_is_named_when_the_build_is_planned(tmp_path):
 
     from lmcockpit.core.data import budget, build
 
-    from .conftest import tiny_config
+    from .helpers import tiny_config
 
     whole = tmp_path / "whole.parquet"
     pq.write_table(pa.table({"text": records(300)}), whole, row_group_size=100)
@@ -214,7 +214,7 @@ def test_json_lines_cut_inside_a_record_say_the_file_looks_truncated(tmp_path):
 def test_a_damaged_file_stops_a_build_with_its_name_not_a_traceback(tmp_path):
     from lmcockpit.core.data.prepare import prepare
 
-    from .conftest import tiny_config
+    from .helpers import tiny_config
 
     write_jsonl(tmp_path / "fine.jsonl", records(100))
     (tmp_path / "part.jsonl.gz").write_bytes(damage("x.gz", "truncated", (tmp_path / "fine.jsonl").read_bytes()))
@@ -244,7 +244,7 @@ def worker_build(tmp_path: Path, lines: list[str]):
     from lmcockpit.core.config import TokenizerConfig
     from lmcockpit.core.data import tokenizer
 
-    from .conftest import tiny_config
+    from .helpers import tiny_config
 
     source = tmp_path / "c.jsonl"
     source.write_text("".join(line + "\n" for line in lines))
@@ -257,6 +257,7 @@ def worker_build(tmp_path: Path, lines: list[str]):
                        "data.workers=2")
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_build_stops_it_naming_its_piece_and_preparing_again_resumes(tmp_path):
     """The OOM killer's SIGKILL on one tokenizing worker, from outside, as it comes: the build stops
     at once naming the piece and the cause (a Pool put a new worker in its place and waited for
@@ -296,6 +297,7 @@ def test_a_worker_killed_mid_build_stops_it_naming_its_piece_and_preparing_again
         tok.decode(np.asarray(data.val[0:len(data.val)]).tolist()).count("record ") == len(texts)
 
 
+@pytest.mark.slow
 def test_an_error_in_a_worker_is_raised_by_the_build(tmp_path):
     import json
 

@@ -26,36 +26,7 @@ from lmcockpit.core.config import ConfigError, DataConfig
 from lmcockpit.core.data import build, cache, readers, sources, spool, store
 from lmcockpit.core.data.prepare import prepare
 
-from .conftest import tiny_config
-
-WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing "
-         "matches near rivers of molten copper and ünïcode glyphs").split()
-
-
-def records(n: int, seed: int = 0, words: int = 60) -> list[str]:
-    rng = random.Random(seed)
-    return [f"record {i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(words // 2, words)))
-            for i in range(n)]
-
-
-def write_jsonl(path: Path, texts: list[str], field: str = "text") -> Path:
-    path.write_text("".join(json.dumps({field: t, "id": i}) + "\n" for i, t in enumerate(texts)))
-    return path
-
-
-def documents(source: str | Path, **data) -> list[readers.Document]:
-    """Every document of the source's pieces as a build plans and reads them (a large compressed
-    file's through spools)."""
-    cfg = DataConfig(source=str(source), **data)
-    planned = build.plan(cfg, sources.list_source(cfg))
-    with tempfile.TemporaryDirectory() as spools:
-        return [d for p, s in spool.spooled(planned.pieces, lambda p: p, Path(spools))
-                for d in readers.read_piece(p, cfg.text_field, lambda _: True, s)]
-
-
-def texts_of(source, **data) -> list[str]:
-    return [d.text for d in documents(source, **data)]
-
+from .helpers import WORDS, documents, records, texts_of, tiny_config, write_jsonl
 
 # ------------------------------------------------------------------------------------- formats
 def test_every_format_yields_the_documents_of_its_jsonl_twin(tmp_path):
@@ -274,6 +245,7 @@ def test_a_parquet_file_without_the_text_column_names_its_columns(tmp_path):
         documents(tmp_path / "x.parquet")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("surrogate", [rb"\ud800", b"\xed\xa0\x80"])  # escaped; raw bytes (CESU-8, WTF-8)
 def test_a_lone_surrogate_in_a_json_line_is_replaced_not_fatal(tmp_path, surrogate):
     texts = records(300)
@@ -292,6 +264,7 @@ def test_a_lone_surrogate_in_a_json_line_is_replaced_not_fatal(tmp_path, surroga
     assert "\ufffd tail" in text and "\ud800" not in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offline", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"])  # huggingface_hub reads both
 def test_an_hf_source_offline_exits_2_with_the_download_command(tmp_path, offline):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
@@ -336,6 +309,7 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_the_split_and_selection_are_the_same_whatever_the_worker_count(tmp_path):
     source = corpus(tmp_path)
     one = prepare(scale_config(tmp_path, source, tmp_path / "c1", "data.workers=1", "data.max_bytes=120_000"),
@@ -349,6 +323,7 @@ def test_the_split_and_selection_are_the_same_whatever_the_worker_count(tmp_path
     assert 0.7 * 120_000 < meta["bytes"] < 1.3 * 120_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compressed", [False, True])
 def test_a_killed_build_resumes_and_the_cache_is_byte_identical(tmp_path, compressed):
     """Also for one large compressed file: its pieces spooled as the build reaches them, the BPE's
@@ -366,7 +341,7 @@ def test_a_killed_build_resumes_and_the_cache_is_byte_identical(tmp_path, compre
     driver = textwrap.dedent(f"""
         import os, signal
         from lmcockpit.core.data.prepare import prepare
-        from tests.conftest import tiny_config
+        from tests.helpers import tiny_config
         writes = 0
         def progress(stage, done, total, unit):
             global writes
@@ -394,6 +369,7 @@ def test_a_killed_build_resumes_and_the_cache_is_byte_identical(tmp_path, compre
     assert not list(resumed.dir.parent.rglob("*spool*"))
 
 
+@pytest.mark.slow
 def test_a_compressed_file_s_piece_sent_to_validation_is_read_again_from_a_spool(tmp_path):
     """A corpus whose hash sent no document to validation sends the training document nearest to
     it, tokenising its piece again: a compressed file's piece, from a spool of its own."""
@@ -428,6 +404,7 @@ def start_bpe_training(tmp_path: Path):
     return proc, trainer[0]
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_bpe_trains_stops_it_at_once(tmp_path):
     """Ctrl-C reaches the whole process group: `data prepare` answers 130 and kills the BPE's child
     then and there, rather than wait for it to finish training and write the tokenizer."""
@@ -450,6 +427,7 @@ def test_ctrl_c_while_the_bpe_trains_stops_it_at_once(tmp_path):
     assert not psutil.wait_procs([trainer], timeout=10)[1], "the trainer outlived the build"
 
 
+@pytest.mark.slow
 def test_a_bpe_trainer_killed_from_outside_is_an_error_not_a_hang(tmp_path):
     """The OOM killer's SIGKILL on the BPE's child: `data prepare` says so and exits 2 (a Pool
     would have waited for its answer for ever)."""
@@ -464,6 +442,7 @@ def test_a_bpe_trainer_killed_from_outside_is_an_error_not_a_hang(tmp_path):
     assert "Traceback" not in out
 
 
+@pytest.mark.slow
 def test_a_killed_build_s_workers_die_with_it_and_the_next_build_is_whole(tmp_path):
     """SIGKILL of the main process alone (the OOM killer's way): its workers must not go on
     writing pieces beside the next build's (they did, and the next build failed on a rename)."""
@@ -479,7 +458,7 @@ def test_a_killed_build_s_workers_die_with_it_and_the_next_build_is_whole(tmp_pa
         import os, signal, psutil
         from pathlib import Path
         from lmcockpit.core.data.prepare import prepare
-        from tests.conftest import tiny_config
+        from tests.helpers import tiny_config
         def progress(stage, done, total, unit):
             if stage == "tokenizing" and done:
                 workers = [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
@@ -513,6 +492,7 @@ def test_a_killed_build_s_workers_die_with_it_and_the_next_build_is_whole(tmp_pa
     assert resumed.dir.name == whole.dir.name and folder_bytes(resumed.dir) == folder_bytes(whole.dir)
 
 
+@pytest.mark.slow
 def test_a_cache_of_the_previous_format_is_still_read(tmp_path):
     """Format 1 (lmcockpit before shards): one train.bin and val.bin, found under its old key."""
     source = corpus(tmp_path, 200)
@@ -553,6 +533,7 @@ def test_a_token_stream_reads_windows_across_shards():
             assert stream[start:stop].tolist() == list(range(start, stop))
 
 
+@pytest.mark.slow
 def test_preparing_ten_times_the_text_takes_about_the_same_memory(tmp_path):
     """Peak RSS of a real prepare (one process: the reader, the tokenizer and the writer) on a
     corpus and on one ten times larger: the corpus is never held. The peak is the kernel's VmHWM,
@@ -560,7 +541,7 @@ def test_preparing_ten_times_the_text_takes_about_the_same_memory(tmp_path):
     driver = textwrap.dedent("""
         import re, sys
         from lmcockpit.core.data.prepare import prepare
-        from tests.conftest import tiny_config
+        from tests.helpers import tiny_config
         prepare(tiny_config(*sys.argv[1:]), lambda line: None, lambda *a: None)
         print(int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024)
         """)
@@ -581,7 +562,7 @@ def test_preparing_ten_times_the_text_takes_about_the_same_memory(tmp_path):
     assert large_peak < 1.2 * small_peak, peaks
 
 
-
+@pytest.mark.slow
 def test_a_parquet_row_group_is_read_a_batch_at_a_time(tmp_path):
     """Row groups of 10 and 40 MB (FineWeb's hold hundreds of MB), each read by a fresh process: the
     peak grows by a page and a record batch, not with the row group (pyarrow's default reading and
@@ -614,7 +595,7 @@ def test_a_parquet_row_group_is_read_a_batch_at_a_time(tmp_path):
     assert grown[5_000] - grown[1_250] < 15_000_000, grown  # 30 MB more text in the row group
 
 
-
+@pytest.mark.slow
 def test_the_bpe_trainer_s_memory_is_not_kept_by_the_build(tmp_path):
     """The BPE trains in a child process of its own: the build's main process, which goes on to run
     the workers or tokenise itself, peaks the same whether the trainer's sample is 0.1 or 3 MB
@@ -622,7 +603,7 @@ def test_the_bpe_trainer_s_memory_is_not_kept_by_the_build(tmp_path):
     driver = textwrap.dedent("""
         import re, sys
         from lmcockpit.core.data.prepare import prepare
-        from tests.conftest import tiny_config
+        from tests.helpers import tiny_config
         prepare(tiny_config(*sys.argv[1:]), lambda line: None, lambda *a: None)
         print(int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024)
         """)
@@ -657,6 +638,7 @@ def test_the_default_worker_count_keeps_preparation_under_its_memory_bound(monke
     assert not log or f"{workers} tokenizer processes for {cores} cores" in log[0] and "data.workers" in log[0]
 
 
+@pytest.mark.slow
 def test_a_cache_of_more_shards_than_open_files_allowed_is_read(tmp_path):
     """Thousands of shards (a 45 GB corpus) against the usual limit of 1,024 open files, here 300
     shards against 200: a shard is mapped while it is read, not all at once."""
@@ -671,7 +653,7 @@ def test_a_cache_of_more_shards_than_open_files_allowed_is_read(tmp_path):
         import resource, sys
         import numpy as np
         from lmcockpit.core.data.prepare import prepare
-        from tests.conftest import tiny_config
+        from tests.helpers import tiny_config
         resource.setrlimit(resource.RLIMIT_NOFILE, (200, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         data = prepare(tiny_config(*sys.argv[1:]), lambda line: None, lambda *a: None)
         stream = data.train
@@ -686,6 +668,7 @@ def test_a_cache_of_more_shards_than_open_files_allowed_is_read(tmp_path):
     assert proc.stdout.split() == [str(len(whole)), str(expected)]
 
 
+@pytest.mark.slow
 def test_a_damaged_shard_is_named_with_the_command_that_mends_it(tmp_path):
     source = corpus(tmp_path, n=300)
     cfg = scale_config(tmp_path, source, tmp_path / "cache", "data.workers=1")
@@ -697,6 +680,7 @@ def test_a_damaged_shard_is_named_with_the_command_that_mends_it(tmp_path):
         prepare(cfg, lambda line: None, lambda *a: None)
 
 
+@pytest.mark.slow
 def test_the_first_child_a_build_spawns_is_born_deaf_to_ctrl_c_too():
     """multiprocessing starts its resource tracker with the first spawn and unblocks SIGINT on its
     way out: the BPE's child, a build's first, was born hearing Ctrl-C, and one that landed while

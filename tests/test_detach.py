@@ -18,11 +18,9 @@ from lmcockpit.core.process.viewer import NotLive, RunViewer
 from lmcockpit.core.run.folder import read_metrics
 from lmcockpit.tui.app import CockpitApp
 
-from .conftest import cli
-from .test_attach import detached, last_step, stop, wait_until
-from .test_cockpit import dashboard, request, wait_for
+from .helpers import cli, dashboard, detached, last_step, request, stop, wait_for, wait_until
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 # ----------------------------------------------------------------- detaching from the cockpit

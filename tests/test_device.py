@@ -11,7 +11,7 @@ from lmcockpit.core.config import ConfigError
 from lmcockpit.core.hardware import gpu_env
 from lmcockpit.core.hardware.device import choose_precision, peak_flops, peak_tflops
 
-from .conftest import NO_GPU, TINY, as_flags, cli, drive_engine, tiny_config
+from .helpers import NO_GPU, TINY, as_flags, cli, drive_engine, tiny_config
 
 
 @pytest.mark.parametrize("readings, chosen", [
@@ -46,6 +46,7 @@ def test_the_engine_sends_each_device_s_uuid(monkeypatch):
     assert device_uuids(("cuda:0", "cuda:1", "cpu")) == ("8f0c1d2e-1111-2222-3333-444444444444", "", "")
 
 
+@pytest.mark.slow
 def test_without_cuda_auto_is_the_cpu_and_a_named_gpu_is_a_config_error():
     """In a process whose GPUs are hidden (CUDA_VISIBLE_DEVICES=""): a machine without a GPU, on
     any machine. This process may have met CUDA already, and torch counts the GPUs only once."""
@@ -69,6 +70,7 @@ def test_without_cuda_auto_is_the_cpu_and_a_named_gpu_is_a_config_error():
     assert lines[2].startswith("cuda:1: hardware.device = 'cuda:1', but this machine has no usable CUDA GPU"), lines
 
 
+@pytest.mark.slow
 def test_gpu_flag_reaches_the_engine(tmp_path):
     """`--gpu 0` on a machine without a GPU (hidden, on a machine with one): the engine is asked
     for cuda:0 and refuses it as the input error it is."""
@@ -195,6 +197,7 @@ def test_an_empty_allocator_variable_still_comes_first():
     assert not setting.by_user and env == {setting.name: "expandable_segments:True"}
 
 
+@pytest.mark.slow
 def test_installed_torch_reads_the_allocator_variable_gpu_env_names():
     """The installed torch itself, with all three variables set to different values: the settings
     its allocator config parsed (the same config on a CPU-only build) are the ones gpu_env names."""
@@ -211,6 +214,7 @@ def test_installed_torch_reads_the_allocator_variable_gpu_env_names():
     assert proc.stdout.strip() == expected.value, expected.name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("users", [None, "garbage_collection_threshold:0.6"])
 def test_engine_process_runs_with_the_allocator_setting(tmp_path, monkeypatch, users):
     for name in gpu_env.ALLOC_VARS:

@@ -9,7 +9,9 @@ import pytest
 from lmcockpit.core import protocol as P
 from lmcockpit.core.run.folder import CHECKPOINTS, METRICS, TRAIN_LOG, list_checkpoints, read_metrics
 
-from .conftest import drive_engine, fill, tiny_config
+from .helpers import drive_engine, fill, tiny_config
+
+pytestmark = pytest.mark.slow
 
 
 def full_run(disk, when_waiting, *overrides: str):
@@ -79,7 +81,7 @@ def test_a_token_cache_that_fills_its_disk_says_so_and_where(small_disk, tmp_pat
     from lmcockpit.core.config import ConfigError
     from lmcockpit.core.data.prepare import prepare
 
-    from .test_data_scale import records, write_jsonl
+    from .helpers import records, write_jsonl
 
     source = write_jsonl(tmp_path / "corpus.jsonl", records(3000))
     cfg = tiny_config(f"data.source=\"{source}\"", f"data.cache_dir=\"{small_disk / 'cache'}\"", "data.workers=2",

@@ -19,7 +19,7 @@ import pytest
 from lmcockpit.core import protocol as P
 from lmcockpit.core.process.launcher import first_failure, write_record
 from lmcockpit.core.run.folder import METRICS, TRAIN_LOG
-from tests.conftest import TINY, as_flags, cli, drive_engine, losses, tiny_config
+from tests.helpers import TINY, as_flags, cli, drive_engine, losses, tiny_config
 
 # Three eval batches over two ranks: under FSDP rank 1 must run a forward pass it does not count.
 STEPS = ["training.max_steps=10", "eval.every=5", "eval.batches=3", "checkpoint.every=5", "training.log_every=1",
@@ -65,6 +65,7 @@ def runs(tmp_path_factory):
     return {name: (root / name, engine, events) for name, (engine, events) in out.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_accumulating_two_give_the_losses_of_one_accumulating_four(runs, strategy):
     _, one, one_events = runs["one"]
@@ -78,6 +79,7 @@ def test_two_processes_accumulating_two_give_the_losses_of_one_accumulating_four
     assert started.tokens_per_step == next(e for e in one_events if isinstance(e, P.RunStarted)).tokens_per_step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_task_items_are_shared_across_ranks_and_the_choices_summed(runs, strategy):
     """Each rank scores every other item (11 and 10 of 21), under FSDP with as many forward
@@ -92,6 +94,7 @@ def test_task_items_are_shared_across_ranks_and_the_choices_summed(runs, strateg
     assert two == one
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_commands_reach_every_rank(runs, strategy):
     run, _, events = runs[strategy]
@@ -103,6 +106,7 @@ def test_commands_reach_every_rank(runs, strategy):
     assert [r for r in (run / METRICS).read_text().splitlines() if '"sample"' in r], "rank 0 records the sample"
 
 
+@pytest.mark.slow
 def test_the_token_cache_is_built_once_and_every_rank_maps_it(runs):
     run, _, _ = runs["ddp"]
     log = (run / TRAIN_LOG).read_text()
@@ -113,6 +117,7 @@ def test_the_token_cache_is_built_once_and_every_rank_maps_it(runs):
     assert len(caches) == 1
 
 
+@pytest.mark.slow
 def test_every_rank_logs_with_its_rank_and_only_rank_0_writes_metrics(runs):
     run, _, events = runs["fsdp"]
     log = (run / TRAIN_LOG).read_text()
@@ -123,6 +128,7 @@ def test_every_rank_logs_with_its_rank_and_only_rank_0_writes_metrics(runs):
     assert [r["step"] for r in steps] == list(range(1, 11))  # once each: not once per rank
 
 
+@pytest.mark.slow
 def test_a_run_saved_by_two_processes_resumes_on_one(runs, tmp_path):
     run, _, _ = runs["ddp"]
     proc = cli("--run", "--resume", str(run / "checkpoints" / "step_000005"), "--set", "distributed.nproc=1",
@@ -134,6 +140,7 @@ def test_a_run_saved_by_two_processes_resumes_on_one(runs, tmp_path):
     assert close([resumed[s] for s in resumed], [original[s] for s in resumed])
 
 
+@pytest.mark.slow
 def test_a_run_saved_by_one_process_resumes_on_two_sharded(runs, tmp_path):
     run, _, _ = runs["one"]
     proc = cli("--run", "--resume", str(run / "checkpoints" / "step_000005"), "--nproc", "2",
@@ -145,6 +152,7 @@ def test_a_run_saved_by_one_process_resumes_on_two_sharded(runs, tmp_path):
     assert close([resumed[s] for s in resumed], [original[s] for s in resumed])
 
 
+@pytest.mark.slow
 def test_a_process_count_that_cannot_share_the_step_is_refused(runs, tmp_path):
     run, _, _ = runs["ddp"]  # 2 processes × 2: four micro-batches a step, which 3 cannot share
     proc = cli("--run", "--resume", str(run / "checkpoints" / "step_000005"), "--nproc", "3",
@@ -153,6 +161,7 @@ def test_a_process_count_that_cannot_share_the_step_is_refused(runs, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--nproc", "0"], "--nproc 0: expected 1 or more"),
     (["--nnodes", "2"], "the machines need a meeting point; give --rdzv-endpoint"),
@@ -168,6 +177,7 @@ def test_bad_launch_flags_exit_2(tmp_path, args, message):
 
 
 # ------------------------------------------------------------------------------------ teardown
+@pytest.mark.slow
 def test_a_killed_rank_ends_the_whole_run_naming_it(tmp_path):
     """SIGKILL rank 1 mid-run: the run ends by itself (exit 1) with every process of it gone, and
     the message names rank 1 first (not rank 0, which only lost its peer). The deadline is a
@@ -229,6 +239,7 @@ def test_a_real_error_beats_a_stop_and_user_errors_stay_user_errors(tmp_path):
     assert failure.user_error and failure.message == "--resume x: the checkpoint is damaged"
 
 
+@pytest.mark.slow
 def test_two_machines_meet_through_the_rendezvous_and_share_one_run_folder(tmp_path):
     """Two "machines" on localhost, one process each: torchrun's c10d rendezvous joins them into
     one run of two ranks, both write the one run folder, and its checkpoint resumes on one."""
@@ -261,6 +272,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_the_rendezvous_flags_reach_torchrun(tmp_path):
     """--rdzv-backend static with its endpoint and an id of its own: torchrun meets there, and
     the run trains through it."""
@@ -274,6 +286,7 @@ def test_the_rendezvous_flags_reach_torchrun(tmp_path):
     assert "rank0: model: " in proc.stdout and "finished 2 steps" in proc.stdout
 
 
+@pytest.mark.slow
 def test_several_machines_need_a_named_shared_run_folder(tmp_path):
     proc = cli("--run", "debug", "--nnodes", "2", "--rdzv-endpoint", "node0:29500")
     assert proc.returncode == 2 and "name the run folder with --out" in proc.stderr
@@ -283,11 +296,12 @@ def test_several_machines_need_a_named_shared_run_folder(tmp_path):
     assert proc.returncode == 2 and "holds another run's config.toml" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_killed_front_end_makes_every_rank_checkpoint_and_stop(tmp_path):
     """SSH drops under a multi-process run: the launcher sees its parent go and tells rank 0; the
     ranks agree, write one checkpoint together and all end."""
     from lmcockpit.core.run.folder import latest_checkpoint
-    from tests.conftest import start_cli_run
+    from tests.helpers import start_cli_run
 
     out = tmp_path / "run"
     proc = start_cli_run(out, "distributed.nproc=2", until="step 4/")

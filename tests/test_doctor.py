@@ -1,8 +1,12 @@
 import os
 
+import pytest
+
 from lmcockpit.core.hardware import cpu_precision as cp
 
-from .conftest import NO_GPU, cli, cpu_verdict
+from .helpers import NO_GPU, cli, cpu_verdict
+
+pytestmark = pytest.mark.slow
 
 
 def lines(proc) -> dict[str, str]:

@@ -14,8 +14,7 @@ from lmcockpit.core.config import TokenizerConfig
 from lmcockpit.core.data import encoder, sources, split, tokenizer
 from lmcockpit.core.data.prepare import prepare
 
-from .conftest import tiny_config
-from .test_data_scale import records, write_jsonl
+from .helpers import records, tiny_config, write_jsonl
 
 TEXTS = [
     "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n",
@@ -91,6 +90,7 @@ def odd_merges_tokenizer(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_piece_where_tiktoken_disagrees_is_encoded_by_tokenizers(tmp_path):
     folder = odd_merges_tokenizer(tmp_path / "odd")
     slow = encoder.Encoder(str(folder / "tokenizer.json"), eos=0, fast=False)

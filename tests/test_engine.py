@@ -13,9 +13,10 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.config import load_config
 from lmcockpit.core.run.folder import read_metrics
 
-from .conftest import drive_engine, losses, tiny_config
+from .helpers import drive_engine, losses, tiny_config
 
 
+@pytest.mark.slow
 def test_engine_runs_in_its_own_process_and_fills_the_run_folder(tmp_path):
     cfg = tiny_config()
     last_event_at = []
@@ -74,6 +75,7 @@ exit_now(3)
 """
 
 
+@pytest.mark.slow
 def test_exit_now_skips_the_interpreters_teardown_but_not_what_matters(tmp_path):
     """The engine's and the chat engine's last call. Teardown freed torch's modules one by one, 0.9 s
     after every engine's last event; what of it matters still happens: the threads it would wait for
@@ -88,6 +90,7 @@ def test_exit_now_skips_the_interpreters_teardown_but_not_what_matters(tmp_path)
     assert log.read_text().splitlines() == ["thread", "atexit"]
 
 
+@pytest.mark.slow
 def test_the_resolved_config_repeats_the_run_and_another_seed_does_not(tmp_path):
     """The run folder's config.toml is the config, and the same config trains the same losses."""
     cfg = tiny_config("training.max_steps=6", "optimizer.muon_lr=0.05", "training.grad_accum_steps=2")
@@ -103,6 +106,7 @@ def test_the_resolved_config_repeats_the_run_and_another_seed_does_not(tmp_path)
     assert losses(drive_engine(other, tmp_path / "other")[1]) != first
 
 
+@pytest.mark.slow
 def test_bf16_trains_end_to_end_on_the_cpu(tmp_path):
     """precision bf16 on a CPU: the steps run under bf16 autocast (their losses close to fp32's,
     not equal), the weights stay fp32, and the run finishes with a checkpoint and an evaluation."""
@@ -126,6 +130,7 @@ def test_bf16_trains_end_to_end_on_the_cpu(tmp_path):
     assert {str(w.dtype) for w in weights.values()} == {"float32"}
 
 
+@pytest.mark.slow
 def test_loss_falls_through_the_engine(tmp_path):
     _, events = drive_engine(tiny_config("training.max_steps=30", "eval.every=0"), tmp_path / "run")
     ls = losses(events)
@@ -191,6 +196,7 @@ def held_out_loss_and_bits_per_byte(ckpt) -> tuple[float, float]:
     return nats / n_tokens, bits / n_bytes
 
 
+@pytest.mark.slow
 def test_pause_holds_the_step_counter_resume_releases_it_and_abort_saves(tmp_path):
     seen = {"paused_at": None, "steps_while_paused": 0}
 
@@ -218,6 +224,7 @@ def test_pause_holds_the_step_counter_resume_releases_it_and_abort_saves(tmp_pat
     assert (tmp_path / "run" / "checkpoints" / f"step_{ck[1]:06d}" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_an_engine_killed_from_outside_is_reported_as_failed(tmp_path):
     def kill(engine, ev):
         if isinstance(ev, P.StepMetrics) and ev.step == 2:
@@ -231,6 +238,7 @@ def test_an_engine_killed_from_outside_is_reported_as_failed(tmp_path):
     assert "SIGKILL" in read_metrics(tmp_path / "run", "failure")[-1]["message"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_engine_starts_up_is_left_to_the_front_end(tmp_path):
     # Ctrl-C reaches the whole foreground process group, the engine too, maybe while it is still
     # importing: it must not die of it (the front-end turns Ctrl-C into a command).
@@ -239,6 +247,7 @@ def test_ctrl_c_while_the_engine_starts_up_is_left_to_the_front_end(tmp_path):
     assert engine.final_state == P.ABORTED and engine.process.exitcode == 0, engine.failure
 
 
+@pytest.mark.slow
 def test_an_exception_in_the_engine_arrives_with_its_traceback(tmp_path):
     # A token cache whose tokenizer file is damaged: nothing the engine expects, raised inside it.
     from lmcockpit.core.data.prepare import prepare
@@ -278,6 +287,7 @@ def train_in_process(cfg, run_dir):
     return steps, addresses, trainer
 
 
+@pytest.mark.slow
 def test_cuda_graph_modes_keep_gradients_and_train_the_same(tmp_path):
     """Under CUDA graphs ("reduce-overhead", "max-autotune") a gradient that backward creates lives
     in the graphs' pool, and the next replay overwrites it: accumulation would add a micro-batch's

@@ -13,7 +13,7 @@ import pytest
 
 from lmcockpit.core.run.curves import load_run
 from lmcockpit.core.run.folder import read_metrics
-from tests.conftest import SHRINK_CPU, TINY, as_flags, cli
+from tests.helpers import SHRINK_CPU, TINY, as_flags, cli
 
 MC_ROWS = [{"context": "def add(a, b):\n", "choices": ["    return a + b\n", "    pass\n", "    import os\n"], "gold": 0},
            {"context": "import", "choices": [" os\n", " the\n"], "gold": 0},
@@ -25,6 +25,7 @@ def write_task(path, rows) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_eval_json_prints_only_the_scores_with_each_item_s_choice(trained_run, tmp_path):
     run_dir, proc = trained_run
     assert proc.returncode == 0, proc.stderr
@@ -49,6 +50,7 @@ def test_eval_json_prints_only_the_scores_with_each_item_s_choice(trained_run, t
     assert re.search(r"eval: mine: accuracy [\d.]+ of 3 items in [\d.]+ s", r.stderr)
 
 
+@pytest.mark.slow
 def test_eval_json_of_a_task_of_one_item_says_one_item(trained_run, tmp_path):
     run_dir, _ = trained_run
     one = write_task(tmp_path / "one.jsonl", MC_ROWS[1:2])
@@ -60,6 +62,7 @@ def test_eval_json_of_a_task_of_one_item_says_one_item(trained_run, tmp_path):
     assert re.search(r"eval: one: accuracy [\d.]+ of 1 item in [\d.]+ s", r.stderr), r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [(), ("--harness", "hellaswag")])
 def test_eval_of_a_file_says_it_is_a_file_and_how_to_name_a_task_file(tmp_path, extra):
     """A task file where the run folder goes: not "no such run folder", which it is not missing,
@@ -72,6 +75,7 @@ def test_eval_of_a_file_says_it_is_a_file_and_how_to_name_a_task_file(tmp_path, 
         f"named with --tasks {task}"], r.stderr
 
 
+@pytest.mark.slow
 def test_eval_prints_a_table_and_takes_the_run_s_own_tasks(trained_run):
     run_dir, _ = trained_run
     r = cli("eval", str(run_dir), "--max-per-task", "8")
@@ -101,6 +105,7 @@ BAD = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_task_input_is_one_error_line_and_no_run_folder(case, tmp_path, trained_run):
     lines, expected = BAD[case]
@@ -123,6 +128,7 @@ def test_bad_task_input_is_one_error_line_and_no_run_folder(case, tmp_path, trai
         assert not out.exists()
 
 
+@pytest.mark.slow
 def test_task_curves_stay_whole_across_a_resume(tmp_path):
     """Scored at steps 4 and 8 (the last), resumed to 12 scoring every 2 steps: the
     curve holds every scoring, once."""
@@ -141,6 +147,7 @@ def test_task_curves_stay_whole_across_a_resume(tmp_path):
     assert all(r["tasks"]["python-functions"]["items"] == 12 for r in rows if r["tasks"])
 
 
+@pytest.mark.slow
 def test_scoring_rounds_do_not_grow_the_process_memory():
     """Ten rounds of scoring on a model in a process of its own: its resident memory after the
     tenth is within 8 MiB of the second's, where a 256 KiB tensor kept per batch (a leak of the nanochat
@@ -152,7 +159,7 @@ def test_scoring_rounds_do_not_grow_the_process_memory():
         from lmcockpit.core.config import Config
         from lmcockpit.core.model.gpt import GPT, shape_from_config
         from lmcockpit.core.tasks import python_functions, scoring
-        from tests.conftest import tiny_config
+        from tests.helpers import tiny_config
         torch.manual_seed(0)
         cfg = tiny_config("model.max_seq_len=128", "training.seq_len=128")
         model = GPT(shape_from_config(cfg)).eval()
@@ -170,8 +177,9 @@ def test_scoring_rounds_do_not_grow_the_process_memory():
     assert rss[-1] - rss[1] < 8 * 2**20, [f"{x / 2**20:.1f} MiB" for x in rss]
 
 
+@pytest.mark.slow
 def test_a_core_bundle_is_scored_with_its_core_mean_by_eval_and_by_a_run(trained_run, tmp_path):
-    from tests.test_tasks import write_bundle
+    from tests.helpers import write_bundle
 
     bundle = f"core:{write_bundle(tmp_path / 'bundle')}"
     r = cli("eval", str(trained_run[0]), "--tasks", bundle)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli
+from tests.helpers import cli
 
 # No network for transformers or the hub, in this process and in the ones it starts.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -86,6 +86,7 @@ def test_logits_match_in_fp32(hf, ours):
     assert (theirs - mine).abs().max().item() <= 1e-4
 
 
+@pytest.mark.slow
 def test_greedy_continuation_equals_lmcockpit_chat(exported, hf):
     run_dir, _ = exported
     model, tok = hf
@@ -130,6 +131,7 @@ def _latest(run: Path) -> Path:
     return latest_checkpoint(run)
 
 
+@pytest.mark.slow
 def test_refuses_an_existing_non_empty_folder(trained_run, tmp_path):
     out = tmp_path / "taken"
     out.mkdir()
@@ -138,6 +140,7 @@ def test_refuses_an_existing_non_empty_folder(trained_run, tmp_path):
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
 
+@pytest.mark.slow
 def test_an_empty_folder_is_filled(trained_run, tmp_path):
     out = tmp_path / "empty"
     out.mkdir()
@@ -146,11 +149,13 @@ def test_an_empty_folder_is_filled(trained_run, tmp_path):
     assert "step 6" in r.stdout and (out / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_refuses_a_missing_checkpoint(tmp_path):
     _refused(cli("export", str(tmp_path / "nowhere"), str(tmp_path / "out")), "no such run folder")
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_refuses_a_damaged_checkpoint(run_copy, tmp_path):
     weights = _latest(run_copy) / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
@@ -159,6 +164,7 @@ def test_refuses_a_damaged_checkpoint(run_copy, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["run"], "a temporary folder was left behind"
 
 
+@pytest.mark.slow
 def test_refuses_tensors_that_do_not_match_the_config(run_copy, tmp_path):
     ckpt = _latest(run_copy)
     config = ckpt / "config.toml"
@@ -176,6 +182,7 @@ def test_refuses_tensors_that_do_not_match_the_config(run_copy, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key, value, expected", [("rope_theta", "-10000.0", "must be positive"),
                                                   ("norm_eps", "nan", "must be a finite number")])
 def test_refuses_a_checkpoint_config_qwen3_cannot_express(run_copy, tmp_path, key, value, expected):
@@ -187,10 +194,12 @@ def test_refuses_a_checkpoint_config_qwen3_cannot_express(run_copy, tmp_path, ke
     _refused(cli("export", str(run_copy), str(tmp_path / "out")), str(config), f"model.{key} = {value}", expected)
 
 
+@pytest.mark.slow
 def test_usage_errors_exit_2(tmp_path):
     _refused(cli("export", str(tmp_path)), "OUT_DIR")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["/proc/forbidden", "/sys/forbidden"])
 def test_a_destination_that_cannot_be_written_is_a_user_error(trained_run, where):
     """An output place that cannot be created is the user's input, named with the OS's reason."""
@@ -215,6 +224,7 @@ def export_leaking_nothing(run: Path, out: Path) -> str:
     return r.stderr
 
 
+@pytest.mark.slow
 def test_links_in_the_run_s_tokenizer_folder_are_not_followed_into_the_export(run_copy, tmp_path):
     """A run folder handed over may hold links, under any name, to a file of whoever exports it:
     the export is meant to be shared, and carries only the tokenizer's own regular files. A
@@ -230,6 +240,7 @@ def test_links_in_the_run_s_tokenizer_folder_are_not_followed_into_the_export(ru
         assert f"export: skipped {link}: " in said, said
 
 
+@pytest.mark.slow
 def test_a_tokenizer_json_that_is_a_link_is_written_from_the_tokenizer_loaded(run_copy, tmp_path):
     """What the link names is read only as a tokenizer (one that is none is refused as unreadable),
     and the export's tokenizer.json is that tokenizer, written again, never the linked file copied:
@@ -249,6 +260,7 @@ def test_a_tokenizer_json_that_is_a_link_is_written_from_the_tokenizer_loaded(ru
     assert Tokenizer.from_file(str(exported)).get_vocab() == Tokenizer.from_file(str(real)).get_vocab()
 
 
+@pytest.mark.slow
 def test_a_tokenizer_folder_that_is_a_link_is_not_followed_into_the_export(run_copy, tmp_path):
     """The run's tokenizer/ itself a link, to a folder holding a tokenizer and a token beside it:
     nothing is copied through it; the tokenizer is written from the one loaded."""

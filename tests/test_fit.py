@@ -11,7 +11,7 @@ from lmcockpit.core.model.muon import Muon
 from lmcockpit.core.train import memory_probe
 from lmcockpit.core.train.optim import split_params
 
-from .conftest import drive_engine, tiny_config
+from .helpers import cpu_bytes_held, drive_engine, tiny_config
 
 
 def model_of(cfg) -> GPT:
@@ -89,28 +89,11 @@ def test_the_estimate_counts_the_expanded_kv_where_no_kernel_takes_gqa():
     assert memory_estimate.largest_micro_batch(cfg, budget, limit=8, compute_capability=(7, 5)) < 8
 
 
+@pytest.mark.slow
 def test_compiled_activations_are_what_the_partitioner_saves():
     cfg = tiny_config(*HAND)
     measured = memory_probe.saved_bytes_per_token(cfg, "cpu", compiled=True, amp_dtype=torch.bfloat16)
     assert measured == pytest.approx(memory_estimate.saved_per_token(cfg, 2, compiled=True), rel=0.03)
-
-
-def cpu_bytes_held(fn) -> int:
-    """The most bytes `fn` holds at once beyond what existed when it began: the CPU allocator's
-    events, in the order the profiler saw them."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    # Every allocation and free is a "[memory]" event in the raw results (the summarised
-    # prof.events() attributes some to their op and drops them).
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = held = 0
-    for e in events:
-        live += e.nbytes()
-        held = max(held, live)
-    return held
 
 
 @pytest.mark.parametrize("preset, overrides", [("debug", HAND), ("cpu", ["model.n_layer=2"])])
@@ -125,6 +108,7 @@ def test_muons_step_holds_what_fit_counts(preset, overrides):
     assert cpu_bytes_held(opt.step) == memory_estimate.muon_step_bytes(cfg, "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("micro_batch, accum, recompute", [(1, 1, False), (16, 1, False), (8, 2, False),
                                                          (16, 1, True), (8, 2, True)])
 def test_an_eager_step_on_the_cpu_peaks_where_fit_says(tmp_path, micro_batch, accum, recompute):
@@ -152,6 +136,7 @@ def test_an_eager_step_on_the_cpu_peaks_where_fit_says(tmp_path, micro_batch, ac
         torch.use_deterministic_algorithms(False)  # the trainer set it for this whole process
 
 
+@pytest.mark.slow
 def test_an_eager_fp16_step_holds_the_plain_loss_that_fit_counts():
     """fp16 without compile keeps the whole logits' loss (gpt._fp16_autocast): with a vocabulary
     512 times the width, the loss is most of the step, counted as if blockwise it was half."""
@@ -348,6 +333,7 @@ def test_an_out_of_memory_error_is_found_behind_the_compilers_wrapping():
     assert oom_in(ValueError("not memory")) is None
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_gives_the_same_gradients():
     cfg = tiny_config()
     torch.manual_seed(0)
@@ -363,6 +349,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
         assert torch.allclose(plain, recomputed, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_auto_micro_batch_on_cpu_keeps_the_tokens_per_step(tmp_path):
     cfg = tiny_config("training.auto_micro_batch=true", "training.micro_batch_size=2", "training.grad_accum_steps=4",
                       "training.max_steps=4", "eval.every=0")

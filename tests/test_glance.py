@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from lmcockpit.core import protocol as P
 from lmcockpit.core.hardware.telemetry import GPUReading, Telemetry
 from lmcockpit.tui.run_state import RunState
@@ -45,6 +47,7 @@ def test_a_gpu_cell_gives_up_extras_then_bars_before_its_figures():
     assert "61.3/80G" in cells[30]
 
 
+@pytest.mark.slow
 def test_the_cpu_load_is_the_runs_whole_process_tree():
     """A run's host and every process under it: a grandchild holding 200 MiB and spinning shows
     in the parent's load."""
@@ -79,7 +82,7 @@ def test_the_run_view_keeps_the_loss_ema_a_step_at_a_time():
     every redraw: the two must be the same numbers."""
     import math
 
-    from .conftest import ema
+    from .helpers import ema
 
     v = RunState(clock=lambda: 0.0)
     losses = [5 + math.sin(i / 3) + 3 * math.exp(-i / 50) for i in range(500)]

@@ -21,7 +21,7 @@ from lmcockpit.core.config import ConfigError, load_config
 from lmcockpit.core.hardware import memory_estimate
 
 from .fake_hub import FakeHub
-from .test_hub_fetch import closed_port, hub_env  # noqa: F401 - closed_port is a fixture
+from .helpers import hub_env
 
 PRESET = "gpt2-fineweb"
 DATASET, SAMPLE = "HuggingFaceFW/fineweb", "sample/10BT"
@@ -129,6 +129,7 @@ def trained(tmp_path_factory):
         yield hub, env, tmp, proc
 
 
+@pytest.mark.slow
 def test_the_preset_trains_with_gpt2s_tokenizer_fetched_by_its_hub_id(trained):
     hub, env, tmp, proc = trained
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -143,6 +144,7 @@ def test_the_preset_trains_with_gpt2s_tokenizer_fetched_by_its_hub_id(trained):
     assert np.mean([s["loss"] for s in steps[-5:]]) < steps[0]["loss"] - 1.0, [s["loss"] for s in steps]
 
 
+@pytest.mark.slow
 def test_the_tokens_are_the_pretrained_tokenizers_one_document_after_another(trained):
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
@@ -177,6 +179,7 @@ def test_the_tokens_are_the_pretrained_tokenizers_one_document_after_another(tra
         assert f.get_slice("embed_tokens.weight").get_shape() == [384, 64]
 
 
+@pytest.mark.slow
 def test_offline_a_second_run_reuses_the_fetched_tokenizer(trained, tmp_path):
     hub, env, tmp, first = trained
     assert first.returncode == 0, first.stdout + first.stderr
@@ -196,6 +199,7 @@ def test_offline_a_second_run_reuses_the_fetched_tokenizer(trained, tmp_path):
     assert len(hub.requests) == seen  # nothing was asked of the Hub
 
 
+@pytest.mark.slow
 def test_the_presets_command_lists_it_without_the_network(trained):
     hub, env, tmp, first = trained
     seen = len(hub.requests)
@@ -207,6 +211,7 @@ def test_the_presets_command_lists_it_without_the_network(trained):
     assert len(hub.requests) == seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["offline", "out of reach"])
 def test_with_nothing_fetched_it_exits_2_naming_tokenizer_kind(tmp_path, how, closed_port):
     env = hub_env(tmp_path / "hf", closed_port, **({"HF_HUB_OFFLINE": "1"} if how == "offline" else {}))
@@ -223,6 +228,7 @@ def test_with_nothing_fetched_it_exits_2_naming_tokenizer_kind(tmp_path, how, cl
     assert not (tmp_path / "tokens").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("repo, message", [
     ("owner/slow-only", "the Hub's model owner/slow-only has no tokenizer.json (it has merges.txt, vocab.json)"),
     ("owner/nmae", "the Hub has no model owner/nmae that this machine may read (a typo in the name?"),
@@ -239,6 +245,7 @@ def test_a_model_repo_without_a_tokenizer_json_is_said_clearly(tmp_path, repo, m
     assert proc.stderr.startswith(f"error: tokenizer.kind = 'hf:{repo}': {message}"), proc.stderr
 
 
+@pytest.mark.slow
 def test_a_vocab_size_below_the_tokenizers_says_what_to_set(trained, tmp_path):
     from tokenizers import Tokenizer
 

@@ -23,8 +23,7 @@ from lmcockpit.core.run.folder import create_run_dir, list_checkpoints
 from lmcockpit.core.train import checkpoint_io, memory_probe
 from lmcockpit.core.train.trainer import Trainer, run_in_process
 
-from .conftest import tiny_config
-from .test_fit import cpu_bytes_held
+from .helpers import cpu_bytes_held, tiny_config
 
 GPU_OOM = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 7.63 GiB of which 1.2 GiB is free."
 
@@ -36,6 +35,7 @@ def model_with_vocabulary(vocab: int, *overrides: str) -> tuple[object, GPT]:
 
 
 # ------------------------------------------------------------------------------- memory
+@pytest.mark.slow
 @pytest.mark.parametrize("amp", [None, torch.bfloat16])
 def test_evaluation_with_a_large_vocabulary_peaks_where_fit_says(amp):
     """A 32k vocabulary against a 64-wide model: the whole (tokens × vocabulary) float32 logits
@@ -114,6 +114,7 @@ def trainer_with_oom(where: str, tmp_path, *overrides: str, commands=()) -> tupl
     return trainer, events, lines
 
 
+@pytest.mark.slow
 def test_running_out_of_memory_in_evaluation_saves_the_step_and_says_so(tmp_path):
     trainer, events, _ = trainer_with_oom("token_losses", tmp_path)
     try:
@@ -130,6 +131,7 @@ def test_running_out_of_memory_in_evaluation_saves_the_step_and_says_so(tmp_path
     assert not any(isinstance(e, P.EvalMetrics) for e in events)
 
 
+@pytest.mark.slow
 def test_a_sample_that_runs_out_of_memory_is_dropped_and_training_goes_on(tmp_path):
     request = P.Sample("chat-1", "def ", 16, 1.0, 0, seed=1, num_samples=64)
     trainer, events, lines = trainer_with_oom("decode", tmp_path, commands=[request])
@@ -162,6 +164,7 @@ def test_two_saved_gpu_random_states_resume_on_one_gpu():
         "the checkpoint's 2 GPU random state(s) are not used on the CPU")
 
 
+@pytest.mark.slow
 def test_a_checkpoint_from_two_gpus_resumes_on_the_cpu_and_says_what_is_not_exact(tmp_path):
     cfg = tiny_config("training.max_steps=2", "eval.every=0")
     first = run_in_process(cfg, create_run_dir(cfg, "test", str(tmp_path / "run")), log=lambda line: None)
@@ -186,7 +189,7 @@ DDP_PROBE = textwrap.dedent("""
     from lmcockpit.core.run.folder import create_run_dir
     from lmcockpit.core.train.group import ProcessGroup
     from lmcockpit.core.train.trainer import Trainer
-    from tests.conftest import tiny_config
+    from tests.helpers import tiny_config
 
     device = os.environ.get("LMCOCKPIT_PROBE_DEVICE", "cpu")  # bench/gpu_check.py's ddp part: "cuda"
     cfg = tiny_config("training.grad_accum_steps=2", "eval.every=0", "checkpoint.every=0",
@@ -216,6 +219,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_ddp_gradients_stay_views_into_its_buckets_across_steps(tmp_path):
     """A torchrun group of one on gloo, as `--nproc 1` runs: DDP wraps the model all the same.
     Set to None after a step, the gradients would come back from the next accumulated backward

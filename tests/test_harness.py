@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli
+from tests.helpers import cli
 from tests.other_account import other_account, run_as_other
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -81,6 +81,7 @@ def choices_by_transformers(export_dir) -> tuple[list[int], list[int]]:
     return by_sum, by_bytes
 
 
+@pytest.mark.slow
 def test_the_harness_scores_a_local_task_on_the_export_offline(trained_run, tmp_path):
     run_dir, proc = trained_run
     assert proc.returncode == 0, proc.stderr
@@ -118,6 +119,7 @@ def test_the_harness_table_has_a_row_per_metric_with_its_standard_error(capsys):
                         ["lambada_openai", "5153", "perplexity", "812.5000"], ["acc", "0.0000", "±0.0000"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec, expected", [
     ("hellaswagg", "error: --harness hellaswagg: not a task lm-eval knows; did you mean hellaswag"),
     ("hellaswag", "error: --harness hellaswag: its dataset could not be loaded"),
@@ -154,6 +156,7 @@ def plant(folder: str, task: str, marker: str) -> None:
                                        "def plant(dataset):\n    return dataset\n")
 
 
+@pytest.mark.slow
 def test_python_another_account_plants_beside_the_user_s_task_never_runs(shared, tmp_path, monkeypatch):
     """The user's task in a shared folder, which another account can add files to but not change
     the user's in: the harness is given the user's file alone, and scores it. Given the folder, it
@@ -179,6 +182,7 @@ def test_python_another_account_plants_beside_the_user_s_task_never_runs(shared,
     assert not Path(tasks.include[0]).exists()
 
 
+@pytest.mark.slow
 def test_a_harness_task_name_is_never_taken_from_the_user_s_task_folder(trained_run, shared, tmp_path):
     """`--harness mine.yaml,hellaswag`: hellaswag is lm-eval's own, not a `task: hellaswag` planted
     beside mine.yaml. Offline, its dataset is refused, as it is with no file beside."""
@@ -224,6 +228,7 @@ TRAPS = {"a folder others can write": "is writable by other accounts (mode 777)"
          "another account's included file": "_common_yaml (included by"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", TRAPS)
 def test_a_task_file_another_account_can_change_is_refused_in_one_line(trained_run, shared, tmp_path, how):
     run_dir, _ = trained_run

@@ -109,6 +109,7 @@ def test_a_chart_gets_at_most_the_points_it_asks_for_exact_rows_where_they_fit()
     assert zoomed[-1].last_step >= 95_000 and all(p.last_step - p.first_step < 64 for p in zoomed)
 
 
+@pytest.mark.slow
 def test_a_rollback_folds_as_if_the_redone_steps_were_never_there():
     """A rollback goes back to the last checkpoint and redoes the steps after it on other batches:
     metrics.jsonl holds both. The rows since that checkpoint are in the exact tail, so the cut
@@ -130,6 +131,7 @@ def write_metrics(path, rows) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+@pytest.mark.slow
 def test_a_folder_read_whole_or_from_its_summary_is_the_same_history(tmp_path):
     rows = run_rows(30_000, checkpoint_every=40_000)  # no checkpoint: a rollback behind the tail
     redone = [r for r in run_rows(35_000, seed=1) if r["step"] > 5_000]
@@ -147,6 +149,7 @@ def test_a_folder_read_whole_or_from_its_summary_is_the_same_history(tmp_path):
     assert curve(again) == curve(fold([r for r in rows if r["step"] <= 5_000] + redone + more))
 
 
+@pytest.mark.slow
 def test_a_folder_s_rows_fold_as_read_metrics_reads_them_one_by_one(tmp_path):
     """An older run's first reading folds every row, each through the one reader of rows
     (rows.read: orjson, and json for the NaN it refuses). A folder of the engine's own rows with a
@@ -203,6 +206,7 @@ def test_a_folder_s_rows_fold_as_read_metrics_reads_them_one_by_one(tmp_path):
     assert read.count == 3_200 and read.last["grad_norm"] == 0.5 and read.last["kind"] == "step"  # read whole
 
 
+@pytest.mark.slow
 def test_the_engines_summary_survives_a_resume_and_a_rewritten_file_is_noticed(tmp_path):
     """The engine folds each row it writes and saves at each checkpoint row. A resume from that
     checkpoint drops the rows past it (truncate_metrics): the summary still fits, and the folder
@@ -236,6 +240,7 @@ def deep_size(obj: object) -> int:
     return total
 
 
+@pytest.mark.slow
 def test_memory_does_not_grow_with_the_rows():
     def size(n: int) -> int:
         h = History()
@@ -252,6 +257,7 @@ def test_memory_does_not_grow_with_the_rows():
     assert large < 4_000_000
 
 
+@pytest.mark.slow
 def test_the_engine_keeps_the_summary_through_a_run_and_its_resume(tmp_path):
     """A real engine run: history.json is written with its checkpoint rows, ends at one, and reads
     (with the rows after it) as metrics.jsonl folded whole; after a resume in place, the same."""
@@ -259,7 +265,7 @@ def test_the_engine_keeps_the_summary_through_a_run_and_its_resume(tmp_path):
     from lmcockpit.core.run.folder import read_metrics
     from lmcockpit.core.run.resume import plan_resume
 
-    from .conftest import drive_engine, tiny_config
+    from .helpers import drive_engine, tiny_config
 
     engine, _ = drive_engine(tiny_config("training.max_steps=10", "checkpoint.every=4", "eval.every=5"), tmp_path)
     assert engine.final_state == P.FINISHED, engine.failure
@@ -277,6 +283,7 @@ def test_the_engine_keeps_the_summary_through_a_run_and_its_resume(tmp_path):
     as_folded_whole()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [
     lambda d: d["history"].update(width=0),  # would divide by zero at the next row
     lambda d: d["history"].update(buckets=[[1, 2]]),
@@ -307,6 +314,7 @@ def test_an_older_folder_resumed_gets_its_summary_before_the_first_checkpoint(tm
     assert curve(history_file.load(tmp_path, write=False)[0]) == curve(fold(rows))
 
 
+@pytest.mark.slow
 def test_the_engine_s_history_after_a_rollback_behind_its_exact_rows_is_the_file_s(tmp_path):
     """Checkpoints further apart than the rows kept exact: a rollback to the last one cuts into
     buckets. The engine's history folds the file again, so the summary it saves next is the run's."""

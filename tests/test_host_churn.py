@@ -23,8 +23,7 @@ from lmcockpit.core.process import host, live
 from lmcockpit.core.process.viewer import RunViewer
 from lmcockpit.core.run.target import EVALS_KEPT, SPREAD, Evaluations, forecast_aim, spread
 
-from .conftest import tiny_config
-from .test_attach import detached, stop, wait_until
+from .helpers import detached, stop, tiny_config, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -77,6 +76,7 @@ def paused(tmp_path_factory):
     stop(run)
 
 
+@pytest.mark.slow
 def test_viewers_coming_and_going_leave_the_hosts_descriptors_and_threads_as_they_were(paused):
     run = paused
     record = live.LiveRecord.read(run)
@@ -121,6 +121,7 @@ def test_viewers_coming_and_going_leave_the_hosts_descriptors_and_threads_as_the
     assert live.is_live(live.LiveRecord.read(run))  # and it serves on
 
 
+@pytest.mark.slow
 def test_a_host_out_of_descriptors_says_so_serves_on_and_accepts_again_once_they_are_freed(paused):
     """`ulimit -n` reached (viewers by the hundred, a limit set low): attaching waits, and the host
     neither stops accepting for the rest of the run nor dies rewriting live.json meanwhile."""

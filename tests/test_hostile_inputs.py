@@ -14,27 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import TINY, cli
+from .helpers import QUICK_BUILD, TINY, as_set, cli, one_error
 
-# A small corpus and a BPE that trains in a second: the build is what is under test, not its size.
-SMALL = ["tokenizer.vocab_size=300", "tokenizer.train_bytes=20_000", "data.workers=1", "data.val_fraction=0.2"]
-
-
-def as_set(*overrides: str) -> list[str]:
-    return [a for o in overrides for a in ("--set", o)]
-
-
-def one_error(proc, *words: str) -> str:
-    """The command's one `error:` line, after checking it failed as a user mistake should."""
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out
-    assert "Traceback" not in out, out
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, out
-    for word in words:
-        assert word in errors[0], errors[0]
-    return errors[0]
-
+pytestmark = pytest.mark.slow
 
 def corpus(folder: Path) -> Path:
     folder.mkdir()
@@ -88,7 +70,7 @@ def test_a_symlink_loop_in_a_source_folder_is_skipped_and_said(tmp_path):
     (source / "loop").symlink_to("loop")
     (source / "again").symlink_to(".")
     proc = cli("data", "prepare", "debug", *as_set(f'data.source="{source}"', f'data.cache_dir="{tmp_path / "c"}"',
-                                                   *SMALL))
+                                                   *QUICK_BUILD))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Traceback" not in out, out
     assert f"data: {source / 'loop'}: a symbolic link that loops (Too many levels of symbolic links), " \
@@ -111,7 +93,7 @@ def test_a_json_line_nested_thousands_deep_is_refused_naming_file_and_line(tmp_p
     lines.insert(12, '{"text": "deep", "x": ' + "[" * 10_000 + "]" * 10_000 + "}")
     source.write_text("\n".join(lines) + "\n")
     line = one_error(cli("data", "prepare", "debug",
-                         *as_set(f'data.source="{source}"', f'data.cache_dir="{tmp_path / "c"}"', *SMALL)),
+                         *as_set(f'data.source="{source}"', f'data.cache_dir="{tmp_path / "c"}"', *QUICK_BUILD)),
                      f"{source}:13: a JSON record nested too deeply to read",
                      "expected an object with a string field 'text' (data.text_field)")
     assert len(line) < 300, line
@@ -181,7 +163,7 @@ def test_a_link_planted_where_a_mixture_s_tokenizer_is_saved_is_not_written_thro
 
     a, b, caches = corpus(tmp_path / "a"), corpus(tmp_path / "b"), tmp_path / "caches"
     mixture = [f'data.sources=[{{source = "{a}"}}, {{source = "{b}", weight = 2.0}}]',
-               f'data.cache_dir="{caches}"', *SMALL]
+               f'data.cache_dir="{caches}"', *QUICK_BUILD]
     cfg, _ = load_config("debug", mixture)
     key = store.mixture_tokenizer_key(cfg, [sources.list_source(part.data) for part in cfg.data_parts()])
     victim = tmp_path / "victim"

@@ -5,11 +5,9 @@ the code under test runs in a process of its own, started with that environment.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,17 +18,12 @@ from lmcockpit.core.config import load_config
 from lmcockpit.core.data.hub import FILE_BYTES_PER_TOKEN, choose_files
 
 from .fake_hub import FakeHub
+from .helpers import hub_env
 
 REPO, PATH = "owner/name", "sample/10BT"
 SHARDS = [f"{PATH}/{i:03d}_00000.parquet" for i in range(4)]
 SMALL = ["tokenizer.vocab_size=300", "tokenizer.train_bytes=20_000", "data.workers=1", "data.max_bytes=0",
          "data.val_fraction=0.1", "data.shard_bytes=50_000"]
-
-
-def hub_env(home: Path, endpoint: str, **extra: str) -> dict[str, str]:
-    """The environment a user's command has: this Hub, a Hub cache of its own, no token."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k != "TRANSFORMERS_OFFLINE"}
-    return {**env, "HF_ENDPOINT": endpoint, "HF_HOME": str(home), **extra}
 
 
 def prepare(env: dict[str, str], cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -86,15 +79,6 @@ def meta_of(cache_dir: Path) -> tuple[Path, dict]:
     return meta.parent, json.loads(meta.read_text())
 
 
-@pytest.fixture
-def closed_port():
-    """An endpoint on loopback that refuses connections: a port held (so no one else takes it)
-    but not listening."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        yield f"http://127.0.0.1:{s.getsockname()[1]}"
-
-
 @pytest.fixture(scope="module")
 def fetched(tmp_path_factory):
     """One fake Hub for the module, and a first `data prepare` that fetched from it."""
@@ -116,6 +100,7 @@ def test_every_format_a_build_reads_is_fetched_and_a_readme_is_not():
                                                "data/train.arrow"])
 
 
+@pytest.mark.slow
 def test_prepare_fetches_only_the_shards_its_budget_needs(fetched):
     hub, env, tmp, steps, proc = fetched
     assert proc.returncode == 0, proc.stderr
@@ -133,6 +118,7 @@ def test_prepare_fetches_only_the_shards_its_budget_needs(fetched):
     assert sorted(p.name for p in snapshot.iterdir()) == [Path(n).name for n in SHARDS[:2]]
 
 
+@pytest.mark.slow
 def test_offline_the_files_fetched_before_serve(fetched):
     hub, env, tmp, steps, first = fetched
     assert first.returncode == 0, first.stderr
@@ -152,6 +138,7 @@ def test_offline_the_files_fetched_before_serve(fetched):
     assert len(hub.requests) == seen
 
 
+@pytest.mark.slow
 def test_online_again_only_what_the_budget_lacks_is_fetched(fetched, tmp_path):
     hub, env, tmp, steps, first = fetched
     assert first.returncode == 0, first.stderr
@@ -170,6 +157,7 @@ def test_online_again_only_what_the_budget_lacks_is_fetched(fetched, tmp_path):
     assert sorted(p.name for p in Path(more.stdout.strip()).iterdir()) == [Path(n).name for n in SHARDS[:3]]
 
 
+@pytest.mark.slow
 def test_out_of_reach_the_files_fetched_before_serve(fetched, closed_port):
     hub, env, tmp, steps, first = fetched
     assert first.returncode == 0, first.stderr
@@ -180,6 +168,7 @@ def test_out_of_reach_the_files_fetched_before_serve(fetched, closed_port):
     assert "Retrying" not in proc.stderr  # a refused connection is not waited on (1+2+4+8+8 s of backoff)
 
 
+@pytest.mark.slow
 def test_out_of_reach_with_nothing_fetched_exits_2_with_the_download_command(tmp_path, closed_port):
     proc = prepare(hub_env(tmp_path / "hf", closed_port), tmp_path / "tokens")
     assert proc.returncode == 2, proc.stderr
@@ -191,6 +180,7 @@ def test_out_of_reach_with_nothing_fetched_exits_2_with_the_download_command(tmp
     assert not (tmp_path / "tokens").exists()
 
 
+@pytest.mark.slow
 def test_hf_token_reaches_the_hub_as_a_bearer_header(tmp_path):
     with FakeHub({REPO: make_repo(tmp_path / "repo")}) as hub:
         proc = fetch(hub_env(tmp_path / "hf", hub.url, HF_TOKEN="hf_test_token"), f"hf:{REPO}/{PATH}")
@@ -201,6 +191,7 @@ def test_hf_token_reaches_the_hub_as_a_bearer_header(tmp_path):
                                                                            ("HEAD", "Bearer hf_test_token")}
 
 
+@pytest.mark.slow
 def test_a_download_cut_midway_resumes_where_it_stopped(tmp_path):
     from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE
 
@@ -221,6 +212,7 @@ def test_a_download_cut_midway_resumes_where_it_stopped(tmp_path):
     assert resumed and 0 < int(resumed[1]) <= cut, gets[1].headers  # not from the start, nor past the cut
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token", ["", "hf_secret"])
 def test_a_dataset_the_hub_does_not_have_is_named_with_what_to_do(tmp_path, token):
     with FakeHub({REPO: make_repo(tmp_path / "repo")}) as hub:

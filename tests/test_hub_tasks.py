@@ -16,7 +16,7 @@ from lmcockpit.core.tasks import hub_tasks
 from lmcockpit.core.tasks.items import Item
 
 from .fake_hub import FakeHub
-from .test_hub_fetch import hub_env
+from .helpers import hub_env
 
 ARC_FILE = "ARC-Easy/test-00000-of-00001.parquet"
 ROWS = [{"id": f"q{i}", "question": f"Which number comes after {i}?",
@@ -108,6 +108,7 @@ def test_a_task_finds_its_split_at_any_depth_and_no_other_split(tmp_path, layout
     assert hub_tasks.local_files(spec, tmp_path) == [tmp_path / layout.format(split="validation")]
 
 
+@pytest.mark.slow
 def test_a_hub_task_is_fetched_once_then_read_offline(trained_run, tmp_path):
     run, _ = trained_run
     with FakeHub({"allenai/ai2_arc": arc_repo(tmp_path / "repo")}) as hub:
@@ -122,6 +123,7 @@ def test_a_hub_task_is_fetched_once_then_read_offline(trained_run, tmp_path):
     assert json.loads(again.stdout)["tasks"]["arc_easy"] == scores
 
 
+@pytest.mark.slow
 def test_hellaswag_is_fetched_from_the_parquet_revision_then_read_offline(tmp_path):
     with FakeHub({HELLASWAG: hellaswag_repo(tmp_path / "repo")}) as hub:
         env = hub_env(tmp_path / "hf", hub.url)
@@ -138,6 +140,7 @@ def test_hellaswag_is_fetched_from_the_parquet_revision_then_read_offline(tmp_pa
     assert read_task({**env, "HF_HUB_OFFLINE": "1"}, "hellaswag") == items
 
 
+@pytest.mark.slow
 def test_piqa_is_its_validation_split_asked_as_the_harness_asks_it(trained_run, tmp_path):
     run, _ = trained_run
     with FakeHub({PIQA: write_parquet(tmp_path / "repo", PIQA_ROWS)}) as hub:
@@ -153,6 +156,7 @@ def test_piqa_is_its_validation_split_asked_as_the_harness_asks_it(trained_run, 
                           row["label"]) for row in rows]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["arc_challenge", "hellaswag"])
 def test_offline_with_nothing_fetched_exits_2_with_the_download_command(trained_run, tmp_path, task):
     run, _ = trained_run

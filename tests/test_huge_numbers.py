@@ -24,8 +24,7 @@ from lmcockpit.core.run.resume import truncate_metrics
 from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.screens.launch import LaunchScreen
 
-from .conftest import cli, tiny_config
-from .test_hostile_inputs import SMALL, as_set, one_error
+from .helpers import QUICK_BUILD, as_set, cli, one_error, tiny_config
 
 HUGE = "9" * 5000  # past int()'s 4,300-digit limit: ValueError
 LARGE = "9" * 4000  # read by json, but no step: past what a step is held in (a signed 64-bit integer)
@@ -87,6 +86,7 @@ def test_a_resume_s_truncation_passes_over_a_row_with_a_huge_integer(tmp_path):
     assert [r["step"] for r in read_metrics(run, "step")] == [1, 2]
 
 
+@pytest.mark.slow
 def test_compare_reads_a_run_with_a_huge_integer(tmp_path):
     a, b = hostile_run(tmp_path / "a", UNREADABLE_LINES), hostile_run(tmp_path / "b", FOREIGN_ROWS)
     proc = cli("compare", str(a), str(b))
@@ -131,6 +131,7 @@ def test_an_attached_viewer_reads_a_live_run_whose_metrics_hold_a_huge_integer(t
         server.close(grace=1)
 
 
+@pytest.mark.slow
 def test_a_corpus_line_with_a_huge_integer_is_refused_naming_file_and_line(tmp_path):
     """As a line nested thousands deep is: the build stops at it, naming where, in one line."""
     source = tmp_path / "corpus.jsonl"
@@ -138,6 +139,6 @@ def test_a_corpus_line_with_a_huge_integer_is_refused_naming_file_and_line(tmp_p
     lines.insert(12, '{"text": "big", "id": ' + HUGE + "}")
     source.write_text("\n".join(lines) + "\n")
     line = one_error(cli("data", "prepare", "debug",
-                         *as_set(f'data.source="{source}"', f'data.cache_dir="{tmp_path / "c"}"', *SMALL)),
+                         *as_set(f'data.source="{source}"', f'data.cache_dir="{tmp_path / "c"}"', *QUICK_BUILD)),
                      f"{source}:13: not readable as JSON", "expected an object with a string field 'text'")
     assert len(line) < 400, line

@@ -595,3 +595,36 @@ def test_the_training_loop_stays_a_loop():
     lines = len((REPO / "core/train/trainer.py").read_text().splitlines())
     assert lines <= 450, f"core/train/trainer.py is {lines} lines: give what grew a part of its own"
 
+
+
+def test_no_test_file_imports_another_test_file():
+    """What two test files share lives in tests/helpers.py (a fixture in tests/conftest.py), never
+    in one of them: importing a test file runs all of it at import and ties its tests to another
+    file's edits. Every import is read, in functions too, in each of its spellings (the first
+    assertion: against a sample that uses each, so the check would go red)."""
+
+    def test_file_imports(tree: ast.Module) -> list[ast.stmt]:
+        found = []
+        for node in ast.walk(tree):
+            # each import as the tests/ module (or modules) it names, "tests." taken off
+            if isinstance(node, ast.Import):
+                named = [a.name.removeprefix("tests.") for a in node.names if a.name.startswith("tests.")]
+            elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "tests"):
+                module = (node.module or "").removeprefix("tests").removeprefix(".") if not node.level else node.module
+                # `from .test_x import y` names the file in its module, `from . import test_x` in its names
+                named = [module] if module else [a.name for a in node.names]
+            else:
+                continue
+            if any(name.startswith("test_") for name in named):
+                found.append(node)
+        return found
+
+    sample = ast.parse("from .test_a import x\nfrom tests.test_b import y\nimport tests.test_c\n"
+                       "def f():\n    from . import test_d\n    from tests import test_e\n"
+                       "from .helpers import z\nfrom tests.fake_hub import FakeHub\nfrom . import other_account\n")
+    assert [n.lineno for n in test_file_imports(sample)] == [1, 2, 3, 5, 6]
+    offending = [f"tests/{path.name}:{node.lineno}: {ast.unparse(node)}"
+                 for path in sorted((REPO / "tests").glob("*.py"))
+                 for node in test_file_imports(ast.parse(path.read_text(), str(path)))]
+    assert not offending, ("a test file imports another; move what it imports to tests/helpers.py (a fixture: "
+                           "tests/conftest.py):\n" + "\n".join(offending))

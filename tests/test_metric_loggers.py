@@ -20,7 +20,7 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.run.folder import TRAIN_LOG, read_metrics
 from lmcockpit.core.run.resume import plan_resume
 
-from .conftest import as_flags, cli, drive_engine, tiny_config
+from .helpers import as_flags, cli, drive_engine, tiny_config
 
 # Short: 8 steps, an eval and a checkpoint every 4.
 SHORT = ["training.max_steps=8", "eval.every=4", "checkpoint.every=4", "training.log_every=4"]
@@ -67,6 +67,7 @@ def scalars_of(run: Path, kind: str, field: str) -> dict[int, float]:
     return {r["step"]: r[field] for r in rows}
 
 
+@pytest.mark.slow
 def test_tensorboard_holds_the_metrics_jsonl_values_once_per_step(logged_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -116,6 +117,7 @@ def wandb_history(run_folder: Path) -> list[dict[str, float]]:
             for r in wandb_records(log) if r.WhichOneof("record_type") == "history"]
 
 
+@pytest.mark.slow
 def test_wandb_logs_offline_into_the_run_folder_and_a_resume_continues_the_same_run(logged_run, wandb_env):
     run = logged_run.dir
     saved_id = (run / "wandb_id").read_text().strip()
@@ -141,6 +143,7 @@ def test_wandb_logs_offline_into_the_run_folder_and_a_resume_continues_the_same_
     assert "warning" not in (run / TRAIN_LOG).read_text()
 
 
+@pytest.mark.slow
 def test_a_logger_that_cannot_start_is_reported_once_and_training_goes_on(tmp_path):
     from lmcockpit.core.run.folder import create_run_dir
 
@@ -245,6 +248,7 @@ def written_history(run_folder: Path) -> list[dict[str, float]]:
         return []
 
 
+@pytest.mark.slow
 def test_wandb_charts_task_scores_against_the_run_s_step(tmp_path, wandb_env):
     """W&B's own step only goes up (WandbLogger): every tag prefix, eval/ too, is charted against ours."""
     from lmcockpit.core.run.folder import MetricsLog
@@ -266,6 +270,7 @@ def test_wandb_charts_task_scores_against_the_run_s_step(tmp_path, wandb_env):
     assert [row["step"] for row in rows if "val/loss" in row] == [4, 8]
 
 
+@pytest.mark.slow
 def test_the_wandb_run_s_config_holds_no_notification_url(tmp_path, wandb_env):
     """[notify] says where word of the run goes, tokens and all: nothing of how it trains, and an
     online W&B run uploads its config. The rest of the config is there."""
@@ -320,6 +325,7 @@ def test_scalars_take_what_a_row_has_under_the_loggers_tags():
     assert scalars_of("sample", {"step": 3, "prompt": "a", "text": "b"}) == {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key, value, package", [("tensorboard", "true", "tensorboard"),
                                                   ("wandb", "\"my-project\"", "wandb")])
 def test_a_logger_whose_package_is_missing_is_a_usage_error_before_the_run(tmp_path, key, value, package):
@@ -337,6 +343,7 @@ def test_a_logger_whose_package_is_missing_is_a_usage_error_before_the_run(tmp_p
     assert not out.exists(), "a run folder was created for a run that cannot start"
 
 
+@pytest.mark.slow
 def test_a_resume_asking_for_a_missing_package_leaves_the_run_folder_as_it_was(logged_run, monkeypatch):
     from lmcockpit.core.config import ConfigError
 
@@ -362,6 +369,7 @@ def test_logging_settings_are_checked_like_the_others(override, message):
     assert str(e.value).startswith(message)
 
 
+@pytest.mark.slow
 def test_the_loggers_are_off_unless_asked_for_and_may_change_on_resume(logged_run, tmp_path):
     from lmcockpit.core.config import load_config
 

@@ -14,7 +14,7 @@ from lmcockpit.core.config import ConfigError
 from lmcockpit.core.data import batches, budget, store
 from lmcockpit.core.data.prepare import prepare
 
-from .conftest import drive_engine, tiny_config
+from .helpers import drive_engine, tiny_config
 
 
 def corpus(path, word: str, n: int):
@@ -32,6 +32,7 @@ def mixture(tmp_path, *extra: str):
                        "tokenizer.vocab_size=300", f"data.cache_dir=\"{tmp_path / 'cache'}\"", *extra)
 
 
+@pytest.mark.slow
 def test_a_mixture_draws_each_part_by_its_weight(tmp_path):
     cfg = mixture(tmp_path)
     logs: list[str] = []
@@ -59,6 +60,7 @@ def test_a_mixture_draws_each_part_by_its_weight(tmp_path):
     assert again.reused
 
 
+@pytest.mark.slow
 def test_a_mixture_run_says_each_part_s_budget(tmp_path):
     cfg = mixture(tmp_path, "training.max_steps=2000")
     _, events = drive_engine(cfg, tmp_path / "run", set_up_then=[P.Abort(save=False)])
@@ -76,6 +78,7 @@ def test_a_mixture_run_says_each_part_s_budget(tmp_path):
     assert 2.5 < epochs[0] / epochs[1] < 3.5
 
 
+@pytest.mark.slow
 def test_each_part_s_budget_is_estimated_then_counted_from_its_cache(tmp_path):
     cfg = mixture(tmp_path, "training.max_steps=2000")
     before = budget.parts(cfg)
@@ -121,6 +124,7 @@ def test_bad_mixtures_are_named(override, message):
         tiny_config('data.sources=[{source="a"}]', 'data.source="b"')
 
 
+@pytest.mark.slow
 def test_a_mixture_s_bpe_learns_from_all_of_each_part_when_train_bytes_is_0(tmp_path):
     """tokenizer.train_bytes = 0 means all of the text, for a mixture's parts as for a single source
     (it was a budget of one byte a part: a BPE of no merges, logged as a full vocabulary)."""

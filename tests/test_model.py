@@ -43,6 +43,7 @@ def test_rotary_runs_in_float32_and_returns_the_input_dtype():
     assert torch.allclose(ref.norm(dim=-1), x.float().norm(dim=-1), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_loss_falls_on_a_tiny_model():
     torch.manual_seed(0)
     model = GPT(SHAPE)
@@ -101,7 +102,7 @@ def test_a_checkpoint_without_room_on_the_disk_leaves_nothing_and_the_one_before
 
     from lmcockpit.core.train import checkpoint_io
 
-    from .conftest import fill
+    from .helpers import fill
 
     model = GPT(SHAPE)
     opts = build_optimizers(model, OptimizerConfig(), torch.device("cpu"))

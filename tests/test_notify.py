@@ -5,7 +5,6 @@ URL refused before a run starts."""
 
 from __future__ import annotations
 
-import json
 import os
 import pty
 import select
@@ -15,88 +14,14 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from email.header import decode_header
-from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from lmcockpit.core.config import ConfigError, NotifyConfig, load_config
 from lmcockpit.core.process.notify import NEEDS_APPRISE, Notifier, in_tmux, terminal_escape
 
-from .conftest import cli
-
-
-@dataclass
-class Received:
-    path: str
-    headers: Message
-    body: bytes
-    at: float  # time.monotonic() on arrival
-    method: str = "POST"
-
-    def json(self):
-        def refuse(constant):
-            raise ValueError(f"{constant} is not JSON")
-        return json.loads(self.body, parse_constant=refuse)  # strict, as a JavaScript receiver reads it
-
-
-class Server:
-    """A real HTTP server that records each request and answers with the next of `answers` (then
-    200), a status or (status, headers); with `hold`, each answer waits until that event is set, as
-    a hung server does. `answer(handler)`, when given, writes each response instead."""
-
-    def __init__(self, answers=(), hold: threading.Event | None = None, answer=None):
-        self.received: list[Received] = []
-        self.cond = threading.Condition()
-        self.stopped = threading.Event()  # what an `answer` that never ends waits on
-        self.answers, self.hold = list(answers), hold
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                with server.cond:
-                    server.received.append(Received(self.path, self.headers, body, time.monotonic(), self.command))
-                    status = server.answers.pop(0) if server.answers else 200
-                    server.cond.notify_all()
-                if answer is not None:
-                    answer(self, server.stopped)
-                    return
-                if server.hold is not None:
-                    server.hold.wait(60)
-                status, headers = status if isinstance(status, tuple) else (status, {})
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            do_GET = do_PUT = do_POST  # where a followed redirect would arrive, whatever its method
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        # polled often: shutdown() waits for the next poll
-        threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True).start()
-
-    def wait_for(self, n: int, timeout: float = 10) -> list[Received]:
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.received) >= n, timeout), \
-                f"{len(self.received)} requests after {timeout} s, expected {n}"
-            return list(self.received)
-
-    def stop(self):
-        self.stopped.set()
-        if self.hold is not None:
-            self.hold.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+from .helpers import Server, cli
 
 
 @pytest.fixture
@@ -512,6 +437,7 @@ def through_tmux(tmp_path, wrap: bool, passthrough: bool) -> bytes:
         os.waitpid(pid, 0)
 
 
+@pytest.mark.slow
 def test_terminal_notification_gets_through_tmux_with_passthrough(tmp_path):
     """Inside tmux the dashboard's OSC 777 and 9 reach the outer terminal as written, and the bell
     with them; written bare, tmux swallows them (why they are wrapped); without the user's
@@ -560,6 +486,7 @@ def test_good_notify_urls_load():
     assert cfg.notify.apprise == ["discord://id/token", "env:SLACK_URL"]
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_bad_webhook_before_a_run_starts(tmp_path):
     proc = cli("--run", "debug", "--set", 'notify.webhook="ftp://x"', "--out", str(tmp_path / "run"))
     assert proc.returncode == 2, proc.stdout + proc.stderr

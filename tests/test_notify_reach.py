@@ -13,9 +13,7 @@ import pytest
 
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.process import notify
-from tests.conftest import cli, tiny_config
-from tests.test_notify import Server
-from tests.test_notify_run import NO_PROXY
+from tests.helpers import NO_PROXY, Server, cli, tiny_config
 
 
 @contextlib.contextmanager
@@ -26,6 +24,7 @@ def closed_port():
         yield held.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_a_webhook_nothing_answers_is_refused_before_the_run_folder(tmp_path):
     with closed_port() as port:
         hook = f"http://127.0.0.1:{port}/SECRET-HOOK?token=SECRET-TOKEN"
@@ -39,6 +38,7 @@ def test_a_webhook_nothing_answers_is_refused_before_the_run_folder(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_an_ntfy_topic_named_by_a_variable_and_nothing_answers_is_refused_by_detach_too(tmp_path):
     with closed_port() as port:
         r = cli("debug", "--detach", "--set", 'notify.ntfy="env:LMCOCKPIT_TEST_TOPIC"', "--out", str(tmp_path / "run"),

@@ -13,14 +13,11 @@ import time
 
 import psutil
 
+import pytest
+
 from lmcockpit.core.process import live
 from lmcockpit.core.run.folder import read_metrics
-from tests.conftest import TINY, as_flags, cli
-from tests.test_attach import detached, last_step, stop, wait_until
-from tests.test_notify import Server
-
-NO_PROXY = {"no_proxy": "*", "NO_PROXY": "*"}  # a proxy in the environment would take 127.0.0.1's posts elsewhere
-
+from tests.helpers import NO_PROXY, TINY, Server, as_flags, cli, detached, last_step, stop, wait_until
 
 def events(server: Server) -> list[dict]:
     return [json.loads(r.body) for r in server.received]
@@ -30,6 +27,7 @@ def losses(run) -> list[float]:
     return [row["loss"] for row in read_metrics(run, "step")]
 
 
+@pytest.mark.slow
 def test_a_finished_run_and_a_failed_one_send_their_word(tmp_path):
     server = Server()
     try:
@@ -56,6 +54,7 @@ def test_a_finished_run_and_a_failed_one_send_their_word(tmp_path):
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_hanging_webhook_changes_nothing_in_training(tmp_path):
     """Nor in what the other targets get: ntfy has the finished event while the webhook still hangs."""
     plain = cli("--run", "debug", *as_flags(TINY), "--out", str(tmp_path / "plain"))
@@ -82,6 +81,7 @@ def test_a_hanging_webhook_changes_nothing_in_training(tmp_path):
         ntfy.stop()
 
 
+@pytest.mark.slow
 def test_a_stalled_run_s_host_sends_word(tmp_path, monkeypatch):
     for name, value in NO_PROXY.items():
         monkeypatch.setenv(name, value)  # the host inherits this process's environment
@@ -109,6 +109,7 @@ def test_a_stalled_run_s_host_sends_word(tmp_path, monkeypatch):
     assert os.path.exists(run / "train.log")
 
 
+@pytest.mark.slow
 def test_a_webhook_named_by_a_missing_variable_is_refused_before_the_run_folder(tmp_path):
     r = cli("--run", "debug", "--set", 'notify.webhook="env:LMCOCKPIT_TEST_NO_SUCH_HOOK"', "--out", str(tmp_path / "run"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -149,7 +150,7 @@ def test_each_engine_event_worth_word_becomes_its_notification(monkeypatch):
 
 def test_a_config_keeps_its_file_private_only_where_notify_holds_a_url(tmp_path):
     from lmcockpit.core.run.folder import write_config
-    from tests.conftest import tiny_config
+    from tests.helpers import tiny_config
 
     for setting, mode in [("notify.webhook=\"env:HOOK\"", 0o644), ("notify.ntfy=\"https://ntfy.sh/SECRET\"", 0o600),
                           ("notify.apprise=[\"discord://1/SECRET\"]", 0o600), ("notify.terminal=true", 0o644)]:

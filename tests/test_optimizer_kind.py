@@ -11,7 +11,7 @@ from lmcockpit.core.model.muon import Muon
 from lmcockpit.core.run.folder import read_metrics
 from lmcockpit.core.train.optim import build_optimizers
 
-from .conftest import cli, drive_engine, losses, tiny_config
+from .helpers import cli, drive_engine, losses, tiny_config
 
 ADAMW = ['optimizer.kind="adamw"', "optimizer.weight_decay=0.1", "optimizer.lr=0.01"]
 
@@ -58,6 +58,7 @@ def test_an_unknown_kind_is_refused_by_name():
         load_config("debug", ['optimizer.kind="sgd"'])
 
 
+@pytest.mark.slow
 def test_an_adamw_run_learns_and_says_so_in_its_header(tmp_path):
     logs = []
     engine, events = drive_engine(tiny_config(*ADAMW, "training.max_steps=30", "eval.every=0"), tmp_path / "run",
@@ -70,6 +71,7 @@ def test_an_adamw_run_learns_and_says_so_in_its_header(tmp_path):
     assert header == [f"optimizer: adamw: AdamW {n:,} (lr 0.01, betas 0.9/0.95, wd 0.1); cosine schedule, warmup 5"]
 
 
+@pytest.mark.slow
 def test_a_resume_that_changes_the_optimizer_is_refused(tmp_path):
     run = tmp_path / "run"
     engine, _ = drive_engine(tiny_config("training.max_steps=4", "checkpoint.every=4", "eval.every=0"), run)

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import TINY, as_flags
+from .helpers import TINY, as_flags
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"core": ("*.py",), "tui": ("*.py", "*.tcss"), "presets": ("*.py", "*.toml"), "lmcockpit": ("*.py",)}

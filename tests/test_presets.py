@@ -6,7 +6,7 @@ import pytest
 from lmcockpit.core.config import ConfigError, load_config, shipped_presets
 from lmcockpit.core.hardware import memory_estimate
 
-from .conftest import NO_GPU, cli
+from .helpers import NO_GPU, cli
 
 GPU_PRESETS = {"3060": 12, "4070ti": 12, "3090": 24, "4090": 24, "a100-40gb": 40, "a100-80gb": 80, "h100": 80}
 # Reference runs sized to a known result, not to fill a card (tests/test_gpt2_preset.py).
@@ -36,6 +36,7 @@ def test_bigger_cards_get_bigger_models():
     assert params["a100-40gb"] < params["a100-80gb"] < params["h100"]
 
 
+@pytest.mark.slow
 def test_presets_command_lists_every_preset_against_this_machines_gpu_or_its_class():
     """Without a GPU each preset is judged against the class it was sized for; with one (NVML's,
     which CUDA_VISIBLE_DEVICES does not hide), against the largest card here. The test reads the
@@ -68,6 +69,7 @@ def test_presets_command_lists_every_preset_against_this_machines_gpu_or_its_cla
         assert rows["cpu"].rstrip().endswith("–")  # no GPU and no class to judge against
 
 
+@pytest.mark.slow
 def test_presets_command_judges_against_a_given_card():
     proc = cli("presets", "--memory", "16")
     assert proc.returncode == 0, proc.stderr
@@ -76,6 +78,7 @@ def test_presets_command_judges_against_a_given_card():
     assert cli("presets", "--memory", "0").returncode == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--memory", "nan"], "--memory nan: expected a positive, finite number of GiB"),
     (["--memory", "inf"], "--memory inf: expected a positive, finite number of GiB"),
@@ -90,6 +93,7 @@ def test_presets_command_refuses_bad_arguments_in_one_line(args, message):
     assert proc.stderr == f"error: {message}\n" and proc.stdout == ""
 
 
+@pytest.mark.slow
 def test_presets_command_imports_no_torch():
     code = ("import sys; from lmcockpit.tui.commands.presets import main; rc = main([]); "
             "print('torch imported' if 'torch' in sys.modules else 'torch-free', rc)")
@@ -111,6 +115,7 @@ def test_bad_values_of_the_gpu_keys_are_named(override, message):
     assert message in str(e.value)
 
 
+@pytest.mark.slow
 def test_bad_gpu_key_on_the_command_line_exits_2(tmp_path):
     proc = cli("--run", "h100", "--set", "training.compile_mode=turbo", "--out", str(tmp_path / "run"))
     assert proc.returncode == 2
@@ -156,6 +161,7 @@ def test_training_time_is_the_run_s_flops_over_the_card_s_peak_at_the_stated_mfu
     assert training_time(two, "H100").seconds == pytest.approx(training_time(one, "H100").seconds)
 
 
+@pytest.mark.slow
 def test_presets_command_says_how_long_each_preset_should_train():
     from lmcockpit.core.hardware.compute_estimate import training_time
 

@@ -14,7 +14,7 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.run.folder import latest_checkpoint, read_metrics
 
-from .conftest import as_flags, cli, drive_engine, start_cli_run, tiny_config
+from .helpers import as_flags, cli, drive_engine, start_cli_run, tiny_config
 
 LONG = ["training.max_steps=40", "checkpoint.every=20", "checkpoint.keep=5", "eval.every=0"]
 
@@ -44,6 +44,7 @@ def reference(tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_resume_from_a_checkpoint_folder_is_bit_exact(reference, tmp_path):
     out = tmp_path / "continued"
     proc = cli("--run", "--resume", str(reference / "checkpoints" / "step_000020"), "--out", str(out))
@@ -55,6 +56,7 @@ def test_resume_from_a_checkpoint_folder_is_bit_exact(reference, tmp_path):
     assert same_weights(out / "checkpoints" / "step_000040", reference / "checkpoints" / "step_000040")
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_in_place_exactly(reference, tmp_path):
     run = tmp_path / "run"
 
@@ -76,6 +78,7 @@ def test_killed_run_resumes_in_place_exactly(reference, tmp_path):
     assert same_weights(run / "checkpoints" / "step_000040", reference / "checkpoints" / "step_000040")
 
 
+@pytest.mark.slow
 def test_sigkill_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path, monkeypatch):
     run = tmp_path / "run"
     monkeypatch.setenv("LMCOCKPIT_TEST_HOLD_CHECKPOINT", "10")
@@ -105,6 +108,7 @@ def test_sigkill_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path,
     assert latest_checkpoint(run).name == "step_000020"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_signals_checkpoint_and_exit_130(tmp_path, sig):
     out = tmp_path / "run"
@@ -120,6 +124,7 @@ def test_signals_checkpoint_and_exit_130(tmp_path, sig):
         assert again.returncode == 0, again.stdout + again.stderr
 
 
+@pytest.mark.slow
 def test_a_closed_output_pipe_stops_the_run_like_a_hang_up(tmp_path):
     """`lmcockpit --run cpu | head`: the reader is gone; the run stops in order, with a checkpoint."""
     import psutil
@@ -137,6 +142,7 @@ def test_a_closed_output_pipe_stops_the_run_like_a_hang_up(tmp_path):
     assert json.loads((latest_checkpoint(out) / "state.json").read_text())["step"] >= 4
 
 
+@pytest.mark.slow
 def test_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(tmp_path):
     out = tmp_path / "run"
     proc = start_cli_run(out, "checkpoint.every=3", until="checkpoint: step 3")
@@ -153,6 +159,7 @@ def test_second_ctrl_c_stops_at_once_and_keeps_the_last_checkpoint(tmp_path):
     assert weights(ckpt)  # loadable
 
 
+@pytest.mark.slow
 def test_nan_stops_with_a_report_and_keeps_the_last_good_weights(tmp_path):
     run = tmp_path / "run"
     cfg = tiny_config("training.max_steps=30", "eval.every=0", "optimizer.lr=1e30", "optimizer.muon_lr=1e30",
@@ -174,6 +181,7 @@ def test_nan_stops_with_a_report_and_keeps_the_last_good_weights(tmp_path):
         assert latest_checkpoint(run).name == f"step_{good[-1]:06d}"
 
 
+@pytest.mark.slow
 def test_nan_skip_counts_and_then_stops(tmp_path):
     cfg = tiny_config("training.max_steps=30", "eval.every=0", "optimizer.lr=1e30", "optimizer.muon_lr=1e30",
                       "training.grad_clip=0", "training.on_nan=\"skip\"", "training.max_nan_skips=3")
@@ -187,6 +195,7 @@ def test_nan_skip_counts_and_then_stops(tmp_path):
     assert all(np.isfinite(w).all() for w in kept.values())
 
 
+@pytest.mark.slow
 def test_a_skipped_bad_step_keeps_the_weights_and_the_run_goes_on_healthy(tmp_path):
     """One bad batch, at step 3: its loss and so its gradients are NaN (a real bad batch cannot be
     made on demand on a CPU, so the trainer's own loop runs here with that one loss poisoned).
@@ -239,6 +248,7 @@ def test_a_skipped_bad_step_keeps_the_weights_and_the_run_goes_on_healthy(tmp_pa
     assert all(np.isfinite(w).all() for w in final.values())
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_under_the_loss_scaler_is_skipped_counted_and_stops(tmp_path):
     """fp16 trains with a loss scaler (precision "auto" on V100, T4, RTX 20xx), which skips a step
     whose gradients overflowed and lowers its scale. A NaN loss is no overflow: it goes through
@@ -284,6 +294,7 @@ def copy_checkpoint(src: Path, dst: Path, step: int) -> Path:
     return dst
 
 
+@pytest.mark.slow
 def test_checkpoints_are_ordered_by_step_number_not_by_name(reference, tmp_path):
     import shutil
 
@@ -309,6 +320,7 @@ def test_checkpoints_are_ordered_by_step_number_not_by_name(reference, tmp_path)
     assert [p.name for p in (run / "checkpoints").glob("step_*")] == ["step_1000000"]
 
 
+@pytest.mark.slow
 def test_a_kill_while_a_checkpoint_is_pruned_leaves_none_half_deleted(reference, tmp_path):
     """Pruning deleted step_N/ in place: a kill part way left a checkpoint listed as complete with
     its shards gone, or with its state.json gone first, unlisted and so never pruned. It is now
@@ -343,6 +355,7 @@ def test_a_kill_while_a_checkpoint_is_pruned_leaves_none_half_deleted(reference,
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["step_000040"]
 
 
+@pytest.mark.slow
 def test_a_stop_at_a_saved_step_keeps_that_checkpoint_as_it_is(reference, tmp_path):
     """Saving a step twice once deleted the first copy before renaming the second into place: a
     kill in between left no checkpoint at all. The step on disk is now left alone."""
@@ -368,6 +381,7 @@ def test_a_stop_at_a_saved_step_keeps_that_checkpoint_as_it_is(reference, tmp_pa
     assert latest_checkpoint(tmp_path / "new").name == "step_000040"
 
 
+@pytest.mark.slow
 def test_a_run_being_trained_cannot_be_resumed_meanwhile(tmp_path):
     out = tmp_path / "run"
     proc = start_cli_run(out, "checkpoint.every=2", until="checkpoint: step 2")
@@ -389,6 +403,7 @@ def latest_step(run: Path) -> int:
     return json.loads((latest_checkpoint(run) / "state.json").read_text())["step"]
 
 
+@pytest.mark.slow
 def test_a_loss_spike_is_resumed_past_with_other_learning_rates(reference, tmp_path):
     from lmcockpit.core.config import load_config
     from lmcockpit.core.train.optim import lr_multiplier
@@ -405,6 +420,7 @@ def test_a_loss_spike_is_resumed_past_with_other_learning_rates(reference, tmp_p
     assert rows[0]["lr"] == pytest.approx(1e-3 * lr_multiplier(40, 44, schedule))
 
 
+@pytest.mark.slow
 def test_a_run_resumed_after_its_data_changed_keeps_its_tokenizer(tmp_path):
     folder = tmp_path / "texts"
     folder.mkdir()
@@ -422,6 +438,7 @@ def test_a_run_resumed_after_its_data_changed_keeps_its_tokenizer(tmp_path):
     assert sorted(step_losses(run)) == list(range(1, 7))
 
 
+@pytest.mark.slow
 def test_resume_takes_a_new_cadence_for_each_of_eval_checkpoint_log_and_sample(reference, tmp_path):
     """The run was saved with no evaluation or samples, a checkpoint every 20 steps and a log
     line every 4; each cadence given on resume is the one the continued run keeps."""
@@ -443,6 +460,7 @@ def test_resume_takes_a_new_cadence_for_each_of_eval_checkpoint_log_and_sample(r
     assert (cfg.eval.every, cfg.checkpoint.every, cfg.training.log_every, cfg.sample.every) == (3, 4, 5, 5)
 
 
+@pytest.mark.slow
 def test_resume_takes_on_nan_skip_past_a_spike(reference, tmp_path):
     """Saved with on_nan = "stop": resumed with "skip" (and rates that blow up), the continued run
     skips its non-finite steps up to max_nan_skips before it stops, as a run started so would."""
@@ -457,6 +475,7 @@ def test_resume_takes_on_nan_skip_past_a_spike(reference, tmp_path):
     assert f"lmcockpit --run --resume {tmp_path / 'spiked'} --set optimizer.lr=5e+37" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_resumed_compiled_run_leaves_compiling_at_its_first_step(reference, tmp_path):
     """A compiled run says COMPILING until its first step has compiled the model; resumed, that
     step is not step 1, and with no evaluation or checkpoint on the way it was never said at all:
@@ -503,6 +522,7 @@ def test_a_step_split_otherwise_takes_the_same_sequences(saved, now):
         assert (x[:, 1:] == y[:, :-1]).all()  # targets stay the inputs shifted by one
 
 
+@pytest.mark.slow
 def test_out_of_memory_advice_is_what_a_resume_takes(reference, tmp_path):
     """The out-of-memory message says the checkpoint is kept and what to change: each change it
     names is one --resume accepts, and the continued run takes the same sequences each step."""
@@ -559,6 +579,7 @@ def test_out_of_memory_advice_is_what_a_resume_takes(reference, tmp_path):
 
 
 # ---------------------------------------------------------------------------- bad --resume input
+@pytest.mark.slow
 def test_resume_refuses_unsafe_changes_by_name(reference, tmp_path):
     proc = cli("--run", "--resume", str(reference / "checkpoints" / "step_000020"), "--out", str(tmp_path / "x"),
                "--set", "model.d_model=128")
@@ -568,6 +589,7 @@ def test_resume_refuses_unsafe_changes_by_name(reference, tmp_path):
     assert proc.returncode == 2 and "--set: unknown key training.max_step" in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_resume_may_change_exactly_the_keys_declared_safe(reference, tmp_path):
     """Each key, --set to the value the checkpoint already holds: refused by name where its
     declaration says it is fixed on resume, taken where it says "safe" (config.safe_on_resume:
@@ -596,6 +618,7 @@ def test_resume_may_change_exactly_the_keys_declared_safe(reference, tmp_path):
     assert not {key for key in safe_on_resume() if key in fixed or key.split(".")[0] in fixed}
 
 
+@pytest.mark.slow
 def test_a_run_stopped_before_its_first_checkpoint_is_named_as_such(reference, tmp_path):
     import shutil
 
@@ -608,6 +631,7 @@ def test_a_run_stopped_before_its_first_checkpoint_is_named_as_such(reference, t
     assert proc.returncode == 2 and "the run has no complete checkpoint yet" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage, message", [
     (lambda c: (c / "model.safetensors").unlink(), "missing model.safetensors"),
     (lambda c: (c / "state.json").write_text("{\"step\": 3"), "state.json is unreadable"),
@@ -626,6 +650,7 @@ def test_damaged_or_foreign_checkpoints_exit_2(reference, tmp_path, damage, mess
     assert message in proc.stdout + proc.stderr and "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_a_damaged_newest_checkpoint_points_to_the_one_before(reference, tmp_path):
     import shutil
 
@@ -640,6 +665,7 @@ def test_a_damaged_newest_checkpoint_points_to_the_one_before(reference, tmp_pat
     assert proc.returncode == 0 and "at step 20" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (lambda t: ["--resume", str(t)], "neither a run folder"),
     (lambda t: ["--resume", str(t / "nope")], "neither a run folder"),
@@ -654,6 +680,7 @@ def test_bad_paths_exit_2(tmp_path, args, message):
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_killed_front_end_makes_the_engine_checkpoint_and_stop(tmp_path):
     """SSH drops, terminal closes, OOM killer takes the front-end: the engine must not train on
     unseen, nor die mid-write."""

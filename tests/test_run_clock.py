@@ -22,9 +22,7 @@ from lmcockpit.tui.formatting import DASH, fmt_duration
 from lmcockpit.tui.headless import progress_line
 from lmcockpit.tui.run_state import RunState
 
-from .conftest import cli
-from .test_attach import detached, last_step, stop, wait_until
-from .test_cockpit import dashboard, wait_for
+from .helpers import cli, dashboard, detached, last_step, stop, wait_for, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -101,6 +99,7 @@ def ps_row(run) -> dict[str, str]:
     return dict(zip(header, next(line for line in lines if line[0] == str(run.resolve()))))
 
 
+@pytest.mark.slow
 async def test_every_viewer_of_a_detached_run_shows_its_elapsed_time_and_ps_s_eta(tmp_path):
     """A run that trains in the background, watched by two cockpits one after the other, each
     attaching well after the run began: each shows the time since the run began, the same start

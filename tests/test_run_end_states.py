@@ -15,10 +15,9 @@ from lmcockpit.core.run.folder import METRICS, read_metrics, run_summary, well_f
 from lmcockpit.core.run.resume import plan_resume
 from lmcockpit.tui.app import CockpitApp
 
-from .conftest import cli, drive_engine, tiny_config
-from .test_cockpit import shown_in, wait_for
+from .helpers import cli, drive_engine, shown_in, tiny_config, wait_for
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 def stop_at_step(step: int, command: P.Abort):
@@ -77,7 +76,7 @@ def test_compare_calls_each_run_by_its_final_state(runs):
 async def test_the_launch_screen_and_the_baseline_list_call_each_run_by_its_final_state(runs):
     from textual.widgets import OptionList
 
-    from .test_cockpit_snapshots import FedDashboard
+    from .helpers import FedDashboard
 
     root, final = runs
     app = CockpitApp(runs_root=root, telemetry=False)

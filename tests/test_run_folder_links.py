@@ -23,7 +23,7 @@ from lmcockpit.core.run.folder import (CHECKPOINTS, NAN_DEBUG, RUN_FOLDERS, TENS
 from lmcockpit.core.run.safe_files import NotOwnFile, pinned_dir
 from lmcockpit.core.train import checkpoint_io, nan_debug
 
-from .conftest import cli, drive_engine, tiny_config
+from .helpers import cli, drive_engine, tiny_config
 from .other_account import other_account, run_as_other
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -133,6 +133,7 @@ def test_a_nan_report_refuses_a_link_at_nan_debug(shared, victim):
     assert snapshot(victim) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,overrides", [(CHECKPOINTS, ()), (TENSORBOARD, ("logging.tensorboard=true",))])
 def test_the_engine_refuses_a_link_planted_before_it_starts_and_writes_nothing_there(shared, victim, name,
                                                                                      overrides):
@@ -153,6 +154,7 @@ class _Plan:
         self.cfg, self.run_dir, self.checkpoint = cfg, run_dir, None
 
 
+@pytest.mark.slow
 def test_a_resume_in_place_refuses_a_link_at_checkpoints_in_one_line(shared, victim, trained_run):
     """`--resume` of a run folder where the other account replaced checkpoints/ by a link: one
     line, exit 2, and the later checkpoints a resume in place deletes are not looked for there."""

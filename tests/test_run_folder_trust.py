@@ -42,7 +42,7 @@ from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.formatting import DASH
 from lmcockpit.tui.screens.launch import LaunchScreen
 
-from .conftest import PINNED_FP32, cli, tiny_config
+from .helpers import PINNED_FP32, cli, tiny_config
 from .other_account import held_by_other, other_account, run_as_other
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -117,6 +117,7 @@ def test_attach_refuses_a_live_file_that_is_not_the_user_s_own(tmp_path, name, h
         server.close(grace=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", HOW)
 def test_lmcockpit_attach_refuses_a_planted_live_json_in_one_line(tmp_path, how):
     live.LiveRecord(str(tmp_path.resolve()), os.getpid(), socket.gethostname(), str(tmp_path / live.SOCKET)).write()
@@ -172,6 +173,7 @@ def held_by_another_account(run: Path, reachable: Path):
         yield marker
 
 
+@pytest.mark.slow
 def test_attach_refuses_a_socket_another_account_holds_and_unpickles_nothing(tmp_path, reachable):
     with held_by_another_account(tmp_path, reachable) as marker:
         with pytest.raises(NotLive, match=f"held by a process of uid {other_account().pw_uid} .*attach refused"):
@@ -234,6 +236,7 @@ def test_a_live_json_with_a_field_of_the_wrong_type_is_unreadable(tmp_path, fiel
         RunViewer(tmp_path)
 
 
+@pytest.mark.slow
 def test_ps_lists_a_live_json_whose_pid_is_text_as_unreadable_and_the_rest_as_ever(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # a registry of the test's own
     good, bad = (tmp_path / "good").resolve(), (tmp_path / "bad").resolve()
@@ -328,6 +331,7 @@ def test_a_lock_of_another_account_s_stops_a_training_with_a_message(tmp_path):
     assert (tmp_path / LOCK).read_text() == "4242\n"
 
 
+@pytest.mark.slow
 def test_the_metrics_log_and_a_dead_engine_s_record_never_write_through_a_link(tmp_path, victim):
     planted_link(tmp_path, METRICS, victim)
     with pytest.raises(NotOwnFile, match="symbolic link"):
@@ -338,6 +342,7 @@ def test_the_metrics_log_and_a_dead_engine_s_record_never_write_through_a_link(t
     assert victim.read_text() == VICTIM
 
 
+@pytest.mark.slow
 def test_an_engine_refuses_a_link_at_train_log_and_says_so(tmp_path, victim):
     """The real engine process: a link planted after the folder was made, before the run starts."""
     run = create_run_dir(tiny_config(), "debug", str(tmp_path / "run"))

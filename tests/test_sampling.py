@@ -14,7 +14,7 @@ from lmcockpit.core.model.sampling import TextStream, answer, filter_logits, gen
 from lmcockpit.core.run.checkpoint_folder import find_checkpoint
 from lmcockpit.core.run.folder import read_metrics
 
-from .conftest import drive_engine, losses, tiny_config
+from .helpers import drive_engine, losses, tiny_config
 
 SHAPE = GPTShape(vocab_size=97, n_layer=2, d_model=32, n_head=4, n_kv_head=2, head_dim=8, mlp_hidden=64,
                  max_seq_len=32)
@@ -39,6 +39,7 @@ def ask(loaded, prompt: str, **settings) -> tuple[list[str], list[P.SampleText]]
     return texts, events
 
 
+@pytest.mark.slow
 def test_decode_with_the_cache_gives_the_logits_of_the_full_forward():
     torch.manual_seed(0)
     model = GPT(SHAPE).eval()
@@ -52,6 +53,7 @@ def test_decode_with_the_cache_gives_the_logits_of_the_full_forward():
         torch.testing.assert_close(logits, full[:, 7 + i], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_cached_greedy_equals_recomputation_past_the_context(loaded):
     ids = loaded.tokenizer.encode("def fibonacci(n):").ids
     n = 2 * loaded.model.shape.max_seq_len  # the visible window moves twice
@@ -60,6 +62,7 @@ def test_cached_greedy_equals_recomputation_past_the_context(loaded):
     assert len(cached) == n and cached == recomputed
 
 
+@pytest.mark.slow
 def test_a_prompt_longer_than_the_context_is_cropped(loaded):
     ctx = loaded.model.shape.max_seq_len
     ids = loaded.tokenizer.encode("import os\n" * ctx).ids
@@ -68,6 +71,7 @@ def test_a_prompt_longer_than_the_context_is_cropped(loaded):
     assert out == tokens(loaded.model, ids[-ctx:], 10, greedy=True)
 
 
+@pytest.mark.slow
 def test_same_seed_same_text_other_seed_other_text(loaded):
     settings = dict(max_new_tokens=24, temperature=1.0, top_k=0)
     a, _ = ask(loaded, "def ", seed=1, **settings)
@@ -97,6 +101,7 @@ def test_top_k_and_top_p_cut_the_tail():
     assert kept(top_k=0, top_p=1.0) == [True] * 4
 
 
+@pytest.mark.slow
 def test_top_k_1_and_a_tiny_top_p_are_greedy(loaded):
     ids = loaded.tokenizer.encode("class ").ids
     greedy = tokens(loaded.model, ids, 20, greedy=True, num_samples=2)
@@ -122,6 +127,7 @@ def test_rows_that_meet_end_of_text_drop_out_and_the_others_go_on():
     assert len(set(lengths)) > 1 and len(steps) < 60 and steps[-1] == [None] * 8
 
 
+@pytest.mark.slow
 def test_streamed_pieces_join_to_the_text_without_broken_characters(loaded):
     tok = loaded.tokenizer
     text = "naïve café → 🙂 ok, 漢字 done"
@@ -160,6 +166,7 @@ def test_a_request_with_nonsense_settings_is_refused_and_still_done(loaded):
     assert events == [P.SampleText("bad", 3, "x", "", done=True)]
 
 
+@pytest.mark.slow
 def test_periodic_samples_take_top_p_from_the_config(tmp_path):
     """A nucleus of one token (top_p 1e-6) is greedy whatever the temperature: the run's last
     periodic sample, drawn from the weights its last checkpoint holds, is their greedy text,
@@ -183,6 +190,7 @@ def test_periodic_samples_take_top_p_from_the_config(tmp_path):
             tiny_config(bad)
 
 
+@pytest.mark.slow
 def test_training_losses_are_identical_with_samples_in_between(tmp_path):
     """Chat requests while running and while paused, and periodic samples: same losses, bit for bit."""
     base = ["eval.every=0"]

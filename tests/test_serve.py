@@ -21,7 +21,6 @@ import shutil
 import signal
 import socket
 import stat
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,6 +31,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from .helpers import WEBSOCKET, Served, free_port, http_get, token_cookie
+
+pytestmark = pytest.mark.slow
 
 CHROMIUM_MISSING = ("no `chromium` on PATH: the browser test needs the system's Chromium "
                     "(apt-get install chromium; .ci/run installs it)")
@@ -45,119 +48,6 @@ SCREEN_TEXT = """() => {
   return rows.join("\\n");
 }"""
 WAIT_MS = 60_000  # a cockpit's first screen takes seconds; on 2 busy cores, more
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-SERVE = [sys.executable, "-m", "lmcockpit.tui.cli", "serve"]
-
-
-class Served:
-    """`lmcockpit serve ARGS` (or `program` ARGS) running in `cwd`, its stdout and stderr read as they come."""
-
-    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None, program: list[str] = SERVE):
-        # A session of its own: cleanup can end the server and every cockpit it started, and nothing else.
-        self.proc = subprocess.Popen([*program, *args], cwd=cwd,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True, env={**os.environ, **(env or {})})
-        self.out, self.err, self.closed = [], [], 0
-        self.changed = threading.Condition()
-        self.readers = [threading.Thread(target=self._read, args=(stream, into), daemon=True)
-                        for stream, into in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
-        for reader in self.readers:
-            reader.start()
-
-    def _read(self, stream, into: list[str]) -> None:
-        for line in stream:
-            with self.changed:
-                into.append(line)
-                self.changed.notify_all()
-        with self.changed:
-            self.closed += 1  # at 2, both streams have ended: it has exited, nothing more will come
-            self.changed.notify_all()
-
-    @property
-    def stdout(self) -> str:
-        return "".join(self.out)
-
-    @property
-    def stderr(self) -> str:
-        return "".join(self.err)
-
-    def printed(self) -> re.Match:
-        """The URL it printed (on TCP): its path (base, the cockpit's own) and its token."""
-        found = re.search(r":\d+(/(?:[0-9a-f]+/)?)\?token=([0-9a-f]+) ", self.stdout)
-        assert found, f"no URL with a token in {self.stdout!r}"
-        return found
-
-    @property
-    def base(self) -> str:
-        """The path everything is served under (on TCP)."""
-        return self.printed()[1]
-
-    @property
-    def token(self) -> str:
-        """The token in the URL it printed (on TCP)."""
-        return self.printed()[2]
-
-    def expect(self, text: str, timeout: float = 60, stderr: bool = False) -> None:
-        """Wait until `text` has come on stdout (on stderr with `stderr`)."""
-        def seen() -> bool:
-            return text in (self.stderr if stderr else self.stdout)
-        with self.changed:
-            if not self.changed.wait_for(lambda: seen() or self.closed == 2, timeout):
-                raise AssertionError(f"no {text!r} in {timeout}s: {self.stdout[-600:]!r} {self.stderr[-600:]!r}")
-        assert seen(), f"exited ({self.proc.wait()}) before {text!r}: {self.stderr[-1500:]!r}"
-
-    def cockpits(self) -> list[psutil.Process]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            return psutil.Process(self.proc.pid).children()  # each cockpit is the server's own child
-        return []
-
-    def wait(self, timeout: float = 60) -> int:
-        code = self.proc.wait(timeout)
-        for reader in self.readers:
-            reader.join(timeout=10)
-        return code
-
-    def close(self) -> None:
-        """Stop it as Ctrl-C would, then make sure: the server and whatever it started."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(30)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # its session: the cockpits and their engines too
-        self.proc.wait()
-
-
-@pytest.fixture
-def serve(tmp_path):
-    started: list[Served] = []
-
-    def start(*args: str, ready: bool = True, env: dict[str, str] | None = None, program: list[str] = SERVE,
-              ready_line: str = "lmcockpit serve: the cockpit on") -> Served:
-        started.append(Served(*args, cwd=tmp_path, env=env, program=program))
-        if ready:
-            started[-1].expect(ready_line)
-        return started[-1]
-    yield start
-    for served in started:
-        served.close()
-
-
-@pytest.fixture
-def runtime():
-    """An $XDG_RUNTIME_DIR of the test's own that every account may enter (a real one is 0700): what
-    keeps another account from the socket is then lmcockpit's own folder and socket file."""
-    folder = Path(tempfile.mkdtemp(prefix="lmcockpit-runtime-"))
-    folder.chmod(0o755)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -350,6 +240,7 @@ Delivering().run()
 SERVER_OF = """\
 import sys
 from lmcockpit.tui.commands.serve.webserver import CockpitServer
+
 
 command, port, token, base = sys.argv[1:]
 CockpitServer(command, {"host": "127.0.0.1", "port": int(port)}, loopback=True, token=token, base=base,
@@ -545,35 +436,6 @@ def test_a_port_host_or_socket_it_cannot_listen_on_is_a_usage_error(serve, args,
     served = serve(*args, ready=False)
     assert served.wait(60) == 2
     assert served.stderr.startswith(f"error: {message}") and "Traceback" not in served.stderr
-
-
-# ------------------------------------------------------------------- what the page may reach
-def http_get(where: int | str, path: str = "/", headers: dict[str, str] | None = None) -> list:
-    """GET `path` from a port on 127.0.0.1 (an int) or a Unix socket (its path), as curl would:
-    [status, headers, body], JSON-able, so another account's call (other_account.py) can return it."""
-    connection = http.client.HTTPConnection("127.0.0.1" if isinstance(where, int) else "localhost",
-                                            where if isinstance(where, int) else 8000, timeout=30)
-    try:
-        if isinstance(where, str):
-            connection.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            connection.sock.settimeout(30)
-            connection.sock.connect(where)
-        connection.request("GET", path, headers=headers or {})
-        response = connection.getresponse()
-        return [response.status, dict(response.getheaders()), response.read().decode()]
-    finally:
-        connection.close()
-
-
-def token_cookie(port: int, served: Served, host: str | None = None) -> str:
-    """The cookie the server gives in exchange for the token in the page's URL, as `name=value`."""
-    status, headers, _ = http_get(port, f"{served.base}?token={served.token}", {"Host": host} if host else None)
-    assert status == 303, status
-    return headers["Set-Cookie"].split(";")[0]
-
-
-WEBSOCKET = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
-             "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
 
 
 def test_the_page_follows_the_browsers_address_and_other_sites_are_refused(serve):

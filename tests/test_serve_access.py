@@ -15,7 +15,9 @@ import stat
 import pytest
 
 from .other_account import OtherRaised, run_as_other
-from .test_serve import WEBSOCKET, free_port, http_get, runtime, serve, token_cookie  # noqa: F401 - fixtures
+from .helpers import WEBSOCKET, free_port, http_get, token_cookie
+
+pytestmark = pytest.mark.slow
 
 NO_TOKEN = "refused: no token; open the address `lmcockpit serve` printed, with its ?token="
 OUTSIDE = "no such page: open the address `lmcockpit serve` printed, all of it"

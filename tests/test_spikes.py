@@ -22,7 +22,7 @@ from lmcockpit.core.run.resume import truncate_metrics
 from lmcockpit.core.train.spikes import SpikeWatch
 from lmcockpit.core.train.trainer import SpikeStop
 from lmcockpit.tui.run_state import RunState
-from tests.conftest import SHRINK_CPU, TINY, as_flags, cli
+from tests.helpers import SHRINK_CPU, TINY, as_flags, cli
 
 # The shrunk cpu preset, uncompiled, with a window short enough for a 40-step run to fill.
 BASE = as_flags([*SHRINK_CPU, *TINY, "training.compile=false", "eval.every=0", "training.spike_window=20"])
@@ -71,6 +71,7 @@ def steps_and_losses(run) -> dict[int, float]:
     return {r.step: r.loss for r in load_run(run).history.recent()}
 
 
+@pytest.mark.slow
 def test_a_surge_warned_about_trains_on_with_one_warning(before_surge, tmp_path):
     run = copy_of(before_surge, tmp_path)
     r = cli("--run", "--resume", str(run), *SURGE)
@@ -83,6 +84,7 @@ def test_a_surge_warned_about_trains_on_with_one_warning(before_surge, tmp_path)
     assert "loss spike at step 42" in log and 'training.on_spike = "warn"' in log
 
 
+@pytest.mark.slow
 def test_a_rollback_steps_past_the_spike_and_a_resume_replays_it(before_surge, tmp_path):
     run = copy_of(before_surge, tmp_path)
     r = cli("--run", "--resume", str(run), *SURGE, *RECOVER)
@@ -125,6 +127,7 @@ def printed_command(stderr: str) -> list[str]:
     return shlex.split(line[line.index("lmcockpit --run"):])[1:]
 
 
+@pytest.mark.slow
 def test_rollbacks_used_up_end_the_run_at_the_last_good_checkpoint_with_a_command_that_trains_on(before_surge,
                                                                                                   tmp_path):
     """#51: the weights that spiked were once saved as `latest`, and the command printed repeated
@@ -151,6 +154,7 @@ def test_rollbacks_used_up_end_the_run_at_the_last_good_checkpoint_with_a_comman
     assert max(steps_and_losses(run)) == 80 and not [row for row in read_metrics(run, "spike") if row["step"] > 42]
 
 
+@pytest.mark.slow
 def test_stop_ends_the_run_at_the_spike_keeping_the_checkpoint_before_it(before_surge, tmp_path):
     run = copy_of(before_surge, tmp_path)
     r = cli("--run", "--resume", str(run), *SURGE, *as_flags(['training.on_spike="stop"', "checkpoint.every=1"]))
@@ -164,6 +168,7 @@ def test_stop_ends_the_run_at_the_spike_keeping_the_checkpoint_before_it(before_
     assert [row["action"] for row in read_metrics(run, "spike")] == ["stop"]
 
 
+@pytest.mark.slow
 def test_a_rollback_back_at_an_evaluated_step_does_not_evaluate_it_again(before_surge, tmp_path):
     """#51: each rollback to step 300 once scored step 300 again (20-54 s of tasks each time)."""
     run = copy_of(before_surge, tmp_path)
@@ -175,6 +180,7 @@ def test_a_rollback_back_at_an_evaluated_step_does_not_evaluate_it_again(before_
     assert r.stdout.count("eval step") == 1
 
 
+@pytest.mark.slow
 def test_a_spike_in_a_window_still_filling_is_caught(before_surge, tmp_path):
     """#51: a run resumed early (its window not yet full) went 4.15 → 61.0 → 140.7 unseen: the
     detector judged only a full window. The base run saved a 20-step window; judged over 100 steps,
@@ -201,6 +207,7 @@ def test_the_detector_judges_from_ten_steps_against_the_median_until_its_window_
     assert watch.check(3.1, 1.0) is None and watch.check(4.0, 1.0) is not None
 
 
+@pytest.mark.slow
 def test_a_rollback_reloads_the_checkpoint_steps_past_its_batches_and_cuts_the_rate_again_each_time(
         before_surge, tmp_path):
     """What a rollback does to the run, seen from inside the real trainer (#51, 17): the weights
@@ -248,6 +255,7 @@ def test_a_rollback_reloads_the_checkpoint_steps_past_its_batches_and_cuts_the_r
     assert first_41 == pytest.approx([peak * lr_multiplier(40, 60, o) * cut for cut in (1, 0.5, 0.25)])
 
 
+@pytest.mark.slow
 def test_skip_drops_each_spiking_update(before_surge, tmp_path):
     run = copy_of(before_surge, tmp_path)
     r = cli("--run", "--resume", str(run), *SURGE, *as_flags(['training.on_spike="skip"', "training.max_steps=50"]))
@@ -296,6 +304,7 @@ def test_a_resume_keeps_the_rows_of_spikes_and_rollbacks(tmp_path):
     assert [json.loads(line)["kind"] for line in path.read_text().splitlines()] == ["spike", "rollback"]
 
 
+@pytest.mark.slow
 def test_an_unknown_spike_policy_is_one_error_line(tmp_path):
     r = cli("--run", "debug", "--set", "training.on_spike=ignore", "--out", str(tmp_path / "run"))
     assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -11,11 +11,13 @@ import time
 
 import psutil
 
+import pytest
+
 from lmcockpit.core import protocol as P
 from lmcockpit.core.process import live
 from lmcockpit.core.process.stall import STEP_TIMES, StallWatch
 from lmcockpit.core.run.folder import read_metrics
-from tests.test_attach import detached, last_step, stop, wait_until
+from tests.helpers import detached, last_step, stop, wait_until
 
 
 class Clock:
@@ -70,6 +72,7 @@ def ps_state(run) -> str | None:
     return rows[0][-1] if rows else None
 
 
+@pytest.mark.slow
 def test_a_stopped_engine_is_stalled_in_ps_and_running_again_when_it_goes_on(tmp_path):
     run = detached(tmp_path, "run", "notify.stall_after=2")
     engine = []

@@ -66,6 +66,7 @@ def test_noisy_evaluations_keep_the_answer_inside_the_range(target):
     assert fc.step_high - fc.step_low > clean.step_high - clean.step_low
 
 
+@pytest.mark.slow
 def test_the_range_holds_the_answer_about_as_often_as_it_claims():
     """Forty draws of the noise: a 95% range should miss a few of them, not one in six (as the
     profile over E alone does here, 33 of 40: the jackknife's refits make up the rest)."""
@@ -214,11 +215,12 @@ def test_a_real_runs_two_evaluations_are_too_few(trained_run):
     assert fc.short() == "val 0.50 foreseen after 3 evaluations (has 2)"
 
 
+@pytest.mark.slow
 def test_a_run_says_when_it_will_get_there_and_stops_at_its_target(tmp_path):
     """The same run twice (CPU training repeats itself exactly): once to learn its validation
     losses, then with the one at step 30 as its target and stop_at_target: each evaluation line
     says how far the target is, and the run ends at step 30 with a checkpoint."""
-    from tests.conftest import SHRINK_CPU, TINY, as_flags, cli
+    from tests.helpers import SHRINK_CPU, TINY, as_flags, cli
 
     flags = as_flags([*SHRINK_CPU, *TINY, "training.compile=false", "training.max_steps=50", "eval.every=10"])
     first = cli("--run", "cpu", *flags, "--out", str(tmp_path / "first"))
@@ -269,12 +271,13 @@ def test_the_dashboard_shows_the_forecast_in_time_and_money():
     assert dict(throughput_rows(view))["target"] == ahead.short(3.0) and "$" in ahead.short(3.0)
 
 
+@pytest.mark.slow
 def test_ps_says_when_a_background_run_should_reach_its_target(tmp_path):
     """The run host refits the forecast at each evaluation into live.json, where ps reads it."""
     import subprocess
     import sys
 
-    from tests.test_attach import detached, stop, wait_until
+    from tests.helpers import detached, stop, wait_until
 
     run = detached(tmp_path, "run", "eval.every=3", "training.target_val_loss=0.5")
 
@@ -311,10 +314,11 @@ def test_a_task_s_accuracy_is_forecast_through_its_error_rate():
     assert forecast_accuracy("hellaswag", scores, 0.25, TOKENS, 100_000, 0.5).short() == "hellaswag 0.25 reached at step 100"
 
 
+@pytest.mark.slow
 def test_a_run_aimed_at_a_task_s_accuracy_stops_where_it_first_gets_there(tmp_path):
     """The run twice again: its python-functions accuracy at step 30 as the target, then the run
     stops at the first scoring that reaches it, the evaluation lines saying how far it is."""
-    from tests.conftest import SHRINK_CPU, TINY, as_flags, cli
+    from tests.helpers import SHRINK_CPU, TINY, as_flags, cli
 
     flags = as_flags([*SHRINK_CPU, *TINY, "training.compile=false", "training.max_steps=50", "eval.every=10",
                       'eval.tasks=["python-functions"]', "eval.max_per_task=24"])
@@ -335,6 +339,7 @@ def test_a_run_aimed_at_a_task_s_accuracy_stops_where_it_first_gets_there(tmp_pa
     assert lines[-1].endswith(f" | target python-functions {aim:.2f} reached at step {stop}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sets, message", [
     (['eval.tasks=["python-functions"]', 'training.target_task="hellaswag"', "training.target_accuracy=0.3"],
      "training.target_task = 'hellaswag': not a task of eval.tasks (its tasks: python-functions)"),
@@ -343,7 +348,7 @@ def test_a_run_aimed_at_a_task_s_accuracy_stops_where_it_first_gets_there(tmp_pa
       "training.target_val_loss=3.0"], "one target at a time"),
 ])
 def test_a_target_that_cannot_be_aimed_at_is_one_error_line(tmp_path, sets, message):
-    from tests.conftest import as_flags, cli
+    from tests.helpers import as_flags, cli
 
     r = cli("--run", "cpu", *as_flags(sets), "--out", str(tmp_path / "run"))
     assert r.returncode == 2 and "Traceback" not in r.stderr

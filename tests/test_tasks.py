@@ -7,13 +7,12 @@ import ast
 import contextlib
 import json
 import random
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import cli
+from tests.helpers import cli, write_bundle
 from lmcockpit.core.config import Config, ConfigError
 from lmcockpit.core.data import sources, split
 from lmcockpit.core.tasks import catalog, files, items, python_functions, scoring
@@ -120,6 +119,7 @@ def test_the_subset_is_a_fixed_spread_in_file_order():
 
 
 # ------------------------------------------------------------------------- the built-in task
+@pytest.mark.slow
 def test_python_functions_comes_from_held_out_files_only():
     cfg = Config()
     task = python_functions.task(cfg)
@@ -211,6 +211,7 @@ def kind_tasks() -> list[Task]:
             Task("lm", LANGUAGE_MODELING, tuple(lm))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rows", [3, 16])
 def test_each_kind_chooses_as_transformers_does_on_the_export(models, rows):
     """Batched, padded and bucketed (3 rows: many batches of mixed lengths; 16: one), the choices
@@ -234,7 +235,7 @@ def test_padding_and_batch_shapes_stay_few():
     """Options of many lengths run in at most one shape per BUCKET of length, `rows` rows each:
     nothing compiles again per item."""
     from lmcockpit.core.model.gpt import GPT, shape_from_config
-    from tests.conftest import tiny_config
+    from tests.helpers import tiny_config
 
     cfg = tiny_config("model.max_seq_len=512", "training.seq_len=512")
     torch.manual_seed(0)
@@ -254,42 +255,6 @@ def test_padding_and_batch_shapes_stay_few():
     assert result["long"].items == 33
     assert all(rows == 4 and width % scoring.BUCKET == 0 for rows, width in shapes)
     assert len(shapes) == 9 and len(set(shapes)) <= 512 // scoring.BUCKET  # 33 options, 4 a batch
-
-
-# ------------------------------------------------------------------------------- a CORE bundle
-def write_bundle(folder: Path, yaml_text: str | None = None, baselines: str | None = None,
-                 lines: dict[str, list] | None = None) -> Path:
-    """A bundle of CORE's layout with three tasks, one of each kind, as nanochat reads it."""
-    (folder / "eval_data" / "lm").mkdir(parents=True, exist_ok=True)
-    (folder / "core.yaml").write_text(yaml_text if yaml_text is not None else textwrap.dedent("""\
-        icl_tasks:
-        - label: tiny_mc
-          dataset_uri: tiny_mc.jsonl
-          num_fewshot: [1]
-          icl_task_type: multiple_choice
-          continuation_delimiter: " "
-        - label: tiny_schema
-          dataset_uri: tiny_schema.jsonl
-          num_fewshot: [0]
-          icl_task_type: schema
-        - label: tiny_lm
-          dataset_uri: lm/tiny_lm.jsonl
-          num_fewshot: [0]
-          icl_task_type: language_modeling
-          continuation_delimiter: ""
-        """))
-    (folder / "eval_meta_data.csv").write_text(baselines if baselines is not None else
-                                               "Eval Task,Task Category,Random baseline\ntiny_mc,x,25\n"
-                                               "tiny_schema,x,50\ntiny_lm,x,0\n")
-    data = {
-        "tiny_mc.jsonl": [{"query": f"Q{i}:", "choices": ["yes", "no", "maybe", "never"], "gold": i % 4} for i in range(6)],
-        "tiny_schema.jsonl": [{"context_options": ["The cat", "The dog"], "continuation": "barked.", "gold": 1}] * 3,
-        "lm/tiny_lm.jsonl": [{"context": "import os  ", "continuation": "\nimport sys"}],
-    } | (lines or {})
-    for name, rows in data.items():
-        (folder / "eval_data" / name).write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n"
-                                                         for r in rows))
-    return folder
 
 
 def test_a_core_bundle_reads_its_tasks_baselines_and_shots(tmp_path):

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 import throughput  # noqa: E402 - from bench/, put on sys.path above
@@ -25,6 +27,7 @@ def test_a_round_s_ratio_is_tokens_per_second_over_the_baseline_s():
     assert throughput.speedups([2.0, 1.0, 4.0]) == [1.0, 2.0, 0.5]
 
 
+@pytest.mark.slow
 def test_throughput_records_each_precision_s_three_rows_with_their_ratios(tmp_path):
     results = tmp_path / "RESULTS.md"
     bench("throughput.py", "--preset", "debug", "--precision", "fp32,bf16", "--steps", "1", "--rounds", "2",
@@ -44,6 +47,7 @@ def test_throughput_records_each_precision_s_three_rows_with_their_ratios(tmp_pa
         assert rows[i][4:] == ("1.00", "1.00", "1.00"), rows[i]  # the baseline against itself, round by round
 
 
+@pytest.mark.slow
 def test_profile_compare_puts_each_step_s_work_where_it_belongs():
     out = bench("profile_step.py", "--compare", "--preset", "debug", "--steps", "2")
     columns = {}

@@ -4,10 +4,14 @@ when it goes on. Real runs: the engine driven through its queues, and `lmcockpit
 
 from __future__ import annotations
 
+import pytest
+
 from lmcockpit.core import protocol as P
 from lmcockpit.core.process.child import eval_line
 
-from .conftest import TINY, as_flags, cli, drive_engine, tiny_config
+from .helpers import TINY, as_flags, cli, drive_engine, tiny_config
+
+pytestmark = pytest.mark.slow
 
 
 def test_evaluations_and_a_pause_are_in_train_log_and_the_log_events(tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.core.train.trainer import Trainer
 
-from .conftest import tiny_config
+from .helpers import tiny_config
 
 
 def trainer(tmp_path, *overrides: str) -> Trainer:
