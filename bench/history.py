@@ -9,7 +9,7 @@ same before and after a change to how the cockpit holds a run's history. For the
 
 * a run folder of N steps in the engine's own row format: a tiny real run is trained once
   (`lmcockpit --run debug --set ...`), then copied with a synthetic history of N steps written as
-  core/train/trainer.py writes it through core/run/folder.py's MetricsLog (a step row every step,
+  the trainer writes it (protocol events through core/run/rows.py: a step row every step,
   with MFU and allocator memory as a GPU run has them; an evaluation every 250 steps; a checkpoint
   row every 1,000; a few loss spikes; a loss curve with noise) and its checkpoint renamed to step N,
   so that `lmcockpit --resume RUN --detach` continues it from step N in the background: the run
@@ -80,6 +80,9 @@ from pathlib import Path
 import psutil
 import tomli_w
 
+from lmcockpit.core import protocol as P
+from lmcockpit.core.run.rows import line_of
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # absolute: main() changes folder
 from machine import record
 
@@ -110,8 +113,8 @@ def train_template(out: Path) -> Path:
 
 
 def history_rows(n: int, tokens_per_step: int, run_dir: Path, seed: int, first: float, last: float):
-    """The lines of a metrics.jsonl of `n` steps, as the trainer writes them (folder._row: kind,
-    time, then the fields in the order trainer.py passes them; floats as json.dumps writes them)."""
+    """The lines of a metrics.jsonl of `n` steps, as the trainer writes them: protocol events
+    through core/run/rows.py, each dated on the run's own clock."""
     rng = random.Random(seed)
     k = max(50.0, n / 200)
     span = 1 - (1 + n / k) ** -0.5
@@ -128,25 +131,19 @@ def history_rows(n: int, tokens_per_step: int, run_dir: Path, seed: int, first: 
         t += dt
         grad_norm = abs(rng.gauss(0.4, 0.08))
         if step in spikes:
-            yield (f'{{"kind": "spike", "time": {round(t, 3)!r}, "step": {step}, "loss": {loss * 3!r}, '
-                   f'"mean_loss": {base!r}, "z": {rng.uniform(6, 9)!r}, "grad_norm": {grad_norm * 5!r}, '
-                   f'"z_grad": {rng.uniform(6, 9)!r}, "action": "warn"}}\n')
+            yield line_of(P.SpikeSeen(step, loss * 3, "warn", base, rng.uniform(6, 9), grad_norm * 5,
+                                      rng.uniform(6, 9)), t)
             loss, grad_norm = loss * 3, grad_norm * 5
-        tps = tokens_per_step / dt
-        mem = (f'{{"allocated": {mem0 + rng.randrange(1 << 20)}, "reserved": {mem0 + (1 << 30)}, '
-               f'"peak": {mem0 + (1 << 29)}}}')
-        yield (f'{{"kind": "step", "time": {round(t, 3)!r}, "step": {step}, "loss": {loss!r}, "lr": {lr!r}, '
-               f'"grad_norm": {grad_norm!r}, "tokens_per_s": {tps!r}, "mfu": {0.42 * dt0 / dt!r}, "dt": {dt!r}, '
-               f'"mem": {mem}}}\n')
+        mem = {"allocated": mem0 + rng.randrange(1 << 20), "reserved": mem0 + (1 << 30), "peak": mem0 + (1 << 29)}
+        yield line_of(P.StepMetrics(step, loss, lr, grad_norm, tokens_per_step / dt, 0.42 * dt0 / dt, dt,
+                                    step * tokens_per_step, mem), t)
         if step % EVAL_EVERY == 0 or step == n:
             t += 2.0
             val = base * 1.02 + rng.gauss(0, 0.005)
-            yield (f'{{"kind": "eval", "time": {round(t, 3)!r}, "step": {step}, "val_loss": {val!r}, '
-                   f'"val_bpb": {val / math.log(2) / 1.86!r}}}\n')
+            yield line_of(P.EvalMetrics(step, val, val / math.log(2) / 1.86), t)
         if step % CHECKPOINT_EVERY == 0 or step == n:
             t += 1.0
-            yield (f'{{"kind": "checkpoint", "time": {round(t, 3)!r}, "step": {step}, '
-                   f'"path": "{run_dir / "checkpoints" / f"step_{step:06d}"}"}}\n')
+            yield line_of(P.CheckpointWritten(step, str(run_dir / "checkpoints" / f"step_{step:06d}")), t)
 
 
 def make_run(template: Path, dest: Path, n: int, seed: int = 0, lr_scale: float = 1.0) -> Path:
@@ -172,7 +169,7 @@ def make_run(template: Path, dest: Path, n: int, seed: int = 0, lr_scale: float 
     (dest / "checkpoints" / "latest").write_text(ckpt.name)
     rows = [json.loads(line) for line in (template / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if r["kind"] == "step"]
-    with open(dest / "metrics.jsonl", "w", encoding="utf-8") as fh:
+    with open(dest / "metrics.jsonl", "wb") as fh:
         fh.writelines(history_rows(n, tokens_per_step, dest.resolve(), seed, losses[0], losses[-1]))
     with open(dest / "train.log", "w", encoding="utf-8") as fh:
         fh.write((template / "train.log").read_text())

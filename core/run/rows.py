@@ -101,8 +101,8 @@ def row_of(event: Any, at: float | None = None) -> dict[str, Any]:
     return row
 
 
-def line_of(event: Any) -> bytes:
-    return (json.dumps(row_of(event)) + "\n").encode()
+def line_of(event: Any, at: float | None = None) -> bytes:
+    return (json.dumps(row_of(event, at)) + "\n").encode()
 
 
 # --------------------------------------------------------------------------------- reading
