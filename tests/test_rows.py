@@ -127,3 +127,25 @@ def test_a_step_row_s_field_names_are_spelt_in_one_module_of_core_and_of_tui_at_
                     spelt.setdefault(node.value, set()).add(str(path.relative_to(REPO)))
         modules = set().union(*spelt.values()) if spelt else set()
         assert len(modules) <= 1, f"{package}: {spelt}"
+
+
+def test_the_written_out_check_agrees_with_each_field_s_own():
+    """rows.CHECKS (one function per kind, written out for speed) says what the fields' checks say,
+    for every field of every kind given each of a set of values, or left out."""
+    def by_fields(row: dict) -> bool:
+        for f in rows.FIELDS[row["kind"]]:
+            if f.name in row and not f.fits(row[f.name]) or f.name not in row and not f.may_lack:
+                return False
+        needs = getattr(rows.KINDS[row["kind"]], "needs_one_of", ())
+        return not needs or any(row.get(n) is not None for n in needs)
+
+    values = [None, True, 0, -1, 7, 2**63, -(2**63), 1.5, float("nan"), "x", "warn", P.FINISHED, {}, [],
+              {"a": 1}, {"a": "b"}, {"t": {"accuracy": 0.5, "centered": 0.1, "items": 3}}]
+    tried = 0
+    for event in EVENTS:
+        row = rows.row_of(event)
+        for name in row.keys() - {"kind", "time"}:
+            for changed in [{k: v for k, v in row.items() if k != name}, *({**row, name: v} for v in values)]:
+                assert rows.well_formed(changed) == by_fields(changed), (changed, name)
+                tried += 1
+    assert tried > 500
