@@ -209,7 +209,7 @@ class History:
         self._trim()
 
     def fold(self, row: dict[str, Any]) -> None:
-        """A metrics.jsonl row, well formed (folder.well_formed)."""
+        """A metrics.jsonl row, well formed (rows.well_formed)."""
         kind, step = row.get("kind"), row.get("step")
         if kind == "step":
             self._add(step, float(row["loss"]), float(row["lr"]), float(row.get("dt") or 0.0),

@@ -104,7 +104,7 @@ class Checkpoints:
         try:
             kept = json.loads((Path(tr.resume_from) / STATE).read_text()).get("cpu_precision")
         except (OSError, ValueError, AttributeError):
-            return None  # load_checkpoint says what is wrong with it
+            return None  # load says what is wrong with it
         return cpu_precision.Verdict(kept, why="kept from the checkpoint") if kept in ("fp32", "bf16") else None
 
     # ------------------------------------------------------------------------------ saving

@@ -131,7 +131,7 @@ class Metrics:
     def write(self, event: Any) -> None:
         """`event`'s row (one of protocol's with a `kind`) to metrics.jsonl, its numbers to the loggers."""
         self.jsonl.write(event)
-        values = scalars(event)
+        values = scalars(event) if self.loggers else None  # most runs log to metrics.jsonl alone
         if not values:
             return
         for logger in list(self.loggers):
