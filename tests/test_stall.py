@@ -100,3 +100,18 @@ def test_a_stopped_engine_is_stalled_in_ps_and_running_again_when_it_goes_on(tmp
         for process in engine:  # a failed assertion must not leave an engine stopped for good
             process.send_signal(signal.SIGCONT)
         stop(run)
+
+
+def test_the_watch_goes_by_the_run_s_pace_the_figure_every_view_shows():
+    """Not its own average: the first step of a start (compilation) is left out, and steps a
+    rollback undid no longer count (live.Pace), so the limit is the one ps and the dashboard imply."""
+    watch = StallWatch(stall_after=1, clock=Clock())
+    watch.heard(P.RunStarted("run", {}, 1, "cpu", "fp32", 0, 100, 512))
+    watch.heard(step(1, 100.0))  # compiling
+    watch.heard(step(2, 1.0))
+    assert watch.step_time == 1.0 and watch.limit == STEP_TIMES * 1.0
+    for n in (3, 4, 5):
+        watch.heard(step(n, 30.0))
+    assert watch.step_time > 1.0
+    watch.heard(P.RolledBack(5, 2, 3, 1, 0.5, 100))
+    assert watch.step_time == 1.0
