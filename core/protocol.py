@@ -237,19 +237,28 @@ class Failure:
 
 @dataclass(frozen=True)
 class Catchup:
-    """From a run host to one viewer: read the run's history from its folder (metrics.jsonl,
-    train.log), then apply `snapshot` (the latest RunStarted, StateChanged and Progress), then
-    live events. Sent on attaching and after the viewer fell behind and events for it were dropped."""
+    """From a run host to one viewer: the run so far as events (`snapshot`: RunState.catchup's,
+    the host's fold of every event before the next one this viewer gets), then live events. Sent
+    on attaching and after the viewer fell behind and events for it were dropped."""
     reason: str  # "attached" | "lagged"
     snapshot: tuple = ()
     viewers: int = 1
 
 
+@dataclass(frozen=True)
+class Began:
+    """Not from the engine: when this start of the run began by the wall clock (time.time()), as
+    the run host that owns it recorded in live.json's `started`. A viewer is handed it before the
+    run's history, so that elapsed is the run's own, the same in every viewer, not the time since
+    that viewer attached."""
+    at: float
+
+
 @dataclass
 class HistoryRead:
-    """Not from the engine: a viewer's reading of the run folder (core/run/history_file.py), the
-    run so far in a history whose size does not grow with it. It replaces whatever history a
-    front-end had folded; live events follow from where it ends."""
+    """Not from the engine: the run so far in a history whose size does not grow with it, as the
+    run host folded it (or read it from the run folder, core/run/history_file.py). It replaces
+    whatever history a front-end had folded; live events follow from where it ends."""
     history: Any  # core.run.history.History
 
 

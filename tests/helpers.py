@@ -345,7 +345,7 @@ def run_server(run: Path) -> host.RunServer:
     """A run host's server on `run`, with the live.json that points viewers to it: the host's
     socket and handshake for real, without an engine behind them."""
     (run / "train.log").touch()
-    server = host.RunServer(run, on_command=lambda c: None, log=lambda text: None)
+    server = host.RunServer(run, on_command=lambda c: None, log=lambda text: None, run=host.run_so_far(run))
     live.LiveRecord(str(run.resolve()), os.getpid(), socket.gethostname(), str(server.path)).write()
     return server
 

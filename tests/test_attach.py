@@ -150,9 +150,19 @@ def test_a_viewer_that_never_reads_does_not_slow_training(background):
     assert max(w / a for w, a in zip(with_frozen, alone)) >= 0.5, (alone, with_frozen)
 
 
+def last_step_of(message: object) -> int | None:
+    """The step a message from the host brings the viewer to: a step's, or a catch-up's history's."""
+    if isinstance(message, P.StepMetrics):
+        return message.step
+    if isinstance(message, P.Catchup):
+        return next(e.history.last_step for e in message.snapshot if isinstance(e, P.HistoryRead))
+    return None
+
+
 def test_a_viewer_behind_by_a_whole_queue_is_told_to_catch_up(tmp_path, monkeypatch):
     """The server's side, on a real socket: a viewer that does not read costs the broadcast
-    nothing, and when it reads again it learns that it missed events, not a stale stream."""
+    nothing, and when it reads again it learns that it missed events, not a stale stream: the
+    run's state in their place, through the last step."""
     monkeypatch.setattr(host, "VIEWER_QUEUE", 8)
     (tmp_path / "train.log").touch()
     server = host.RunServer(tmp_path, on_command=lambda c: None, log=lambda text: None)
@@ -167,8 +177,8 @@ def test_a_viewer_behind_by_a_whole_queue_is_told_to_catch_up(tmp_path, monkeypa
         broadcasting.join(timeout=5)
         assert not broadcasting.is_alive(), "the broadcast waited on a viewer that does not read"
         received = []
-        while not (received and isinstance(received[-1], P.StepMetrics) and received[-1].step == 5000):
-            assert client.poll(10), "the last event never came"
+        while not (received and last_step_of(received[-1]) == 5000):
+            assert client.poll(10), "the last step never came"
             received.append(client.recv())
         lagged = [m for m in received if isinstance(m, P.Catchup)]
         assert lagged and all(m.reason == "lagged" for m in lagged)
@@ -264,6 +274,12 @@ async def test_each_cockpits_chat_asks_under_ids_of_its_own():
         assert not one.history[sent[0].request_id].done and one.history[sent[0].request_id].rows == {}
 
 
+def joining(run_dir) -> tuple[object, ...]:
+    """What a viewer of the run in `run_dir` is handed on joining, from a host started on that
+    folder (a resumed run's): the run so far as the folder holds it."""
+    return host.run_so_far(run_dir).catchup("attached")
+
+
 def steps_read(events) -> list[int]:
     """The steps of the history a viewer read."""
     return [r.step for e in events if isinstance(e, P.HistoryRead) for r in e.history.recent()]
@@ -272,22 +288,18 @@ def steps_read(events) -> list[int]:
 def test_a_row_being_written_is_not_read_as_a_row(tmp_path):
     """A viewer attaching (or a comparison) reads metrics.jsonl while the engine appends to it:
     the last line may be half written. It is left for the next read, never a crash."""
-    from lmcockpit.core.process.viewer import history
-
     step = {"kind": "step", "time": 1.0, "step": 1, "loss": 5.0, "lr": 1e-3, "grad_norm": 1.0,
             "tokens_per_s": 10.0, "mfu": None, "dt": 0.1, "mem": None}
     whole = json.dumps(step) + "\n"
     (tmp_path / "metrics.jsonl").write_text(whole + json.dumps({**step, "step": 2})[:40])
     assert [r["step"] for r in read_metrics(tmp_path)] == [1]
-    assert steps_read(history(tmp_path)) == [1]
+    assert steps_read(joining(tmp_path)) == [1]
     (tmp_path / "metrics.jsonl").write_text(whole + json.dumps({**step, "step": 2}) + "\n")
     assert [r["step"] for r in read_metrics(tmp_path, "step")] == [1, 2]
 
 
 def test_a_row_cut_by_a_kill_and_written_on_is_passed_over(tmp_path):
     """An engine killed mid-row leaves half a line; the front-end's failure row is appended to it."""
-    from lmcockpit.core.process.viewer import history
-
     step = {"kind": "step", "time": 1.0, "step": 1, "loss": 5.0, "lr": 1e-3, "grad_norm": 1.0,
             "tokens_per_s": 10.0, "mfu": None, "dt": 0.1, "mem": None}
     cut = json.dumps({**step, "step": 2})[:40]
@@ -295,25 +307,23 @@ def test_a_row_cut_by_a_kill_and_written_on_is_passed_over(tmp_path):
     (tmp_path / "metrics.jsonl").write_bytes(
         (json.dumps(step) + "\n" + cut).encode() + b"\xff" + (failure + "\n" + json.dumps({**step, "step": 3}) + "\n").encode())
     assert [r["step"] for r in read_metrics(tmp_path, "step")] == [1, 3]
-    assert steps_read(history(tmp_path)) == [1, 3]
+    assert steps_read(joining(tmp_path)) == [1, 3]
 
 
 def test_a_step_s_validation_and_task_scores_reach_a_viewer_once_each(tmp_path):
     """The validation loss and the task scores have cadences of their own: one step may bring
-    both, as two evaluations. A viewer attaching reads each in the history, and neither comes again
-    when the engine's events for them come after it (they were written first)."""
+    both, as two evaluations. A viewer joining after both finds each in the history the host
+    hands it, and neither comes again; the next step's come live, once."""
     from .helpers import run_server
 
     scores = {"python-functions": {"accuracy": 0.43, "centered": 0.24, "items": 111}}
-    val, tasks = P.EvalMetrics(4, 3.41, 1.2), P.EvalMetrics(4, None, None, scores)
-    rows = [{"kind": "eval", "time": 1.0, "step": 4, "val_loss": 3.41, "val_bpb": 1.2},
-            {"kind": "eval", "time": 1.0, "step": 4, "tasks": scores}]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     server = run_server(tmp_path)
     try:
+        for event in [P.EvalMetrics(4, 3.41, 1.2), P.EvalMetrics(4, None, None, scores)]:
+            server.broadcast(event)
         viewer = RunViewer(tmp_path)
         wait_until(lambda: server.count == 1, what="the viewer to join")
-        for event in [val, tasks, P.EvalMetrics(8, 3.2, 1.1), P.EvalMetrics(8, None, None, scores, 0.12), P.LogLine("end")]:
+        for event in [P.EvalMetrics(8, 3.2, 1.1), P.EvalMetrics(8, None, None, scores, 0.12), P.LogLine("end")]:
             server.broadcast(event)
         seen = []
         while not seen or seen[-1] != P.LogLine("end"):
@@ -321,7 +331,7 @@ def test_a_step_s_validation_and_task_scores_reach_a_viewer_once_each(tmp_path):
             assert seen[-1] is not None, f"the events never came: {seen}"
         (read,) = [e for e in seen if isinstance(e, P.HistoryRead)]  # the history: both at step 4
         assert read.history.evals == [(4, 3.41, 1.2)] and read.history.tasks == {"python-functions": [(4, 0.43)]}
-        assert [e for e in seen if isinstance(e, P.EvalMetrics)] == [  # step 4's live events: not again
+        assert [e for e in seen if isinstance(e, P.EvalMetrics)] == [  # step 4's: not again
             P.EvalMetrics(8, 3.2, 1.1), P.EvalMetrics(8, None, None, scores, 0.12)]
         viewer.close()
     finally:

@@ -173,7 +173,7 @@ def test_lmcockpit_preset_and_resume_open_the_cockpit_on_a_terminal(tmp_path, te
 # ------------------------------------------------------------------ the live progress line
 def progressed_view(steps: int = 45, max_steps: int = 400, mfu: float | None = None):
     from lmcockpit.core import protocol as P
-    from lmcockpit.tui.run_state import RunState
+    from lmcockpit.core.run.state import RunState
 
     view = RunState()
     view.apply(P.RunStarted("run", {}, 1000, "cpu", "fp32", 0, max_steps, 4096))
@@ -223,7 +223,7 @@ def test_the_progress_line_of_a_cpu_run_shows_what_matters_within_80_columns():
 def test_the_progress_line_counts_what_the_preparation_counts():
     from lmcockpit.core import protocol as P
     from lmcockpit.tui.headless import progress_line
-    from lmcockpit.tui.run_state import RunState
+    from lmcockpit.core.run.state import RunState
 
     view = RunState()
     view.apply(P.Progress("sizing the files", 1234, 4936, "files"))
@@ -254,7 +254,7 @@ def test_evaluations_read_back_print_their_scores_and_one_of_tasks_alone_leaves_
     import json
 
     from lmcockpit.core import protocol as P
-    from lmcockpit.core.process.viewer import history
+    from lmcockpit.core.process.host import run_so_far
     from lmcockpit.tui.headless import eval_line
     from lmcockpit.tui.widgets.glance import step_text
     from lmcockpit.tui.widgets.panels import throughput_rows
@@ -284,7 +284,7 @@ def test_evaluations_read_back_print_their_scores_and_one_of_tasks_alone_leaves_
     assert view.tasks == {"python-functions": [(30, 0.43), (40, 0.45)], "arc-easy": [(40, 0.5)]}
     assert view.last_tasks == later and view.last_core == 0.12
     # A viewer attaching reads the same from the folder.
-    (read,) = [e for e in history(tmp_path) if isinstance(e, P.HistoryRead)]
+    (read,) = [e for e in run_so_far(tmp_path).catchup("attached") if isinstance(e, P.HistoryRead)]
     attached = progressed_view()
     attached.apply(read)
     assert (attached.last_eval.step, attached.last_eval.val_loss) == (40, 3.2)

@@ -296,7 +296,7 @@ async def test_quitting_the_cockpit_after_its_run_failed_exits_1(tmp_path):
 
 def test_a_sessions_exit_code_is_its_worst_outcome():
     from lmcockpit.tui.app import exit_code_of
-    from lmcockpit.tui.run_state import RunState
+    from lmcockpit.core.run.state import RunState
 
     def ended(state: str, failure: P.Failure | None = None) -> RunState:
         view = RunState()

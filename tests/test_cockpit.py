@@ -91,7 +91,7 @@ async def test_pause_checkpoint_resume(tmp_path):
 
 def test_paused_holds_through_a_checkpoint_or_evaluation_taken_while_paused():
     """"p" must resume a run paused then asked for a checkpoint, whatever state it reports meanwhile."""
-    from lmcockpit.tui.run_state import RunState
+    from lmcockpit.core.run.state import RunState
 
     view = RunState()
     for state, paused in [(P.RUNNING, False), (P.PAUSED, True), (P.CHECKPOINTING, True), (P.EVALUATING, True),
@@ -748,7 +748,7 @@ def test_the_rates_shown_follow_one_smoothed_step_time():
     dashboard and on the headless progress line alike."""
     from lmcockpit.tui.headless import progress_line
     from lmcockpit.tui.formatting import fmt_count
-    from lmcockpit.tui.run_state import RunState
+    from lmcockpit.core.run.state import RunState
     from lmcockpit.tui.widgets.panels import throughput_rows
 
     view = RunState()
@@ -769,7 +769,7 @@ def test_the_rates_shown_follow_one_smoothed_step_time():
 
 @pytest.mark.parametrize("end", sorted(P.TERMINAL_STATES))
 def test_elapsed_stops_when_the_run_ends(end):
-    from lmcockpit.tui.run_state import RunState
+    from lmcockpit.core.run.state import RunState
 
     now = [100.0]
     view = RunState(clock=lambda: now[0])
@@ -788,7 +788,7 @@ def test_elapsed_stops_when_the_run_ends(end):
 
 
 def test_an_ended_run_has_no_time_left():
-    from lmcockpit.tui.run_state import RunState
+    from lmcockpit.core.run.state import RunState
 
     view = RunState()
     view.apply(P.RunStarted("run", {}, 1, "cpu", "fp32", 0, 100, 512))

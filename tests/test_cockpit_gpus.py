@@ -271,7 +271,7 @@ async def test_p_does_nothing_with_fewer_than_two_gpus(tmp_path, monkeypatch, gp
 
 def test_the_headless_progress_line_reads_the_run_s_own_gpu():
     from lmcockpit.tui.headless import progress_line
-    from lmcockpit.tui.run_state import RunState
+    from lmcockpit.core.run.state import RunState
 
     view = RunState()
     for ev in (run_started("cuda:1"), P.StateChanged(P.RUNNING),

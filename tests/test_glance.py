@@ -11,7 +11,7 @@ import pytest
 
 from lmcockpit.core import protocol as P
 from lmcockpit.core.hardware.telemetry import GPUReading, Telemetry
-from lmcockpit.tui.run_state import RunState
+from lmcockpit.core.run.state import RunState
 from lmcockpit.tui.widgets.glance import fit, gpu_cell, step_text
 
 GiB = 2**30

@@ -203,7 +203,7 @@ def test_a_folder_s_rows_fold_as_read_metrics_reads_them_one_by_one(tmp_path):
     same = repr(curve(read)) == repr(curve(reference))
     assert same, "the curves differ"
     assert read.last == reference.last
-    assert read.count == 3_200 and read.last["grad_norm"] == 0.5 and read.last["kind"] == "step"  # read whole
+    assert read.count == 3_200 and read.last.grad_norm == 0.5 and isinstance(read.last, P.StepMetrics)  # read whole
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ import pytest
 from lmcockpit.core import protocol as P
 from lmcockpit.core.process import host, live
 from lmcockpit.core.process.viewer import RunViewer
+from lmcockpit.core.run.state import RunState
 from lmcockpit.core.run.target import EVALS_KEPT, SPREAD, Evaluations, forecast_aim, spread
 
 from .helpers import detached, stop, tiny_config, wait_until
@@ -256,13 +257,17 @@ def test_up_to_its_bound_the_forecast_is_fitted_on_every_evaluation_as_before(tm
 
     # Summary, as the host runs it: live.json's forecast is the one from every evaluation.
     cfg = tiny_config("training.target_val_loss=2.3", "training.max_steps=1000000000")
-    summary = host.Summary(live.LiveRecord(str(tmp_path), os.getpid(), "here", "sock"), cfg)
-    summary.step_time = 0.1
+    run = RunState()  # the host's fold, which its live.json summary reads
+    run.apply(P.RunStarted(str(tmp_path), cfg.to_dict(), 1000, "cpu", "fp32", 0, cfg.training.max_steps,
+                           cfg.tokens_per_step))
+    run.pace.step_time = 0.1
+    summary = host.Summary(live.LiveRecord(str(tmp_path), os.getpid(), "here", "sock"), run)
     some = before[::70]
-    for step, value in some:
-        summary.apply(P.EvalMetrics(step, value, None))
-    summary.apply(P.EvalMetrics(*some[-3], None))  # rolled back once more
+    for event in [*(P.EvalMetrics(step, value, None) for step, value in some),
+                  P.EvalMetrics(*some[-3], None)]:  # rolled back once more
+        run.apply(event)
+        summary.apply(event)
     again = some[:-2]
     ahead = forecast_aim(2.3, "", 0.0, again, cfg.tokens_per_step, cfg.training.max_steps, 0.1)
-    assert summary.evals.values() == again and ahead.status == "expected"
+    assert run.aim.values() == again and ahead.status == "expected"
     assert summary.record.target == ahead.short(cfg.hardware.cost_per_hour)

@@ -110,11 +110,12 @@ async def test_the_cockpit_starts_with_a_run_whose_metrics_hold_a_huge_integer(t
 
 
 def test_an_attached_viewer_reads_a_live_run_whose_metrics_hold_a_huge_integer(tmp_path):
-    """The viewer's receiving thread reads the history as it attaches: the row once ended that
-    thread without a word, and the dashboard waited at step 0 while the run trained."""
+    """The run host reads the history as it starts, and hands it to each viewer that attaches: the
+    row once ended the viewer's receiving thread (which read it then) without a word, and the
+    dashboard waited at step 0 while the run trained."""
     run = hostile_run(tmp_path / "run", UNREADABLE_LINES + FOREIGN_ROWS)
     (run / TRAIN_LOG).touch()
-    server = host.RunServer(run, on_command=lambda c: None, log=lambda text: None)
+    server = host.RunServer(run, on_command=lambda c: None, log=lambda text: None, run=host.run_so_far(run))
     try:
         live.LiveRecord(str(run.resolve()), os.getpid(), socket.gethostname(), str(server.path)).write()
         viewer = RunViewer(run)

@@ -124,15 +124,18 @@ def test_each_engine_event_worth_word_becomes_its_notification(monkeypatch):
     from lmcockpit.core import protocol as P
     from lmcockpit.core.config import NotifyConfig
     from lmcockpit.core.process.notify import Announcer, Notifier
+    from lmcockpit.core.run.state import RunState
 
     for name, value in NO_PROXY.items():
         monkeypatch.setenv(name, value)
     server = Server()
     try:
-        word = Announcer(Notifier(NotifyConfig(webhook=server.url), "run-a"))
+        run = RunState()  # what the owner of the engine keeps: where the run stands
+        word = Announcer(Notifier(NotifyConfig(webhook=server.url), "run-a"), run)
         for event in (P.StepMetrics(41, 3.5, 1e-3, 1.0, 1e3, None, 0.1, 0, {}), P.SpikeSeen(42, 141.0, "rollback", 3.5, 120.0, 1.0, None),
                       P.RolledBack(42, 40, 2, 1, 0.5, 100), P.LogLine("not news"), P.TargetReached(60, "val_loss", 3.1, 3.2, 3725.0),
                       P.NonFinite(61, "skip"), P.StepMetrics(80, 3.0, 1e-3, 1.0, 1e3, None, 0.1, 0, {})):
+            run.apply(event)
             word.heard(event)
         word.stalled("no word for 11 min")
         word.ended(P.FINISHED, None)

@@ -20,7 +20,7 @@ from lmcockpit.tui.app import CockpitApp
 from lmcockpit.tui.commands import ps
 from lmcockpit.tui.formatting import DASH, fmt_duration
 from lmcockpit.tui.headless import progress_line
-from lmcockpit.tui.run_state import RunState
+from lmcockpit.core.run.state import RunState
 
 from .helpers import cli, dashboard, detached, last_step, stop, wait_for, wait_until
 
@@ -45,12 +45,13 @@ def test_ps_and_the_dashboard_give_one_eta_for_the_same_steps(tmp_path):
     dashboard and the headless line print), and a viewer attaching midway, whose steps so far come
     from the run folder's history, has it too."""
     rng = random.Random(51)
-    summary = host.Summary(live.LiveRecord(str(tmp_path), 1, "here", "sock"))
+    hosted = RunState()  # the run host's fold, which its live.json summary reads
+    summary = host.Summary(live.LiveRecord(str(tmp_path), 1, "here", "sock"), hosted)
     watching = RunState()  # a cockpit that started the run: every event
     late: RunState | None = None  # a viewer that attaches at step 150
 
     def apply(event: object) -> None:
-        for view in (summary, watching, *([late] if late else [])):
+        for view in (hosted, summary, watching, *([late] if late else [])):
             view.apply(event)
         if isinstance(event, (P.StepMetrics, P.RolledBack)):
             assert summary.record.eta_s == watching.eta, event

@@ -33,7 +33,8 @@ from lmcockpit.core.config import ConfigError
 from lmcockpit.core.hardware import cpu_precision
 from lmcockpit.core.process import host, live
 from lmcockpit.core.process.runner import EngineProcess
-from lmcockpit.core.process.viewer import NotLive, RunViewer, history
+from lmcockpit.core.process.viewer import NotLive, RunViewer
+from lmcockpit.core.process.host import run_so_far
 from lmcockpit.core.run.folder import (LOCK, METRICS, TRAIN_LOG, UNREADABLE, MetricsLog, create_run_dir, hold_run_dir,
                                       read_metrics, run_summary, write_config)
 from lmcockpit.core.run.resume import truncate_metrics
@@ -70,7 +71,7 @@ def serve(run: Path, pid: int | None = None) -> host.RunServer:
     """A run host's server on `run`, and the live.json that points viewers to it (naming `pid`,
     this process's by default): the host's socket and handshake for real, without an engine."""
     (run / TRAIN_LOG).touch()
-    server = host.RunServer(run, on_command=lambda c: None, log=lambda text: None)
+    server = host.RunServer(run, on_command=lambda c: None, log=lambda text: None, run=host.run_so_far(run))
     live.LiveRecord(str(run.resolve()), pid or os.getpid(), socket.gethostname(), str(server.path)).write()
     return server
 
@@ -434,7 +435,7 @@ def test_an_attach_s_history_passes_over_rows_that_are_not_lmcockpit_s(tmp_path)
     past_run(tmp_path / "run", STEP, {"kind": "step"}, {**STEP, "step": "6"}, {**STEP, "step": 7, "mem": [1]}, {**STEP, "step": 8, "mem": {"peak": "1 GiB"}},
              {"kind": "eval", "step": 7}, {"kind": "checkpoint", "step": 8, "path": None}, {"kind": ["step"]},
              {**STEP, "step": 9})
-    (read,) = [e.history for e in history(tmp_path / "run") if isinstance(e, P.HistoryRead)]
+    (read,) = [e.history for e in run_so_far(tmp_path / "run").catchup("attached") if isinstance(e, P.HistoryRead)]
     assert [r.step for r in read.recent()] == [5, 9] and read.checkpoints == [] and read.evals == []
 
 
@@ -480,7 +481,7 @@ def test_a_step_row_still_needs_its_own_fields_and_may_still_lack_mfu_and_mem(tm
 
 def test_an_attach_s_history_carries_task_scores_and_evaluations_without_a_validation_loss(tmp_path):
     run = past_run(tmp_path / "run", STEP, VAL, TASKS, BOTH, {**TASKS, "step": 9, "tasks": [SCORES]})
-    (read,) = [e.history for e in history(run) if isinstance(e, P.HistoryRead)]
+    (read,) = [e.history for e in run_so_far(run).catchup("attached") if isinstance(e, P.HistoryRead)]
     assert read.evals == [(5, 3.41, 1.2), (8, 3.41, 1.2)]
     assert read.tasks == {"python-functions": [(6, 0.43), (8, 0.43)]} and read.core == [(8, 0.12)]
     assert read.last_task_scores == SCORES

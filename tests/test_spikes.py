@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from lmcockpit.core import protocol as P
-from lmcockpit.core.process.viewer import history
+from lmcockpit.core.process.host import run_so_far
 from lmcockpit.core.run.curves import load_run
 from lmcockpit.core.config import load_config
 from lmcockpit.core.run.folder import list_checkpoints, read_metrics
 from lmcockpit.core.run.resume import truncate_metrics
 from lmcockpit.core.train.spikes import SpikeWatch
 from lmcockpit.core.train.trainer import SpikeStop
-from lmcockpit.tui.run_state import RunState
+from lmcockpit.core.run.state import RunState
 from tests.helpers import SHRINK_CPU, TINY, as_flags, cli
 
 # The shrunk cpu preset, uncompiled, with a window short enough for a 40-step run to fill.
@@ -109,7 +109,7 @@ def test_a_rollback_steps_past_the_spike_and_a_resume_replays_it(before_surge, t
 
     # What a cockpit attaching later folds from the folder: the curve the run has now, the mark.
     view = RunState()
-    for event in history(run):
+    for event in run_so_far(run).catchup("attached"):
         view.apply(event)
     assert [(r.step, r.loss) for r in view.history.recent()] == [(s, losses[s]) for s in range(1, 81)]
     assert view.spikes == [(42, spike["loss"], "rollback")] and view.rollbacks == 1

@@ -16,6 +16,7 @@ import pytest
 from lmcockpit.core import protocol as P
 from lmcockpit.core.process import live
 from lmcockpit.core.process.stall import STEP_TIMES, StallWatch
+from lmcockpit.core.run.state import RunState
 from lmcockpit.core.run.folder import read_metrics
 from tests.helpers import detached, last_step, stop, wait_until
 
@@ -32,13 +33,20 @@ def step(n: int, dt: float) -> P.StepMetrics:
     return P.StepMetrics(n, 3.0, 1e-3, 1.0, 1000.0, None, dt, n * 512, {})
 
 
+def heard(watch: StallWatch, event: object) -> str | None:
+    """As the owner of an engine does: the event folded into the run's state, the watch told."""
+    said = watch.heard()
+    watch.run.apply(event)
+    return said
+
+
 def test_silence_longer_than_the_limit_while_training_is_a_stall_until_the_engine_speaks():
     clock = Clock()
-    watch = StallWatch(stall_after=60, clock=clock)
+    watch = StallWatch(stall_after=60, run=RunState(), clock=clock)
     clock.now += 3600
     assert watch.check() is None  # preparing data: as long as the corpus takes
-    for event in (P.StateChanged(P.RUNNING), step(1, 0.5), step(2, 0.5)):
-        assert watch.heard(event) is None
+    for event in (P.StateChanged(P.RUNNING), step(1, 0.5), step(2, 0.5), step(3, 0.5)):
+        assert heard(watch, event) is None
     assert watch.limit == 60  # 20 steps of 0.5 s is less than stall_after
     clock.now += 59
     assert watch.check() is None and not watch.stalled
@@ -47,20 +55,20 @@ def test_silence_longer_than_the_limit_while_training_is_a_stall_until_the_engin
     assert line.startswith("stalled: no word from the engine for 61 s while running; its steps take 0.5 s")
     assert watch.stalled and watch.detail == "no word for 61 s" and watch.check() is None  # said once
     clock.now += 100
-    assert watch.heard(step(3, 0.5)) == "training again after 2 min without a word from the engine"
+    assert heard(watch, step(4, 0.5)) == "training again after 2 min without a word from the engine"
     assert not watch.stalled and watch.state == P.RUNNING
 
 
 def test_slow_steps_raise_the_limit_and_a_pause_is_never_a_stall():
     clock = Clock()
-    watch = StallWatch(stall_after=60, clock=clock)
-    watch.heard(P.StateChanged(P.RUNNING))
+    watch = StallWatch(stall_after=60, run=RunState(), clock=clock)
+    heard(watch, P.StateChanged(P.RUNNING))
     for n in range(1, 4):
-        watch.heard(step(n, 30.0))  # a large model: 30 s a step
+        heard(watch, step(n, 30.0))  # a large model: 30 s a step
     assert watch.limit == STEP_TIMES * 30.0
     clock.now += STEP_TIMES * 30.0 - 1
     assert watch.check() is None
-    watch.heard(P.StateChanged(P.PAUSED))
+    heard(watch, P.StateChanged(P.PAUSED))
     clock.now += 10 * 3600
     assert watch.check() is None
 
@@ -104,14 +112,14 @@ def test_a_stopped_engine_is_stalled_in_ps_and_running_again_when_it_goes_on(tmp
 
 def test_the_watch_goes_by_the_run_s_pace_the_figure_every_view_shows():
     """Not its own average: the first step of a start (compilation) is left out, and steps a
-    rollback undid no longer count (live.Pace), so the limit is the one ps and the dashboard imply."""
-    watch = StallWatch(stall_after=1, clock=Clock())
-    watch.heard(P.RunStarted("run", {}, 1, "cpu", "fp32", 0, 100, 512))
-    watch.heard(step(1, 100.0))  # compiling
-    watch.heard(step(2, 1.0))
+    rollback undid no longer count (state.Pace), so the limit is the one ps and the dashboard imply."""
+    watch = StallWatch(stall_after=1, run=RunState(), clock=Clock())
+    heard(watch, P.RunStarted("run", {}, 1, "cpu", "fp32", 0, 100, 512))
+    heard(watch, step(1, 100.0))  # compiling
+    heard(watch, step(2, 1.0))
     assert watch.step_time == 1.0 and watch.limit == STEP_TIMES * 1.0
     for n in (3, 4, 5):
-        watch.heard(step(n, 30.0))
+        heard(watch, step(n, 30.0))
     assert watch.step_time > 1.0
-    watch.heard(P.RolledBack(5, 2, 3, 1, 0.5, 100))
+    heard(watch, P.RolledBack(5, 2, 3, 1, 0.5, 100))
     assert watch.step_time == 1.0

@@ -256,7 +256,7 @@ def test_the_dashboard_shows_the_forecast_in_time_and_money():
     """The throughput panel's target row, from the evaluations a cockpit has seen (here made up
     on a known power law, as above)."""
     from lmcockpit.core import protocol as P
-    from lmcockpit.tui.run_state import RunState
+    from lmcockpit.core.run.state import RunState
     from lmcockpit.tui.widgets.panels import throughput_rows
 
     view = RunState()

@@ -5,7 +5,7 @@ commands/ (every `lmcockpit COMMAND`, one module each, the registry in its `__in
 (bad input: one red `error:` line), `completers` (what tab completion offers), `runplan` (what
 starting a run needs) and `detach` (a run started in the background). The front-ends: `app` (the
 cockpit, with its screens/ and widgets/), `headless` (`lmcockpit --run`), `bridge` (engine events
-into Textual) and `run_state` (what a front-end knows of a run). What both the commands and the
+into Textual; what a front-end knows of a run is core/run/state.py's RunState). What both the commands and the
 cockpit show: `formatting` (how a figure is written) and `rows` (the presets' and a comparison's
 table rows).
 

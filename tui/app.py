@@ -29,7 +29,7 @@ from ..core.run.folder import create_run_dir
 from ..core.run.resume import plan_resume
 from ..core.tasks import hub_tasks
 from .runplan import RunPlan, check_before_start
-from .run_state import RunState
+from ..core.run.state import RunState
 from .screens.dashboard import DashboardScreen
 from .screens.dialogs import QuitDialog
 from .screens.launch import LaunchScreen

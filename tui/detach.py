@@ -26,7 +26,7 @@ from ..core.process import host
 from ..core.process.report import Reports
 from .headless import EXIT_CODES, progress_line
 from .runplan import RunPlan, discard_unstarted_run
-from .run_state import RunState
+from ..core.run.state import RunState
 from .usage import error, new_console
 
 START_WAIT = 30.0  # seconds --detach waits for the engine to start training

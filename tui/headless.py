@@ -21,7 +21,7 @@ from ..core.process.notify import Announcer, Notifier
 from ..core.process.runner import EngineProcess
 from ..core.process.stall import StallWatch
 from .formatting import DASH, bar, fmt_count, fmt_duration
-from .run_state import RunState
+from ..core.run.state import RunState
 from .usage import new_console
 
 EXIT_CODES = {P.FINISHED: 0, P.ABORTED: 0, P.INTERRUPTED: 130, P.FAILED: 1}
@@ -77,13 +77,13 @@ class Headless:
                  notify: NotifyConfig | None = None, run_name: str = ""):
         self.engine = engine
         self.notify = notify or NotifyConfig()
-        self.word = Announcer(Notifier(self.notify, run_name, log=self.say))  # run_name: its folder's
+        self.view = RunState()  # the run as its events make it: what the line, the watch and the word read
+        self.word = Announcer(Notifier(self.notify, run_name, log=self.say), self.view)  # run_name: its folder's
         self.console = console or new_console()
         self.errors = new_console(stderr=True)
         self.interactive = self.console.is_terminal
         self.console.on_broken_pipe = self._output_gone
         self.log_every = log_every
-        self.view = RunState()
         self.telemetry = Telemetry()
         self.reading: Reading | None = None
         self.read_at = 0.0
@@ -167,11 +167,11 @@ class Headless:
         return self.reading
 
     def _loop(self, redraw) -> None:
-        watch = StallWatch(self.notify.stall_after)
+        watch = StallWatch(self.notify.stall_after, self.view)
         while not self.engine.done:
             ev = self.engine.poll(timeout=0.25)
             if ev is not None:
-                if back := watch.heard(ev):  # the state the stall hid, given back
+                if back := watch.heard():  # the state the stall hid, given back
                     self.say(back)
                     self.view.apply(P.StateChanged(watch.state))
                 self.view.apply(ev)

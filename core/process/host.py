@@ -43,13 +43,15 @@ import threading
 import time
 from dataclasses import asdict
 from multiprocessing import AuthenticationError, connection
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 from .. import protocol as P
-from ..config import Config, config_from_dict, read_toml
-from ..run.folder import CONFIG, TRAIN_LOG
+from ..config import config_from_dict, read_toml
+from ..run import history_file
+from ..run.folder import CONFIG, TRAIN_LOG, tail_lines
 from ..run.safe_files import fresh_runtime_dir, open_log
-from ..run.target import Evaluations, forecast_aim
+from ..run.state import RunState
 from . import live
 from .rendezvous import Rendezvous
 from .report import Reports, StartReport
@@ -58,6 +60,7 @@ from .notify import Announcer, Notifier
 from .stall import StallWatch
 
 VIEWER_QUEUE = 4096  # events held for one viewer before it counts as fallen behind
+LOG_HISTORY_BYTES = 256 * 1024  # the end of train.log a resumed run's viewers are shown: read, not the whole log
 RECORD_EVERY = 1.0  # seconds between rewrites of live.json's summary
 HOST_LOG = "host.log"  # the host's own stdout and stderr: what went wrong before it could serve
 HANDSHAKE_LIMIT = 10.0  # seconds a connection has to prove the key; a viewer takes milliseconds
@@ -91,12 +94,22 @@ class AttachedViewer:
         threading.Thread(target=self._receive, name="viewer-receive", daemon=True).start()
 
     def offer(self, event: object) -> None:
+        """Under the server's lock (broadcast, admit): events queue in the order the run's state
+        folded them."""
         try:
             self.outbox.put_nowait(event)
         except queue.Full:
-            # Behind by a whole queue: drop what it has not read and tell it to catch up from the
-            # run folder, which holds every step, evaluation and log line anyway.
-            self._replace_outbox(self.server.catchup("lagged"), event)
+            # Behind by a whole queue: what it has not read is dropped, and its sender hands it the
+            # run's state instead when it gets that far (`_send`).
+            self._replace_outbox(_LAGGED)
+
+    def drop_events(self) -> None:
+        """Under the server's lock: the events queued are folded into the state about to be sent
+        instead. What ends the sending stays."""
+        with self.outbox.mutex:
+            kept = [e for e in self.outbox.queue if e is None or e is _HUNG_UP]
+            self.outbox.queue.clear()
+            self.outbox.queue.extend(kept)
 
     def _replace_outbox(self, *events: object) -> None:
         with self.outbox.mutex:
@@ -107,7 +120,12 @@ class AttachedViewer:
     def _send(self) -> None:
         try:
             while (event := self.outbox.get()) is not None and event is not _HUNG_UP:  # None: the run ended
-                self.conn.send(event)
+                if event is _LAGGED:
+                    event = self.server.catchup(self, "lagged")
+                if isinstance(event, bytes):  # a catch-up, pickled while the state stood still
+                    self.conn.send_bytes(event)
+                else:
+                    self.conn.send(event)
         except (OSError, ValueError):
             pass  # gone, or closed its end: what it sent before closing is still read
         finally:
@@ -157,12 +175,18 @@ class AttachedViewer:
 
 
 _HUNG_UP = object()  # in a viewer's outbox: stop sending
+_LAGGED = object()  # in a viewer's outbox, for what was dropped: send the run's state instead
 
 
 class RunServer:
-    def __init__(self, run_dir: Path, on_command, log):
+    """The run's socket, its viewers, and the run's state (`run`, the host's one fold of every
+    event it broadcasts): a viewer that joins is handed the state as it stands before the next
+    event it is sent, so it shows every event once. `began`: the run's start by the wall clock."""
+
+    def __init__(self, run_dir: Path, on_command, log, run: RunState | None = None, began: float | None = None):
         self.run_dir = Path(run_dir)
         self.on_command, self.log = on_command, log
+        self.run, self.began = run or RunState(), began
         self.key = live.new_key(self.run_dir)
         self.path = live.socket_path(self.run_dir)
         self.path.unlink(missing_ok=True)  # a dead host's
@@ -177,8 +201,7 @@ class RunServer:
         self.listener.listen()
         self.inode = _inode(self.path)  # which socket file at that path is ours
         self.viewers: list[AttachedViewer] = []
-        self.lock = threading.Lock()
-        self.snapshot: dict[type, object] = {}  # the latest RunStarted, StateChanged, Progress
+        self.lock = threading.Lock()  # the viewers, and the run's state while it folds or is copied
         self.closing = False
         self.acceptor = threading.Thread(target=self._accept, name="accept", daemon=True)
         self.acceptor.start()
@@ -249,12 +272,20 @@ class RunServer:
             viewer = AttachedViewer(conn, self)
             self.viewers.append(viewer)
             watching = self.count  # counted with the change it reports: two threads log apart
-            viewer.offer(P.Catchup("attached", tuple(self.snapshot.values()), watching))
+            viewer.offer(self._catchup("attached", watching))
         self.log(f"a viewer attached ({watching} watching)")
 
-    def catchup(self, reason: str) -> P.Catchup:
+    def catchup(self, viewer: AttachedViewer, reason: str) -> bytes:
+        """For `viewer`, which fell behind: the run's state as it stands, in place of the events
+        queued for it (folded into that state already)."""
         with self.lock:
-            return P.Catchup(reason, tuple(self.snapshot.values()), self.count)
+            viewer.drop_events()
+            return self._catchup(reason, self.count)
+
+    def _catchup(self, reason: str, watching: int) -> bytes:
+        """Under the lock: a Catchup pickled at once (as Connection.send would), so the sending
+        thread sends the state as it is now while the run goes on folding into it."""
+        return bytes(ForkingPickler.dumps(P.Catchup(reason, self.run.catchup(reason, self.began), watching)))
 
     @property
     def count(self) -> int:
@@ -270,12 +301,13 @@ class RunServer:
             self.log(f"a viewer detached ({watching} watching)")
 
     def broadcast(self, event: object) -> None:
+        """Folded into the run's state and queued for every viewer, in one step: a viewer that
+        joins (or catches up) is handed the state before or after it, and the event only in the
+        first case."""
         with self.lock:
-            if isinstance(event, (P.RunStarted, P.StateChanged, P.Progress)):
-                self.snapshot[type(event)] = event
-            viewers = list(self.viewers)
-        for viewer in viewers:
-            viewer.offer(event)
+            self.run.apply(event)
+            for viewer in self.viewers:
+                viewer.offer(event)
 
     def close(self, grace: float = 10) -> None:
         """After the last event: every viewer gets what is queued for it (a viewer that reads
@@ -313,46 +345,22 @@ def _inode(path: Path) -> tuple[int, int] | None:
 
 
 class Summary:
-    """live.json's figures, folded from events, rewritten at most once a RECORD_EVERY; with a
-    target, its forecast refitted at each evaluation. The step time and ETA are folded as every
-    front-end folds them (live.Pace, live.eta): `ps` and a dashboard give one ETA."""
+    """live.json's figures, read from the host's RunState (the one fold of the run's events:
+    `ps` and a dashboard give one ETA), rewritten at most once a RECORD_EVERY; with a target, its
+    forecast as the run's latest evaluation left it."""
 
-    def __init__(self, record: live.LiveRecord, cfg: Config | None = None):
-        self.record = record
+    def __init__(self, record: live.LiveRecord, run: RunState):
+        self.record, self.run = record, run
         self.written = 0.0
-        self.cfg = cfg
-        self.evals = Evaluations()  # the target's: bounded, a day of evaluations or a year
-        self.pace = live.Pace()
-        self.step_time: float | None = None  # the pace's, as the forecast last used it
 
     def apply(self, event: object) -> None:
-        r = self.record
-        if isinstance(event, P.RunStarted):
-            r.step, r.max_steps = event.start_step, event.max_steps
-            self.pace.start(event.start_step)
-        elif isinstance(event, P.StepMetrics):
-            r.step, r.loss = event.step, event.loss
-            self.pace.add(event.step, event.dt)
-            self.step_time = self.pace.step_time
-            r.eta_s = live.eta(r.step, r.max_steps, self.step_time)
-        elif isinstance(event, P.RolledBack):  # the steps after to_step come again
-            r.step = event.to_step
-            self.pace.cut(event.to_step)
-            self.step_time = self.pace.step_time
-            r.eta_s = live.eta(r.step, r.max_steps, self.step_time)
-        elif isinstance(event, P.StateChanged):
-            r.state = event.state
-            if event.state in P.TERMINAL_STATES:  # nothing more is coming
-                r.eta_s = None
-        elif isinstance(event, P.EvalMetrics) and self.cfg is not None:
-            t = self.cfg.training
-            value = (event.val_loss if t.target_val_loss else
-                     (event.tasks.get(t.target_task) or {}).get("accuracy") if t.target_task else None)
-            if value is not None:
-                self.evals.add(event.step, value)
-                ahead = forecast_aim(t.target_val_loss, t.target_task, t.target_accuracy, self.evals.values(),
-                                     self.cfg.tokens_per_step, t.max_steps, self.step_time)
-                r.target = ahead.short(self.cfg.hardware.cost_per_hour)
+        """After `event` was folded into the run's state."""
+        r, run = self.record, self.run
+        r.step, r.loss, r.state, r.eta_s = run.step, run.loss, run.state, run.eta
+        if run.max_steps:
+            r.max_steps = run.max_steps
+        if isinstance(event, P.EvalMetrics) and (ahead := run.forecast) is not None:
+            r.target = ahead.short(run.cost_per_hour)
 
     def write(self, viewers: int, force: bool = False) -> None:
         """OSError where live.json could not be written (the next try is a RECORD_EVERY later)."""
@@ -379,25 +387,27 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    server = RunServer(run_dir, engine.send, log)
+    started = time.time()
+    run = run_so_far(run_dir)  # before the engine writes a row: each is folded once
+    server = RunServer(run_dir, engine.send, log, run, began=started)
     record = live.LiveRecord(str(run_dir.resolve()), os.getpid(), socket.gethostname(), str(server.path),
-                             preset=label or run_dir.name, max_steps=cfg.training.max_steps, started=time.time())
-    summary = Summary(record, cfg)
+                             preset=label or run_dir.name, max_steps=cfg.training.max_steps, started=started)
+    summary = Summary(record, run)
     summary.write(0, force=True)
     live.register(run_dir)
     engine.start()
     report = StartReport(ready_fd)
     report.ready()  # serving: the front-end that started us may connect
     stopping = False
-    watch = StallWatch(cfg.notify.stall_after)
-    word = Announcer(Notifier(cfg.notify, run_dir.name, log=log))  # its targets checked before the run folder was made
+    watch = StallWatch(cfg.notify.stall_after, run)
+    word = Announcer(Notifier(cfg.notify, run_dir.name, log=log), run)  # its targets checked before the run folder was made
     while not engine.done:
         if stop.is_set() and not stopping:
             stopping = True  # SIGTERM: the run checkpoints and stops, as a headless one would
             engine.send(P.Abort(save=True, interrupted=True))
         event = engine.poll(timeout=0.5)
         news = [event] if event is not None else []
-        said = watch.heard(event) if event is not None else watch.check()
+        said = watch.heard() if event is not None else watch.check()
         if said:  # a stall begins or ends: live.json says so at once, for `ps`
             log(said)
             if watch.stalled:
@@ -406,8 +416,8 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
             elif not isinstance(event, P.StateChanged):  # the state the stall hid, given back
                 news.insert(0, P.StateChanged(watch.state))
         for news_event in news:
+            server.broadcast(news_event)  # folded into `run`, then sent
             summary.apply(news_event)
-            server.broadcast(news_event)
             word.heard(news_event)
         if event is not None:
             report.event(event)
@@ -420,6 +430,21 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
     word.ended(engine.final_state or P.FAILED, engine.failure)
     stop_serving(run_dir, server)
     return 0 if engine.failure is None else 1
+
+
+def run_so_far(run_dir: Path) -> RunState:
+    """The run's state from its folder, before its engine starts: nothing for a new run; for a
+    resumed one, its history (history_file: the summary the engine keeps, and the rows of
+    metrics.jsonl after it) and the end of train.log, which a viewer that joins is shown."""
+    run = RunState()
+    try:
+        for line in tail_lines(run_dir / TRAIN_LOG, LOG_HISTORY_BYTES):
+            run.apply(P.LogLine(line))
+        run.apply(P.HistoryRead(history_file.load(run_dir)[0]))
+    except Exception as e:  # noqa: BLE001 - a damaged history costs the viewers its curve, never the run
+        run.apply(P.LogLine(f"host: warning: the run's history was not read ({type(e).__name__}: {e}); "
+                            "live events go on"))
+    return run
 
 
 def stop_serving(run_dir: Path, server: RunServer) -> None:

@@ -34,9 +34,8 @@ choice. An orderly host removes all three when its engine ends, those that are s
 run resumed at that moment has written its own). One that died leaves them: its run is listed as
 dead, with the command that resumes it.
 
-The figures live.json's summary shares with every view of the run are worked out here once: the
-smoothed step time and the ETA (`Pace`, `eta`), and when this start of the run began (`Began`), so
-that `ps`, the launch screen, each attached dashboard and `--run`'s line give the same ones.
+The figures live.json's summary shares with every view of the run (the smoothed step time, the
+ETA) come from the one fold of the run's events, core/run/state.py's RunState, which the host keeps.
 """
 
 from __future__ import annotations
@@ -48,8 +47,6 @@ import os
 import secrets
 import socket
 import struct
-from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +56,6 @@ KEY = "live.key"
 RECORD = "live.json"
 SOCKET = "live.sock"
 SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes with its NUL; leave room
-PACE_STEPS = 64  # the steps the smoothed step time is taken over: 0.9^64, the first one's share, is 0.1 %
 
 
 def state_home() -> Path:
@@ -109,79 +105,6 @@ def check_peer(sock: socket.socket, pid: int | None = None) -> None:
         raise WrongPeer(f"a process of uid {uid} (pid {their_pid}), not of this user's")
     if pid is not None and their_pid != pid:
         raise WrongPeer(f"pid {their_pid}, not the run host live.json names (pid {pid})")
-
-
-class Pace:
-    """A run's step time, smoothed: what its ETA, tokens/s, steps/s and MFU follow, one figure in
-    every process that shows one. The run host folds it for live.json (`ps`, the launch screen) and
-    each front-end's RunState for its own views (the dashboard, `--run`'s line); they agree because
-    the figure depends only on the run's last steps, not on when a process began to watch.
-
-    An EMA (β 0.9) over the last PACE_STEPS steps since the run's latest start, that start's first
-    step left out (it carries compilation). An EMA since the first step a process saw would not do:
-    a viewer attaching at step 10,000 rebuilds this one from the run folder's recent rows (`read`)
-    and has the very figure the host folded from events; one since its own attach differs from the
-    host's, and from another viewer's, by what each happened to see first."""
-
-    def __init__(self) -> None:
-        self.first = 1  # the latest start's first step: not counted
-        self.steps: deque[tuple[int, float]] = deque(maxlen=PACE_STEPS)  # (step, its time)
-        self.step_time: float | None = None
-
-    def start(self, start_step: int) -> None:
-        """The run (re)starts after `start_step`: a resume's steps before it ran on another start."""
-        self.first = start_step + 1
-        self.steps.clear()
-        self.step_time = None
-
-    def add(self, step: int, dt: float) -> None:
-        self._drop_from(step)  # a step again, after a rollback: those from it on are redone
-        if step > self.first and dt > 0:
-            self.steps.append((step, dt))
-        self._fold()
-
-    def cut(self, to_step: int) -> None:
-        """Rolled back to `to_step`: the steps after it are no longer the run's."""
-        self._drop_from(to_step + 1)
-        self._fold()
-
-    def read(self, rows: Iterable) -> None:
-        """From a history's exact recent rows (core/run/history.py's Row: step, and the training
-        seconds through it), each step's time the difference of two rows' times."""
-        self.steps.clear()
-        before = None
-        for row in rows:
-            if before is not None and row.step > self.first and row.time > before.time:
-                self.steps.append((row.step, row.time - before.time))
-            before = row
-        self._fold()
-
-    def _drop_from(self, step: int) -> None:
-        while self.steps and self.steps[-1][0] >= step:
-            self.steps.pop()
-
-    def _fold(self) -> None:
-        value = None
-        for _, dt in self.steps:
-            value = dt if value is None else 0.9 * value + 0.1 * dt
-        self.step_time = value
-
-
-def eta(step: int, max_steps: int, step_time: float | None) -> float | None:
-    """Seconds left to `max_steps` at `step_time` a step (Pace's): the one ETA that `ps`, the launch
-    screen, the dashboard and `--run`'s line show; None while there is no step time to go by."""
-    if not step_time or not max_steps:
-        return None
-    return step_time * max(0, max_steps - step)
-
-
-@dataclass(frozen=True)
-class Began:
-    """Not from the engine: when this start of the run began by the wall clock (time.time()), as
-    the run host that owns it recorded in live.json's `started`. A viewer hands it to its front-end
-    before the run's history, so that elapsed is the run's own, the same in every viewer, not the
-    time since that viewer attached."""
-    at: float
 
 
 @dataclass

@@ -57,11 +57,14 @@ import urllib.request
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from ..config import ConfigError, NotifyConfig
 from ..run.target import run_time
+
+if TYPE_CHECKING:
+    from ..run.state import RunState
 
 EVENTS = ("finished", "failed", "nan", "spike", "rollback", "stalled", "target")
 NEVER_LIMITED = frozenset({"finished", "failed", "target"})  # once a run at most: see the docstring
@@ -644,18 +647,17 @@ def _unreachable(host: str, port: int, timeout: float) -> str | None:
 
 class Announcer:
     """Which of the engine's events are word worth sending, as notification events: what the
-    process that owns the engine feeds every event it reads, each stall it notices, and the end."""
+    process that owns the engine feeds every event it reads, each stall it notices, and the end.
+    Where the run stands (its step and loss) is read from `run` (a RunState, core/run/state.py),
+    which that process keeps."""
 
-    def __init__(self, notifier: Notifier):
-        self.notifier = notifier
-        self.step, self.loss = 0, None
+    def __init__(self, notifier: Notifier, run: RunState):
+        self.notifier, self.run = notifier, run
 
     def heard(self, event: object) -> None:
         from .. import protocol as P
 
-        if isinstance(event, P.StepMetrics):
-            self.step, self.loss = event.step, event.loss
-        elif isinstance(event, P.SpikeSeen):
+        if isinstance(event, P.SpikeSeen):
             self.notifier.send({"event": "spike", "step": event.step, "loss": event.loss, "action": event.action})
         elif isinstance(event, P.RolledBack):
             self.notifier.send({"event": "rollback", "step": event.step, "to_step": event.to_step})
@@ -667,7 +669,7 @@ class Announcer:
             self.notifier.send({"event": "nan", "step": event.step, "action": event.action})
 
     def stalled(self, detail: str) -> None:
-        self.notifier.send({"event": "stalled", "step": self.step, "detail": detail})
+        self.notifier.send({"event": "stalled", "step": self.run.step, "detail": detail})
 
     def ended(self, state: str, failure, timeout: float = 5.0) -> None:
         """The run's last word, flushed within `timeout` seconds before the owner exits."""
@@ -675,7 +677,7 @@ class Announcer:
 
         if failure is not None:
             message = (failure.message.strip().splitlines() or [""])[0]
-            self.notifier.send({"event": "failed", "step": self.step, "message": message})
+            self.notifier.send({"event": "failed", "step": self.run.step, "message": message})
         elif state == P.FINISHED:
-            self.notifier.send({"event": "finished", "step": self.step, "loss": self.loss})
+            self.notifier.send({"event": "finished", "step": self.run.step, "loss": self.run.loss})
         self.notifier.close(timeout)

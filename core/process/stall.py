@@ -2,10 +2,11 @@
 
 A hung collective or a stuck filesystem leaves the engine alive and silent; nothing fails, and the
 run is found hours later. Whichever process owns the engine (the run host, or `--run`'s headless
-front-end) feeds every event it reads to a StallWatch and asks it, between events, whether the
-silence has gone on too long: longer than notify.stall_after and than STEP_TIMES of the run's own
-steps (a large model's step may take minutes), while it trains, evaluates or checkpoints. The
-first event after the silence ends the stall by itself.
+front-end) tells a StallWatch each time it hears from the engine and asks it, between events,
+whether the silence has gone on too long: longer than notify.stall_after and than STEP_TIMES of the
+run's own steps (a large model's step may take minutes), while it trains, evaluates or checkpoints.
+The first event after the silence ends the stall by itself. The step time and the engine's state
+are the run's (core/run/state.py's RunState, which the owner keeps): the watch folds nothing.
 
 Silence, not steps: a long evaluation or a large data preparation says what it does as it goes
 (state changes, progress); what says nothing at all is the stall. Torch: never.
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from .. import protocol as P
-from .live import Pace
+from ..run.state import RunState
 
 STEP_TIMES = 20  # a silence this many step times long is no step that is merely slow
 # Training and what it stops for. Preparing data and compiling take as long as the corpus and the
@@ -34,32 +35,28 @@ def duration(seconds: float) -> str:
 
 
 class StallWatch:
-    def __init__(self, stall_after: float, clock: Callable[[], float] = time.monotonic):
-        self.stall_after, self.clock = stall_after, clock
+    def __init__(self, stall_after: float, run: RunState, clock: Callable[[], float] = time.monotonic):
+        self.stall_after, self.run, self.clock = stall_after, run, clock
         self.heard_at = clock()
-        self.state = P.PREPARING  # the engine's own, which a stall hides and its end gives back
-        self.pace = Pace()  # the run's step time, the figure every view of it shows
         self.stalled_since: float | None = None
 
     @property
     def step_time(self) -> float | None:
-        return self.pace.step_time
+        """The run's step time, the figure every view of it shows."""
+        return self.run.dt_ema
+
+    @property
+    def state(self) -> str:
+        """The engine's own state, which a stall hides and its end gives back."""
+        return self.run.engine_state
 
     @property
     def limit(self) -> float:
         return max(self.stall_after, STEP_TIMES * self.step_time) if self.step_time else self.stall_after
 
-    def heard(self, event: object) -> str | None:
-        """An event from the engine; the line to say if it ends a stall."""
+    def heard(self) -> str | None:
+        """The engine said something; the line to say if that ends a stall."""
         now = self.clock()
-        if isinstance(event, P.RunStarted):
-            self.pace.start(event.start_step)
-        elif isinstance(event, P.StepMetrics):
-            self.pace.add(event.step, event.dt)
-        elif isinstance(event, P.RolledBack):
-            self.pace.cut(event.to_step)
-        elif isinstance(event, P.StateChanged):
-            self.state = event.state
         was, self.heard_at = self.stalled_since, now
         if was is None:
             return None

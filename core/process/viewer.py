@@ -4,15 +4,12 @@ It connects to the run host (host.py) through the address in the run's `live.jso
 
 It offers what runner.ProcessHandle offers the dashboard (`poll`, `send`, `done`, `final_state`,
 `failure`, `run_dir`), so a dashboard does not know whether it owns its engine or watches one.
-On attaching, and again whenever the host says it had to drop events for this viewer, the run's
-history comes from its folder: the end of train.log, the history (core/run/history_file.py: a
-summary the engine keeps, and the rows of metrics.jsonl after it), then the host's snapshot (the
-run's RunStarted, state, progress) and when the host began the run (live.Began, from live.json:
-what elapsed counts from). The connection is made before
-the folder is read, and what arrives meanwhile is kept: the engine writes a step's line before it
-sends the step's event, so every step is in the file or still to come, and none is shown twice.
-It attaches only to the user's own run host, checked before the handshake (live.py says how): what
-the host sends is unpickled.
+On attaching, and again whenever the host says it had to drop events for this viewer, the run so
+far comes from the host itself (P.Catchup): the run's RunStarted, when the host began it, the end
+of its log, its history and its state now, as the host's own fold of the run's events
+(core/run/state.py) stood before the next event this viewer is sent. Every event is shown once:
+the catch-up and the live events are one stream, cut at one point. It attaches only to the user's
+own run host, checked before the handshake (live.py says how): what the host sends is unpickled.
 """
 
 from __future__ import annotations
@@ -28,12 +25,9 @@ from multiprocessing import AuthenticationError, connection
 from pathlib import Path
 
 from .. import protocol as P
-from ..run import history_file
-from ..run.folder import TRAIN_LOG, tail_lines
 from ..run.safe_files import NotOwnFile
 from . import live
 
-LOG_HISTORY_BYTES = 256 * 1024  # the end of train.log a viewer shows from before it attached: read, not the whole log
 HANDSHAKE_TIMEOUT = 5.0  # seconds a host has to answer a viewer's connection; it answers in milliseconds
 
 
@@ -66,14 +60,6 @@ def connect(address: str, authkey: bytes, pid: int | None = None) -> connection.
     return conn
 
 
-def history(run_dir: Path) -> list[object]:
-    """The run so far: the end of train.log as log lines, then the run folder's history
-    (history_file: its summary and the rows of metrics.jsonl after it) as one HistoryRead."""
-    events: list[object] = [P.LogLine(line) for line in tail_lines(Path(run_dir) / TRAIN_LOG, LOG_HISTORY_BYTES)]
-    events.append(P.HistoryRead(history_file.load(Path(run_dir))[0]))
-    return events
-
-
 class RunViewer:
     process_name = "run host"
 
@@ -92,7 +78,6 @@ class RunViewer:
         self.failure: P.Failure | None = None
         self.viewers = 1
         self.last_step = self.record.step
-        self._shown: dict[object, int] = {}  # the last step of each kind shown: what the history gave already
         self._lock = threading.Lock()
         threading.Thread(target=self._receive, name="viewer-receive", daemon=True).start()
 
@@ -145,48 +130,19 @@ class RunViewer:
 
     def _catch_up(self, catchup: P.Catchup) -> None:
         self.viewers = catchup.viewers
-        started = next((e for e in catchup.snapshot if isinstance(e, P.RunStarted)), None)
-        try:
-            past = history(self.run_dir)
-        except Exception as e:  # noqa: BLE001 - this thread is the viewer's only ear: it must not end unheard
-            past = [P.LogLine(f"warning: the run's history was not read ({type(e).__name__}: {e}); "
-                              f"live events go on")]
-        if catchup.reason == "lagged":  # the log pane has the lines it showed; steps may be missing
-            past = [e for e in past if not isinstance(e, P.LogLine)]
-        # When the host began the run: elapsed is the run's, not the time since this viewer attached.
-        began = [live.Began(self.record.started)] if self.record.started else []
-        # The snapshot's RunStarted first (it resets the view), then what happened, then the state now.
-        for event in ([started] if started else []) + began + past + [e for e in catchup.snapshot if e is not started]:
+        for event in catchup.snapshot:
             self.inbox.put(event)
 
     def poll(self, timeout: float = 0.1) -> object | None:
-        """The next event not shown yet; None when none came within `timeout`. When the host is
-        gone: a final StateChanged once (FAILED if the run had not ended), then `done`."""
-        while True:
-            try:
-                event = self.inbox.get(timeout=timeout)
-            except queue.Empty:
-                return None
-            if event is _GONE:
-                return self._gone()
-            if self._fresh(event):
-                return self._observe(event)
-
-    def _fresh(self, event: object) -> bool:
-        """A step, evaluation or checkpoint at or below one already shown is the history's copy."""
-        if isinstance(event, (P.StepMetrics, P.EvalMetrics, P.CheckpointWritten)):
-            what = _what(event)
-            if event.step <= self._shown.get(what, -1):
-                return False
-            self._shown[what] = event.step
-        elif isinstance(event, P.RunStarted):
-            self._shown.clear()
-        elif isinstance(event, P.HistoryRead):
-            self._shown.update(_history_shown(event.history))
-        elif isinstance(event, P.RolledBack):
-            # The steps after to_step come again, on other batches: not copies of those shown.
-            self._shown = {what: min(step, event.to_step) for what, step in self._shown.items()}
-        return True
+        """The next event; None when none came within `timeout`. When the host is gone: a final
+        StateChanged once (FAILED if the run had not ended), then `done`."""
+        try:
+            event = self.inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if event is _GONE:
+            return self._gone()
+        return self._observe(event)
 
     def _observe(self, event: object) -> object:
         if isinstance(event, P.Failure):
@@ -261,25 +217,6 @@ class RunViewer:
                     both_ends.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass  # closed already: the host went first
-
-
-def _what(event: object) -> object:
-    """What `_fresh` counts steps of: an event's type; for an evaluation, also what it holds. The
-    validation loss and the task scores have cadences of their own: an evaluation of one is no
-    copy of an evaluation of the other at the same step."""
-    if isinstance(event, P.EvalMetrics):
-        return P.EvalMetrics, event.val_loss is not None, bool(event.tasks)
-    return type(event)
-
-
-def _history_shown(h) -> dict[object, int]:
-    """What `_fresh` counts as shown once a history is: its last step, evaluation of each kind and
-    checkpoint. An evaluation with both a validation loss and task scores is a copy if both are."""
-    val = h.evals[-1][0] if h.evals else -1
-    tasks = max((points[-1][0] for points in h.tasks.values() if points), default=-1)
-    return {P.StepMetrics: h.last_step if h.count else -1, (P.EvalMetrics, True, False): val,
-            (P.EvalMetrics, False, True): tasks, (P.EvalMetrics, True, True): min(val, tasks),
-            P.CheckpointWritten: h.checkpoints[-1][0] if h.checkpoints else -1}
 
 
 def _record(run_dir: Path) -> live.LiveRecord:

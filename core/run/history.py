@@ -14,7 +14,7 @@ all. This holds instead, whatever the run's length:
 * every evaluation, task score, checkpoint, spike, rollback, target and sample, exactly;
 * the smoothed loss carried forward (its running sum and count), never recomputed whole.
 
-Fed a row at a time (`add_step`, `fold`) by the engine, the run host's viewers and the readers of
+Fed a step at a time (`add`, `fold`) by the engine, the run host's viewers and the readers of
 a run folder; `cut` drops what a run that went back redoes. A cut into buckets whose rows have
 left the tail (a rollback after a checkpoint interval longer than TAIL_MAX) cannot be undone: it
 says so (returns False). A folder's reader then folds the file again knowing every cut in advance
@@ -31,6 +31,9 @@ from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
+
+from .. import protocol as P
+from . import rows
 
 EMA_BETA = 0.9
 CAP = 2048  # buckets at the finest resolution: a chart is at most a few hundred points wide
@@ -138,7 +141,7 @@ class Point:
 
 class History:
     """One run's history, bounded (see the module's docstring). Step rows are tuples in FIELDS'
-    order; `last` is the last step row as the engine wrote it (grad norm, MFU, step time, memory)."""
+    order; `last` is the last step as the engine said it (grad norm, MFU, step time, memory)."""
 
     def __init__(self) -> None:
         self.buckets = Buckets()
@@ -147,7 +150,9 @@ class History:
         self.count = 0  # step rows in the curve, bucketed and exact
         self.time = 0.0  # training seconds through the last step (pauses left out)
         self.first_loss: float | None = None
-        self.last: dict[str, Any] = {}
+        # The last step's event, or its row as read (made an event when first asked for: a folder's
+        # reader folds a million rows and needs one); None after a cut.
+        self._last: P.StepMetrics | dict[str, Any] | None = None
         self.checkpoint_step = -1  # rows at or before it may leave the tail: no rollback goes behind it
         self.evals: list[tuple[int, float | None, float | None]] = []  # (step, val_loss, val_bpb) with a val loss
         self.tasks: dict[str, list[tuple[int, float]]] = {}  # each task's accuracy by step
@@ -161,13 +166,20 @@ class History:
         self._cache: dict[int, tuple[tuple, list[Point]]] = {}  # by resolution: _settled's points
 
     # ------------------------------------------------------------------------- folding
-    def add_step(self, step: int, loss: float, lr: float, dt: float, tokens_per_s: float, **last: Any) -> None:
-        """A step row; one at or before the last step first cuts (`cut`) what it redoes. `last`:
-        the row's other figures (grad norm, MFU, memory), kept for the last step only."""
-        self._add(step, loss, lr, dt, tokens_per_s)
-        self.last = {"step": step, "loss": loss, "lr": lr, "dt": dt, "tokens_per_s": tokens_per_s, **last}
+    def add(self, event: P.StepMetrics) -> None:
+        """A step; one at or before the last step first cuts (`cut`) what it redoes. Its other
+        figures (grad norm, MFU, memory) are kept for the last step only."""
+        self.add_step(event.step, event.loss, event.lr, event.dt, event.tokens_per_s)
+        self._last = event
 
-    def _add(self, step: int, loss: float, lr: float, dt: float, tokens_per_s: float) -> None:
+    @property
+    def last(self) -> P.StepMetrics | None:
+        if isinstance(self._last, dict):
+            self._last = rows.event_of(self._last)
+        return self._last
+
+    def add_step(self, step: int, loss: float, lr: float, dt: float, tokens_per_s: float) -> None:
+        """A step's figures the curves are drawn from (`add`, less what only the last step keeps)."""
         if self.count and step <= self.last_step:
             self.cut(step)
         self.ema_sum = EMA_BETA * self.ema_sum + (1 - EMA_BETA) * loss
@@ -212,9 +224,9 @@ class History:
         """A metrics.jsonl row, well formed (rows.well_formed)."""
         kind, step = row.get("kind"), row.get("step")
         if kind == "step":
-            self._add(step, float(row["loss"]), float(row["lr"]), float(row.get("dt") or 0.0),
-                      float(row.get("tokens_per_s") or 0.0))
-            self.last = row  # as written: its grad norm, MFU and memory are what a panel shows of the last step
+            self.add_step(step, float(row["loss"]), float(row["lr"]), float(row.get("dt") or 0.0),
+                          float(row.get("tokens_per_s") or 0.0))
+            self._last = row  # as written: its grad norm, MFU and memory are what a panel shows of the last step
         elif kind == "eval":
             self.add_eval(step, row.get("val_loss"), row.get("val_bpb"), row.get("tasks") or {}, row.get("core"))
         elif kind == "checkpoint":
@@ -255,7 +267,7 @@ class History:
         self.ema_sum = last[3] * (1 - EMA_BETA ** self.count) if last else 0.0
         if last is None and not self.count:
             self.first_loss = None
-        self.last = {"step": last.step, "loss": last.loss, "lr": last.lr, "tokens_per_s": last.tokens_per_s} if last else {}
+        self._last = None  # its grad norm, MFU and memory are the next step's to say
         for points in (self.evals, self.core, self.checkpoints, self.targets, self.samples, *self.tasks.values()):
             del points[bisect_left(points, step, key=lambda p: p[0]):]
         self.checkpoint_step = self.checkpoints[-1][0] if self.checkpoints else -1
@@ -343,7 +355,7 @@ class History:
     def state(self) -> dict[str, Any]:
         return {"width": self.buckets.width, "buckets": self.buckets.buckets, "tail": [list(r) for r in self.tail],
                 "ema_sum": self.ema_sum, "count": self.count, "time": self.time, "first_loss": self.first_loss,
-                "last": self.last, "checkpoint_step": self.checkpoint_step, "evals": self.evals, "tasks": self.tasks,
+                "last": rows.row_of(self.last, 0.0) if self.last else None, "checkpoint_step": self.checkpoint_step, "evals": self.evals, "tasks": self.tasks,
                 "last_task_scores": self.last_task_scores, "core": self.core, "checkpoints": self.checkpoints,
                 "spikes": self.spikes, "rollbacks": self.rollbacks, "targets": self.targets, "samples": self.samples}
 
@@ -358,7 +370,7 @@ class History:
         h.tail = deque(Row(int(r[0]), *(float(v) for v in r[1:])) for r in s["tail"])
         h.ema_sum, h.count, h.time = float(s["ema_sum"]), int(s["count"]), float(s["time"])
         h.first_loss = None if s["first_loss"] is None else float(s["first_loss"])
-        h.last, h.checkpoint_step = dict(s["last"]), int(s["checkpoint_step"])
+        h._last, h.checkpoint_step = s["last"] if isinstance(s["last"], dict) else None, int(s["checkpoint_step"])
         h.evals = [(int(a), None if b is None else float(b), None if c is None else float(c)) for a, b, c in s["evals"]]
         h.tasks = {str(k): [(int(a), float(b)) for a, b in v] for k, v in s["tasks"].items()}
         h.last_task_scores = {str(k): dict(v) for k, v in s["last_task_scores"].items()}

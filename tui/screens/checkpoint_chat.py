@@ -16,7 +16,7 @@ from textual.widgets import Footer, Static
 from ...core import protocol as P
 from ...core.infer.chat_engine import ChatEngine
 from ..bridge import EngineEvents, drain
-from ..run_state import run_config
+from ...core.run.state import run_config
 from ..widgets.chat_pane import ChatPane
 from ..widgets.log_pane import LogPane
 

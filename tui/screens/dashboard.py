@@ -27,7 +27,7 @@ from ...core.process.viewer import RunViewer
 from ...core.run.curves import load_run
 from ..bridge import EngineEvents, drain
 from ..formatting import fmt_duration
-from ..run_state import RunState
+from ...core.run.state import RunState
 from .dialogs import AbortDialog, BaselinePicker, HelpScreen, QuitDialog, past_runs
 from ..widgets.charts import Baseline, LossChart
 from ..widgets.chat_pane import ChatPane

@@ -17,7 +17,7 @@ from rich.text import Text
 from ...core import protocol as P
 from ...core.hardware.telemetry import GPUReading, ProcessLoad, Reading, find_gpu, run_gpu_indices
 from ..formatting import DASH, bar, fmt_count, fmt_duration
-from ..run_state import RunState
+from ...core.run.state import RunState
 from .panels import gib
 
 SEP = " · "

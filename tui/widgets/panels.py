@@ -20,7 +20,7 @@ from textual.widgets import Static
 from ...core import protocol as P
 from ...core.hardware.telemetry import GPUReading, ProcessLoad, Reading, find_gpu
 from ..formatting import DASH, fmt_count, fmt_duration
-from ..run_state import RunState
+from ...core.run.state import RunState
 
 STATE_STYLE = {P.RUNNING: "bold green", P.PAUSED: "bold yellow", P.FAILED: "bold red", P.FINISHED: "bold cyan",
                P.ABORTED: "bold magenta", P.INTERRUPTED: "bold magenta", P.COMPILING: "bold blue",

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from ...core.config import Config
 from ..formatting import DASH
-from ..run_state import RunState
+from ...core.run.state import RunState
 from .panels import Panel, spark
 
 # Reference models' accuracy by task, drawn on that task's plot. GPT-2 124M's HellaSwag is llm.c's

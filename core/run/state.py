@@ -1,23 +1,99 @@
-"""What a front-end knows of a run, folded from engine events.
+"""A run as its events make it: the one fold of the engine's events, kept by whoever watches the run.
 
-Torch-free. Its figures are written out by `formatting`."""
+The run host keeps one (its `live.json` summary, its stall watch and its notifications read it)
+and hands a copy of its history to each viewer that joins (`catchup`); `--run`'s headless
+front-end keeps its own, as the owner of its engine; each dashboard continues the copy it was
+handed with the live events. The figures every view of a run shows alike are worked out here
+once: the smoothed step time and the ETA (`Pace`, `eta`), so `ps`, the launch screen, each
+dashboard and `--run`'s line agree.
+
+Torch-free. Its figures are written out by the front-end's `formatting`."""
 
 from __future__ import annotations
 
-
 import time
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..core import protocol as P
-from ..core.config import Config, ConfigError, config_from_dict
-from ..core.process import live
-from ..core.run.history import History, ReadsHistory
-from ..core.run.target import Forecast, forecast_aim
+from .. import protocol as P
+from ..config import Config, ConfigError, config_from_dict
+from .history import History, ReadsHistory
+from .target import Evaluations, Forecast, forecast_aim
+
+PACE_STEPS = 64  # the steps the smoothed step time is taken over: 0.9^64, the first one's share, is 0.1 %
+LOG_LINES = 2000  # the log lines a run keeps for a viewer that joins: its log pane's worth and more
+
+
+class Pace:
+    """A run's step time, smoothed: what its ETA, tokens/s, steps/s and MFU follow, one figure in
+    every process that shows one. The run host folds it for live.json (`ps`, the launch screen) and
+    each front-end's RunState for its own views (the dashboard, `--run`'s line); they agree because
+    the figure depends only on the run's last steps, not on when a process began to watch.
+
+    An EMA (β 0.9) over the last PACE_STEPS steps since the run's latest start, that start's first
+    step left out (it carries compilation). An EMA since the first step a process saw would not do:
+    a viewer attaching at step 10,000 rebuilds this one from the run folder's recent rows (`read`)
+    and has the very figure the host folded from events; one since its own attach differs from the
+    host's, and from another viewer's, by what each happened to see first."""
+
+    def __init__(self) -> None:
+        self.first = 1  # the latest start's first step: not counted
+        self.steps: deque[tuple[int, float]] = deque(maxlen=PACE_STEPS)  # (step, its time)
+        self.step_time: float | None = None
+
+    def start(self, start_step: int) -> None:
+        """The run (re)starts after `start_step`: a resume's steps before it ran on another start."""
+        self.first = start_step + 1
+        self.steps.clear()
+        self.step_time = None
+
+    def add(self, step: int, dt: float) -> None:
+        self._drop_from(step)  # a step again, after a rollback: those from it on are redone
+        if step > self.first and dt > 0:
+            self.steps.append((step, dt))
+        self._fold()
+
+    def cut(self, to_step: int) -> None:
+        """Rolled back to `to_step`: the steps after it are no longer the run's."""
+        self._drop_from(to_step + 1)
+        self._fold()
+
+    def read(self, rows: Iterable) -> None:
+        """From a history's exact recent rows (core/run/history.py's Row: step, and the training
+        seconds through it), each step's time the difference of two rows' times."""
+        self.steps.clear()
+        before = None
+        for row in rows:
+            if before is not None and row.step > self.first and row.time > before.time:
+                self.steps.append((row.step, row.time - before.time))
+            before = row
+        self._fold()
+
+    def _drop_from(self, step: int) -> None:
+        while self.steps and self.steps[-1][0] >= step:
+            self.steps.pop()
+
+    def _fold(self) -> None:
+        value = None
+        for _, dt in self.steps:
+            value = dt if value is None else 0.9 * value + 0.1 * dt
+        self.step_time = value
+
+
+def eta(step: int, max_steps: int, step_time: float | None) -> float | None:
+    """Seconds left to `max_steps` at `step_time` a step (Pace's): the one ETA that `ps`, the launch
+    screen, the dashboard and `--run`'s line show; None while there is no step time to go by."""
+    if not step_time or not max_steps:
+        return None
+    return step_time * max(0, max_steps - step)
+
 
 @dataclass
 class RunState(ReadsHistory):
-    """The run as the front-end knows it, folded from events."""
+    """The run as its events make it (see the module's docstring)."""
     state: str = P.PREPARING
+    engine_state: str = P.PREPARING  # the engine's own: the state a stall (STALLED) hides and its end gives back
     # Paused stays true through a checkpoint or evaluation asked for while paused (their states
     # come and go): what "p" must undo.
     paused: bool = False
@@ -26,13 +102,13 @@ class RunState(ReadsHistory):
     start_step: int = 0
     step: int = 0
     loss: float | None = None
-    # The rates shown all follow one smoothed step time, dt_ema (live.Pace: the run host's too, so
+    # The rates shown all follow one smoothed step time, dt_ema (Pace: the run host's too, so
     # `ps` gives the same ETA), so tokens/s, steps/s, MFU and the ETA agree. A step's tokens and
     # its MFU × step time are the same every step: not smoothed.
-    pace: live.Pace = field(default_factory=live.Pace)
+    pace: Pace = field(default_factory=Pace)
     mfu_seconds: float | None = None  # MFU × step time
     clock: object = time.monotonic  # injectable, so snapshot tests render a fixed elapsed time
-    started_at: float = 0.0  # when the run began, on `clock`: this front-end's start, or the host's (live.Began)
+    started_at: float = 0.0  # when the run began, on `clock`: this front-end's start, or the host's (P.Began)
     ended_at: float | None = None  # when the run reached a terminal state: elapsed stops there
     train_started_at: float | None = None
     progress: P.Progress | None = None
@@ -46,6 +122,9 @@ class RunState(ReadsHistory):
     # buckets of steps, the recent steps, every evaluation, checkpoint and spike exact.
     history: History = field(default_factory=History)
     _forecast: Forecast | None = None  # fitted again only after a new evaluation, when asked for
+    # The target's evaluations the forecast is fitted from, bounded (target.Evaluations): built
+    # from the history when first asked for, then kept up with each evaluation.
+    aim: Evaluations | None = None
     lr: float | None = None
     grad_norm: float | None = None
     tokens_seen: int = 0
@@ -57,6 +136,8 @@ class RunState(ReadsHistory):
     failure: P.Failure | None = None
     state_detail: str = ""
     config: Config | None = None  # the run's, built once from RunStarted's (run_config)
+    run_started: P.RunStarted | None = None  # as the engine said it: what a joining viewer is handed first
+    log_tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
 
     def __post_init__(self) -> None:
         self.started_at = self.clock()
@@ -65,7 +146,7 @@ class RunState(ReadsHistory):
     def elapsed(self) -> float:
         """Wall time since the run (this start of it: a resume counts afresh) began, pauses
         included, frozen once it has ended. A front-end that starts the run begins counting with
-        it; a viewer of a run that a host serves counts from the host's start (live.Began), so
+        it; a viewer of a run that a host serves counts from the host's start (P.Began), so
         every viewer shows the same time, however late it attached."""
         end = self.ended_at if self.ended_at is not None else self.clock()
         return end - self.started_at
@@ -97,7 +178,8 @@ class RunState(ReadsHistory):
             self.device, self.precision, self.n_params = ev.device, ev.precision, ev.n_params
             self.tokens_per_step, self.config = ev.tokens_per_step, run_config(ev.config)
             self.pace.start(ev.start_step)
-        elif isinstance(ev, live.Began):
+            self.run_started = ev
+        elif isinstance(ev, P.Began):
             # The host's wall-clock start, on this front-end's clock (monotonic: a clock set back
             # meanwhile does not change the time shown).
             self.started_at = self.clock() - max(0.0, time.time() - ev.at)
@@ -107,7 +189,7 @@ class RunState(ReadsHistory):
             self.step, self.loss = ev.step, ev.loss
             self.mfu_seconds = ev.mfu * ev.dt if ev.mfu is not None else None
             self.lr, self.grad_norm, self.tokens_seen, self.mem = ev.lr, ev.grad_norm, ev.tokens_seen, ev.mem
-            self.history.add_step(ev.step, ev.loss, ev.lr, ev.dt, ev.tokens_per_s)
+            self.history.add(ev)
             if self.first_loss is None:
                 self.first_loss = ev.loss
             self.pace.add(ev.step, ev.dt)
@@ -117,6 +199,8 @@ class RunState(ReadsHistory):
             self.progress = ev
         elif isinstance(ev, P.StateChanged):
             self.state, self.state_detail = ev.state, ev.detail
+            if ev.state != P.STALLED:
+                self.engine_state = ev.state
             if ev.state in (P.PAUSED, P.RUNNING) or ev.state in P.TERMINAL_STATES:
                 self.paused = ev.state == P.PAUSED
             if ev.state in P.TERMINAL_STATES and self.ended_at is None:
@@ -134,6 +218,8 @@ class RunState(ReadsHistory):
             self.roll_back(ev.step, ev.to_step)
         elif isinstance(ev, P.HistoryRead):
             self.read_history(ev.history)
+        elif isinstance(ev, P.LogLine):
+            self.log_tail.append(ev.text)
 
     def roll_back(self, spike_step: int, to_step: int) -> None:
         """The curves as they were at `to_step`: the steps after it come again, on other batches.
@@ -142,7 +228,7 @@ class RunState(ReadsHistory):
         self.history.cut(to_step + 1)
         self.history.rollbacks.append((spike_step, to_step))
         self.pace.cut(to_step)
-        self._forecast = None
+        self._forecast = self.aim = None
         self.step = to_step
         self.loss = self.history.loss
 
@@ -150,17 +236,18 @@ class RunState(ReadsHistory):
         """The run so far, read from its folder by a viewer: the figures the panels show, as the
         events that made it would have left them."""
         self.history = h
-        self._forecast = None
+        self._forecast = self.aim = None
         last = h.last
         if h.count:
             self.step, self.loss, self.first_loss = h.last_step, h.loss, h.first_loss
-            self.lr, self.grad_norm, self.mem = last.get("lr"), last.get("grad_norm"), last.get("mem") or {}
+            self.lr = last.lr if last else h.tail[-1].lr if h.tail else None
+            self.grad_norm, self.mem = (last.grad_norm, last.mem or {}) if last else (None, {})
             self.tokens_seen = h.last_step * self.tokens_per_step
             if self.train_started_at is None:
                 self.train_started_at = self.clock()
             self.pace.read(h.recent())  # the very step time the host folded from the same steps
-            if last.get("mfu") is not None and last.get("dt"):
-                self.mfu_seconds = last["mfu"] * last["dt"]
+            if last and last.mfu is not None and last.dt:
+                self.mfu_seconds = last.mfu * last.dt
         if h.evals:
             step, val_loss, val_bpb = h.evals[-1]
             self.last_eval = P.EvalMetrics(step, val_loss, val_bpb)
@@ -177,6 +264,10 @@ class RunState(ReadsHistory):
         """The validation loss and the task scores have cadences of their own: an evaluation may
         bring either, or both."""
         self.history.add_eval(ev.step, ev.val_loss, ev.val_bpb, ev.tasks, ev.core)
+        task = self.target_task[0]
+        value = (ev.tasks.get(task) or {}).get("accuracy") if task else ev.val_loss
+        if self.aim is not None and value is not None:
+            self.aim.add(ev.step, float(value))
         if ev.val_loss is not None:
             self.last_eval = ev
             self._forecast = None
@@ -210,18 +301,38 @@ class RunState(ReadsHistory):
         task, accuracy = self.target_task
         if not task and not self.target:
             return None  # not fitted, nor its thousands of evaluations gathered, on every redraw
+        if self.aim is None:
+            self.aim = Evaluations()
+            for step, value in self.tasks.get(task, []) if task else zip(self.val_steps, self.val_losses):
+                self.aim.add(step, value)
         if self._forecast is None:
-            values = self.tasks.get(task, []) if task else list(zip(self.val_steps, self.val_losses))
-            self._forecast = forecast_aim(self.target, task, accuracy, values, self.tokens_per_step, self.max_steps,
-                                          self.dt_ema)
+            self._forecast = forecast_aim(self.target, task, accuracy, self.aim.values(), self.tokens_per_step,
+                                          self.max_steps, self.dt_ema)
         return self._forecast
 
     @property
     def eta(self) -> float | None:
-        """live.eta, as the run host works it out for `ps` from the same step and step time."""
+        """`eta`: the same figure `ps` reads from the run host's live.json."""
         if self.ended_at is not None:  # aborted or failed short of max_steps: nothing is coming
             return None
-        return live.eta(self.step, self.max_steps, self.dt_ema)
+        return eta(self.step, self.max_steps, self.dt_ema)
+
+    def catchup(self, reason: str, began: float | None = None) -> tuple[object, ...]:
+        """What a viewer that joins (or fell behind, `reason` "lagged") is handed, as events: the
+        run's RunStarted (it resets a view), when the run began (`began`, wall clock), the log's
+        end (on joining: a lagged view has the lines it showed), the history as one HistoryRead, then
+        the state, progress and failure now. Not copies: the caller pickles them before this state
+        folds another event."""
+        events: list[object] = [self.run_started] if self.run_started else []
+        events += [P.Began(began)] if began else []
+        events += [P.LogLine(text) for text in self.log_tail] if reason != "lagged" else []
+        events.append(P.HistoryRead(self.history))
+        events.append(P.StateChanged(self.engine_state))
+        if self.state != self.engine_state:  # stalled: the state the stall hides, then the stall
+            events.append(P.StateChanged(self.state, self.state_detail))
+        events += [self.progress] if self.progress else []
+        events += [self.failure] if self.failure else []
+        return tuple(events)
 
 
 def run_config(raw: dict) -> Config | None:
