@@ -17,6 +17,11 @@ import pytest
 from lmcockpit.core import protocol as P
 from lmcockpit.core.hardware import cpu_precision
 
+# One thread per engine the tests start: two test workers share two cores, and OpenMP threads
+# that wait for one another's cores cost more than they give at these model sizes (10 % of
+# test_resume.py's time). Set before any engine or CLI process starts: each inherits it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from .helpers import (  # noqa: F401 - the names tests imported from here before helpers.py held them
     NO_GPU, PINNED_FP32, SERVE, SHRINK_CPU, TINY, TRAINED_RUN, Served, Terminal, as_flags, cli, cpu_verdict,
     drive_engine, ema, fill, losses, start_cli_run, tiny_config,
