@@ -329,3 +329,20 @@ def test_the_engine_s_history_after_a_rollback_behind_its_exact_rows_is_the_file
     standing = [r for r in rows if r["step"] <= 1000] + redone + [{"kind": "checkpoint", "step": 1010, "path": "step_1010"}]
     assert curve(summary.history) == curve(fold(standing))
     assert curve(history_file.load(tmp_path, write=False)[0]) == curve(fold(standing))
+
+
+def test_a_history_handed_to_a_viewer_is_the_same_curve_without_the_chart_s_cache():
+    """A run host pickles its history for each viewer that joins: what arrives draws the same
+    curve and keeps the same last step, and the sender's cache of chart points stays behind."""
+    import pickle
+
+    h = History()
+    for s in range(1, 5001):
+        h.add(P.StepMetrics(s, 3 + 100 / (s + 30), 1e-3, 0.5, 5000.0, 0.2, 0.1, s * 512, {}))
+    h.add_checkpoint(4000, "checkpoints/step_004000")
+    drawn = h.points(200)
+    assert h._cache, "drawing fills the cache"
+    copy = pickle.loads(pickle.dumps(h))
+    assert copy._cache == {}
+    assert copy.points(200) == drawn and copy.state() == h.state() and copy.last == h.last
+    assert len(pickle.dumps(copy)) == len(pickle.dumps(h))  # the cache never travels

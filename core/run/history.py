@@ -351,6 +351,11 @@ class History:
             cached = self._cache[m] = key, [Point.of(b) for b in merged(buckets[:done], factor)]
         return cached[1], buckets[done:]
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a run host hands its history to each viewer that joins) without the chart's
+        cache of points, which the viewer's own charts fill at their widths."""
+        return {**self.__dict__, "_cache": {}}
+
     # ---------------------------------------------------------------------------- saved
     def state(self) -> dict[str, Any]:
         return {"width": self.buckets.width, "buckets": self.buckets.buckets, "tail": [list(r) for r in self.tail],
