@@ -336,3 +336,19 @@ def test_a_step_s_validation_and_task_scores_reach_a_viewer_once_each(tmp_path):
         viewer.close()
     finally:
         server.close(grace=1)
+
+
+def test_a_joining_viewer_is_handed_the_state_with_what_it_says_and_under_a_stall_the_state_it_hides():
+    """RunState.catchup, what the host hands a viewer: the state now with its detail (a long
+    preparation says how far it is); under a stall, first the engine's own state, which the
+    stall's end gives back, then the stall."""
+    from lmcockpit.core.run.state import RunState
+
+    run = RunState()
+    run.apply(P.StateChanged(P.PREPARING, "tokenizing: 3 of 8 shards"))
+    assert [e for e in run.catchup("attached") if isinstance(e, P.StateChanged)] == [
+        P.StateChanged(P.PREPARING, "tokenizing: 3 of 8 shards")]
+    run.apply(P.StateChanged(P.RUNNING))
+    run.apply(P.StateChanged(P.STALLED, "no word for 3 min"))
+    assert [e for e in run.catchup("lagged") if isinstance(e, P.StateChanged)] == [
+        P.StateChanged(P.RUNNING), P.StateChanged(P.STALLED, "no word for 3 min")]

@@ -327,9 +327,9 @@ class RunState(ReadsHistory):
         events += [P.Began(began)] if began else []
         events += [P.LogLine(text) for text in self.log_tail] if reason != "lagged" else []
         events.append(P.HistoryRead(self.history))
-        events.append(P.StateChanged(self.engine_state))
-        if self.state != self.engine_state:  # stalled: the state the stall hides, then the stall
-            events.append(P.StateChanged(self.state, self.state_detail))
+        if self.state != self.engine_state:  # stalled: the state the stall hides (what it said is gone), then the stall
+            events.append(P.StateChanged(self.engine_state))
+        events.append(P.StateChanged(self.state, self.state_detail))
         events += [self.progress] if self.progress else []
         events += [self.failure] if self.failure else []
         return tuple(events)
