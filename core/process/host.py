@@ -7,10 +7,14 @@ multiprocessing queues) and stays its parent: the engine's "my front-end is gone
 "the host is gone". The host serves the run on a Unix socket (live.py says where, and how a viewer
 proves it may attach):
 
+* the host keeps the run's one fold of its events (core/run/state.py's RunState, started from the
+  run folder: a resumed run's history), which live.json's summary, the stall watch and the
+  notifications read; a viewer that joins is handed it (`Catchup("attached")`), then the events
+  after it;
 * every event goes to every viewer, through a queue of its own with a sending thread of its own:
   a viewer that stops reading (a frozen SSH session) fills its queue and loses events, never
-  slows the others or training. Told `Catchup("lagged")`, it reads what it missed from the run
-  folder, where the engine wrote it anyway;
+  slows the others or training. Its dropped events are replaced by the run's state as it then
+  stands (`Catchup("lagged")`);
 * commands from any viewer go to the engine in the order they arrive; their effects come back
   to every viewer as events;
 * a connection from a process of another uid is refused before the handshake (the kernel says
