@@ -137,6 +137,20 @@ def test_harness_bad_input_is_one_error_line_before_any_export(trained_run, tmp_
     assert list(scratch.glob("lmcockpit-harness-*")) == []
 
 
+@pytest.mark.slow
+def test_a_missing_task_file_is_refused_before_the_harness_is_imported(tmp_path):
+    """lm_eval's import takes seconds (its task index more): a task file that is not there is said
+    at once, before it. A fresh interpreter, so that nothing imported lm_eval before."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom lmcockpit.core.config import ConfigError\nfrom lmcockpit.core.infer.harness import resolve\n"
+            "try:\n    resolve(['hellaswag', 'missing.yaml'])\nexcept ConfigError as e:\n    print(e)\n"
+            "print('lm_eval' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.stdout.splitlines() == ["--harness missing.yaml: no such task file", "False"], r.stderr
+
+
 # ------------------------------------------------------------ task files another account can reach
 @pytest.fixture
 def shared():

@@ -190,6 +190,9 @@ def resolve(specs: list[str], log: Callable[[str], None] = print) -> HarnessTask
     """The harness's tasks for `specs` (names or YAML files), each dataset loaded once so that a
     missing one is refused now, not after the export. The YAML files are copied into a private
     folder, the harness's only include path (see _Copier); HarnessTasks.close removes it."""
+    for spec in specs:  # before lm_eval's import, which takes seconds
+        if _is_file_spec(spec) and not os.path.lexists(Path(spec).expanduser().absolute()):
+            raise ConfigError(f"--harness {spec}: no such task file")
     try:
         import lm_eval  # noqa: F401 - imported for the check; the harness is an optional extra
         from lm_eval.tasks import TaskManager, get_task_dict
@@ -202,8 +205,6 @@ def resolve(specs: list[str], log: Callable[[str], None] = print) -> HarnessTask
                 names.append(spec)
                 continue
             path = Path(spec).expanduser().absolute()
-            if not os.path.lexists(path):
-                raise ConfigError(f"--harness {spec}: no such task file")
             if copier is None:
                 include.append(tempfile.mkdtemp(prefix="lmcockpit-harness-tasks-"))  # 0700: the user's alone
                 copier = _Copier(Path(include[0]))
