@@ -177,11 +177,22 @@ def test_a_viewer_behind_by_a_whole_queue_is_told_to_catch_up(tmp_path, monkeypa
         broadcasting.join(timeout=5)
         assert not broadcasting.is_alive(), "the broadcast waited on a viewer that does not read"
         received = []
-        while not (received and last_step_of(received[-1]) == 5000):
+        while not (received and last_step_of(received[-1]) == 5000):  # the last step: an event's, or the state's
             assert client.poll(10), "the last step never came"
+            received.append(client.recv())
+        server.broadcast(P.LogLine("end"))  # then read on to it: whatever was still queued comes first
+        while received[-1] != P.LogLine("end"):
+            assert client.poll(10), "the last event never came"
             received.append(client.recv())
         lagged = [m for m in received if isinstance(m, P.Catchup)]
         assert lagged and all(m.reason == "lagged" for m in lagged)
+        # Each step once: what was queued when the state was handed over is in that state, not sent again.
+        shown = 0
+        for message in received:
+            step = last_step_of(message)
+            if isinstance(message, P.StepMetrics):
+                assert step > shown, f"step {step} again, after the state through step {shown}"
+            shown = max(shown, step or 0)
         assert len(received) < 5000  # events were dropped for it, not queued without bound
         client.close()
     finally:
