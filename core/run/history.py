@@ -18,8 +18,8 @@ Fed a step at a time (`add`, `fold`) by the engine, the run host's viewers and t
 a run folder; `cut` drops what a run that went back redoes. A cut into buckets whose rows have
 left the tail (a rollback after a checkpoint interval longer than TAIL_MAX) cannot be undone: it
 says so (returns False). A folder's reader then folds the file again knowing every cut in advance
-(history_file.py); a live view goes on without the rows of the one bucket it cut into, until it
-reads the folder again.
+(history_file.py); a live view (the run host's, and the copies it hands its viewers) goes on
+without the rows of the one bucket it cut into, until a host started on the run reads the folder again.
 
 Saved as JSON (`state`, `from_state`): numbers and strings only, floats as repr gives them, so a
 history read back is the one written. No torch.

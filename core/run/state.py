@@ -224,7 +224,8 @@ class RunState(ReadsHistory):
     def roll_back(self, spike_step: int, to_step: int) -> None:
         """The curves as they were at `to_step`: the steps after it come again, on other batches.
         (A cut behind the history's exact rows, after a checkpoint interval longer than them, loses
-        the rows of one bucket before `to_step` until the next attach reads the folder again.)"""
+        the rows of one bucket before `to_step`, in the host's history and every viewer's, until a
+        host started on the run, a resume, reads the folder again.)"""
         self.history.cut(to_step + 1)
         self.history.rollbacks.append((spike_step, to_step))
         self.pace.cut(to_step)
