@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -22,10 +23,32 @@ from lmcockpit.core.hardware import cpu_precision
 # test_resume.py's time). Set before any engine or CLI process starts: each inherits it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+
 from .helpers import (  # noqa: F401 - the names tests imported from here before helpers.py held them
     NO_GPU, PINNED_FP32, SERVE, SHRINK_CPU, TINY, TRAINED_RUN, Served, Terminal, as_flags, cli, cpu_verdict,
     drive_engine, ema, fill, losses, start_cli_run, tiny_config,
 )
+
+
+def _bytecode_written_once() -> None:
+    """Each of the ~900 processes the suite starts (engines, CLI commands, hosts) imports
+    lmcockpit. Where PYTHONDONTWRITEBYTECODE is set, as some CI containers set it, none of them
+    keeps the bytecode it compiled, and each compiles the package again (0.1-0.2 s of a start).
+    Written here once (py_compile writes whatever that flag says); they read it."""
+    if not sys.flags.dont_write_bytecode:
+        return  # the first process to import a module writes its bytecode, as usual
+    import compileall
+
+    import lmcockpit.core
+    import lmcockpit.tui
+
+    for package in (lmcockpit.core, lmcockpit.tui):
+        for folder in package.__path__:
+            compileall.compile_dir(folder, quiet=2)
+
+
+_bytecode_written_once()
+
 
 
 @pytest.fixture(scope="session", autouse=True)
