@@ -50,7 +50,6 @@ def _bytecode_written_once() -> None:
 _bytecode_written_once()
 
 
-
 @pytest.fixture(scope="session", autouse=True)
 def isolated_cache(tmp_path_factory) -> Path:
     """Every test (and every engine process they start) shares one token cache of its own."""
