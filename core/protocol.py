@@ -98,6 +98,11 @@ class StepMetrics:
     dt: float = field()
     tokens_seen: int | None = field()  # None: a row from before steps said it
     mem: dict[str, float] | None = field(default_factory=dict)  # bytes; None: a row from before {} was written
+    # Where the step's seconds went (run/anatomy.py: data, compute, sync, optimizer; empty for the
+    # step that compiled), and the seconds spent since the step before on other work (evaluation,
+    # tasks, samples, checkpoints, compile). Empty in a row from before steps said them.
+    parts: dict[str, float] = field(default_factory=dict)
+    between: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -200,6 +205,7 @@ class Ended:
     kind: ClassVar[str] = "end"
     step: int
     state: str = choice_of(*ENDED)
+    between: dict[str, float] = field(default_factory=dict)  # the last step's evaluation and checkpoint (StepMetrics')
 
 
 @dataclass(frozen=True)

@@ -231,6 +231,8 @@ class Headless:
             self.console.print(Text(summary), style="bold green")
         else:
             self.say(f"{state} at step {v.step}")
+        if anatomy := v.history.anatomy.line():  # where the engine's time went (run/anatomy.py)
+            self.say(f"time: {anatomy}")
         if v.run_dir:
             self.say(f"run folder: {v.run_dir}")
             if v.last_checkpoint:

@@ -34,6 +34,7 @@ from typing import Any, Iterable, NamedTuple
 
 from .. import protocol as P
 from . import rows
+from .anatomy import Anatomy
 
 EMA_BETA = 0.9
 CAP = 2048  # buckets at the finest resolution: a chart is at most a few hundred points wide
@@ -163,6 +164,7 @@ class History:
         self.rollbacks: list[tuple[int, int]] = []  # (spike step, to step): never cut
         self.targets: list[tuple[int, str, float, float]] = []
         self.samples: list[tuple[int, str, str]] = []  # (step, prompt, text)
+        self.anatomy = Anatomy()  # never cut: time spent is spent
         self._cache: dict[int, tuple[tuple, list[Point]]] = {}  # by resolution: _settled's points
 
     # ------------------------------------------------------------------------- folding
@@ -170,6 +172,7 @@ class History:
         """A step; one at or before the last step first cuts (`cut`) what it redoes. Its other
         figures (grad norm, MFU, memory) are kept for the last step only."""
         self.add_step(event.step, event.loss, event.lr, event.dt, event.tokens_per_s)
+        self.anatomy.add(event.parts, event.between)
         self._last = event
 
     @property
@@ -227,6 +230,10 @@ class History:
             self.add_step(step, float(row["loss"]), float(row["lr"]), float(row.get("dt") or 0.0),
                           float(row.get("tokens_per_s") or 0.0))
             self._last = row  # as written: its grad norm, MFU and memory are what a panel shows of the last step
+            if "parts" in row:
+                self.anatomy.add(row["parts"], row.get("between"))
+        elif kind == "end":
+            self.anatomy.add(None, row.get("between"))
         elif kind == "eval":
             self.add_eval(step, row.get("val_loss"), row.get("val_bpb"), row.get("tasks") or {}, row.get("core"))
         elif kind == "checkpoint":
@@ -362,7 +369,8 @@ class History:
                 "ema_sum": self.ema_sum, "count": self.count, "time": self.time, "first_loss": self.first_loss,
                 "last": rows.row_of(self.last, 0.0) if self.last else None, "checkpoint_step": self.checkpoint_step, "evals": self.evals, "tasks": self.tasks,
                 "last_task_scores": self.last_task_scores, "core": self.core, "checkpoints": self.checkpoints,
-                "spikes": self.spikes, "rollbacks": self.rollbacks, "targets": self.targets, "samples": self.samples}
+                "spikes": self.spikes, "rollbacks": self.rollbacks, "targets": self.targets, "samples": self.samples,
+                "anatomy": self.anatomy.state()}
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> History:
@@ -385,6 +393,7 @@ class History:
         h.rollbacks = [(int(a), int(b)) for a, b in s["rollbacks"]]
         h.targets = [(int(a), str(b), float(c), float(d)) for a, b, c, d in s["targets"]]
         h.samples = [(int(a), str(b), str(c)) for a, b, c in s["samples"]]
+        h.anatomy = Anatomy.from_state(s.get("anatomy") or {})  # none in a summary from before steps had parts
         return h
 
 

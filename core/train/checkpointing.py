@@ -167,8 +167,9 @@ class Checkpoints:
                  # fp16's loss scale: a resumed run that restarted at 65536 would skip steps
                  "grad_scaler": tr.scaler.state_dict() if tr.scaler else None}
         try:
-            path = checkpoint_io.save(tr.run_dir / CHECKPOINTS, tr.step, tr.model, tr.optimizers, state,
-                                      tr.cfg.to_toml(), tr.cfg.checkpoint.keep, tr.group, tr.cfg.file_mode())
+            with tr.between.timing("checkpoints"):
+                path = checkpoint_io.save(tr.run_dir / CHECKPOINTS, tr.step, tr.model, tr.optimizers, state,
+                                          tr.cfg.to_toml(), tr.cfg.checkpoint.keep, tr.group, tr.cfg.file_mode())
         except checkpoint_io.NoSpace as e:
             tr.log(f"warning: checkpoint of step {tr.step} not written: {e}; the last written is "
                    f"{self.last_written}" + ("" if last else "; training goes on"))

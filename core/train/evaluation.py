@@ -56,12 +56,14 @@ class Evaluation:
         """One `eval` row (and EvalMetrics) with the validation loss, the task scores, or both."""
         tr = self.trainer
         tr.emit(P.StateChanged(P.EVALUATING))
-        fields = self.validation_loss() if validation else {}
+        with tr.between.timing("evaluation"):
+            fields = self.validation_loss() if validation else {}
         scores: dict[str, dict] = {}
         core = None
         if tasks:
             t0 = time.perf_counter()
-            results = self.score_tasks()
+            with tr.between.timing("tasks"):
+                results = self.score_tasks()
             scores = fields["tasks"] = {name: r.row() for name, r in results.items()}
             core = task_items.core_score(results, self.tasks)
             if core is not None:
@@ -184,7 +186,9 @@ class Evaluation:
         return None
 
     def answer_sample(self, request: P.Sample) -> None:
-        for text in self.sample_text(request) or []:
+        with self.trainer.between.timing("samples"):
+            texts = self.sample_text(request) or []
+        for text in texts:
             self.trainer.metrics.write(P.Sampled(self.trainer.step, request.prompt, text))
 
     def periodic_samples(self) -> None:
@@ -193,6 +197,8 @@ class Evaluation:
         for i, prompt in enumerate(s.prompts):
             req = P.Sample(f"periodic-{tr.step}-{i}", prompt, s.max_new_tokens, s.temperature, s.top_k,
                            seed=tr.cfg.training.seed + i, top_p=s.top_p)
-            for text in self.sample_text(req) or []:
+            with tr.between.timing("samples"):
+                texts = self.sample_text(req) or []
+            for text in texts:
                 tr.metrics.write(P.Sampled(tr.step, prompt, text))
                 tr.log(f"sample at step {tr.step}: {prompt + text!r}")

@@ -46,6 +46,7 @@ from .memory_probe import OutOfMemory
 from .optim import build_optimizers, clip_grad_norm, describe, lr_multiplier, schedule_warning, set_lr, step_optimizers
 from .recovery import NonFiniteLoss, Recovery, SpikeStop  # noqa: F401 - SpikeStop: raised in recovery, caught by tests here
 from .spikes import watching
+from .step_clock import Between, StepClock
 
 Emit = Callable[[object], None]
 
@@ -86,6 +87,7 @@ class Trainer:
         self.evaluation = Evaluation(self)  # validation, task scores, the target, samples
         self.checkpoints = Checkpoints(self)  # a resume's load, saves, a full disk waited out
         self.compiling = False  # until the first step this process trains has compiled the model
+        self.between = Between()  # seconds of work between steps, for the next step's row
         self.data_unit: DataUnit | None = None  # a resumed run's, from its checkpoint
         self.drawn: tuple[int, tuple[np.ndarray, np.ndarray]] | None = None  # the last batch drawn
         self.deferred: list = []  # commands heard during set-up, for the first step
@@ -141,6 +143,7 @@ class Trainer:
         if self.resume_from:
             self.checkpoints.load(self.resume_from)
         self.train_model = self.compiled_model()
+        self.clock = StepClock(self.device)
         self.keep_grads = memory_estimate.keeps_grads(cfg)
         # Resumed too, where --set asks for it: the data is drawn in the checkpoint's own batches.
         if cfg.training.auto_micro_batch:
@@ -292,8 +295,9 @@ class Trainer:
         return P.INTERRUPTED if self.stop.interrupted else P.ABORTED
 
     def train_step(self) -> None:
-        cfg, t = self.cfg, self.cfg.training
+        cfg, t, clock, compiling = self.cfg, self.cfg.training, self.clock, self.compiling
         t0 = time.perf_counter()
+        clock.start()
         cut = self.recovery.lr_factor(self.step)
         set_lr(self.optimizers, lr_multiplier(self.step, t.max_steps, cfg.optimizer) * cut)
         loss_sum = torch.zeros((), device=self.device)
@@ -304,6 +308,7 @@ class Trainer:
                     for a in step_rows(self.draw, self.data_unit, self.step + self.recovery.batch_offset, first,
                                        t.micro_batch_size))
             step_batches.append((x, y))
+            clock.mark("data")
             if t.compile:
                 # Each micro-batch is a whole forward and backward: nothing the graphs' pool holds
                 # outlives it (the loss is divided, a new tensor, and gradients add into their own).
@@ -312,6 +317,7 @@ class Trainer:
                 loss = self.train_model(x, y) / t.grad_accum_steps
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += loss.detach()
+            clock.mark("compute")
         # Every rank's loss, averaged: what one process accumulating all the micro-batches reports.
         loss_sum = self.group.mean(loss_sum)
         if self.scaler:
@@ -321,6 +327,7 @@ class Trainer:
         # One sync per step: the loss is needed on the host anyway, and a non-finite value must
         # be caught before any optimizer touches the weights.
         loss_val, norm_val = (float(v) for v in torch.stack([loss_sum, grad_norm.float()]).tolist())
+        clock.mark("sync")
         self.compiled()
         # Overflowing gradients are the loss scaler's to skip (and its scale to lower); a
         # non-finite loss is not: the scale only multiplies the backward, and skipping would go on
@@ -334,16 +341,19 @@ class Trainer:
             return
         step_optimizers(self.optimizers, self.scaler, norm_val)
         self.clear_grads()
+        clock.mark("optimizer")
         self.step += 1
         self.tokens_seen += cfg.tokens_per_step
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
+        parts = {} if compiling else clock.read()  # the step that compiled: the compiler's time
+        self.between.add("compile", dt if compiling else 0.0)
         tps = cfg.tokens_per_step / dt  # every rank's tokens
         mfu = self.flops_per_token * tps / (self.peak * self.group.world) if self.peak else None
-        lr = self.optimizers[0].param_groups[0]["lr"]
-        mem = memory_stats(self.device)
-        self.record(P.StepMetrics(self.step, loss_val, lr, norm_val, tps, mfu, dt, self.tokens_seen, mem))
+        lr, mem = self.optimizers[0].param_groups[0]["lr"], memory_stats(self.device)
+        self.record(P.StepMetrics(self.step, loss_val, lr, norm_val, tps, mfu, dt, self.tokens_seen, mem, parts,
+                                  self.between.take()))
 
     def draw(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         """Batch g of the run's data; kept, since micro-batches smaller than it take it in parts."""
