@@ -315,7 +315,8 @@ def test_compare_prints_each_task_s_last_score_and_a_dash_where_a_run_has_none(r
     assert plain.returncode == 0, plain.stderr
     # runs that scored no task: the rows they always had, and no others
     assert [line.split("\t")[0] for line in plain.stdout.splitlines()] == [
-        "", "optimizer.lr", "final loss (ema)", "final loss", "best val loss", "tokens/s", "time", "steps", "state"]
+        "", "optimizer.lr", "final loss (ema)", "final loss", "best val loss", "tokens/s", "time",
+        "  data", "  forward+backward", "  sync", "  optimizer", "  validation", "  checkpoints", "steps", "state"]
     proc = cli("compare", str(scored(runs, tmp_path / "scored")), str(runs / "lr-low"))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -327,6 +328,27 @@ def test_compare_prints_each_task_s_last_score_and_a_dash_where_a_run_has_none(r
     # the rest as plain's: the task rows are all that was added
     assert [line for line in lines if line.split("\t")[0] not in added] == [
         line.replace("lr-high", "scored") for line in plain.stdout.splitlines()]
+
+
+def test_compare_puts_where_each_run_s_time_went_side_by_side(runs, tmp_path):
+    """A share of each run's time per part of a step and per kind of work between steps; a dash
+    for a run from before steps said them (its rows without parts)."""
+    old = tmp_path / "old"
+    shutil.copytree(runs / "lr-low", old)
+    rows = [json.loads(line) for line in (old / METRICS).read_text().splitlines()]
+    for row in rows:
+        row.pop("parts", None), row.pop("between", None)
+    (old / METRICS).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (old / "history.json").unlink(missing_ok=True)
+    proc = cli("compare", str(runs / "lr-high"), str(old))
+    assert proc.returncode == 0, proc.stderr
+    cells = {line.split("\t")[0]: line.split("\t")[1:] for line in proc.stdout.splitlines()}
+    named = ["  data", "  forward+backward", "  sync", "  optimizer", "  validation", "  checkpoints"]
+    assert [what for what in cells if what.startswith("  ")] == named
+    shares = [float(cells[what][0].rstrip("%").lstrip("<")) for what in named]
+    assert all(cells[what][1] == DASH for what in named)
+    assert 90 <= sum(shares) <= 110  # each rounded; together the run's whole time
+    assert max(named, key=lambda what: float(cells[what][0].rstrip("%").lstrip("<"))) == "  forward+backward"
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..core.config import load_config, shipped_presets, toml_value
 from ..core.hardware import memory_estimate
+from ..core.run.anatomy import LABELS, pct
 from ..core.run.curves import RunCurves, differing_settings
 from .formatting import DASH, fmt_duration
 
@@ -62,9 +63,19 @@ def result_rows(runs: list[RunCurves]) -> list[Row]:
         *task_rows(runs),
         ("tokens/s", [f"{t:,.0f}" if (t := r.median_tokens_per_s) is not None else DASH for r in runs]),
         ("time", [fmt_time(r.train_time) if r.has_steps else DASH for r in runs]),
+        *anatomy_rows(runs),
         ("steps", [str(r.last_step) if r.has_steps else "0" for r in runs]),
         ("state", [r.status for r in runs]),
     ]
+
+
+def anatomy_rows(runs: list[RunCurves]) -> list[Row]:
+    """Where each run's time went (run/anatomy.py): a row per part of a step and per kind of work
+    between steps that any run recorded, as its share of that run's time; a dash where a run has
+    none (one from before steps said them)."""
+    shares = [dict(r.history.anatomy.shares()) for r in runs]
+    names = dict.fromkeys(name for s in shares for name in s)
+    return [(f"  {LABELS.get(name, name)}", [pct(s[name]) if name in s else DASH for s in shares]) for name in names]
 
 
 def task_rows(runs: list[RunCurves]) -> list[Row]:

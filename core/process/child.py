@@ -198,7 +198,10 @@ def train(run_dir: str, config: dict, resume_from: str | None, events, cmds: Com
         trainer = Trainer(cfg, Path(run_dir), saying_evaluations(emit) if ours.is_main else emit, print, cmds.next,
                           ours, resume_from=resume_from)
         final = trainer.run()
-        trainer.metrics.write(P.Ended(trainer.step, final, trainer.between.take()))  # run_summary's status, as the engine names it
+        ended = P.Ended(trainer.step, final, trainer.between.take())
+        trainer.metrics.write(ended)  # run_summary's status, as the engine names it
+        if ours.is_main:  # and the time the last evaluation and checkpoint took, for the front-end's summary
+            emit(ended)
     except ConfigError as e:
         failure = P.Failure(str(e), user_error=True)
     except NotOwnFile as e:  # a link or someone else's folder planted where the run writes, found mid-run

@@ -220,6 +220,8 @@ class RunState(ReadsHistory):
             self.read_history(ev.history)
         elif isinstance(ev, P.LogLine):
             self.log_tail.append(ev.text)
+        elif isinstance(ev, P.Ended):
+            self.history.anatomy.add(None, ev.between)
 
     def roll_back(self, spike_step: int, to_step: int) -> None:
         """The curves as they were at `to_step`: the steps after it come again, on other batches.
