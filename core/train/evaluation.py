@@ -56,14 +56,14 @@ class Evaluation:
         """One `eval` row (and EvalMetrics) with the validation loss, the task scores, or both."""
         tr = self.trainer
         tr.emit(P.StateChanged(P.EVALUATING))
-        with tr.between.timing("evaluation"):
-            fields = self.validation_loss() if validation else {}
+        with tr.between.timing("evaluation"):  # within_memory: an out-of-memory error ends the run, explained
+            fields = tr.within_memory("validation", self.validation_loss) if validation else {}
         scores: dict[str, dict] = {}
         core = None
         if tasks:
             t0 = time.perf_counter()
             with tr.between.timing("tasks"):
-                results = self.score_tasks()
+                results = tr.within_memory("tasks", self.score_tasks)
             scores = fields["tasks"] = {name: r.row() for name, r in results.items()}
             core = task_items.core_score(results, self.tasks)
             if core is not None:
@@ -176,7 +176,7 @@ class Evaluation:
             tr.group.broadcast if tr.group.sharded else None)
         if tr.group.sharded:
             return tr.within_memory("sampling", answer)
-        texts, error = memory_probe.unless_out_of_memory(answer, tr.device)
+        texts, error = memory_probe.unless_out_of_memory(answer, tr.device, at=("sampling", tr.step))
         if error is None:
             return texts
         error = error.strip().splitlines()[0]
