@@ -42,15 +42,39 @@ def test_the_message_says_what_was_asked_and_free_and_what_holds_the_memory():
 
 
 @pytest.mark.parametrize("place", [memory_estimate.VALIDATION, memory_estimate.TASKS])
-def test_evaluation_is_told_the_micro_batch_it_runs_at_and_nothing_to_recompute(place):
+def test_evaluation_is_told_its_own_batch_which_no_step_depends_on(place):
     msg = message(place, "training.micro_batch_size=8")
     assert msg.startswith(f"out of GPU memory in {place} after step 6 (tried to allocate 2.00 GiB")
     # Gradients are freed after each step: evaluation holds the weights, the optimizer state and its working set.
-    assert "holding (as estimated at micro-batch 8) parameters " in msg and "gradients" not in msg
+    assert "holding (as estimated at eval batch 8) parameters " in msg and "gradients" not in msg
     assert ", the working set between steps " in msg
-    assert msg.split("Change: ")[1] == (
-        f"--set training.micro_batch_size=4 --set training.grad_accum_steps=2 (the same tokens per step; {place} "
-        "runs at the micro-batch too), or training.auto_micro_batch=true; the checkpoint of step 4 is kept.")
+    assert msg.split("Change: ")[1] == ("--set eval.batch_size=4 (validation and task scoring only; training's "
+                                        "micro-batch stays); the checkpoint of step 4 is kept.")
+    own = message(place, "eval.batch_size=5")
+    assert "(as estimated at eval batch 5) " in own and "Change: --set eval.batch_size=2 (" in own
+    assert message(place, "eval.batch_size=1").split("Change: ")[1].startswith(
+        "in a new run: a shorter training.seq_len or a smaller model;")
+
+
+def test_evaluation_in_its_own_batches_gives_the_same_loss_and_the_estimate_follows(tmp_path):
+    """eval.batch_size splits the same windows otherwise: the same validation loss."""
+    from lmcockpit.core.run.folder import create_run_dir
+    from lmcockpit.core.train.trainer import Trainer
+
+    losses = []
+    for size in (0, 3):
+        cfg = tiny_config("training.micro_batch_size=4", f"eval.batch_size={size}")
+        trainer = Trainer(cfg, create_run_dir(cfg, "test", str(tmp_path / f"run{size}")), lambda e: None,
+                          lambda line: None, lambda block: None)
+        try:
+            trainer.setup()
+            losses.append(trainer.evaluation.validation_loss()["val_loss"])
+        finally:
+            trainer.close()
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+    small, large = (memory_estimate.estimate(tiny_config("tokenizer.vocab_size=32768", f"eval.batch_size={n}"), "cpu")
+                    for n in (1, 64))
+    assert small.inference < large.inference and small.activations == large.activations
 
 
 def test_a_sample_names_what_sizes_it_and_the_snapshot_where_it_went(tmp_path):
@@ -84,11 +108,10 @@ def run(out, place: str, *overrides: str):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("place, where, kept, key, resume", [
-    ("step@6", "in training step 6", 4, "training.activation_checkpointing=true", True),
-    ("validation@6", "in validation after step 6", 6, "(the same tokens per step; validation runs at the micro-batch too)",
-     False),
-    ("tasks@6", "in task scoring after step 6", 6, "(the same tokens per step; task scoring runs at the micro-batch too)",
+    ("step@6", "in training step 6", 4, "Change: --set training.micro_batch_size=4 --set training.grad_accum_steps=2 (",
      True),
+    ("validation@6", "in validation after step 6", 6, "Change: --set eval.batch_size=4 (", False),
+    ("tasks@6", "in task scoring after step 6", 6, "Change: --set eval.batch_size=4 (", True),
 ])
 def test_out_of_memory_ends_the_run_with_one_message_and_a_checkpoint_that_resumes(tmp_path, place, where, kept, key,
                                                                                    resume):
@@ -101,7 +124,7 @@ def test_out_of_memory_ends_the_run_with_one_message_and_a_checkpoint_that_resum
     assert len(lines) == 1, output[-3000:]
     assert lines[0].startswith(f"run failed: out of memory {where} (tried to allocate 2.00 GiB with 1.10 GiB free of "
                                "23.64 GiB): micro-batch 8 × ")
-    assert "--set training.micro_batch_size=4 --set training.grad_accum_steps=2 " in lines[0] and key in lines[0]
+    assert key in lines[0]
     assert lines[0].endswith(f"the checkpoint of step {kept} is kept.")
     assert list_checkpoints(out / "checkpoints")[-1].name == f"step_{kept:06d}"
     if resume:  # the kept checkpoint is whole: the run goes on from it to the end

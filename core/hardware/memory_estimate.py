@@ -21,7 +21,7 @@ N = parameters; `a` = bytes of the autocast dtype: 2 for bf16/fp16, 4 for fp32):
   block of rows at a time (gpt.LinearCrossEntropy), so one block of logits and the head's
   gradient, never the whole logits;
 * evaluation and sampling, between steps (inference_bytes): no activations are kept, so one
-  block's working set, the loss a block of rows at a time and, for sampling, the KV cache of the
+  block's working set at the eval batch (eval.batch_size, by default the micro-batch), the loss a block of rows at a time and, for sampling, the KV cache of the
   whole context, beside the weights, their casts and the optimizer state. Not the peak of any
   preset, but counted: a run must not fit its steps and fail at its first evaluation;
 * margins for what no formula sees (compile workspaces, allocator fragmentation, the CUDA context).
@@ -234,7 +234,7 @@ def inference_layer_bytes(cfg: Config, a: int) -> int:
 def inference_bytes(cfg: Config, a: int, tokens: int, device_type: str) -> int:
     """The working set of evaluation or sampling, the larger, beyond what stays held between steps.
 
-    Evaluation (gpt.GPT.token_losses) runs a micro-batch through the blocks one at a time, then
+    Evaluation (gpt.GPT.token_losses) runs an eval batch through the blocks one at a time, then
     takes the loss a block of rows at a time: the final hidden states and each token's loss in
     fp32, and one block of fp32 logits with logsumexp's temporary of its size. Sampling (a chat
     request or a periodic sample, one row) prefills up to the whole context beside the KV cache,
@@ -310,7 +310,7 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
     # the evaluation loss casts), the optimizer state, and the gradients only where they are kept.
     between = (4 * n.total // shards + gathered + (2 * (n.matrices + n.embedding) if a < 4 else 0) + optimizer
                + (grads_all if kept else 0))
-    working = inference_bytes(cfg, a, tokens, device_type)
+    working = inference_bytes(cfg, a, (cfg.eval.batch_size or B) * t.seq_len, device_type)  # eval.batch_size
     inference = between + working
     peak = max(held + activations + loss, held + stored + recompute, weights + grads_all + optimizer + muon_step,
                inference)
@@ -406,33 +406,37 @@ def held_parts(cfg: Config, place: str, device_type: str, cache_bytes: int | Non
         grads = est.grads
     else:
         a = amp_bytes(cfg, device_type)
-        work = [("the working set between steps",
-                 inference_bytes(cfg, a, t.micro_batch_size * t.seq_len, device_type))]
+        work = [("the working set between steps", inference_bytes(cfg, a, cfg.eval_batch_size * t.seq_len, device_type))]
         grads = est.grads if grads_between_steps(cfg) else 0  # otherwise freed after each step
     parts = [("parameters", est.weights), ("gradients", grads), ("optimizer state", est.optimizer), *work]
     held = ", ".join(f"{name} {_size(n)}" for name, n in parts if n)
     cache = f"; the allocator's cache {_size(cache_bytes)}" if cache_bytes is not None else ""
-    return f"holding (as estimated at micro-batch {t.micro_batch_size}) {held}{cache}"
+    batch = f"micro-batch {t.micro_batch_size}" if place == STEP else f"eval batch {cfg.eval_batch_size}"
+    return f"holding (as estimated at {batch}) {held}{cache}"
 
 
 def out_of_memory_changes(cfg: Config, place: str) -> str:
     """What to change after running out of memory at `place`: only what a resume from the kept
-    checkpoint accepts (run/resume.py): the same sequences a step, split otherwise, and
-    recomputation; auto_micro_batch searches in one process only. Evaluation and task scoring run
-    a micro-batch at a time too (evaluation.py), with no activations to recompute."""
+    checkpoint accepts (run/resume.py): for a step, the same sequences a step, split otherwise,
+    and recomputation (auto_micro_batch searches in one process only); for validation and task
+    scoring, their own batch (eval.batch_size), which no step depends on."""
     t = cfg.training
     if place == SAMPLING:
         return ("fewer samples or new tokens a request (sample.max_new_tokens for the periodic ones), "
                 "or sample.every=0")
+    if place != STEP:
+        if cfg.eval_batch_size > 1:
+            return (f"--set eval.batch_size={cfg.eval_batch_size // 2} (validation and task scoring only; "
+                    "training's micro-batch stays)")
+        return "in a new run: a shorter training.seq_len or a smaller model"
     changes = []
     if t.micro_batch_size > 1:
         mb = _divisor_at_most(t.micro_batch_size, t.micro_batch_size // 2)
-        also = "" if place == STEP else f"; {place} runs at the micro-batch too"
         changes.append(f"--set training.micro_batch_size={mb} --set training.grad_accum_steps="
-                       f"{t.grad_accum_steps * t.micro_batch_size // mb} (the same tokens per step{also})")
+                       f"{t.grad_accum_steps * t.micro_batch_size // mb} (the same tokens per step)")
         if not t.auto_micro_batch and cfg.world == 1:
             changes.append("training.auto_micro_batch=true")
-    if place == STEP and not t.activation_checkpointing:
+    if not t.activation_checkpointing:
         changes.append("training.activation_checkpointing=true")
     change = ", or ".join(changes)
     if t.micro_batch_size == 1:
