@@ -8,9 +8,12 @@ bench/gpu_check.py's part "oom"."""
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 import torch
 
+from lmcockpit.core.config import load_config
 from lmcockpit.core.hardware import memory_estimate
 from lmcockpit.core.run.folder import list_checkpoints
 from lmcockpit.core.train import memory_probe
@@ -127,11 +130,15 @@ def test_out_of_memory_ends_the_run_with_one_message_and_a_checkpoint_that_resum
     assert key in lines[0]
     assert lines[0].endswith(f"the checkpoint of step {kept} is kept.")
     assert list_checkpoints(out / "checkpoints")[-1].name == f"step_{kept:06d}"
-    if resume:  # the kept checkpoint is whole: the run goes on from it to the end
-        again = cli("--run", "--resume", str(out), env=NO_GPU)
+    if resume:  # the kept checkpoint is whole: the run goes on from it to the end, with the change the message says
+        change = shlex.split(lines[0].split("Change: ")[1].split(" (")[0])
+        again = cli("--run", "--resume", str(out), *change, env=NO_GPU)
         assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
         assert "finished 12 steps" in again.stdout
-        assert list_checkpoints(out / "checkpoints")[-1].name == "step_000012"
+        last = list_checkpoints(out / "checkpoints")[-1]
+        assert last.name == "step_000012"
+        changed = load_config(last / "config.toml")[0]
+        assert (changed.training.micro_batch_size, changed.eval.batch_size) == ((4, 0) if place == "step@6" else (8, 4))
 
 
 @pytest.mark.slow
