@@ -3,7 +3,7 @@ ends the run with one message (the place, what was asked and free, what holds th
 to change) and a checkpoint that resumes; in sampling the sample is dropped and training goes on.
 
 No GPU here to fill: the real engine, started by the real CLI, raises what the CUDA allocator
-raises where LMCOCKPIT_TEST_OOM says (memory_probe.test_out_of_memory). A real OOM on a GPU is
+raises where LMCOCKPIT_TEST_OOM says (memory_probe.injected_oom). A real OOM on a GPU is
 bench/gpu_check.py's part "oom"."""
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ def test_evaluation_in_its_own_batches_gives_the_same_loss_and_the_estimate_foll
 def test_a_sample_names_what_sizes_it_and_the_snapshot_where_it_went(tmp_path):
     path = memory_probe.snapshot_path(tmp_path / "run", 6)
     assert path == tmp_path / "run" / "profiles" / "oom_step_6" / "memory.pickle"
+    assert memory_probe.snapshot_path(tmp_path / "run", 6, 1, 2).name == "memory_rank1.pickle"  # one a process
     msg = message(memory_estimate.SAMPLING, snapshot=str(path))
     assert msg.startswith("out of GPU memory in sampling after step 6 (")
     assert msg.endswith("Change: fewer samples or new tokens a request (sample.max_new_tokens for the periodic ones), "
@@ -92,10 +93,10 @@ def test_a_sample_names_what_sizes_it_and_the_snapshot_where_it_went(tmp_path):
 
 def test_the_hook_raises_what_cuda_raises_at_its_place_only(monkeypatch):
     monkeypatch.setenv("LMCOCKPIT_TEST_OOM", "validation@6")
-    memory_probe.test_out_of_memory("validation", 5)
-    memory_probe.test_out_of_memory("step", 6)
+    memory_probe.injected_oom("validation", 5)
+    memory_probe.injected_oom("step", 6)
     with pytest.raises(torch.OutOfMemoryError) as raised:
-        memory_probe.test_out_of_memory("validation", 6)
+        memory_probe.injected_oom("validation", 6)
     assert memory_probe.oom_in(raised.value) is raised.value
 
 

@@ -215,7 +215,7 @@ def unless_out_of_memory(work: Callable[[], object], device: torch.device,
     back; any other error goes through. `at`: the place and step, for the tests' hook."""
     try:
         if at is not None:
-            test_out_of_memory(*at)
+            injected_oom(*at)
         return work(), None
     except Exception as e:  # the compiler wraps what it hits: oom_in looks behind, and re-raises the rest
         oom = oom_in(e)
@@ -238,7 +238,7 @@ TEST_OOM_TEXT = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a to
                  "unallocated.")
 
 
-def test_out_of_memory(place: str, step: int) -> None:
+def injected_oom(place: str, step: int) -> None:
     """Tests only: with LMCOCKPIT_TEST_OOM=PLACE@N (PLACE one of PLACES' keys; N the step being
     trained, or for the others the step just completed), that place raises what CUDA raises when
     the card is full, so a test on a machine without a GPU runs the real engine into it."""
@@ -254,7 +254,7 @@ def within_memory(trainer, place: str, work: Callable[[], object]) -> object:
     (several cannot: the other ranks may be inside a collective)."""
     step = trainer.step + 1 if place == "step" else trainer.step
     try:
-        test_out_of_memory(place, step)
+        injected_oom(place, step)
         return work()
     except Exception as e:  # the compiler wraps what it hits: oom_in looks behind, and re-raises the rest
         oom = oom_in(e)
@@ -264,7 +264,7 @@ def within_memory(trainer, place: str, work: Callable[[], object]) -> object:
         cache = snapshot = None
         if trainer.device.type == "cuda":
             cache = torch.cuda.memory_reserved(trainer.device) - torch.cuda.memory_allocated(trainer.device)
-            snapshot = dump_snapshot(trainer.run_dir, step)
+            snapshot = dump_snapshot(snapshot_path(trainer.run_dir, step, trainer.group.rank, trainer.group.world))
     gc.collect()  # outside the handler: the error's frames no longer hold its tensors
     if trainer.device.type == "cuda":
         torch.cuda.empty_cache()
@@ -273,22 +273,23 @@ def within_memory(trainer, place: str, work: Callable[[], object]) -> object:
     raise OutOfMemory(out_of_memory_message(trainer, error, PLACES[place], cache, snapshot))
 
 
-def snapshot_path(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "profiles" / f"oom_step_{step}" / "memory.pickle"
+def snapshot_path(run_dir: Path, step: int, rank: int = 0, world: int = 1) -> Path:
+    """Where the allocator's snapshot goes; each process of a group writes its own."""
+    return Path(run_dir) / "profiles" / f"oom_step_{step}" / ("memory.pickle" if world == 1 else f"memory_rank{rank}.pickle")
 
 
-def dump_snapshot(run_dir: Path, step: int) -> Path | None:
-    """Where the caching allocator's snapshot went (what torch.cuda.memory._dump_snapshot writes,
+def dump_snapshot(path: Path) -> Path | None:
+    """`path` with the caching allocator's snapshot in it (what torch.cuda.memory._dump_snapshot writes,
     for pytorch.org/memory_viz), or None when no allocation history was being recorded
     (torch.cuda.memory._record_memory_history: its traces are empty without it) or it could not be
     written: the run's failure is the message, a snapshot only its detail."""
-    snapshot = torch.cuda.memory._snapshot()
-    if not any(snapshot.get("device_traces") or []):
-        return None
-    path = snapshot_path(run_dir, step)
-    try:  # through folders checked as the user's own (safe_files), as nan_debug writes
+    try:
+        snapshot = torch.cuda.memory._snapshot()
+        if not any(snapshot.get("device_traces") or []):
+            return None
+        # through folders checked as the user's own (safe_files), as nan_debug writes
         with pinned_dir(path.parent.parent) as profiles, pinned_dir(profiles / path.parent.name) as at:
             write_whole(at / path.name, pickle.dumps(snapshot))
-    except OSError:
+    except (OSError, RuntimeError):
         return None
     return path
