@@ -69,6 +69,11 @@ Parts, in the order they run (each appends its own section, so they can also run
   endings of 15–40 tokens after contexts of 40–110; the lent machine has no network for the real
   ones) scored under a minute; and ten rounds of 1,000 of them, the allocator's reserved memory
   after the tenth equal to the first's (nanochat's evaluation grew it every round);
+* oom: issue 53's out-of-memory message on a real one: the `3090` preset (eager, no accumulation)
+  at the smallest power-of-two micro-batch the estimator puts at 1.3× this card's memory, through
+  the real CLI: exit 1, one message without a traceback naming the training step, what was asked
+  and free (torch's figures), the allocator's cache and training.micro_batch_size; and the same
+  run in a process recording the allocator's history, whose message names the snapshot it wrote;
 * gpt2: issue 23's reference run, only when named (it takes hours and needs the Hub): the
   `gpt2-fineweb` preset through the real CLI, FineWeb and GPT-2's tokenizer fetched as the preset
   says (or `--set data.source=DIR` and `--set tokenizer.kind=DIR` where they were downloaded
@@ -79,7 +84,7 @@ Parts, in the order they run (each appends its own section, so they can also run
   (SIGTERM: a checkpoint, exit 130) instead of training out the preset's 9.9B tokens.
 
     python bench/gpu_check.py [--part doctor h100 torchrun memory saved graphs modes inference resume ddp search
-                                      attention allocator muon nvml glance data recipe tasks gpt2] [--steps 300] [--out DIR]
+                                      attention allocator muon nvml glance data recipe tasks oom gpt2] [--steps 300] [--out DIR]
                               [--target 3.28] [--stop-at-target] [--set KEY=VALUE ...]
 
 On the device tool's lent machine (torch there, textual and a few others not, no network):
@@ -123,7 +128,7 @@ from lmcockpit.core.run.curves import load_run  # noqa: E402 - below configure_a
 from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402 - below configure_allocator(), which must run before torch loads
 
 PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes", "inference", "resume", "ddp", "search",
-         "attention", "allocator", "muon", "nvml", "glance", "data", "recipe", "tasks", "gpt2")
+         "attention", "allocator", "muon", "nvml", "glance", "data", "recipe", "tasks", "oom", "gpt2")
 ONLY_NAMED = ("gpt2",)  # not in the default list: hours of training
 CPU_PARTS = ("saved", "graphs", "attention", "tasks", "gpt2")
 MEMORY_PRESETS = ("h100", "3090", "4090", "4070ti")
@@ -470,6 +475,66 @@ def part_search(out: Path) -> tuple[bool, list[str]]:
     return ok, [f"`{found.strip()}`", "", "| trials' peak | training's peak | estimate | training / estimate |",
                 "| ---: | ---: | ---: | ---: |",
                 f"| {trial / GiB:.2f} GiB | {peak / GiB:.2f} GiB | {est / GiB:.2f} GiB | {peak / est:.2f} |"]
+
+
+def oom_overrides() -> list[str]:
+    """The `3090` preset at a micro-batch this card cannot hold: the smallest power of two whose
+    estimate is 1.3× its memory, eager (so the step, not a compile, runs out), no accumulation."""
+    fixed = ["training.compile=false", "training.grad_accum_steps=1", "training.auto_micro_batch=false",
+             "training.max_steps=2", "eval.every=0", "eval.batches=1", "checkpoint.every=0", "sample.prompts=[]",
+             'hardware.device="cuda:0"']
+    cfg, _ = load_config("3090", [OFFLINE_DATA, *fixed])
+    total, mb = torch.cuda.get_device_properties(0).total_memory, 1
+    while memory_estimate.estimate(cfg, "cuda", mb).allocated < 1.3 * total:
+        mb *= 2
+    return [*fixed, f"training.micro_batch_size={mb}"]
+
+
+def oom_snapshot(out: Path) -> dict:
+    """The oom part's run in this process, the allocator's history recorded (as `profile.memory`
+    does): the message and whether the snapshot it names is on disk (run by part_oom in a process
+    of its own)."""
+    from lmcockpit.core.train.memory_probe import OutOfMemory
+    from lmcockpit.core.train.trainer import run_in_process
+
+    cfg, _ = load_config("3090", [OFFLINE_DATA, *oom_overrides()])
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    run_dir = create_run_dir(cfg, "oom", str(Path(tempfile.mkdtemp(prefix="oom-snapshot-", dir=out))))
+    try:
+        run_in_process(cfg, run_dir, log=lambda line: print(line, file=sys.stderr))
+    except OutOfMemory as e:
+        message = str(e)
+        named = message.split("memory snapshot: ")[1].split(" (open it")[0] if "memory snapshot: " in message else ""
+        return {"message": message, "snapshot": named, "exists": bool(named) and Path(named).is_file()}
+    return {"message": "", "snapshot": "", "exists": False}
+
+
+def part_oom(out: Path) -> tuple[bool, list[str]]:
+    import re
+
+    overrides = oom_overrides()
+    run = out / "oom"
+    proc = cli("--run", "3090", *sets(*overrides), "--out", str(run), timeout=1800)
+    output = proc.stdout + proc.stderr
+    said = [line for line in output.splitlines() if "out of GPU memory" in line]
+    message = said[0] if said else tail(proc.stderr, 3)
+    figures = re.search(r"tried to allocate (\S+ \S+) with (\S+ \S+) free of (\S+ \S+)\)", message)
+    ok = (proc.returncode == 1 and "Traceback" not in output and len(said) == 1 and figures is not None
+          and "in training step 1 " in message and "the allocator's cache " in message
+          and "--set training.micro_batch_size=" in message)
+    child = subprocess.run([sys.executable, __file__, "--oom-snapshot", "--out", str(out)], capture_output=True,
+                           text=True, timeout=1800)
+    try:
+        snap = json.loads(child.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        snap = {"message": tail(child.stderr, 3), "snapshot": "", "exists": False}
+    ok &= snap["exists"]
+    return ok, [f"`lmcockpit --run 3090 {' '.join('--set ' + o for o in overrides)}`: exit {proc.returncode}, "
+                f"{len(said)} out-of-memory line(s), {'a' if 'Traceback' in output else 'no'} traceback; "
+                f"asked, free, capacity: {', '.join(figures.groups()) if figures else 'not found'}.", "",
+                "```", message, "```", "",
+                f"Recording the allocator's history, the snapshot named: {snap['snapshot'] or 'none'} "
+                f"({'written' if snap['exists'] else 'NOT written'}).", "", "```", snap["message"], "```"]
 
 
 GPT2_PRESET, GPT2_TARGET = "gpt2-fineweb", 3.28
@@ -892,6 +957,7 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="the modes part's compile modes")
     ap.add_argument("--out", type=Path, help="where the runs go (default: a new temporary folder)")
     ap.add_argument("--measure", metavar="PRESET", help=argparse.SUPPRESS)  # part_memory's child process
+    ap.add_argument("--oom-snapshot", action="store_true", help=argparse.SUPPRESS)  # part_oom's child process
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: rehearse the saved, graphs, attention and gpt2 parts without a GPU (printed, "
                          "not recorded)")
@@ -923,6 +989,9 @@ def main() -> int:
     if args.measure:
         print(json.dumps(measure(args.measure, out)))
         return 0
+    if args.oom_snapshot:
+        print(json.dumps(oom_snapshot(out)))
+        return 0
     results = {}
     for part in args.part:
         run_part = {"doctor": part_doctor, "h100": lambda: part_h100(out, args.steps),
@@ -935,7 +1004,7 @@ def main() -> int:
                      "ddp": lambda: part_ddp(out), "search": lambda: part_search(out),
                      "allocator": part_allocator, "muon": part_muon, "nvml": part_nvml, "attention": part_attention,
                      "glance": lambda: part_glance(out), "data": part_data, "recipe": part_recipe,
-                     "tasks": part_tasks,
+                     "tasks": part_tasks, "oom": lambda: part_oom(out),
                      "gpt2": lambda: part_gpt2(out, args.target or GPT2_TARGET, args.overrides,
                                                args.stop_at_target)}[part]
         try:

@@ -248,6 +248,10 @@ class CheckpointConfig:
 class EvalConfig:
     every: int = setting(100, "steps between evaluations; 0: only at the end", ge=0, on_resume="safe")
     batches: int = setting(8, "micro-batches of held-out text per evaluation", gt=0, on_resume="safe")
+    # Evaluation keeps no activations: its batch may differ from training's (what an out-of-memory
+    # error in evaluation tells to change, leaving training's steps as they were).
+    batch_size: int = setting(0, "sequences a forward pass of validation and task scoring; 0: training.micro_batch_size",
+                              ge=0, on_resume="safe")
     # Scored while training (core/tasks).
     tasks: list[str] = setting([], 'downstream tasks: "python-functions", or a task file\'s path', on_resume="safe")
     tasks_every: int = setting(0, "steps between task scorings; 0: at every evaluation (eval.every)", ge=0,
@@ -349,6 +353,10 @@ class Config:
     @property
     def max_seq_len(self) -> int:
         return self.model.max_seq_len or self.training.seq_len
+
+    @property
+    def eval_batch_size(self) -> int:
+        return self.eval.batch_size or self.training.micro_batch_size
 
     @property
     def world(self) -> int:

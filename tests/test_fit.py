@@ -292,9 +292,15 @@ def test_out_of_memory_message_says_where_how_much_and_what_to_change():
              "1.10 GiB is free.\nIncluding non-PyTorch memory, this process has 22.5 GiB memory in use.")
     msg = memory_estimate.out_of_memory_message(cfg, 12, error, "NVIDIA GeForce RTX 4090", int(23.64 * memory_estimate.GiB),
                                     int(21.3 * memory_estimate.GiB), 10)
-    assert msg.startswith("out of GPU memory at step 12 (tried to allocate 2.00 gib): micro-batch 8 × 2048 tokens, "
-                          "config sized for RTX 4090 (24 GB), on NVIDIA GeForce RTX 4090 with 23.6 GiB; "
-                          "peak allocated 21.3 GiB (estimated ")
+    assert msg.startswith("out of GPU memory in training step 12 (tried to allocate 2.00 GiB with 1.10 GiB free of "
+                          "23.64 GiB): micro-batch 8 × 2048 tokens, config sized for RTX 4090 (24 GB), on NVIDIA "
+                          "GeForce RTX 4090 with 23.64 GiB; peak allocated 21.30 GiB (estimated ")
+    # What holds the memory, as the estimator counts it at this micro-batch.
+    est = memory_estimate.estimate(cfg, "cuda")
+    assert (f"holding (as estimated at micro-batch 8) parameters {est.weights / memory_estimate.GiB:.2f} GiB, "
+            f"gradients {est.grads / 2**20:.2f} MiB, optimizer state {est.optimizer / memory_estimate.GiB:.2f} GiB, "
+            f"activations {est.activations / memory_estimate.GiB:.2f} GiB, the loss {est.loss / memory_estimate.GiB:.2f} "
+            "GiB. Change: ") in msg
     assert ("Change: --set training.micro_batch_size=4 --set training.grad_accum_steps=16 (the same tokens per "
             "step), or training.auto_micro_batch=true, or training.activation_checkpointing=true") in msg
     assert msg.endswith("; the checkpoint of step 10 is kept.")

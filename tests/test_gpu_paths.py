@@ -123,7 +123,8 @@ def test_running_out_of_memory_in_evaluation_saves_the_step_and_says_so(tmp_path
     finally:
         trainer.close()
     message = str(failure.value)
-    assert message.startswith("out of memory in evaluation after step 3 (tried to allocate 2.00 gib): micro-batch ")
+    assert message.startswith("out of memory in validation after step 3 (tried to allocate 2.00 GiB with 1.2 GiB free "
+                              "of 7.63 GiB): micro-batch ")
     assert message.endswith("; the checkpoint of step 3 is kept.")
     # The weights of step 3 were whole: they are on disk, a run that resumes from them loses nothing.
     assert [c.name for c in list_checkpoints(trainer.run_dir / "checkpoints")] == ["step_000003"]

@@ -21,7 +21,7 @@ N = parameters; `a` = bytes of the autocast dtype: 2 for bf16/fp16, 4 for fp32):
   block of rows at a time (gpt.LinearCrossEntropy), so one block of logits and the head's
   gradient, never the whole logits;
 * evaluation and sampling, between steps (inference_bytes): no activations are kept, so one
-  block's working set, the loss a block of rows at a time and, for sampling, the KV cache of the
+  block's working set at the eval batch (eval.batch_size, by default the micro-batch), the loss a block of rows at a time and, for sampling, the KV cache of the
   whole context, beside the weights, their casts and the optimizer state. Not the peak of any
   preset, but counted: a run must not fit its steps and fail at its first evaluation;
 * margins for what no formula sees (compile workspaces, allocator fragmentation, the CUDA context).
@@ -234,7 +234,7 @@ def inference_layer_bytes(cfg: Config, a: int) -> int:
 def inference_bytes(cfg: Config, a: int, tokens: int, device_type: str) -> int:
     """The working set of evaluation or sampling, the larger, beyond what stays held between steps.
 
-    Evaluation (gpt.GPT.token_losses) runs a micro-batch through the blocks one at a time, then
+    Evaluation (gpt.GPT.token_losses) runs an eval batch through the blocks one at a time, then
     takes the loss a block of rows at a time: the final hidden states and each token's loss in
     fp32, and one block of fp32 logits with logsumexp's temporary of its size. Sampling (a chat
     request or a periodic sample, one row) prefills up to the whole context beside the KV cache,
@@ -310,7 +310,7 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
     # the evaluation loss casts), the optimizer state, and the gradients only where they are kept.
     between = (4 * n.total // shards + gathered + (2 * (n.matrices + n.embedding) if a < 4 else 0) + optimizer
                + (grads_all if kept else 0))
-    working = inference_bytes(cfg, a, tokens, device_type)
+    working = inference_bytes(cfg, a, (cfg.eval.batch_size or B) * t.seq_len, device_type)  # eval.batch_size
     inference = between + working
     peak = max(held + activations + loss, held + stored + recompute, weights + grads_all + optimizer + muon_step,
                inference)
@@ -378,17 +378,57 @@ def _divisor_at_most(n: int, k: int) -> int:
     return next(c for c in range(k, 0, -1) if n % c == 0)
 
 
-def out_of_memory_message(cfg: Config, step: int, error: str, device_name: str, device_bytes: int,
-                          peak_bytes: int | None, last_checkpoint: int | None, doing: str = "training") -> str:
-    """What an out-of-memory failure tells the user: where, how much, and what to change. `step`
-    is the step being trained, or for evaluation and sampling the step just completed; on a CPU
-    there is no peak to report (`peak_bytes` None)."""
-    t, hw = cfg.training, cfg.hardware
-    asked = re.search(r"Tried to allocate [\d.]+ \w+", error) or re.search(r"you tried to allocate \d+ bytes", error)
-    what = asked[0].lower() if asked else error.strip().splitlines()[0]
-    sized = f"sized for {hw.gpu_class} ({hw.vram_gb:g} GB)" if hw.vram_gb else f"gpu_class {hw.gpu_class!r}"
-    # Only what a resume from the kept checkpoint accepts (run/resume.py): the same sequences a
-    # step, split otherwise, and recomputation; auto_micro_batch searches in one process only.
+# Where an out-of-memory error can end a run (memory_probe.within_memory), as the message names them.
+STEP, VALIDATION, TASKS, SAMPLING = "training step", "validation", "task scoring", "sampling"
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _torch_figure(pattern: str, error: str) -> str | None:
+    """A size CUDA's out-of-memory message states ("2.00 GiB"), found by the words around it."""
+    found = re.search(pattern.replace("SIZE", r"([\d.]+ [KMGT]?i?B)"), error)
+    return found[1] if found else None
+
+
+def held_parts(cfg: Config, place: str, device_type: str, cache_bytes: int | None) -> str:
+    """What holds the memory at `place`, by the estimator's count at the run's micro-batch: the
+    parameters (with autocast's casts), gradients, optimizer state, and a step's activations and
+    loss or evaluation's and sampling's working set; then the allocator's cache, measured."""
+    t = cfg.training
+    est = estimate(cfg, device_type)
+    if place == STEP:
+        work = [("activations", est.activations), ("the loss", est.loss), ("recomputation", est.recompute)]
+        grads = est.grads
+    else:
+        a = amp_bytes(cfg, device_type)
+        work = [("the working set between steps", inference_bytes(cfg, a, cfg.eval_batch_size * t.seq_len, device_type))]
+        grads = est.grads if grads_between_steps(cfg) else 0  # otherwise freed after each step
+    parts = [("parameters", est.weights), ("gradients", grads), ("optimizer state", est.optimizer), *work]
+    held = ", ".join(f"{name} {_size(n)}" for name, n in parts if n)
+    cache = f"; the allocator's cache {_size(cache_bytes)}" if cache_bytes is not None else ""
+    batch = f"micro-batch {t.micro_batch_size}" if place == STEP else f"eval batch {cfg.eval_batch_size}"
+    return f"holding (as estimated at {batch}) {held}{cache}"
+
+
+def out_of_memory_changes(cfg: Config, place: str) -> str:
+    """What to change after running out of memory at `place`: only what a resume from the kept
+    checkpoint accepts (run/resume.py): for a step, the same sequences a step, split otherwise,
+    and recomputation (auto_micro_batch searches in one process only); for validation and task
+    scoring, their own batch (eval.batch_size), which no step depends on."""
+    t = cfg.training
+    if place == SAMPLING:
+        return ("fewer samples or new tokens a request (sample.max_new_tokens for the periodic ones), "
+                "or sample.every=0")
+    if place != STEP:
+        if cfg.eval_batch_size > 1:
+            return (f"--set eval.batch_size={cfg.eval_batch_size // 2} (validation and task scoring only; "
+                    "training's micro-batch stays)")
+        return "in a new run: a shorter training.seq_len or a smaller model"
     changes = []
     if t.micro_batch_size > 1:
         mb = _divisor_at_most(t.micro_batch_size, t.micro_batch_size // 2)
@@ -402,12 +442,42 @@ def out_of_memory_message(cfg: Config, step: int, error: str, device_name: str, 
     if t.micro_batch_size == 1:
         change += "; or, in a new run, " if changes else "in a new run: "
         change += "a shorter training.seq_len or a smaller model"
+    return change
+
+
+def out_of_memory_message(cfg: Config, step: int, error: str, device_name: str, device_bytes: int,
+                          peak_bytes: int | None, last_checkpoint: int | None, place: str = STEP,
+                          cache_bytes: int | None = None, snapshot: str | None = None) -> str:
+    """What an out-of-memory failure tells the user, on one line: where (`place`, one of STEP,
+    VALIDATION, TASKS, SAMPLING), how much was asked and free (from torch's `error`), what holds
+    the memory, and what to change. `step` is the step being trained, or for the other places the
+    step just completed; on a CPU there is no peak to report (`peak_bytes` None). `cache_bytes`:
+    the caching allocator's reserved but unallocated memory where measured, else what `error`
+    says of it; `snapshot`: where the allocator's recorded history was dumped."""
+    t, hw = cfg.training, cfg.hardware
+    gpu = device_name != "CPU"
+    asked = _torch_figure(r"Tried to allocate SIZE", error)
+    if asked:
+        free = _torch_figure(r"of which SIZE is free", error)
+        capacity = _torch_figure(r"total capacity of SIZE", error)
+        what = f"tried to allocate {asked}" + (f" with {free} free" if free else "") + (
+            f" of {capacity}" if free and capacity else "")
+    else:
+        cpu = re.search(r"you tried to allocate \d+ bytes", error)
+        what = cpu[0] if cpu else error.strip().splitlines()[0]
+    if cache_bytes is None and (unallocated := _torch_figure(r"SIZE is reserved by PyTorch but unallocated", error)):
+        number, unit = unallocated.split()
+        cache_bytes = int(float(number) * {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": GiB, "TiB": 1024 * GiB}[unit])
+    sized = f"sized for {hw.gpu_class} ({hw.vram_gb:g} GB)" if hw.vram_gb else f"gpu_class {hw.gpu_class!r}"
     kept = (f"the checkpoint of step {last_checkpoint} is kept" if last_checkpoint
             else "no checkpoint had been written yet")
-    gpu = device_name != "CPU"
-    where = f"at step {step}" if doing == "training" else f"in {doing} after step {step}"
-    peak = (f"; peak allocated {peak_bytes / GiB:.1f} GiB (estimated {estimate(cfg, 'cuda').allocated / GiB:.1f} GiB)"
-            if peak_bytes is not None else f" (estimated {estimate(cfg, 'cpu').allocated / GiB:.1f} GiB)")
+    where = f"in training step {step}" if place == STEP else f"in {place} after step {step}"
+    device_type = "cuda" if gpu else "cpu"
+    estimated = estimate(cfg, device_type).allocated
+    peak = (f"peak allocated {_size(peak_bytes)} (estimated {_size(estimated)})" if peak_bytes is not None
+            else f"estimated peak {_size(estimated)}")
+    dumped = f"; memory snapshot: {snapshot} (open it at pytorch.org/memory_viz)" if snapshot else ""
     return (f"out of {'GPU ' if gpu else ''}memory {where} ({what}): micro-batch {t.micro_batch_size} × {t.seq_len} "
-            f"tokens, config {sized}, on {device_name} with {device_bytes / GiB:.1f} GiB{peak}. "
-            f"Change: {change}; {kept}.")
+            f"tokens, config {sized}, on {device_name} with {_size(device_bytes)}; {peak}, "
+            f"{held_parts(cfg, place, device_type, cache_bytes)}. "
+            f"Change: {out_of_memory_changes(cfg, place)}; {kept}{dumped}.")

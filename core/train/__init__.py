@@ -4,7 +4,7 @@ The Trainer's loop and step (`trainer`) and its parts: what it does when a step 
 (`recovery`), what it measures between steps (`evaluation`) and its checkpoints (`checkpointing`),
 and a step's time split at its boundaries (`step_clock`);
 optimizer groups and schedule (`optim`), checkpoint files written and loaded (`checkpoint_io`), the NaN report (`nan_debug`), the micro-batch that fits memory
-(`memory_probe`), the process group, DDP or FSDP2 (`group`), loss spikes told from noise (`spikes`),
+and an out-of-memory error explained (`memory_probe`), the process group, DDP or FSDP2 (`group`), loss spikes told from noise (`spikes`),
 and the loggers that copy the metrics to TensorBoard and Weights & Biases (`loggers`).
 
 Torch: every module, at import (loggers only when TensorBoard's starts; spikes never). Only engine-side processes

@@ -56,14 +56,14 @@ class Evaluation:
         """One `eval` row (and EvalMetrics) with the validation loss, the task scores, or both."""
         tr = self.trainer
         tr.emit(P.StateChanged(P.EVALUATING))
-        with tr.between.timing("evaluation"):
-            fields = self.validation_loss() if validation else {}
+        with tr.between.timing("evaluation"):  # within_memory: an out-of-memory error ends the run, explained
+            fields = tr.within_memory("validation", self.validation_loss) if validation else {}
         scores: dict[str, dict] = {}
         core = None
         if tasks:
             t0 = time.perf_counter()
             with tr.between.timing("tasks"):
-                results = self.score_tasks()
+                results = tr.within_memory("tasks", self.score_tasks)
             scores = fields["tasks"] = {name: r.row() for name, r in results.items()}
             core = task_items.core_score(results, self.tasks)
             if core is not None:
@@ -84,18 +84,18 @@ class Evaluation:
         def encode(texts: list[str]) -> list[list[int]]:
             return [e.ids for e in tr.tokenizer.encode_batch(texts, add_special_tokens=False)]
 
-        t = tr.cfg.training
-        return scoring.score_tasks(self.tasks, tr.model, encode, tr.data.eos_id, t.seq_len, t.micro_batch_size,
-                                   tr.device, tr.autocast, tr.group, tr.cfg.eval.max_per_task)
+        return scoring.score_tasks(self.tasks, tr.model, encode, tr.data.eos_id, tr.cfg.training.seq_len,
+                                   tr.cfg.eval_batch_size, tr.device, tr.autocast, tr.group, tr.cfg.eval.max_per_task)
 
     @torch.no_grad()
     def validation_loss(self) -> dict[str, float]:
         tr = self.trainer
         cfg, t, data, device = tr.cfg, tr.cfg.training, tr.data, tr.device
         # The windows in the run's own batches (the same at every evaluation, whatever a resume
-        # changed of the micro-batch), evaluated a micro-batch at a time.
+        # changed of the micro-batch), evaluated eval.batch_size of them at a time.
         windows = batches.eval_windows(len(data.val), cfg.eval.batches, tr.data_unit.rows, t.seq_len).ravel()
-        starts = [windows[i:i + t.micro_batch_size] for i in range(0, len(windows), t.micro_batch_size)]
+        size = cfg.eval_batch_size
+        starts = [windows[i:i + size] for i in range(0, len(windows), size)]
         nats, n_bytes, n_tokens, loss_sum = 0.0, 0, 0, 0.0
         token_bytes = torch.from_numpy(data.token_bytes).to(device)
         g = tr.group
@@ -176,7 +176,7 @@ class Evaluation:
             tr.group.broadcast if tr.group.sharded else None)
         if tr.group.sharded:
             return tr.within_memory("sampling", answer)
-        texts, error = memory_probe.unless_out_of_memory(answer, tr.device)
+        texts, error = memory_probe.unless_out_of_memory(answer, tr.device, at=("sampling", tr.step))
         if error is None:
             return texts
         error = error.strip().splitlines()[0]

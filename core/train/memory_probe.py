@@ -1,16 +1,22 @@
 """Memory on the GPU: the largest micro-batch that fits, and what a CUDA out-of-memory error becomes.
 
-The largest micro-batch that fits (training.auto_micro_batch), and the
-message a CUDA out-of-memory error becomes. Functions of a set-up trainer (`Fitting`: what they
-use of it, so this module need not import the Trainer that imports it): they read its model, data
-and device, and replace its config's micro-batch. Also the measurement memory_estimate.py's per-token
+The largest micro-batch that fits (training.auto_micro_batch), and what a CUDA out-of-memory
+error becomes (`within_memory`): the run's end, with one message that names the place (a training
+step, validation, task scoring, sampling under FSDP), what was asked and free, what holds the
+memory and what to change, and a snapshot of the allocator when its history was recorded; a
+sample that runs out of memory in one process is dropped instead (evaluation.py). Functions of a
+set-up trainer (`Fitting`: what they use of it, so this module need not import the Trainer that
+imports it): they read its model, data and device, and replace its config's micro-batch. Also the measurement memory_estimate.py's per-token
 counts are checked against (`saved_bytes_per_token`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import os
+import pickle
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Callable, Protocol
 
 import psutil
@@ -23,6 +29,7 @@ from ..data.cache import TokenData
 from ..hardware import memory_estimate
 from ..hardware.device import compute_capability
 from ..model.gpt import GPT, shape_from_config
+from ..run.safe_files import pinned_dir, write_whole
 
 
 class Fitting(Protocol):
@@ -157,15 +164,17 @@ def trial_step(trainer: Fitting, mb: int) -> bool:
     return ok
 
 
-def out_of_memory_message(trainer: Fitting, error: str, doing: str = "training") -> str:
+def out_of_memory_message(trainer: Fitting, error: str, place: str = memory_estimate.STEP,
+                          cache_bytes: int | None = None, snapshot: Path | None = None) -> str:
     cfg, device = trainer.cfg, trainer.device
-    step = trainer.step + 1 if doing == "training" else trainer.step
+    step = trainer.step + 1 if place == memory_estimate.STEP else trainer.step
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         name, total, peak = props.name, props.total_memory, torch.cuda.max_memory_allocated(device)
     else:
         name, total, peak = "CPU", psutil.virtual_memory().total, None
-    return memory_estimate.out_of_memory_message(cfg, step, error, name, total, peak, trainer.saved_step, doing)
+    return memory_estimate.out_of_memory_message(cfg, step, error, name, total, peak, trainer.saved_step, place,
+                                                 cache_bytes, str(snapshot) if snapshot else None)
 
 
 def saved_bytes_per_token(cfg, device: str, compiled: bool, amp_dtype: torch.dtype | None,
@@ -200,10 +209,13 @@ def saved_bytes_per_token(cfg, device: str, compiled: bool, amp_dtype: torch.dty
         return (saved(2) - saved(1)) / T
 
 
-def unless_out_of_memory(work: Callable[[], object], device: torch.device) -> tuple[object, str | None]:
+def unless_out_of_memory(work: Callable[[], object], device: torch.device,
+                         at: tuple[str, int] | None = None) -> tuple[object, str | None]:
     """(work(), None), or (None, the out-of-memory error's text) with the memory it held given
-    back; any other error goes through."""
+    back; any other error goes through. `at`: the place and step, for the tests' hook."""
     try:
+        if at is not None:
+            injected_oom(*at)
         return work(), None
     except Exception as e:  # the compiler wraps what it hits: oom_in looks behind, and re-raises the rest
         oom = oom_in(e)
@@ -214,3 +226,70 @@ def unless_out_of_memory(work: Callable[[], object], device: torch.device) -> tu
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return None, error
+
+
+# Where an out-of-memory error can end a run, as LMCOCKPIT_TEST_OOM names them.
+PLACES = {"step": memory_estimate.STEP, "validation": memory_estimate.VALIDATION, "tasks": memory_estimate.TASKS,
+          "sampling": memory_estimate.SAMPLING}
+# What the CUDA allocator raises when the card is full (torch 2.x's wording), for the tests' hook.
+TEST_OOM_TEXT = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.64 GiB of which "
+                 "1.10 GiB is free. Including non-PyTorch memory, this process has 22.52 GiB memory in use. Of the "
+                 "allocated memory 21.30 GiB is allocated by PyTorch, and 300.00 MiB is reserved by PyTorch but "
+                 "unallocated.")
+
+
+def injected_oom(place: str, step: int) -> None:
+    """Tests only: with LMCOCKPIT_TEST_OOM=PLACE@N (PLACE one of PLACES' keys; N the step being
+    trained, or for the others the step just completed), that place raises what CUDA raises when
+    the card is full, so a test on a machine without a GPU runs the real engine into it."""
+    if os.environ.get("LMCOCKPIT_TEST_OOM") == f"{place}@{step}":
+        raise torch.OutOfMemoryError(TEST_OOM_TEXT)
+
+
+def within_memory(trainer, place: str, work: Callable[[], object]) -> object:
+    """`work`, with an out-of-memory error in it made a RunFailure that says where (`place`, a key
+    of PLACES), how much, what holds the memory and what to change. What the allocator held is
+    measured, and its recorded history dumped, before the memory is given back. Evaluation and
+    sampling run between steps, on the weights of a whole step: one process saves them first
+    (several cannot: the other ranks may be inside a collective)."""
+    step = trainer.step + 1 if place == "step" else trainer.step
+    try:
+        injected_oom(place, step)
+        return work()
+    except Exception as e:  # the compiler wraps what it hits: oom_in looks behind, and re-raises the rest
+        oom = oom_in(e)
+        if oom is None:
+            raise
+        error = str(oom)
+        cache = snapshot = None
+        if trainer.device.type == "cuda":
+            cache = torch.cuda.memory_reserved(trainer.device) - torch.cuda.memory_allocated(trainer.device)
+            snapshot = dump_snapshot(snapshot_path(trainer.run_dir, step, trainer.group.rank, trainer.group.world))
+    gc.collect()  # outside the handler: the error's frames no longer hold its tensors
+    if trainer.device.type == "cuda":
+        torch.cuda.empty_cache()
+    if place != "step" and not trainer.group.distributed and trainer.step > 0:
+        trainer.checkpoints.save_final()
+    raise OutOfMemory(out_of_memory_message(trainer, error, PLACES[place], cache, snapshot))
+
+
+def snapshot_path(run_dir: Path, step: int, rank: int = 0, world: int = 1) -> Path:
+    """Where the allocator's snapshot goes; each process of a group writes its own."""
+    return Path(run_dir) / "profiles" / f"oom_step_{step}" / ("memory.pickle" if world == 1 else f"memory_rank{rank}.pickle")
+
+
+def dump_snapshot(path: Path) -> Path | None:
+    """`path` with the caching allocator's snapshot in it (what torch.cuda.memory._dump_snapshot writes,
+    for pytorch.org/memory_viz), or None when no allocation history was being recorded
+    (torch.cuda.memory._record_memory_history: its traces are empty without it) or it could not be
+    written: the run's failure is the message, a snapshot only its detail."""
+    try:
+        snapshot = torch.cuda.memory._snapshot()
+        if not any(snapshot.get("device_traces") or []):
+            return None
+        # through folders checked as the user's own (safe_files), as nan_debug writes
+        with pinned_dir(path.parent.parent) as profiles, pinned_dir(profiles / path.parent.name) as at:
+            write_whole(at / path.name, pickle.dumps(snapshot))
+    except (OSError, RuntimeError):
+        return None
+    return path

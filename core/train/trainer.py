@@ -42,7 +42,6 @@ from .checkpointing import Checkpoints
 from .evaluation import Evaluation
 from .group import Group
 from .loggers import Metrics, start_loggers
-from .memory_probe import OutOfMemory
 from .optim import build_optimizers, clip_grad_norm, describe, lr_multiplier, schedule_warning, set_lr, step_optimizers
 from .recovery import NonFiniteLoss, Recovery, SpikeStop  # noqa: F401 - SpikeStop: raised in recovery, caught by tests here
 from .spikes import watching
@@ -267,7 +266,7 @@ class Trainer:
             if self.stop:
                 break
             try:
-                self.within_memory("training", self.train_step)
+                self.within_memory("step", self.train_step)
             except NonFiniteLoss:
                 self.checkpoints.save_last_good()
                 raise
@@ -276,7 +275,7 @@ class Trainer:
                 continue
             validation, tasks = self.evaluation.due()
             if (validation or tasks) and self.step < t.max_steps:
-                self.within_memory("evaluation", lambda: self.evaluation.evaluate(validation, tasks))
+                self.evaluation.evaluate(validation, tasks)
             every = self.cfg.checkpoint.every
             if every and self.step % every == 0 and self.step < t.max_steps:
                 self.checkpoints.save()
@@ -285,7 +284,7 @@ class Trainer:
                 self.evaluation.periodic_samples()
         if self.stop is None:
             if not self.evaluation.at_target:  # evaluated at that step already
-                self.within_memory("evaluation", lambda: self.evaluation.evaluate(True, bool(self.evaluation.tasks)))
+                self.evaluation.evaluate(True, bool(self.evaluation.tasks))
             self.checkpoints.save_final()
             if self.stop is None:  # not given up by an abort
                 self.evaluation.periodic_samples()
@@ -369,16 +368,9 @@ class Trainer:
             self.compiling = False
             self.emit(P.StateChanged(P.RUNNING))
 
-    def within_memory(self, doing: str, work: Callable[[], object]) -> object:
-        """`work`, with an out-of-memory error in it made a RunFailure that says where, how much and
-        what to change. Evaluation runs between steps, on the weights of a whole step: one process
-        saves them first (several cannot: the other ranks may be inside a collective)."""
-        result, error = memory_probe.unless_out_of_memory(work, self.device)
-        if error is None:
-            return result
-        if doing != "training" and not self.group.distributed and self.step > 0:
-            self.checkpoints.save_final()
-        raise OutOfMemory(memory_probe.out_of_memory_message(self, error, doing))
+    def within_memory(self, place: str, work: Callable[[], object]) -> object:
+        """`work`, an out-of-memory error in it the run's end, explained (memory_probe.within_memory)."""
+        return memory_probe.within_memory(self, place, work)
 
     # ----------------------------------------------------------------------------- commands
     def handle_commands(self) -> None:
