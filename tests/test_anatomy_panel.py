@@ -32,20 +32,25 @@ def test_a_bar_per_part_of_the_step_then_the_mfu_and_the_work_between_steps():
     assert plain(known(), 0.35, 25) == [
         "data        10% ▉        ",
         "fwd+bwd     70% ██████▎  ",
-        "sync         0%          ",
         "optimizer   20% █▊       ",
+        "sync 0%",  # under 1 %: no bar to see, no row of its own
         "MFU 35%, 50% in fwd+bwd",  # forward and backward alone reach 35% / 70%
         "validation 4.8%",  # of the whole run's 1.05 s; the checkpoint took none: not shown
     ]
     wide = plain(known(), 0.35, 33)
-    assert wide[1] == "fwd+bwd     70% " + "█" * 11 + "▉     "  # 70% of a bar of 17 and wide[4] == "MFU 35% of peak, 50% in fwd+bwd"
-    assert all(len(line) <= 33 for line in wide)
+    assert wide[1] == "fwd+bwd     70% " + "█" * 11 + "▉     "  # 70% of a bar of 17
+    assert wide[4] == "MFU 35% of peak, 50% in fwd+bwd" and all(len(line) <= 33 for line in wide)
+    # a single GPU's step: data and sync too small to draw share a line
+    gpu = Anatomy()
+    gpu.add({"data": 0.00003, "compute": 0.56, "sync": 0.00002, "optimizer": 0.23995})
+    assert plain(gpu, 0.41, 25)[:3] == ["fwd+bwd     70% ██████▎  ", "optimizer   30% ██▋      ",
+                                        "data <0.1%, sync <0.1%"]
 
 
 def test_no_mfu_on_a_cpu_no_bars_where_there_is_no_room_and_no_panel_before_parts():
     assert plain(known(), None, 25)[4:] == ["validation 4.8%"]
-    assert plain(known(), None, 16) == ["data        10%", "fwd+bwd     70%", "sync         0%",
-                                        "optimizer   20%", "validation 4.8%"]
+    assert plain(known(), None, 16) == ["data        10%", "fwd+bwd     70%", "optimizer   20%", "sync 0%",
+                                        "validation 4.8%"]
     between_only = Anatomy()
     between_only.add(None, {"compile": 30.0})  # the step that compiled has no parts
     assert plain(Anatomy(), 0.4, 25) == [] and plain(between_only, 0.4, 25) == []
@@ -92,8 +97,8 @@ async def test_the_panel_appears_with_the_first_step_that_has_parts_and_takes_th
         assert panel.display and not panel.collapsed and dash.query_one("#side").max_scroll_y == 0
         lines = [line.strip(" │") for line in shown_in(app, panel)]
         assert lines[0].startswith("╭─ time")
-        assert re.fullmatch(r"fwd\+bwd +50% █+▌? *", lines[2]), lines[2]
-        assert "MFU 30% of peak, 60% in fwd+bwd" in lines
+        assert re.fullmatch(r"fwd\+bwd +50% █{8}▌ *", lines[1]) and lines[2].startswith("optimizer   50% "), lines
+        assert lines[3:] == ["data <0.1%, sync <0.1%", "MFU 30% of peak, 60% in fwd+bwd", "╰" + "─" * 35 + "╯"]
         assert "MFU" not in dict(throughput.rows)
 
         await pilot.resize_terminal(80, 24)

@@ -1,13 +1,13 @@
 """The dashboard's time panel: where the recent steps' seconds go, and the work between steps.
 
 A bar per part of a step (data, forward+backward, sync, optimizer), each its share of the recent
-steps (Anatomy.recent: about the last ten, smoothed), so a change shows within seconds; under
-them, the share of the run's whole time that the work between steps took (validation, tasks,
-samples, checkpoints, compile), each kind that took any. Where the run has an MFU (a GPU with a
-known peak), what stands between it and the peak: forward and backward alone reach the MFU over
-their share of the step, and the rest of the step is what keeps the run from that figure
-(`mfu_text`). The panel holds the run's MFU: the throughput panel leaves its row out while this
-one shows.
+steps (Anatomy.recent: about the last ten, smoothed), so a change shows within seconds; the parts
+under 1 % share a line, with no bar. Under them, the share of the run's whole time that the work
+between steps took (validation, tasks, samples, checkpoints, compile), each kind that took any.
+Where the run has an MFU (a GPU with a known peak), what stands between it and the peak: forward
+and backward alone reach the MFU over their share of the step, and the rest of the step is what
+keeps the run from that figure (`mfu_text`). The panel holds the run's MFU: the throughput panel
+leaves its row out while this one shows.
 
 Hidden until a step with parts arrives (a run from before steps had them has none). Collapsed,
 one line: forward+backward's share, the other parts' by size, then the MFU, as many as fit."""
@@ -29,6 +29,7 @@ from .panels import Panel
 # A row's label is never cut, and "forward+backward" would leave the bars a third of the room.
 SHORT = {"compute": "fwd+bwd"}
 SHARE = 5  # columns of a share: "<0.1%", " 100%"
+SMALL = 0.01  # a part under this share of the step gets no bar, nor a row of its own
 SEP = " · "
 BAR_STYLE = "cyan" + TRACK
 
@@ -43,21 +44,37 @@ def ordered(seconds: Mapping[str, float], order: Iterable[str]) -> list[str]:
     return known + sorted(set(seconds) - set(known))
 
 
+def packed(items: list[str], width: int, sep: str = ", ") -> list[str]:
+    """`items` joined by `sep`, as many to a line of `width` as fit: an item is never split."""
+    lines: list[str] = []
+    for n, item in enumerate(items):
+        item += sep.rstrip() if n < len(items) - 1 else ""
+        if lines and len(lines[-1]) + 1 + len(item) <= width:
+            lines[-1] += " " + item
+        else:
+            lines.append(item)
+    return lines
+
+
 def part_lines(recent: Mapping[str, float], width: int) -> list[Text]:
-    """A line per part of the recent steps: its label, its share, and a bar of it (the whole
-    room: the whole step) where `width` leaves room for one."""
+    """A line per part of the recent steps that takes 1 % of them or more: its label, its share,
+    and a bar of it (the whole room: the whole step) where `width` leaves room for one; then the
+    parts under 1 % (a bar too short to see), their shares on one line (a single GPU's sync, a
+    prefetched batch's data): the side column has no rows to spare."""
     names = ordered(recent, STEP_PARTS)
-    labels = max((len(label(n)) for n in names), default=0)
+    barred = [n for n in names if recent[n] >= SMALL]
+    labels = max((len(label(n)) for n in barred), default=0)
     room = width - labels - 1 - SHARE - 1
     lines = []
-    for name in names:
+    for name in barred:
         line = Text(f"{label(name):<{labels}} ", style="dim")
         line.append(f"{pct(recent[name]):>{SHARE}}")
         if room >= MIN_BAR:
             line.append(" ")
             line.append(bar(recent[name], room), style=BAR_STYLE)
         lines.append(line)
-    return lines
+    small = [f"{label(n)} {pct(recent[n])}" for n in names if n not in barred]
+    return lines + [Text(line, style="dim") for line in packed(small, width)]
 
 
 def mfu_text(mfu: float, compute: float | None, width: int) -> str:
@@ -76,14 +93,7 @@ def between_lines(anatomy: Anatomy, width: int) -> list[str]:
     many to a line of `width` as fit: a share stays on its kind's line."""
     wall = anatomy.wall
     kinds = [n for n in ordered(anatomy.between, OUTSIDE) if anatomy.between[n] > 0] if wall > 0 else []
-    lines: list[str] = []
-    for n, kind in enumerate(kinds):
-        item = f"{label(kind)} {pct(anatomy.between[kind] / wall)}" + ("," if n < len(kinds) - 1 else "")
-        if lines and len(lines[-1]) + 1 + len(item) <= width:
-            lines[-1] += " " + item
-        else:
-            lines.append(item)
-    return lines
+    return packed([f"{label(n)} {pct(anatomy.between[n] / wall)}" for n in kinds], width)
 
 
 def anatomy_lines(anatomy: Anatomy, mfu: float | None, width: int) -> list[Text]:
