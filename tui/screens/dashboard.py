@@ -29,11 +29,11 @@ from ..bridge import EngineEvents, drain
 from ..formatting import fmt_duration
 from ...core.run.state import RunState
 from .dialogs import AbortDialog, BaselinePicker, HelpScreen, QuitDialog, past_runs
+from ..widgets.anatomy_panel import AnatomyPanel
 from ..widgets.charts import Baseline, LossChart
 from ..widgets.chat_pane import ChatPane
 from ..widgets.glance import device_lines, failure_text, run_gpus, step_text
 from ..widgets.log_pane import LogPane
-from ..widgets.anatomy_panel import AnatomyPanel
 from ..widgets.panels import (Panel, SideColumn, cpu_memory_rows, gpu_layout, gpu_panel, host_rows,
                                           memory_rows, spark, state_rows, state_text, target_text, throughput_rows)
 from ..widgets.task_panel import TaskPanel, references_of

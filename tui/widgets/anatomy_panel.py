@@ -79,13 +79,12 @@ def part_lines(recent: Mapping[str, float], width: int) -> list[Text]:
 
 def mfu_text(mfu: float, compute: float | None, width: int) -> str:
     """The MFU and what forward and backward alone reach (MFU over their share of the step), in
-    the longest wording that fits `width`; wrapped where none does."""
+    the longer wording where it fits `width` (the shorter is wrapped where it does not)."""
     if not compute:
         return f"MFU {pct(mfu)} of peak"
     alone = pct(mfu / compute)
-    words = [f"MFU {pct(mfu)} of peak; forward+backward alone {alone}",
-             f"MFU {pct(mfu)} of peak, {alone} in fwd+bwd", f"MFU {pct(mfu)}, {alone} in fwd+bwd"]
-    return next((w for w in words if len(w) <= width), words[-1])
+    longer = f"MFU {pct(mfu)} of peak, {alone} in fwd+bwd"
+    return longer if len(longer) <= width else f"MFU {pct(mfu)}, {alone} in fwd+bwd"
 
 
 def between_lines(anatomy: Anatomy, width: int) -> list[str]:
@@ -112,7 +111,7 @@ def anatomy_summary(anatomy: Anatomy, mfu: float | None, width: int) -> str:
     """The collapsed line's figures in `width` columns: forward+backward's share, the other parts'
     by size (those of 1 % or more), the MFU; as many as fit whole, then an ellipsis where one fits."""
     recent = anatomy.recent
-    others = sorted((n for n in recent if n != "compute" and recent[n] >= 0.01), key=lambda n: -recent[n])
+    others = sorted((n for n in recent if n != "compute" and recent[n] >= SMALL), key=lambda n: -recent[n])
     first = ["compute"] if "compute" in recent else []
     pieces = [f"{label(n)} {pct(recent[n])}" for n in first + others]
     pieces += [f"MFU {pct(mfu)}"] if mfu is not None else []
