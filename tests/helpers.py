@@ -413,7 +413,9 @@ def fixed_events(device: str = "cpu", tasks: bool = False, target: float = 0.0, 
     "cuda:0": bf16, MFU and allocator figures as the engine reports them on a GPU). With `tasks`,
     as the cpu preset: at step 300, each of its three evaluations scoring python-functions. With
     `target` (training.target_val_loss, at $2.50 an hour), evaluations every 50 steps, enough to
-    forecast it. `run`: its folder, if not runs/cpu-20261123-120000 (or h100-...)."""
+    forecast it. `run`: its folder, if not runs/cpu-20261123-120000 (or h100-...). Each step says
+    where its time went (its parts, and the work since the step before), as a run with the step
+    clock does."""
     gpu = device.startswith("cuda")
     run = run or f"runs/{'h100' if gpu else 'cpu'}-20261123-120000"
     tokens_per_step = 524_288 if gpu else 4096
@@ -432,13 +434,23 @@ def fixed_events(device: str = "cpu", tasks: bool = False, target: float = 0.0, 
         P.StateChanged(P.RUNNING),
     ]
     mem = {"allocated": 21 * GiB, "reserved": 30 * GiB, "peak": 28 * GiB} if gpu else {}
+    every = 50 if target else 100
+    # Each step's seconds by part, adding up to its dt: forward+backward 70% on the GPU, 78% on the CPU.
+    parts = ({"data": 0.00003, "compute": 0.56, "sync": 0.00002, "optimizer": 0.23995} if gpu
+             else {"data": 0.016, "compute": 0.64, "sync": 0.00001, "optimizer": 0.16399})
     for step in range(1, fixed_last_step(tasks) + 1):
         loss = 3.2 + 5.8 * math.exp(-step / 40) + 0.15 * math.sin(step / 3)
         lr = 0.006 * min(1.0, step / 20) * (0.55 + 0.45 * math.cos(math.pi * step / 400))
         dt = 0.8 if gpu else 0.82
+        # the work since the step before: an evaluation (with its task scores), the checkpoint at 200
+        between = {"evaluation": 0.9} if step > 1 and (step - 1) % every == 0 else {}
+        if tasks and step > 1 and (step - 1) % 100 == 0:
+            between["tasks"] = 2.4
+        if step == 201:
+            between["checkpoints"] = 1.1
         events.append(P.StepMetrics(step, loss, lr, 0.5, tokens_per_step / dt, 0.41 if gpu else None, dt,
-                                    step * tokens_per_step, mem))
-        if step % (50 if target else 100) == 0:
+                                    step * tokens_per_step, mem, parts, between))
+        if step % every == 0:
             scores = {"python-functions": task_scores(TASK_ACCURACY[step])} if tasks and step % 100 == 0 else {}
             events.append(P.EvalMetrics(step, loss + 0.2, (loss + 0.2) / 2.4, scores))
             events.append(P.StateChanged(P.RUNNING))

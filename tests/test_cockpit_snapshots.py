@@ -104,9 +104,9 @@ async def assert_panels_whole(pilot) -> None:
         app.clear_notifications()  # "… panel open": a toast over the column
         await pilot.pause()
     assert side.chosen == "target"  # round again, as the snapshot shows it
-    # At 80x24 a GPU run's six panels take six lines collapsed, and the throughput panel nine
-    # more: one too many beside the target's (its figures are on the step line there).
-    assert seen == {"state", "target", "throughput", "gpu", "memory", "host"} - (
+    # At 80x24 a GPU run's seven panels take seven lines collapsed, and the throughput panel nine
+    # more: too many beside the target's (its figures are on the step line there).
+    assert seen == {"state", "target", "throughput", "anatomy", "gpu", "memory", "host"} - (
         {"throughput"} if dash.size.height < 30 else set())
 
 
@@ -124,11 +124,13 @@ def test_target_dashboard_snapshot(snap_compare, size):
 async def test_a_cpu_run_says_once_it_has_no_gpu_and_shows_its_memory():
     """A CPU run at 120x40 showed `GPU  GPU none: CPU run` and the NVML error in a GPU panel, and a
     memory panel of dashes (the allocator's figures are CUDA's). Now there is no GPU panel; the
-    memory panel says `GPU none (CPU run)` once and gives the run's resident memory."""
+    memory panel says `GPU none (CPU run)` once and gives the run's resident memory (open once
+    chosen: the time panel opens before it)."""
     app = FedDashboard(device="cpu", gpus=0)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         dash = app.screen
+        await pilot.press("e", "e")  # throughput → time → memory
         dash.redraw()
         await pilot.pause()
         side = "\n".join(shown_in(app, dash.query_one("#side")))
@@ -229,6 +231,9 @@ async def test_e_cycles_which_side_panel_is_open():
         summary = dash.query_one("#state", Panel).render().plain
         assert summary.startswith("▸ run") and "cuda:0 bf16" in summary
         side = dash.query_one("#side")
+        await pilot.press("e")
+        await pilot.pause()
+        assert side.chosen == "anatomy" and opened() == ["anatomy"] and side.max_scroll_y == 0
         await pilot.press("e")
         await pilot.pause()
         # the GPU panel opens, and the run panel with it (both fit); throughput no longer fits
@@ -435,8 +440,9 @@ def test_task_scores_dashboard_snapshot(snap_compare, size):
 async def test_the_tasks_panel_shows_each_task_s_accuracy_over_steps():
     """At 80×24 the tasks panel is one line: python-functions' latest accuracy (its name cut to
     fit). e opens it: accuracy and centred score, and under them the accuracy at steps 100, 200
-    and 300 as a rising braille line across steps 0 to 300, its range beside it; it still fits
-    beside the chat pane; at 120×40 it is open, its plot wider."""
+    and 300 as a rising braille line across steps 0 to 300, its range beside it; beside the chat
+    pane it is a line again, none cut off (the time panel's line took the row it fitted in), and
+    open once the pane closes; at 120×40 it is open, its plot wider."""
     app = FedDashboard(device="cpu", gpus=0, tasks=True)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
@@ -447,7 +453,7 @@ async def test_the_tasks_panel_shows_each_task_s_accuracy_over_steps():
         [line] = shown_in(app, panel)
         assert panel.collapsed and re.fullmatch(r" ▸ tasks  python-\S*… 0\.430 *", line), line
 
-        await pilot.press("e")  # throughput (chosen at first) → tasks
+        await pilot.press("e", "e")  # throughput (chosen at first) → time → tasks
         await pilot.pause()
         assert side.chosen == "tasks" and not panel.collapsed and side.max_scroll_y == 0
         lines = shown_in(app, on_screen(dash, "#tasks"))
@@ -460,12 +466,14 @@ async def test_the_tasks_panel_shows_each_task_s_accuracy_over_steps():
         assert width / 4 < braille_columns(bottom)[0] - 2 < braille_columns(top)[0] - 2
         assert braille_columns(top)[-1] > braille_columns(bottom)[-1]
 
-        await pilot.press("t")  # the chat pane takes half the height: just room for it still
+        await pilot.press("t")  # the chat pane takes half the height: a line short of room for it
         await pilot.pause()
         dash.redraw()
         await pilot.pause()
-        assert not panel.collapsed and side.max_scroll_y == 0 and shown_in(app, panel)[2:4] == lines[2:4]
+        assert panel.collapsed and side.chosen == "tasks" and side.max_scroll_y == 0
         await pilot.press("escape", "t")
+        await pilot.pause()
+        assert not panel.collapsed and side.max_scroll_y == 0 and shown_in(app, panel)[2:4] == lines[2:4]
 
         await pilot.resize_terminal(120, 40)
         await pilot.pause()
@@ -501,7 +509,7 @@ async def test_the_tasks_panel_is_absent_without_tasks_and_says_when_none_are_sc
         await pilot.pause()
         [line] = shown_in(app, on_screen(dash, "#tasks"))
         assert "first at" not in line and "hellaswag 0.271" in line
-        await pilot.press("e")
+        await pilot.press("e", "e")  # throughput → time → tasks
         await pilot.pause()
         assert "hellaswag 0.271 (+0.03)" in "\n".join(shown_in(app, on_screen(dash, "#tasks")))
 
@@ -520,7 +528,7 @@ async def test_a_task_with_a_reference_model_draws_its_score_as_a_dotted_line():
         await pilot.pause()
         dash = app.screen
         side, panel = dash.query_one("#side"), dash.query_one("#tasks")
-        await pilot.press("e")
+        await pilot.press("e", "e")  # throughput → time → tasks
         await pilot.pause()
         assert side.chosen == "tasks" and not panel.collapsed and side.max_scroll_y == 0
         lines = shown_in(app, on_screen(dash, "#tasks"))

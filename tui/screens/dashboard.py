@@ -29,12 +29,13 @@ from ..bridge import EngineEvents, drain
 from ..formatting import fmt_duration
 from ...core.run.state import RunState
 from .dialogs import AbortDialog, BaselinePicker, HelpScreen, QuitDialog, past_runs
+from ..widgets.anatomy_panel import AnatomyPanel
 from ..widgets.charts import Baseline, LossChart
 from ..widgets.chat_pane import ChatPane
 from ..widgets.glance import device_lines, failure_text, run_gpus, step_text
 from ..widgets.log_pane import LogPane
 from ..widgets.panels import (Panel, SideColumn, cpu_memory_rows, gpu_layout, gpu_panel, host_rows,
-                                          memory_rows, spark, state_text, target_text, throughput_rows)
+                                          memory_rows, spark, state_rows, state_text, target_text, throughput_rows)
 from ..widgets.task_panel import TaskPanel, references_of
 
 # Seconds between redraws of a dashboard that changed: a redraw (Textual laying out and rendering
@@ -112,6 +113,7 @@ class DashboardScreen(Screen):
                         yield Panel("run", id="state")
                         yield Panel("target", id="target")  # hidden while the run has no target
                         yield Panel("throughput", id="throughput")
+                        yield AnatomyPanel(id="anatomy")  # hidden until a step has parts
                         yield TaskPanel(id="tasks")  # hidden while the run has no tasks
                         yield Vertical(id="gpus")  # one panel per GPU the run uses, mounted by redraw
                         yield Panel("memory", id="memory")
@@ -264,19 +266,14 @@ class DashboardScreen(Screen):
         side = self.query_one(SideColumn)
         # an open panel's inside: the column's width less the panel's border and padding
         inside = (side.size.width or (29 if self.has_class("narrow") else 37)) - 4
-        procs = f" · {self.world} procs" if self.world > 1 else ""
-        self.query_one("#state", Panel).show_rows([
-            ("device", f"{v.device} {v.precision}{procs}".strip() or "–"),
-            ("params", f"{v.n_params / 1e6:.2f}M" if v.n_params else "–"),
-            ("tok/step", f"{v.tokens_per_step:,}" if v.tokens_per_step else "–"),
-            ("folder", v.run_dir or "–"),
-        ], inside)
+        self.query_one("#state", Panel).show_rows(state_rows(v, self.world), inside)
         target = self.query_one("#target", Panel)
         ahead = target_text(v)
         if target.display != (ahead is not None):
             target.display = ahead is not None
         target.show_rows([("", ahead or "")], inside)
-        self.query_one("#throughput", Panel).show_rows(throughput_rows(v, target=False), inside)
+        timed = self.query_one("#anatomy", AnatomyPanel).show_anatomy(v, inside)  # it holds the MFU then
+        self.query_one("#throughput", Panel).show_rows(throughput_rows(v, target=False, mfu=not timed), inside)
         self.query_one("#tasks", TaskPanel).show_tasks(v, inside, references_of(v.config))
         gpus = self.gpu_indices()
         self.redraw_gpus(gpus, inside)

@@ -87,9 +87,21 @@ def state_text(v: RunState) -> Text:
     return text
 
 
-def throughput_rows(v: RunState, target: bool = True) -> list[tuple[str, str]]:
+def state_rows(v: RunState, world: int) -> list[tuple[str, str]]:
+    """What the run is: its device and precision (and processes, `world`), size and folder."""
+    procs = f" · {world} procs" if world > 1 else ""
+    return [
+        ("device", f"{v.device} {v.precision}{procs}".strip() or DASH),
+        ("params", f"{v.n_params / 1e6:.2f}M" if v.n_params else DASH),
+        ("tok/step", f"{v.tokens_per_step:,}" if v.tokens_per_step else DASH),
+        ("folder", v.run_dir or DASH),
+    ]
+
+
+def throughput_rows(v: RunState, target: bool = True, mfu: bool = True) -> list[tuple[str, str]]:
     """The run's figures; with `target`, when it should reach its target (the dashboard gives that
-    a panel of its own: `target_text`)."""
+    a panel of its own: `target_text`); without `mfu`, no MFU (the dashboard's time panel holds it,
+    with what stands between it and the peak, once steps have parts)."""
     rows = [
         ("tokens/s", fmt_count(v.tokens_per_s) if v.tokens_per_s else DASH),
         ("steps/s", f"{v.steps_per_s:.2f}" if v.steps_per_s else DASH),
@@ -101,6 +113,8 @@ def throughput_rows(v: RunState, target: bool = True) -> list[tuple[str, str]]:
         ("val loss", f"{v.last_eval.val_loss:.4f} @ {v.last_eval.step}" if v.last_eval else DASH),
         ("lr", f"{v.lr:.2e}" if v.lr is not None else DASH),
     ]
+    if not mfu:
+        rows = [row for row in rows if row[0] != "MFU"]
     if target and (ahead := target_text(v)) is not None:
         rows.append(("target", ahead))
     return rows
@@ -300,7 +314,7 @@ class SideColumn(VerticalScroll):
     made, the target's panel is chosen where the run has a target (its forecast, the figure the
     user is after, is too long for a collapsed line), else throughput."""
 
-    GROUPS = ("state", "target", "throughput", "tasks", "gpu", "memory", "host")
+    GROUPS = ("state", "target", "throughput", "anatomy", "tasks", "gpu", "memory", "host")
 
     def __init__(self, *children, **kwargs):
         super().__init__(*children, **kwargs)
