@@ -15,7 +15,9 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.run.folder import read_metrics
 from lmcockpit.core.train.profiling import kind_of
 
-from .helpers import drive_engine, tiny_config
+from lmcockpit.tui.app import CockpitApp
+
+from .helpers import dashboard, drive_engine, request, tiny_config, wait_for
 
 
 def trace_names(path: Path) -> dict[str, set[str]]:
@@ -107,3 +109,25 @@ def test_the_profile_command_profiles_the_next_steps_once_refuses_a_second_and_l
     before = statistics.median(step_times(events, range(3, first - 1)))
     after = statistics.median(step_times(events, range(first + 3, first + 13)))
     assert after < 3 * before, (before, after)
+
+
+@pytest.mark.slow
+async def test_f_in_the_cockpit_profiles_the_next_steps_and_the_log_shows_the_summary(tmp_path):
+    """The key sends Profile through the run host, as an attached viewer's would: the run trains on."""
+    app = CockpitApp(request(tmp_path, "training.max_steps=100000", "checkpoint.every=0"), telemetry=False)
+    try:
+        async with app.run_test(size=(120, 40), notifications=True) as pilot:
+            dash = dashboard(app)
+            await wait_for(pilot, lambda: dash.view.step >= 2, what="training to start")
+            await pilot.press("f")
+            assert any("profile: the next 5 steps" in n.message for n in app._notifications)
+            profiles = tmp_path / "run" / "profiles"
+            await wait_for(pilot, lambda: any(line.startswith("profile: steps ") for line in dash.view.log_tail),
+                           what="the profile's summary in the log")
+            (folder,) = profiles.iterdir()
+            assert (folder / "trace.json.gz").is_file()
+            first = int(folder.name.removeprefix("step_"))
+            await wait_for(pilot, lambda: dash.view.step >= first + 8, what="steps after the profile")
+            assert dash.view.state == P.RUNNING
+    finally:
+        app.stop_runs(timeout=60)

@@ -59,6 +59,8 @@ class DashboardScreen(Screen):
     BINDINGS = [
         ("p", "toggle_pause", "Pause/Resume"),
         ("c", "checkpoint", "Checkpoint"),
+        # out of the footer, which has no room left at 80 columns; `?` lists it
+        Binding("f", "profile", "Profile the next steps", show=False),
         ("a", "abort", "Abort"),
         ("l", "log_scale", "Log scale"),
         ("t", "chat", "Chat"),
@@ -323,7 +325,7 @@ class DashboardScreen(Screen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # the run's controls only while it runs; the way back only once it has ended
-        if action in ("toggle_pause", "checkpoint", "abort", "detach"):
+        if action in ("toggle_pause", "checkpoint", "abort", "detach", "profile"):
             return not self.ended
         if action == "back":
             return self.ended
@@ -343,6 +345,14 @@ class DashboardScreen(Screen):
         if self.running:
             self.engine.send(P.CheckpointNow())
             self.notify("checkpoint requested: written after the current step")
+
+    def action_profile(self) -> None:
+        """torch.profiler over the next steps, while the run trains on (core/train/profiling.py)."""
+        if self.running:
+            ask = P.Profile()
+            self.engine.send(ask)
+            self.notify(f"profile: the next {ask.steps} steps after a warm-up step; the trace goes to "
+                        f"{self.view.run_dir}/profiles/step_N/trace.json.gz, the summary to the log", timeout=6)
 
     def action_abort(self) -> None:
         if self.running:
