@@ -327,7 +327,7 @@ class ProfileConfig:
     # The step before it is the profiler's warm-up; the trace goes to profiles/step_N/trace.json.gz.
     at_step: int = setting(0, "the first step profiled; 0: none (the cockpit's f asks for one at any time)", ge=0,
                            on_resume="safe")
-    steps: int = setting(5, "steps profiled, after one warm-up step", gt=0, le=1000, on_resume="safe")
+    steps: int = setting(5, "steps profiled, after one warm-up step", gt=0, le=1000, on_resume="safe")  # profiling.MAX_STEPS
     memory: bool = setting(False, "also the CUDA memory history, for pytorch.org/memory_viz (a GPU's only)",
                            on_resume="safe")
 

@@ -88,6 +88,7 @@ def test_the_profile_command_profiles_the_next_steps_once_refuses_a_second_and_l
 
     def ask_at_step_10(engine, event):
         if isinstance(event, P.StepMetrics) and event.step == 10 and not sent:
+            engine.send(P.Profile(steps=0))  # refused: a profile of nothing
             engine.send(P.Profile(steps=3, memory=True))
             engine.send(P.Profile())  # while the first is taken: refused
             sent.append(event.step)
@@ -101,6 +102,7 @@ def test_the_profile_command_profiles_the_next_steps_once_refuses_a_second_and_l
     assert profile.trace == str(trace) and "aten::mm" in trace_names(trace)["cpu_op"]
     logged = [e.text for e in events if isinstance(e, P.LogLine) and e.text.startswith("profile: ")]
     assert "profile: the memory history is the CUDA allocator's: none on this run's CPU" in logged
+    assert "profile: 0 steps asked for; a profile records 1 to 1000: refused" in logged
     assert any("one is being taken already" in line and "this request is refused" in line for line in logged)
     assert sorted(p.name for p in (tmp_path / "run" / "profiles").iterdir()) == [f"step_{first}"]
     # The profiler is off after its steps: the ten steps right after them are as fast as those
@@ -109,6 +111,27 @@ def test_the_profile_command_profiles_the_next_steps_once_refuses_a_second_and_l
     before = statistics.median(step_times(events, range(3, first - 1)))
     after = statistics.median(step_times(events, range(first + 3, first + 13)))
     assert after < 3 * before, (before, after)
+
+
+@pytest.mark.slow
+def test_a_link_planted_at_profiles_once_the_run_started_gets_no_trace_and_the_run_goes_on(tmp_path):
+    """The run folder's writes never follow a link (safe_files): planted after the run claimed its
+    folder, while it waits paused before its first step, the link is refused when the trace is written."""
+    cfg = tiny_config("training.max_steps=6", "eval.every=0", "profile.at_step=3", "profile.steps=2")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+
+    def plant_then_resume(engine, event):
+        if isinstance(event, P.StateChanged) and event.state == P.PAUSED and not (tmp_path / "run" / "profiles").exists():
+            (tmp_path / "run" / "profiles").symlink_to(victim)
+            engine.send(P.Resume())
+
+    engine, events = drive_engine(cfg, tmp_path / "run", on_event=plant_then_resume, queued=[P.Pause()])
+    assert engine.final_state == P.FINISHED and list(victim.iterdir()) == []
+    (profile,) = [e for e in events if isinstance(e, P.Profiled)]
+    assert profile.trace == "" and profile.kinds["matmul"] > 0  # the summary is still told
+    assert any(isinstance(e, P.LogLine) and e.text.startswith("warning: profile: not written to ")
+               and "symbolic link" in e.text for e in events)
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ from ..run.folder import PROFILES
 from ..run.safe_files import pinned_dir, write_whole
 
 TOP = 10  # operators in the summary's lists
+MAX_STEPS = 1000  # profile.steps' bound: a trace of every call grows with each step
 KINDS = ("matmul", "attention", "elementwise", "optimizer", "communication", "copies", "other", "idle")
 # What the profiler records with the Python stack that is no operator: its time is no operator's.
 PYTHON = re.compile(r"nn\.Module: |<built-in |<frozen |.*\.py\(\d+\): |ProfilerStep")
@@ -126,6 +127,9 @@ class Profiling:
         tr = self.trainer
         if not tr.group.is_main:  # rank 0's profile stands for the run
             return
+        if not 0 < cmd.steps <= MAX_STEPS:
+            tr.log(f"profile: {cmd.steps} steps asked for; a profile records 1 to {MAX_STEPS}: refused")
+            return
         if self.profiler is not None or self.asked is not None:
             busy = f"steps {self.first}-{self.first + self.count - 1}" if self.profiler else "the next steps"
             tr.log(f"profile: one is being taken already ({busy}): this request is refused; ask again once it "
@@ -184,7 +188,10 @@ class Profiling:
         writes never follow a link (safe_files)."""
         self.events = prof.events()
         self.private = Path(tempfile.mkdtemp(prefix="lmcockpit-profile-"))
-        prof.export_chrome_trace(str(self.private / "trace.json"))
+        try:
+            prof.export_chrome_trace(str(self.private / "trace.json"))
+        except OSError as e:  # a full /tmp: the summary is still told; `write` says what became of the trace
+            self.trainer.log(f"warning: profile: the trace could not be exported ({e})")
 
     def after_step(self) -> None:
         """Count the step the profiler saw; after the last, stop it and write what it recorded."""
@@ -208,7 +215,11 @@ class Profiling:
         wall, kinds, top, top_cuda = summary(self.events or [], cuda)
         self.events = None
         del prof
-        trace, memory = self.write(snapshot)
+        try:
+            trace, memory = self.write(snapshot)
+        except OSError as e:  # a full disk, a link planted at profiles/: the run goes on without the files
+            tr.log(f"warning: profile: not written to {self.folder} ({e}); training goes on")
+            trace = memory = ""
         event = P.Profiled(self.first, self.count, trace, wall, kinds, top, top_cuda, memory)
         for line in lines(event, cuda):
             tr.log(line)
@@ -217,6 +228,8 @@ class Profiling:
     def write(self, snapshot) -> tuple[str, str]:
         """The trace, gzipped, and the memory history, in the run folder: their paths ("" for none)."""
         private, self.private = self.private, None
+        if private is None:
+            raise FileNotFoundError("the profiler handed over no trace")
         try:
             with pinned_dir(self.trainer.run_dir / PROFILES) as root, pinned_dir(root / self.folder.name) as folder:
                 with open(private / "trace.json", "rb") as fh:
@@ -271,7 +284,7 @@ def lines(event: P.Profiled, cuda: bool) -> list[str]:
     kinds = ", ".join(f"{k} {100 * s / total:.0f}%" for k, s in sorted(event.kinds.items(), key=lambda kv: -kv[1])
                       if s > 0)
     out = [f"profile: steps {event.step}-{event.step + event.steps - 1} took {event.seconds:.3f} s "
-           f"({'GPU' if cuda else 'CPU'} time: {kinds}); trace: {event.trace}"]
+           f"({'GPU' if cuda else 'CPU'} time: {kinds}); trace: {event.trace or 'not written'}"]
     for label, top in (("CPU", event.top), ("GPU", event.top_cuda)):
         if top:
             out.append(f"profile: top {label} operators by self time: "
