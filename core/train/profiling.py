@@ -4,7 +4,8 @@ A front-end's `Profile` command (the cockpit's `f`) or `profile.at_step` starts 
 a warm-up step (recorded by the profiler, then dropped: its first step pays for starting up), then
 records the next `steps` steps: the CPU's operators always, the GPU's kernels where the run has
 one, and the Python stack, which is what puts the model's modules (`nn.Module: Block_0`) in the
-trace. The trace goes to `profiles/step_N/trace.json.gz` (N: the first step recorded; Perfetto and
+trace (a compiled model shows only its outermost module: the compiled graph runs no Python of
+the modules inside it). The trace goes to `profiles/step_N/trace.json.gz` (N: the first step recorded; Perfetto and
 chrome://tracing open it), a summary to the log and a `profile` row, and the profiler is stopped:
 the steps after it run as fast as those before. With `memory` on a GPU, the CUDA allocator's history
 over the same steps goes beside it as `memory.pickle` (pytorch.org/memory_viz).
@@ -170,7 +171,7 @@ class Profiling:
         if cmd.memory and not cuda:
             tr.log("profile: the memory history is the CUDA allocator's: none on this run's CPU")
         if self.memory:
-            torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+            torch.cuda.memory._record_memory_history(max_entries=1_000_000, device=tr.device)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         self.profiler = profile(activities=activities, schedule=schedule(wait=0, warmup=warmup, active=cmd.steps, repeat=1),
                                 on_trace_ready=self.recorded, with_stack=True)
@@ -210,7 +211,7 @@ class Profiling:
         prof.stop()
         snapshot = torch.cuda.memory._snapshot() if self.memory else None
         if self.memory:
-            torch.cuda.memory._record_memory_history(enabled=None)
+            torch.cuda.memory._record_memory_history(enabled=None, device=tr.device)
         cuda = tr.device.type == "cuda"
         wall, kinds, top, top_cuda = summary(self.events or [], cuda)
         self.events = None
@@ -247,7 +248,7 @@ class Profiling:
             prof.on_trace_ready = None  # a profile cut short is not written
             prof.stop()
             if self.memory:
-                torch.cuda.memory._record_memory_history(enabled=None)
+                torch.cuda.memory._record_memory_history(enabled=None, device=self.trainer.device)
 
 
 def chunks_gzipped(fh, size: int = 1 << 20):
