@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from lmcockpit.core import protocol as P
+from lmcockpit.core.run import history_file
 from lmcockpit.core.run.folder import read_metrics
 from lmcockpit.core.train.profiling import kind_of
 
@@ -77,6 +78,7 @@ def test_profile_at_step_writes_a_chrome_trace_and_a_summary_and_the_run_goes_on
     assert any(line.startswith("profile: steps 3-4 took ") and "matmul" in line for line in logged)
     assert any(line.startswith("profile: top CPU operators by self time: ") for line in logged)
     assert [r for r in read_metrics(run) if r["kind"] == "profile"][0]["trace"] == str(trace)
+    assert history_file.load(run, write=False)[0].profile == profile  # what a cockpit attaching later is handed
     assert f"profile: steps 3-4 took {profile.seconds:.3f} s" in (run / "train.log").read_text()
     assert [e.step for e in events if isinstance(e, P.StepMetrics)] == list(range(1, 9))
 
@@ -154,3 +156,24 @@ async def test_f_in_the_cockpit_profiles_the_next_steps_and_the_log_shows_the_su
             assert dash.view.state == P.RUNNING
     finally:
         app.stop_runs(timeout=60)
+
+
+def test_the_last_profile_is_in_the_history_a_viewer_is_handed_and_in_history_json():
+    """Folded from its row (a folder's reader) and applied as an event (the run host, a cockpit),
+    kept through the saved summary: a cockpit that attaches later has it."""
+    from lmcockpit.core.run import rows
+    from lmcockpit.core.run.history import History
+    from lmcockpit.core.run.state import RunState
+
+    profile = P.Profiled(12, 5, "runs/x/profiles/step_12/trace.json.gz", 0.75, {"matmul": 0.5, "idle": 0.25},
+                         {"aten::mm": 0.5}, {}, "")
+    folded = History()
+    folded.fold(rows.row_of(profile))
+    view = RunState()
+    view.apply(profile)
+    assert folded.profile == view.history.profile == profile
+    assert History.from_state(json.loads(json.dumps(folded.state()))).profile == profile
+    assert History.from_state(json.loads(json.dumps(History().state()))).profile is None
+    before = History().state()
+    del before["profile"]  # a history.json from before profiles
+    assert History.from_state(before).profile is None
