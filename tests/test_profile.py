@@ -177,3 +177,17 @@ def test_the_last_profile_is_in_the_history_a_viewer_is_handed_and_in_history_js
     before = History().state()
     del before["profile"]  # a history.json from before profiles
     assert History.from_state(before).profile is None
+
+
+@pytest.mark.slow
+def test_under_two_processes_rank_0_alone_profiles_and_the_run_finishes(tmp_path):
+    cfg = tiny_config("training.max_steps=6", "eval.every=0", "distributed.nproc=2", "profile.at_step=3",
+                      "profile.steps=2")
+    engine, events = drive_engine(cfg, tmp_path / "run")
+    assert engine.final_state == P.FINISHED
+    (profile,) = [e for e in events if isinstance(e, P.Profiled)]
+    assert [p.name for p in (tmp_path / "run" / "profiles").iterdir()] == ["step_3"]
+    assert "aten::mm" in trace_names(Path(profile.trace))["cpu_op"]
+    assert profile.kinds["communication"] > 0  # DDP's all-reduce of the gradients
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "rank0: profile: steps 3-4 took " in log and "rank1: profile" not in log
