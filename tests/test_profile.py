@@ -191,3 +191,24 @@ def test_under_two_processes_rank_0_alone_profiles_and_the_run_finishes(tmp_path
     assert profile.kinds["communication"] > 0  # DDP's all-reduce of the gradients
     log = (tmp_path / "run" / "train.log").read_text()
     assert "rank0: profile: steps 3-4 took " in log and "rank1: profile" not in log
+
+
+@pytest.mark.slow
+def test_a_resume_may_set_profile_at_step_its_first_step_has_no_warm_up_and_one_behind_it_is_said(tmp_path):
+    from lmcockpit.core.run.resume import plan_resume
+
+    run = tmp_path / "run"
+    engine, _ = drive_engine(tiny_config("training.max_steps=4", "eval.every=0"), run)
+    assert engine.final_state == P.FINISHED
+    engine, events = drive_engine(None, None, resume=plan_resume(str(run), ["training.max_steps=6",
+                                                                          "profile.at_step=2"], None))
+    assert "profile: profile.at_step = 2 is behind the run (step 4): no profile" in [
+        e.text for e in events if isinstance(e, P.LogLine)]
+    assert not [e for e in events if isinstance(e, P.Profiled)]
+    engine, events = drive_engine(None, None, resume=plan_resume(str(run), ["training.max_steps=8",
+                                                                          "profile.at_step=7", "profile.steps=2"], None))
+    assert engine.final_state == P.FINISHED
+    (profile,) = [e for e in events if isinstance(e, P.Profiled)]
+    assert profile.step == 7 and (run / "profiles" / "step_7" / "trace.json.gz").is_file()
+    assert f"profile: recording steps 7-8; the trace goes to {run / 'profiles' / 'step_7' / 'trace.json.gz'}" in [
+        e.text for e in events if isinstance(e, P.LogLine)]
