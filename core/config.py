@@ -325,6 +325,18 @@ class NotifyConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """torch.profiler over a few steps while the run trains on (core/train/profiling.py); the
+    cockpit's `f` asks for the same at any time."""
+    # The step before it is the profiler's warm-up; the trace goes to profiles/step_N/trace.json.gz.
+    at_step: int = setting(0, "the first step profiled; 0: none (the cockpit's f asks for one at any time)", ge=0,
+                           on_resume="safe")
+    steps: int = setting(5, "steps profiled, after one warm-up step", gt=0, le=1000, on_resume="safe")  # profiling.MAX_STEPS
+    memory: bool = setting(False, "also the CUDA memory history, for pytorch.org/memory_viz (a GPU's only)",
+                           on_resume="safe")
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -338,6 +350,7 @@ class Config:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
     # Derived values the rest of the code reads, so the 0-means-default rules live in one place.
     @property

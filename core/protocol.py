@@ -217,6 +217,24 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class Profiled:
+    """A profile of `steps` training steps from `step` on (core/train/profiling.py): its trace (a
+    path in the run folder; `memory` the CUDA memory history's, "" where none was recorded) and
+    a summary: seconds by kind of work (`kinds`: matmul, attention, elementwise, optimizer,
+    communication, copies, other, idle) and the operators that took the most self time, on the
+    CPU (`top`) and on the GPU (`top_cuda`, empty on a CPU), in seconds over the profiled steps."""
+    kind: ClassVar[str] = "profile"
+    step: int
+    steps: int
+    trace: str
+    seconds: float  # the profiled steps' wall time
+    kinds: dict[str, float] = field(default_factory=dict)
+    top: dict[str, float] = field(default_factory=dict)
+    top_cuda: dict[str, float] = field(default_factory=dict)
+    memory: str = ""
+
+
+@dataclass(frozen=True)
 class Note:
     """Something metrics.jsonl says of itself (rows a full disk cost)."""
     kind: ClassVar[str] = "note"
@@ -290,6 +308,14 @@ class Resume:
 @dataclass(frozen=True)
 class CheckpointNow:
     pass
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Profile the next `steps` training steps after one warm-up step; `memory`: also record the
+    CUDA memory history (a GPU's only)."""
+    steps: int = 5
+    memory: bool = False
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ EVENTS = [
     P.Ended(12, P.FINISHED),
     P.Failed(12, "out of memory"),
     P.Note("3 rows not written: the disk was full"),
+    P.Profiled(3, 2, "profiles/step_3/trace.json.gz", 0.5, {"matmul": 0.2, "idle": 0.1}, {"aten::mm": 0.2}),
 ]
 
 

@@ -14,10 +14,10 @@ from typing import Iterable, Mapping
 # A step's parts, in the order the step does them.
 STEP_PARTS = ("data", "compute", "sync", "optimizer")
 # The work between steps, by what it is.
-OUTSIDE = ("compile", "evaluation", "tasks", "samples", "checkpoints")
+OUTSIDE = ("compile", "evaluation", "tasks", "samples", "checkpoints", "profile")
 LABELS = {"data": "data", "compute": "forward+backward", "sync": "sync", "optimizer": "optimizer",
           "compile": "compile", "evaluation": "validation", "tasks": "tasks", "samples": "samples",
-          "checkpoints": "checkpoints"}
+          "checkpoints": "checkpoints", "profile": "profiling"}
 RECENT_BETA = 0.9  # the live split's smoothing: about the last ten steps
 
 

@@ -35,10 +35,11 @@ CHECKPOINTS = "checkpoints"
 TENSORBOARD = "tensorboard"  # TensorBoard's event files
 NAN_DEBUG = "nan_debug"  # the report of a step whose loss or gradients were not finite
 WANDB = "wandb"  # W&B's own files (wandb.init's dir is the run folder)
+PROFILES = "profiles"  # torch.profiler's traces, a folder per profile (core/train/profiling.py)
 # The folders a run writes into: a link or someone else's folder at any of these names (planted
 # in a run folder other accounts can write) would have checkpoints written, and old ones pruned,
 # in whatever folder it names.
-RUN_FOLDERS = (CHECKPOINTS, TOKENIZER, TENSORBOARD, NAN_DEBUG, WANDB)
+RUN_FOLDERS = (CHECKPOINTS, TOKENIZER, TENSORBOARD, NAN_DEBUG, WANDB, PROFILES)
 STEP_DIR = re.compile(r"step_(\d+)")
 PRUNED = ".pruned-"  # a checkpoint being deleted (list_checkpoints sees only step_N folders)
 LOCK = ".training"  # flock'ed by the engine while it trains here; holds its pid

@@ -12,6 +12,7 @@ all. This holds instead, whatever the run's length:
   since the last checkpoint (up to TAIL_MAX), so that a rollback or a resume, which go back to a
   checkpoint, can cut the buckets and fold those rows again;
 * every evaluation, task score, checkpoint, spike, rollback, target and sample, exactly;
+* the last profile of a few steps, its summary and trace (a `profile` row);
 * the smoothed loss carried forward (its running sum and count), never recomputed whole.
 
 Fed a step at a time (`add`, `fold`) by the engine, the run host's viewers and the readers of
@@ -164,6 +165,7 @@ class History:
         self.rollbacks: list[tuple[int, int]] = []  # (spike step, to step): never cut
         self.targets: list[tuple[int, str, float, float]] = []
         self.samples: list[tuple[int, str, str]] = []  # (step, prompt, text)
+        self.profile: P.Profiled | None = None  # the last profile (core/train/profiling.py); never cut
         self.anatomy = Anatomy()  # never cut: time spent is spent
         self._cache: dict[int, tuple[tuple, list[Point]]] = {}  # by resolution: _settled's points
 
@@ -246,6 +248,8 @@ class History:
             self.targets.append((step, row["what"], float(row["value"]), float(row["target"])))
         elif kind == "sample":
             self.samples.append((step, str(row.get("prompt", "")), str(row.get("text", ""))))
+        elif kind == "profile":
+            self.profile = rows.event_of(row)
 
     def cut(self, step: int) -> bool:
         """Drop every step, evaluation, checkpoint, target and sample at or past `step`: the run went
@@ -370,7 +374,7 @@ class History:
                 "last": rows.row_of(self.last, 0.0) if self.last else None, "checkpoint_step": self.checkpoint_step, "evals": self.evals, "tasks": self.tasks,
                 "last_task_scores": self.last_task_scores, "core": self.core, "checkpoints": self.checkpoints,
                 "spikes": self.spikes, "rollbacks": self.rollbacks, "targets": self.targets, "samples": self.samples,
-                "anatomy": self.anatomy.state()}
+                "anatomy": self.anatomy.state(), "profile": rows.row_of(self.profile, 0.0) if self.profile else None}
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> History:
@@ -394,6 +398,7 @@ class History:
         h.targets = [(int(a), str(b), float(c), float(d)) for a, b, c, d in s["targets"]]
         h.samples = [(int(a), str(b), str(c)) for a, b, c in s["samples"]]
         h.anatomy = Anatomy.from_state(s.get("anatomy") or {})  # none in a summary from before steps had parts
+        h.profile = rows.event_of(s.get("profile"))  # None: no profile, or a summary from before profiles
         return h
 
 

@@ -22,7 +22,7 @@ from .. import protocol as P
 INT_LIMIT = 2**63  # past what a row of ours holds: a number that big is someone else's, or damage
 
 ROW_EVENTS = (P.StepMetrics, P.EvalMetrics, P.CheckpointWritten, P.SpikeSeen, P.RolledBack, P.TargetReached,
-              P.Sampled, P.Ended, P.Failed, P.Note)
+              P.Sampled, P.Ended, P.Failed, P.Note, P.Profiled)
 KINDS: dict[str, type] = {cls.kind: cls for cls in ROW_EVENTS}
 
 

@@ -207,6 +207,8 @@ class RunState(ReadsHistory):
                 self.ended_at = self.clock()
         elif isinstance(ev, P.Failure):
             self.failure = ev
+        elif isinstance(ev, P.Profiled):
+            self.history.profile = ev
         elif isinstance(ev, P.CheckpointWritten):
             self.last_checkpoint = ev.path
             self.history.add_checkpoint(ev.step, ev.path)

@@ -57,7 +57,7 @@ class StepClock:
 
 
 class Between:
-    """Seconds of work between steps, by what (evaluation, tasks, samples, checkpoints, compile),
+    """Seconds of work between steps, by what (evaluation, tasks, samples, checkpoints, compile, profile),
     taken into the next step's row (or the end row)."""
 
     def __init__(self) -> None:

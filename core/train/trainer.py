@@ -31,8 +31,8 @@ from ..data.batches import DataUnit, step_rows
 from ..data.cache import TokenData
 from ..data.prepare import prepare
 from ..hardware import cpu_precision, memory_estimate
-from ..hardware.device import autocast_dtype, device_uuids, memory_stats, peak_flops, resolve_device, resolve_precision
-from ..hardware.device import attention_header, expands_kv
+from ..hardware.device import (attention_header, autocast_dtype, device_uuids, expands_kv, memory_stats, peak_flops,
+                               resolve_device, resolve_precision)
 from ..model.gpt import GPT, shape_from_config
 from ..run.checkpoint_folder import tokenizer_file
 from ..run.history_file import Summarised
@@ -43,13 +43,12 @@ from .evaluation import Evaluation
 from .group import Group
 from .loggers import Metrics, start_loggers
 from .optim import build_optimizers, clip_grad_norm, describe, lr_multiplier, schedule_warning, set_lr, step_optimizers
+from .profiling import Profiling
 from .recovery import NonFiniteLoss, Recovery, SpikeStop  # noqa: F401 - SpikeStop: raised in recovery, caught by tests here
 from .spikes import watching
 from .step_clock import Between, StepClock
 
 Emit = Callable[[object], None]
-
-
 
 
 class StoppedInSetup(Exception):
@@ -85,6 +84,7 @@ class Trainer:
         self.recovery = Recovery(self)  # spikes and non-finite steps, with what they carry across steps
         self.evaluation = Evaluation(self)  # validation, task scores, the target, samples
         self.checkpoints = Checkpoints(self)  # a resume's load, saves, a full disk waited out
+        self.profiling = Profiling(self)  # torch.profiler over a few steps, when asked
         self.compiling = False  # until the first step this process trains has compiled the model
         self.between = Between()  # seconds of work between steps, for the next step's row
         self.data_unit: DataUnit | None = None  # a resumed run's, from its checkpoint
@@ -266,7 +266,8 @@ class Trainer:
             if self.stop:
                 break
             try:
-                self.within_memory("step", self.train_step)
+                with self.profiling.around_step():  # a profile asked for starts before a step, ends after one
+                    self.within_memory("step", self.train_step)
             except NonFiniteLoss:
                 self.checkpoints.save_last_good()
                 raise
@@ -276,11 +277,9 @@ class Trainer:
             validation, tasks = self.evaluation.due()
             if (validation or tasks) and self.step < t.max_steps:
                 self.evaluation.evaluate(validation, tasks)
-            every = self.cfg.checkpoint.every
-            if every and self.step % every == 0 and self.step < t.max_steps:
+            if (every := self.cfg.checkpoint.every) and self.step % every == 0 and self.step < t.max_steps:
                 self.checkpoints.save()
-            every = self.cfg.sample.every
-            if every and self.step % every == 0 and self.step < t.max_steps:  # the last step samples below
+            if (every := self.cfg.sample.every) and self.step % every == 0 and self.step < t.max_steps:  # the last step samples below
                 self.evaluation.periodic_samples()
         if self.stop is None:
             if not self.evaluation.at_target:  # evaluated at that step already
@@ -384,8 +383,7 @@ class Trainer:
                 return
 
     def pending_commands(self) -> list:
-        cmds, block = self.deferred, self.paused  # paused: wait a moment for the first, then take what is queued
-        self.deferred = []
+        cmds, block, self.deferred = self.deferred, self.paused, []  # paused: wait a moment for the first, then take what is queued
         while (cmd := self.next_command(block)) is not None:
             cmds.append(cmd)
             block = False
@@ -402,15 +400,17 @@ class Trainer:
             if self.group.is_main:
                 self.log(f"training resumed at step {self.step}")
             self.emit(P.StateChanged(P.RUNNING))
-        elif isinstance(cmd, P.CheckpointNow):
-            if self.step > 0:
-                self.checkpoints.save()
+        elif isinstance(cmd, P.CheckpointNow) and self.step > 0:  # before the first step: nothing to save
+            self.checkpoints.save()
         elif isinstance(cmd, P.Sample):
             self.evaluation.answer_sample(cmd)
+        elif isinstance(cmd, P.Profile):
+            self.profiling.request(cmd)
         elif isinstance(cmd, P.Abort):
             self.stop, self.paused = cmd, False
 
     def close(self, failed: bool = False) -> None:
+        self.profiling.close()
         self.metrics.close(failed)
         if self.group.distributed:  # `--nproc 1` too: a group of one still has gloo's threads
             self.release_model()

@@ -56,10 +56,23 @@ def height(content: Text | str, width: int) -> int:
     return sum(max(1, -(-line.cell_len // width)) for line in text.split("\n", allow_blank=True))
 
 
-class DashboardScreen(Screen):
+class ProfileKey:
+    """The dashboard's `f`: torch.profiler over the run's next steps while it trains on
+    (core/train/profiling.py); the trace goes to the run folder, the summary to the log."""
+
+    def action_profile(self) -> None:
+        if self.running:
+            ask = P.Profile()
+            self.engine.send(ask)
+            self.notify(f"profile: the next {ask.steps} steps after a warm-up step; the trace goes to "
+                        f"{self.view.run_dir}/profiles/step_N/trace.json.gz, the summary to the log", timeout=6)
+
+
+class DashboardScreen(ProfileKey, Screen):
     BINDINGS = [
         ("p", "toggle_pause", "Pause/Resume"),
         ("c", "checkpoint", "Checkpoint"),
+        Binding("f", "profile", "Profile the next steps", show=False),  # no room in the footer at 80 columns; ? lists it
         ("a", "abort", "Abort"),
         ("l", "log_scale", "Log scale"),
         ("t", "chat", "Chat"),
@@ -95,8 +108,7 @@ class DashboardScreen(Screen):
         self.gpu_keys: list[str] = []  # gpu_layout's keys of the GPU panels now mounted
         self.gpu_panels: list[Panel] = []
         self.dirty = True
-        self.quit_when_done = False
-        self.stopping = False  # this cockpit asked the run to stop: quitting does not leave it training
+        self.quit_when_done = self.stopping = False  # stopping: this cockpit asked the run to stop, so quitting does not leave it training
         self.baseline_path = ""  # the run drawn under the live curves, if any
         self.watching = engine.viewers if engine is not None else 0  # cockpits attached to the run, this one too
 
@@ -320,7 +332,7 @@ class DashboardScreen(Screen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # the run's controls only while it runs; the way back only once it has ended
-        if action in ("toggle_pause", "checkpoint", "abort", "detach"):
+        if action in ("toggle_pause", "checkpoint", "abort", "detach", "profile"):
             return not self.ended
         if action == "back":
             return self.ended
