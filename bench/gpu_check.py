@@ -69,6 +69,11 @@ Parts, in the order they run (each appends its own section, so they can also run
   endings of 15–40 tokens after contexts of 40–110; the lent machine has no network for the real
   ones) scored under a minute; and ten rounds of 1,000 of them, the allocator's reserved memory
   after the tenth equal to the first's (nanochat's evaluation grew it every round);
+* anatomy: issue 53's step anatomy against a profiler trace of the same steps: the `h100` preset
+  (compiled, bf16) for 40 steps with `profile.at_step=31` (five steps recorded after a warm-up
+  step); the parts the step rows hold for the recorded steps, summed, against the profiler's wall
+  time of those steps (its ProfilerStep spans): within 5%; with the trace's kinds of work beside
+  the parts. `--device cpu` rehearses it on the `debug` preset;
 * oom: issue 53's out-of-memory message on a real one: the `3090` preset (eager, no accumulation)
   at the smallest power-of-two micro-batch the estimator puts at 1.3× this card's memory, through
   the real CLI: exit 1, one message without a traceback naming the training step, what was asked
@@ -128,9 +133,9 @@ from lmcockpit.core.run.curves import load_run  # noqa: E402 - below configure_a
 from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402 - below configure_allocator(), which must run before torch loads
 
 PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes", "inference", "resume", "ddp", "search",
-         "attention", "allocator", "muon", "nvml", "glance", "data", "recipe", "tasks", "oom", "gpt2")
+         "attention", "allocator", "muon", "nvml", "glance", "data", "recipe", "tasks", "anatomy", "oom", "gpt2")
 ONLY_NAMED = ("gpt2",)  # not in the default list: hours of training
-CPU_PARTS = ("saved", "graphs", "attention", "tasks", "gpt2")
+CPU_PARTS = ("saved", "graphs", "attention", "tasks", "anatomy", "gpt2")
 MEMORY_PRESETS = ("h100", "3090", "4090", "4070ti")
 MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 TOLERANCE = 0.15  # the issue's ±15% between estimate and measurement
@@ -507,6 +512,37 @@ def oom_snapshot(out: Path) -> dict:
         named = message.split("memory snapshot: ")[1].split(" (open it")[0] if "memory snapshot: " in message else ""
         return {"message": message, "snapshot": named, "exists": bool(named) and Path(named).is_file()}
     return {"message": "", "snapshot": "", "exists": False}
+
+
+def part_anatomy(out: Path, device: str = "cuda", steps: int = 40, at: int = 31) -> tuple[bool, list[str]]:
+    """The step rows' parts against a profiler trace of the same steps (core/train/step_clock.py
+    against core/train/profiling.py): their sum within 5% of the profiled steps' wall time."""
+    preset = "h100" if device == "cuda" else "debug"
+    run = out / f"anatomy-{device}"
+    overrides = [f"training.max_steps={steps}", f"profile.at_step={at}", "profile.steps=5", "eval.every=0",
+                 "checkpoint.every=0", "sample.prompts=[]", "eval.tasks=[]", f'hardware.device="{device}"']
+    proc = cli("--run", preset, *sets(*overrides), "--out", str(run))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] \
+        if (run / "metrics.jsonl").is_file() else []
+    profiled = next((r for r in rows if r["kind"] == "profile"), None)
+    if proc.returncode != 0 or profiled is None:
+        return False, [f"`lmcockpit --run {preset}`: exit {proc.returncode}, "
+                       f"{'a' if profiled else 'no'} profile row", "", "```", tail(proc.stdout + proc.stderr), "```"]
+    first, n = profiled["step"], profiled["steps"]
+    steps_rows = [r for r in rows if r["kind"] == "step" and first <= r["step"] < first + n]
+    parts = {name: sum(r["parts"].get(name, 0.0) for r in steps_rows) for name in steps_rows[0]["parts"]}
+    total, wall = sum(parts.values()), profiled["seconds"]
+    ratio = total / wall if wall else float("inf")
+    ok = len(steps_rows) == n and abs(ratio - 1) <= 0.05
+    return ok, [f"`lmcockpit --run {preset}` on {device}, {' '.join('--set ' + o for o in overrides)}: steps "
+                f"{first}-{first + n - 1} profiled ({profiled['trace']}).", "",
+                "| what | seconds over the profiled steps |", "| --- | ---: |",
+                f"| the profiler's wall time (ProfilerStep spans) | {wall:.4f} |",
+                f"| the step rows' parts, summed | {total:.4f} ({ratio:.3f}× the profiler's; within 5%: "
+                f"{'yes' if ok else 'NO'}) |",
+                f"| the step rows' dt, summed | {sum(r['dt'] for r in steps_rows):.4f} |",
+                *(f"| part: {name} | {seconds:.4f} |" for name, seconds in parts.items()),
+                *(f"| trace: {kind} | {seconds:.4f} |" for kind, seconds in profiled["kinds"].items())]
 
 
 def part_oom(out: Path) -> tuple[bool, list[str]]:
@@ -975,6 +1011,7 @@ def main() -> int:
                            "saved": lambda: part_saved(args.presets, "cpu"),
                            "attention": lambda: part_attention("cpu"),
                            "tasks": lambda: part_tasks("cpu", items=40, rounds=2, per_round=8),
+                           "anatomy": lambda: part_anatomy(out, "cpu"),
                            "gpt2": lambda: part_gpt2(out, args.target or GPT2_CPU_TARGET,
                                                      [*GPT2_CPU, *args.overrides], args.stop_at_target)}[part]()
             print("\n".join(lines) + "\n")
@@ -1004,7 +1041,7 @@ def main() -> int:
                      "ddp": lambda: part_ddp(out), "search": lambda: part_search(out),
                      "allocator": part_allocator, "muon": part_muon, "nvml": part_nvml, "attention": part_attention,
                      "glance": lambda: part_glance(out), "data": part_data, "recipe": part_recipe,
-                     "tasks": part_tasks, "oom": lambda: part_oom(out),
+                     "tasks": part_tasks, "anatomy": lambda: part_anatomy(out), "oom": lambda: part_oom(out),
                      "gpt2": lambda: part_gpt2(out, args.target or GPT2_TARGET, args.overrides,
                                                args.stop_at_target)}[part]
         try:

@@ -75,8 +75,8 @@ class Anatomy:
         wall = self.wall
         if wall <= 0:
             return []
-        named = [(n, self.parts[n]) for n in _ordered(self.parts, STEP_PARTS)]
-        named += [(n, self.between[n]) for n in _ordered(self.between, OUTSIDE)]
+        named = [(n, self.parts[n]) for n in ordered(self.parts, STEP_PARTS)]
+        named += [(n, self.between[n]) for n in ordered(self.between, OUTSIDE)]
         return [(n, s / wall) for n, s in named]
 
     def compute_share(self) -> float | None:
@@ -89,15 +89,15 @@ class Anatomy:
         if not self:
             return ""
         wall = self.wall
-        inside = ", ".join(f"{LABELS.get(n, n)} {pct(self.parts[n] / wall)}" for n in _ordered(self.parts, STEP_PARTS))
+        inside = ", ".join(f"{LABELS.get(n, n)} {pct(self.parts[n] / wall)}" for n in ordered(self.parts, STEP_PARTS))
         text = f"steps {pct(self.steps / wall)} ({inside})" if inside else "steps 0%"
-        outside = [n for n in _ordered(self.between, OUTSIDE) if self.between[n] > 0]
+        outside = [n for n in ordered(self.between, OUTSIDE) if self.between[n] > 0]
         if outside:
             text += "; " + ", ".join(f"{LABELS.get(n, n)} {pct(self.between[n] / wall)}" for n in outside)
         return text
 
 
-def _ordered(seconds: Mapping[str, float], order: Iterable[str]) -> list[str]:
+def ordered(seconds: Mapping[str, float], order: Iterable[str]) -> list[str]:
     """The names of `seconds` in `order`, then any other (a newer engine's part) by name."""
     known = [n for n in order if n in seconds]
     return known + sorted(set(seconds) - set(known))

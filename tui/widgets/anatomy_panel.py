@@ -15,12 +15,12 @@ one line: forward+backward's share, the other parts' by size, then the MFU, as m
 from __future__ import annotations
 
 import textwrap
-from typing import Iterable, Mapping
+from typing import Mapping
 
 from rich.table import Table
 from rich.text import Text
 
-from ...core.run.anatomy import LABELS, OUTSIDE, STEP_PARTS, Anatomy, pct
+from ...core.run.anatomy import LABELS, OUTSIDE, STEP_PARTS, Anatomy, ordered, pct
 from ...core.run.state import RunState
 from ..formatting import bar
 from .glance import MIN_BAR, TRACK
@@ -36,12 +36,6 @@ BAR_STYLE = "cyan" + TRACK
 
 def label(name: str) -> str:
     return SHORT.get(name) or LABELS.get(name, name)
-
-
-def ordered(seconds: Mapping[str, float], order: Iterable[str]) -> list[str]:
-    """The names of `seconds` in `order`, then any other (a newer engine's part) by name."""
-    known = [n for n in order if n in seconds]
-    return known + sorted(set(seconds) - set(known))
 
 
 def packed(items: list[str], width: int, sep: str = ", ") -> list[str]:
