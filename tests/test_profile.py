@@ -106,6 +106,9 @@ def test_the_profile_command_profiles_the_next_steps_once_refuses_a_second_and_l
     assert "profile: the memory history is the CUDA allocator's: none on this run's CPU" in logged
     assert "profile: 0 steps asked for; a profile records 1 to 1000: refused" in logged
     assert any("one is being taken already" in line and "this request is refused" in line for line in logged)
+    # torch.profiler's own "USDT: ... profiler_start" on stderr: in train.log, not among the log pane's lines
+    said = [e.text for e in events if isinstance(e, P.LogLine)]
+    assert not [line for line in said if "] profiler_st" in line], said
     assert sorted(p.name for p in (tmp_path / "run" / "profiles").iterdir()) == [f"step_{first}"]
     # The profiler is off after its steps: the ten steps right after them are as fast as those
     # before (a profiler left recording, as a schedule that repeats its cycle leaves it, made

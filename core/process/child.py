@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -29,6 +30,9 @@ from ..run.safe_files import NotOwnFile, open_append
 
 _EOF = "\x00lmcockpit-log-eof\x00"
 _FILE_ONLY = "\x00lmcockpit-file-only\x00"  # before a printed line: into train.log, not onto the events
+# torch.profiler's C++ side says on stderr when it starts and stops: train.log keeps it, the log
+# pane is spared it (a profile's own lines say what was recorded).
+_PROFILER_SAYS = re.compile(r"USDT:.*\] profiler_(start|stop)$")
 _EARLY_SIGNALS: list[str] = []
 
 
@@ -83,7 +87,7 @@ class LogPump:
             line = line.rstrip("\n")
             if line == _EOF:
                 break
-            forward = not line.startswith(_FILE_ONLY)
+            forward = not line.startswith(_FILE_ONLY) and not _PROFILER_SAYS.match(line)
             line = self.prefix + line.removeprefix(_FILE_ONLY)
             self._to_file(line)
             if forward:
