@@ -250,8 +250,8 @@ class EvalConfig:
     batches: int = setting(8, "micro-batches of held-out text per evaluation", gt=0, on_resume="safe")
     # Evaluation keeps no activations: its batch may differ from training's (what an out-of-memory
     # error in evaluation tells to change, leaving training's steps as they were).
-    batch_size: int = setting(0, "sequences a forward pass of validation and task scoring; 0: training.micro_batch_size",
-                              ge=0, on_resume="safe")
+    batch_size: int = setting(0, "sequences in each forward pass of validation and task scoring; 0: "
+                              "training.micro_batch_size", ge=0, on_resume="safe")
     # Scored while training (core/tasks).
     tasks: list[str] = setting([], 'downstream tasks: "python-functions", or a task file\'s path', on_resume="safe")
     tasks_every: int = setting(0, "steps between task scorings; 0: at every evaluation (eval.every)", ge=0,
