@@ -9,6 +9,7 @@ engine worked. No torch.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Iterable, Mapping
 
 # A step's parts, in the order the step does them.
@@ -19,6 +20,7 @@ LABELS = {"data": "data", "compute": "forward+backward", "sync": "sync", "optimi
           "compile": "compile", "evaluation": "validation", "tasks": "tasks", "samples": "samples",
           "checkpoints": "checkpoints", "profile": "profiling"}
 RECENT_BETA = 0.9  # the live split's smoothing: about the last ten steps
+RECENT_STEPS = 40  # the steps it is taken over (0.9^40: under 2 % of the weight is left beyond them)
 
 
 def _added(into: dict[str, float], seconds: Mapping[str, float] | None) -> None:
@@ -32,29 +34,41 @@ class Anatomy:
     def __init__(self) -> None:
         self.parts: dict[str, float] = {}  # summed over every step
         self.between: dict[str, float] = {}
-        self.recent: dict[str, float] = {}  # each part's share of the recent steps, smoothed
+        # The last steps' parts, for `recent`: kept, not smoothed as they come, since a folder's
+        # first reading folds a million rows and only the last few make the split.
+        self.last: deque[Mapping[str, float]] = deque(maxlen=RECENT_STEPS)
 
     def add(self, parts: Mapping[str, float] | None, between: Mapping[str, float] | None = None) -> None:
-        _added(self.parts, parts)
-        _added(self.between, between)
-        total = sum(parts.values()) if parts else 0.0
-        if total > 0:
-            if not self.recent:
-                self.recent = {name: value / total for name, value in parts.items()}
-            else:
-                names = self.recent.keys() | parts.keys()
-                self.recent = {n: RECENT_BETA * self.recent.get(n, 0.0) + (1 - RECENT_BETA) * parts.get(n, 0.0) / total
-                               for n in names}
+        if parts:
+            _added(self.parts, parts)
+            self.last.append(parts)
+        if between:
+            _added(self.between, between)
 
-    def state(self) -> dict[str, dict[str, float]]:
-        return {"parts": self.parts, "between": self.between, "recent": self.recent}
+    @property
+    def recent(self) -> dict[str, float]:
+        """Each part's share of the recent steps, smoothed (RECENT_BETA, from the oldest kept)."""
+        split: dict[str, float] = {}
+        for parts in self.last:
+            total = sum(parts.values())
+            if total <= 0:
+                continue
+            if not split:
+                split = {name: value / total for name, value in parts.items()}
+            else:
+                split = {n: RECENT_BETA * split.get(n, 0.0) + (1 - RECENT_BETA) * parts.get(n, 0.0) / total
+                         for n in split.keys() | parts.keys()}
+        return split
+
+    def state(self) -> dict:
+        return {"parts": self.parts, "between": self.between, "last": list(self.last)}
 
     @classmethod
     def from_state(cls, s: dict) -> Anatomy:
         """As `state` saved it; TypeError or ValueError for anything else."""
         a = cls()
-        a.parts, a.between, a.recent = ({str(k): float(v) for k, v in s.get(name, {}).items()}
-                                        for name in ("parts", "between", "recent"))
+        a.parts, a.between = ({str(k): float(v) for k, v in s.get(name, {}).items()} for name in ("parts", "between"))
+        a.last.extend({str(k): float(v) for k, v in parts.items()} for parts in s.get("last", []))
         return a
 
     @property
