@@ -165,12 +165,14 @@ def as_flags(overrides: list[str]) -> list[str]:
     return [a for s in overrides for a in ("--set", s)]
 
 
-def start_cli_run(out: Path, *overrides: str, until: str = "step 4/") -> subprocess.Popen:
+def start_cli_run(out: Path, *overrides: str, until: str = "step 4/", session: bool = False) -> subprocess.Popen:
     """A long tiny run through the real CLI, piped; returns once it printed a line starting with
-    `until` (so training is really under way), the rest of its output still to be read."""
+    `until` (so training is really under way), the rest of its output still to be read. `session`:
+    in a process group of its own, as a terminal's job is (its leader's pid is the group's)."""
     proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug",
                              *as_flags([*TINY, "training.max_steps=100000", "eval.every=0", *overrides]),
-                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=session)
     for line in proc.stdout:
         if line.startswith(until):
             break
@@ -184,6 +186,13 @@ TRAINED_RUN = ("--run", "cpu", *as_flags([*SHRINK_CPU, *TINY, "sample.prompts=[\
 
 # A small corpus and a BPE that trains in a second: the build is what is under test, not its size.
 QUICK_BUILD = ["tokenizer.vocab_size=300", "tokenizer.train_bytes=20_000", "data.workers=1", "data.val_fraction=0.2"]
+
+
+def engines_of(pid: int) -> list[psutil.Process]:
+    """The engines (and chat engines) front-end process `pid` started: forks of its forkserver
+    (core/process/warm_start.py), the processes the forkserver's children are."""
+    servers = [c for c in psutil.Process(pid).children() if "multiprocessing.forkserver" in " ".join(c.cmdline())]
+    return [engine for server in servers for engine in server.children()]
 
 
 def as_set(*overrides: str) -> list[str]:

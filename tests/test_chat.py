@@ -1,15 +1,12 @@
 """`lmcockpit chat`: one-shot flags, the REPL driven through stdin, bad input, and the chat engine."""
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
 
-import psutil
 import pytest
 
 from lmcockpit.core import protocol as P
@@ -19,7 +16,7 @@ from lmcockpit.core.model.sampling import generate
 from lmcockpit.core.run.checkpoint_folder import find_checkpoint
 from lmcockpit.tui.commands.chat import HELP
 
-from .helpers import NO_GPU, cli
+from .helpers import NO_GPU, cli, engines_of
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +251,7 @@ def test_ctrl_c_stops_a_generation_and_the_repl_goes_on(run, terminal):
     term.expect("def ")  # the echo of what was typed
     term.expect("def ")  # the prompt, streamed back before its continuation
     term.read(40)  # text is coming
-    engine = psutil.Process(term.pid).children()
+    engine = engines_of(term.pid)
     term.type("\x03")
     # Ten million tokens never end within the deadline: the prompt comes back only if Ctrl-C
     # stopped the generation (it used to wait for it 10 s, then quit).
@@ -266,7 +263,7 @@ def test_ctrl_c_stops_a_generation_and_the_repl_goes_on(run, terminal):
     term.expect("class ")
     answered = term.expect("\n> ")
     assert "class " in answered and "stopped by Ctrl-C" not in answered
-    assert psutil.Process(term.pid).children() == engine and engine[0].is_running()
+    assert engines_of(term.pid) == engine and engine[0].is_running()
     term.type("quit\n")
     code, rest = term.end()
     assert code == 0, rest
@@ -302,34 +299,30 @@ def notes(app) -> list[str]:
 
 
 @pytest.mark.slow
-async def test_cockpit_chat_says_it_is_still_loading_and_closes_at_once_on_a_busy_engine(run):
+async def test_cockpit_chat_says_it_is_still_loading_and_closes_at_once_on_a_busy_engine(run, monkeypatch):
     """A prompt typed while the checkpoint loads is not blamed on an ended run; and Esc returns at
-    once even when the engine does not answer (held stopped here, as a long load or one slow
-    token would hold it), which is killed in the background."""
+    once even when the engine does not answer (its load held for good here, as a long load or one
+    slow token would hold it), which is killed in the background."""
     from lmcockpit.tui.app import CockpitApp
     from lmcockpit.tui.widgets.chat_pane import ChatPane
 
     from .helpers import wait_for
 
+    monkeypatch.setenv("LMCOCKPIT_TEST_HOLD_LOAD", "1")  # the engine takes it from the app, as it starts
     app = CockpitApp(runs_root=run.parent, telemetry=False)
     async with app.run_test(size=(100, 30)) as pilot:
         launch, chat = await open_chat(pilot, app)
-        os.kill(chat.engine.pid, signal.SIGSTOP)  # the load cannot finish while the test types
-        try:
-            await pilot.press(*"def ", "enter")
-            assert chat.engine.loaded is None  # so the prompt really came while loading
-            assert "still loading the checkpoint; try again in a moment" in notes(app)
-            assert not [n for n in notes(app) if "nothing is listening" in n]
-            assert not chat.query_one(ChatPane).history
-            await pilot.press("escape")
-            # Back on the launch screen while the stopped engine still lives: nothing waited for it
-            # on the way (Esc used to wait 10 s); the closer thread ends it in the background.
-            assert app.screen is launch
-            assert chat.engine.process.is_alive(), "Esc waited for the engine"
-            assert any(t.name == "lmcockpit-chat-close" and t.is_alive() for t in threading.enumerate())
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(chat.engine.pid, signal.SIGCONT)
+        await pilot.press(*"def ", "enter")
+        assert chat.engine.loaded is None  # so the prompt really came while loading
+        assert "still loading the checkpoint; try again in a moment" in notes(app)
+        assert not [n for n in notes(app) if "nothing is listening" in n]
+        assert not chat.query_one(ChatPane).history
+        await pilot.press("escape")
+        # Back on the launch screen while the held engine still lives: nothing waited for it on
+        # the way (Esc used to wait 10 s); the closer thread ends it in the background.
+        assert app.screen is launch
+        assert chat.engine.process.is_alive(), "Esc waited for the engine"
+        assert any(t.name == "lmcockpit-chat-close" and t.is_alive() for t in threading.enumerate())
         await wait_for(pilot, lambda: not chat.engine.process.is_alive(), timeout=30, what="the engine to end")
 
 

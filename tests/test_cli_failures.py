@@ -30,7 +30,7 @@ from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.tui.app import CockpitApp
 
 from .helpers import (
-    NO_GPU, TINY, as_flags, cli, dashboard, last_step, request, run_server, stop, tiny_config, wait_for, wait_until,
+    NO_GPU, TINY, as_flags, cli, dashboard, engines_of, last_step, request, run_server, stop, tiny_config, wait_for, wait_until,
 )
 
 
@@ -383,7 +383,7 @@ def test_ctrl_c_while_the_run_prepares_says_when_it_will_stop(tmp_path):
         status = Path(f"/proc/{proc.pid}/status").read_text()
         ignored = int(re.search(r"^SigIgn:\s*([0-9a-f]+)", status, re.M).group(1), 16)
         return (not ignored & 1 << (signal.SIGINT - 1)
-                and any("spawn_main" in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children()))
+                and engines_of(proc.pid))
 
     out = tmp_path / "run"
     proc = cli_popen("--run", "debug", *as_flags(TINY), "--out", str(out))

@@ -19,7 +19,7 @@ import pytest
 from lmcockpit.core import protocol as P
 from lmcockpit.core.process.launcher import first_failure, write_record
 from lmcockpit.core.run.folder import METRICS, TRAIN_LOG
-from tests.helpers import TINY, as_flags, cli, drive_engine, losses, tiny_config
+from tests.helpers import TINY, as_flags, cli, drive_engine, engines_of, losses, tiny_config
 
 # Three eval batches over two ranks: under FSDP rank 1 must run a forward pass it does not count.
 STEPS = ["training.max_steps=10", "eval.every=5", "eval.batches=3", "checkpoint.every=5", "training.log_every=1",
@@ -305,7 +305,7 @@ def test_a_killed_front_end_makes_every_rank_checkpoint_and_stop(tmp_path):
 
     out = tmp_path / "run"
     proc = start_cli_run(out, "distributed.nproc=2", until="step 4/")
-    engine = next(c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline()))
+    engine = engines_of(proc.pid)[0]
     everyone = [engine, *engine.children(recursive=True)]
     proc.kill()
     proc.wait()

@@ -20,6 +20,7 @@ drops it (its `done` marker is sent too); one of a request already answered is i
 from __future__ import annotations
 
 import os
+import threading
 import traceback
 from collections import deque
 from pathlib import Path
@@ -33,6 +34,8 @@ class ChatEngine(ProcessHandle):
     """The front-end's handle on a chat engine process."""
 
     process_name = "lmcockpit-chat"
+    preload = ("lmcockpit.core.infer.chat_engine", "lmcockpit.core.infer.load", "lmcockpit.core.model.gpt",
+               "lmcockpit.core.model.sampling")
 
     def __init__(self, checkpoint: str | Path, device: str = "auto"):
         super().__init__(main, (str(checkpoint), device))
@@ -98,6 +101,7 @@ def main(checkpoint: str, device: str, events, commands) -> None:
         from ..run.checkpoint_folder import find_checkpoint
         from .load import load
 
+        _test_hold()
         loaded = load(find_checkpoint(checkpoint), device)
         cfg = loaded.cfg
         events.put(P.RunStarted(str(loaded.checkpoint), cfg.to_dict(), loaded.model.num_params(), str(loaded.device),
@@ -118,3 +122,10 @@ def main(checkpoint: str, device: str, events, commands) -> None:
     events.put(P.StateChanged(P.FAILED if failure else P.FINISHED, failure.message if failure else ""))
     flush_events(events)
     exit_now(1 if failure is not None else 0)
+
+
+def _test_hold() -> None:
+    """Tests only: with LMCOCKPIT_TEST_HOLD_LOAD=1 the checkpoint's load never ends, as a long one
+    would hold it (from the forkserver the real load takes a tenth of a second: no window to type in)."""
+    if os.environ.get("LMCOCKPIT_TEST_HOLD_LOAD") == "1":
+        threading.Event().wait()

@@ -1,12 +1,12 @@
 """The engine process: owns torch, the model and the GPU; speaks only the protocol.
 
-`main` is the target of a `spawn` process. It points its own stdout and stderr, at the file
-descriptor level (so compiler and C++ warnings too), into a pipe that a thread copies to
-`train.log` and forwards as log events. It ignores SIGINT (Ctrl-C reaches the whole foreground
-process group: the front-end turns it into a command), turns SIGTERM and SIGHUP into "checkpoint
-and stop", and does the same when its parent vanishes. With a rendezvous (several processes) it
-trains nothing itself: it becomes torchrun's launcher (launcher.py) and reports how the
-ranks ended. Importing this module imports no torch.
+`main` is the target of a process forked from the forkserver (warm_start.py). It points its own
+stdout and stderr, at the file descriptor level (so compiler and C++ warnings too), into a pipe
+that a thread copies to `train.log` and forwards as log events. It ignores SIGINT (Ctrl-C
+reaches the whole foreground process group: the front-end turns it into a command), turns SIGTERM
+and SIGHUP into "checkpoint and stop", and does the same when its parent vanishes. With a
+rendezvous (several processes) it trains nothing itself: it becomes torchrun's launcher
+(launcher.py) and reports how the ranks ended. Importing this module imports no torch.
 """
 
 from __future__ import annotations

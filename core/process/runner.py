@@ -8,7 +8,6 @@ reported as a `Failure` like any other.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import queue
 import signal
 import sys
@@ -19,6 +18,7 @@ from .. import protocol as P
 from ..config import Config
 from ..run.folder import METRICS, MetricsLog, TRAIN_LOG
 from ..run.safe_files import open_log
+from . import warm_start
 from .rendezvous import Rendezvous
 
 
@@ -50,22 +50,25 @@ def _sigint_ignored():
 
 
 class ProcessHandle:
-    """A spawned process that speaks the protocol: commands in, events out. Subclasses name the
+    """A child process that speaks the protocol: commands in, events out. Subclasses name the
     process's entry point and may watch events (`observe`) or record a silent death."""
 
     process_name = "lmcockpit-engine"
+    preload = warm_start.ENGINE  # what its forkserver imports, if this process is the one that starts it
 
     def __init__(self, target, args: tuple):
-        ctx = mp.get_context("spawn")
-        with _real_streams():  # a queue's semaphore starts multiprocessing's resource tracker
+        ctx = warm_start.context(self.preload)
+        # A queue's semaphore starts multiprocessing's resource tracker, deaf as the forkserver is.
+        with _real_streams(), warm_start.deaf_helpers():
             self.events = ctx.Queue()
             self.commands = ctx.Queue()
-        self.process = ctx.Process(target=target, name=self.process_name, args=(*args, self.events, self.commands))
+        self.process = ctx.Process(target=warm_start.as_if_spawned, name=self.process_name,
+                                   args=(warm_start.Inherited(), target, *args, self.events, self.commands))
         self.final_state: str | None = None
         self.failure: P.Failure | None = None
 
     def start(self) -> None:
-        with _real_streams(), _sigint_ignored():
+        with _real_streams(), _sigint_ignored(), warm_start.deaf_helpers():
             self.process.start()
 
     @property

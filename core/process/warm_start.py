@@ -1,0 +1,82 @@
+"""Engines start from a forkserver that has torch imported: the second one starts in a tenth of a second.
+
+A spawned engine pays its imports before its first step: torch, torch.distributed.checkpoint and
+torch._dynamo (which torch.optim imports at an optimizer's first call) are about 5 s of CPU on
+two EPYC cores, every time. multiprocessing's forkserver is a fresh interpreter like spawn's (no
+CUDA context, no threads of the front-end's, nothing of Textual), started once per front-end
+process; it imports `PRELOAD` while nothing waits on it, and each engine is a fork of it. The
+cockpit's second run, a chat engine beside a run, and a test suite's hundred engines skip the
+imports (bench/RESULTS.md: 0.05 s against 4.2 s a start). What it costs: the forkserver stays,
+idle, as long as the front-end does, holding the imported modules (about 400 MB, shared
+copy-on-write with the engines it forks).
+
+A fork of the forkserver is not quite what spawn made, and `as_if_spawned` mends the difference
+first thing in the child: it gets the front-end's environment of now (the forkserver has the one it
+started with: a variable set since, such as CUDA_VISIBLE_DEVICES for a chosen GPU, would be
+missing), its umask, and the signal dispositions a spawned child had (SIGINT ignored, SIGHUP
+ignored only under nohup, SIGTERM default). multiprocessing sends the working directory and
+sys.path itself. The forkserver is started with SIGHUP and SIGTERM blocked, which it and its
+forks inherit: a hang-up or SIGTERM sent to the whole process group must reach the engine (which
+unblocks them) and the front-end, not kill the forkserver, through which the front-end learns
+its engine's exit code (nor the resource tracker, whose death fills the output with tracebacks). Nothing is lost in the front-end meanwhile: a blocked signal waits.
+Torch-free: the forkserver imports torch, this module never does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import signal
+
+from ..run.safe_files import current_umask
+
+# What a training engine imports before its first step, imported once in the forkserver. The first
+# process a front-end starts sets what its forkserver holds (a chat engine's is less: no optimizer,
+# no dynamo); a name that fails to import there is skipped by multiprocessing, and the process
+# imports what it needs itself.
+ENGINE = ("lmcockpit.core.process.engine", "lmcockpit.core.train.trainer", "torch._dynamo")
+DEAF = {signal.SIGHUP, signal.SIGTERM}  # blocked in the helper processes multiprocessing starts
+
+
+def context(preload: tuple[str, ...]):
+    """multiprocessing's forkserver context, with what a forkserver started next imports."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(preload))
+    return ctx
+
+
+@contextlib.contextmanager
+def deaf_helpers():
+    """Around a process's start and its queues' making: multiprocessing's helper processes started
+    now (the forkserver, the resource tracker) have SIGHUP and SIGTERM blocked for good. A tracker
+    killed by a hang-up filled the output with its tracebacks ("process died unexpectedly").
+    Blocked, not ignored: one that arrives meanwhile waits for the front-end rather than being lost."""
+    saved = signal.pthread_sigmask(signal.SIG_BLOCK, DEAF)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, saved)
+
+
+class Inherited:
+    """What a spawned child takes from the front-end, read when the process object is pickled for
+    the forkserver: at the process's start, as spawn reads it."""
+
+    def __getstate__(self) -> tuple[dict[str, str], int, bool]:
+        return dict(os.environ), current_umask(), signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+
+    def __setstate__(self, state: tuple[dict[str, str], int, bool]) -> None:
+        self.env, self.umask, self.hup_ignored = state
+
+
+def as_if_spawned(inherited: Inherited, target, *args) -> None:
+    """The process's target, with the front-end's environment, umask and signal dispositions."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under runner._sigint_ignored: the target takes it over
+    signal.signal(signal.SIGHUP, signal.SIG_IGN if inherited.hup_ignored else signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, DEAF)
+    os.environ.clear()
+    os.environ.update(inherited.env)
+    os.umask(inherited.umask)
+    target(*args)

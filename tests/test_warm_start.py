@@ -1,0 +1,73 @@
+"""Processes start from a forkserver with torch imported (core/process/warm_start.py), yet each is
+born with what a spawned one had: the front-end's environment, umask, working directory and signal
+dispositions of the moment it starts, not the forkserver's of when it started."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lmcockpit.core.process.runner import ProcessHandle
+
+from .child_probe import report
+
+pytestmark = pytest.mark.slow  # a forkserver is a process: the first start imports torch in it
+
+
+def born(name: str) -> dict:
+    handle = ProcessHandle(report, (name,))
+    handle.start()
+    deadline = time.monotonic() + 120
+    while not isinstance(event := handle.poll(timeout=1), dict):
+        assert not handle.done and time.monotonic() < deadline, f"the probe ended: {handle.failure}"
+    handle.join(30)
+    return event | {"pid": handle.pid}
+
+
+@contextlib.contextmanager
+def umask(mask: int):
+    saved = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(saved)
+
+
+def test_a_process_is_born_with_the_front_ends_state_of_its_start_from_a_warm_forkserver(tmp_path, monkeypatch):
+    first = born("LMCOCKPIT_PROBE")  # starts this process's forkserver, if no test did yet
+    server = psutil.Process(first["parent"])
+    assert "multiprocessing.forkserver" in " ".join(server.cmdline()) and server.ppid() == os.getpid()
+    # Changed since the forkserver started: a spawned child would have taken all of it.
+    monkeypatch.setenv("LMCOCKPIT_PROBE", "set since")
+    monkeypatch.chdir(tmp_path)
+    saved = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup` leaves it
+    try:
+        with umask(0o027):
+            second = born("LMCOCKPIT_PROBE")
+    finally:
+        signal.signal(signal.SIGHUP, saved)
+    assert second["parent"] == server.pid  # the same forkserver: no second import of torch
+    assert second["preloaded"], "torch was not imported in the forkserver"
+    assert second["value"] == "set since" and second["umask"] == 0o027 and Path(second["cwd"]) == tmp_path
+    assert second["dispositions"] == {"SIGINT": "SIG_IGN", "SIGTERM": "SIG_DFL", "SIGHUP": "SIG_IGN"}
+    assert second["blocked"] == []
+    third = born("LMCOCKPIT_PROBE")
+    assert third["dispositions"]["SIGHUP"] == "SIG_DFL"  # no nohup: a hang-up stops it in order
+
+
+def test_the_forkserver_never_hears_a_hang_up_or_sigterm_its_process_group_gets():
+    """Its forks' exit codes reach the front-end through it: a terminal's hang-up must not end it
+    (tests/test_resume.py's signal test shows the run it would cost)."""
+    server = psutil.Process(born("HOME")["parent"])
+    blocked = int(next(line for line in Path(f"/proc/{server.pid}/status").read_text().splitlines()
+                       if line.startswith("SigBlk:")).split()[1], 16)
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        assert blocked & 1 << (sig - 1), sig.name
+    # and this process is left as it was: its own mask has neither
+    assert not {signal.SIGHUP, signal.SIGTERM} & signal.pthread_sigmask(signal.SIG_BLOCK, [])
