@@ -13,6 +13,9 @@ tokenizer: a local folder, or an hf: model repo's tokenizer files fetched), `for
 source holds, by suffix: read, skipped as not text, or refused) and `spool` (a large compressed
 file's pieces, decompressed once into plain files).
 
+Conversations, for fine-tuning to chat: `chat_template` (the template's special tokens, which every
+BPE reserves; a conversation rendered to ids and a loss mask; its Jinja form for transformers).
+
 Torch: never. numpy and tokenizers at import in `cache`, `tokenizer`, `encoder`, `batches`,
-`build` and `prepare`; `sources`, `readers`, `split`, `children`, `store`, `budget`, `hub`,
+`build` and `prepare`; `chat_template`, `sources`, `readers`, `split`, `children`, `store`, `budget`, `hub`,
 `pretrained`, `formats` and `spool` import neither, and the front-end reads them."""
