@@ -631,9 +631,10 @@ def _between_keys(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
     if t.seq_len > cfg.max_seq_len:
         yield (("training.seq_len", "model.max_seq_len"),
                f"training.seq_len = {t.seq_len} is above the model's context, model.max_seq_len = {m.max_seq_len}")
-    if cfg.tokenizer.kind == "bpe" and cfg.tokenizer.vocab_size < 260:
+    # 256 bytes and the 5 special tokens a BPE reserves (data/chat_template.py's RESERVED)
+    if cfg.tokenizer.kind == "bpe" and cfg.tokenizer.vocab_size < 261:
         yield (("tokenizer.vocab_size", "tokenizer.kind"),
-               f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} must be at least 260 (256 bytes + specials)")
+               f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} must be at least 261 (256 bytes + 5 special tokens)")
     default = DataConfig()
     if cfg.data.sources and (cfg.data.source, cfg.data.text_field) != (default.source, default.text_field):
         yield (("data.sources", "data.source", "data.text_field"),

@@ -131,3 +131,12 @@ def test_a_bpe_cache_made_before_the_turn_tokens_keeps_its_key_and_is_still_foun
     new.mkdir()
     (new / "meta.json").write_text('{"format": 2}')
     assert store.find_cache(cfg, source) == new
+
+
+def test_the_smallest_bpe_the_config_allows_holds_the_bytes_and_the_reserved_tokens(tmp_path):
+    assert 256 + len(ct.RESERVED) == 261
+    with pytest.raises(ConfigError, match="must be at least 261"):
+        load_config("debug", ["tokenizer.vocab_size=260"])
+    tok = trained_bpe(tmp_path / "tokenizer", vocab_size=load_config("debug", ["tokenizer.vocab_size=261"])[0]
+                      .tokenizer.vocab_size)
+    assert tok.get_vocab_size() == 261
