@@ -64,8 +64,8 @@ def prepare_source(cfg: Config, log, progress: ProgressFn, tokenizer_file: Path 
         return open_cache(found, cfg, reused=True)
     key = cache_key(cfg, source, tokenizer_file)
     final = root / key
-    _make_root(root)
-    with _building(root, key, log):
+    make_root(root)
+    with building(root, key, log):
         if read_meta(final) is None:  # not finished by another process while this one waited
             _clean_abandoned(root)
             work = root / f"{BUILD_PREFIX}{key}"
@@ -112,8 +112,8 @@ def mixture_tokenizer(cfg: Config, parts: list[Config], listed: list[sources.Sou
     key = mixture_tokenizer_key(cfg, listed)
     folder = mixture_tokenizer_folder(cfg, listed)
     if not (folder / "tokenizer.json").is_file():
-        _make_root(root)
-        with _building(root, key, log):
+        make_root(root)
+        with building(root, key, log):
             if not (folder / "tokenizer.json").is_file():
                 t0, total = time.time(), sum(part.weight for part in cfg.data.sources)
                 planned = [plan(part.data, s, progress) for part, s in zip(parts, listed)]
@@ -131,7 +131,7 @@ def mixture_tokenizer(cfg: Config, parts: list[Config], listed: list[sources.Sou
     return folder / "tokenizer.json"
 
 
-def _make_root(root: Path) -> None:
+def make_root(root: Path) -> None:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -139,7 +139,7 @@ def _make_root(root: Path) -> None:
 
 
 @contextmanager
-def _building(root: Path, key: str, log):
+def building(root: Path, key: str, log):
     """Held while this process builds `key`: a second process waits here, then reuses."""
     with open_lock(root, key) as fh:
         try:
