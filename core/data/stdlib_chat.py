@@ -27,7 +27,7 @@ from . import sources, split
 
 NAME = "python-stdlib-chat"
 VERSION = 1  # of the requests' wording and selection: in the cache key, so a change makes a new cache
-MAX_SOURCE_CHARS = 1200  # a function's source: a longer one would crowd a small model's context
+MAX_SOURCE_CHARS = 900  # a function's source: about 250 tokens of the cpu preset's BPE, its whole context
 MIN_SENTENCE, MAX_SENTENCE = 12, 200  # characters of the docstring's first sentence
 TESTS = {"test", "tests", "idle_test"}  # folders of test suites: left out
 SENTENCE_END = re.compile(r"(?<=[.!?])\s")
