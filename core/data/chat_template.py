@@ -1,16 +1,16 @@
 """The chat template in one place: its special tokens, ids with a loss mask, the prompt, its Jinja form.
 
 `render` gives a conversation's ids and loss mask, `prompt_ids` what a chat model answers, and
-`JINJA` the same template for `transformers`' apply_chat_template. nanochat's shape: a conversation opens with the start token (the tokenizer's end-of-text, which a
-pretrained model already reads as "a new document begins"), then each turn between its own pair of
-tokens:
+`JINJA` the same template for `transformers`' apply_chat_template. nanochat's shape: a conversation
+opens with the start token (the tokenizer's end-of-text, which a pretrained model already reads as
+"a new document begins"), then each turn between its own pair of tokens:
 
     <|endoftext|><|user_start|>Hi<|user_end|><|assistant_start|>Hello!<|assistant_end|>
 
 The mask is 1 on the assistant's text and its <|assistant_end|> (what fine-tuning learns: to answer,
 and to stop) and 0 elsewhere, the <|assistant_start|> included (the prompt's last token, never the
 model's to produce). A system message is folded into the first user turn, "SYSTEM\\n\\nUSER", as
-nanochat folds it: no token of its own, so a base model's vocabulary grows by four tokens, not six.
+nanochat folds it: no token of its own, so a tokenizer without them gains four tokens, not six.
 
 A message's text is always text: "<|user_end|>" typed by a user is encoded as its characters, never
 as the token, so no content can forge a turn. The Jinja template (`JINJA`) renders a string that
