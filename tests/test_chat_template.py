@@ -140,3 +140,22 @@ def test_the_smallest_bpe_the_config_allows_holds_the_bytes_and_the_reserved_tok
     tok = trained_bpe(tmp_path / "tokenizer", vocab_size=load_config("debug", ["tokenizer.vocab_size=261"])[0]
                       .tokenizer.vocab_size)
     assert tok.get_vocab_size() == 261
+
+
+@pytest.mark.slow
+def test_a_token_cache_made_before_the_turn_tokens_serves_a_new_run_and_a_resumed_one(tmp_path):
+    from lmcockpit.core.data.prepare import prepare
+
+    from .helpers import tiny_config
+
+    cfg = tiny_config(f'data.cache_dir="{tmp_path}"', "data.max_bytes=300_000", "data.workers=1")
+    built = prepare(cfg, lambda line: None, lambda *a: None)
+    old = tmp_path / store.pre_chat_key(cfg, sources.list_source(cfg.data))
+    built.dir.rename(old)  # as an older lmcockpit left it: under the key it had
+    logs: list[str] = []
+    data = prepare(cfg, logs.append, lambda *a: None)
+    assert data.reused and data.dir == old
+    assert any(f"reusing token cache {old}, made before lmcockpit's BPEs reserved" in line for line in logs)
+    logs.clear()
+    resumed = prepare(cfg, logs.append, lambda *a: None, tokenizer_file=old / "tokenizer" / "tokenizer.json")
+    assert resumed.dir == old and logs == [f"data: reusing token cache {old}"]
