@@ -145,6 +145,10 @@ class DataConfig:
                                gt=0)
     # Each part drawn by its weight, in place of data.source and data.text_field, which then stay unset.
     sources: list[SourcePart] = setting([], "a mixture instead of one source: [[data.sources]] tables")
+    # "chat": data.source holds conversations (a JSONL/Parquet file or folder of {"messages": [...]},
+    # hf:OWNER/NAME, or python-stdlib-chat), packed into rows with the loss on the assistant's tokens
+    # (docs/chat.md); a fine-tuning run's, from a base model (--from).
+    format: Literal["text", "chat"] = setting("text", '"text" to pretrain on; "chat": conversations, to fine-tune on')
 
 
 @dataclass
