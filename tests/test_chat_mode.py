@@ -4,6 +4,7 @@ pane showing one."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -250,3 +251,72 @@ def test_the_pane_s_two_turn_conversation_at_80x24(snap_compare):
         await two_turns(pilot)
 
     assert snap_compare(conversing_app(), terminal_size=(80, 24), run_before=talk)
+
+
+# ------------------------------------------------------------------- the export, ready to chat
+REQUEST = "Write a function `double(x)` that returns twice x."
+ENDS_AFTER = 3
+
+
+@pytest.fixture(scope="module")
+def ending_run(chat_run, tmp_path_factory):
+    """A chat run whose model ends its turn after ENDS_AFTER tokens, as a fine-tuned one ends its
+    own: the tied embedding's <|assistant_end|> row set to the row of the token its greedy reply
+    takes there, plus a direction that lowers it by 0.5 at the reply's earlier positions and
+    raises it by 0.5 there (a tiny pretrained model never emits it of itself)."""
+    from safetensors.torch import load_file, save_file
+
+    from lmcockpit.core.infer.load import load
+    from lmcockpit.core.run.checkpoint_folder import find_checkpoint
+
+    run = tmp_path_factory.mktemp("ending-run") / "run"
+    shutil.copytree(chat_run, run)
+    ckpt = find_checkpoint(str(run))
+    loaded = load(ckpt, "cpu")
+    ids, _ = prompt_of(P.Sample("x", "", messages=(("user", REQUEST),)), loaded.tokenizer, loaded.eos_id)
+    free = [t for (t,) in generate(loaded.model, ids, ENDS_AFTER + 1, greedy=True, eos_id=loaded.eos_id)]
+    assert None not in free
+    with torch.no_grad():  # the states the head reads at the reply's first ENDS_AFTER + 1 tokens
+        states = loaded.model.hidden(torch.tensor([ids + free[:ENDS_AFTER]]))[0, len(ids) - 1:].float()
+    sides = torch.tensor([-1.0] * ENDS_AFTER + [1.0])[:, None]
+    direction = torch.linalg.lstsq(states, sides, driver="gelsd").solution[:, 0]
+    assert torch.allclose(states @ direction, sides[:, 0], atol=1e-3)
+    weights = load_file(str(ckpt / "model.safetensors"))
+    rows = weights["embed_tokens.weight"]
+    rows[T.chat_ids(loaded.tokenizer).assistant_end] = (rows[free[ENDS_AFTER]].float() + 0.5 * direction).to(rows.dtype)
+    save_file(weights, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    return run
+
+
+@pytest.mark.slow
+def test_the_export_of_a_chat_model_gives_lmcockpit_chat_s_greedy_reply_through_transformers(ending_run, tmp_path):
+    """apply_chat_template + generate on the export: the prompt's ids are chat's, and the greedy
+    reply's ids are lmcockpit's, ending where its turn ends."""
+    transformers = pytest.importorskip("transformers")
+    from lmcockpit.core.infer.load import load
+    from lmcockpit.core.run.checkpoint_folder import find_checkpoint
+
+    out = tmp_path / "hf"
+    assert cli("export", str(ending_run), str(out)).returncode == 0
+    n = 24
+    said = cli("chat", str(ending_run), "--prompt", REQUEST, "--temperature", "0", "--max-new-tokens", str(n),
+               env=NO_GPU)
+    assert said.returncode == 0, said.stderr
+
+    loaded = load(find_checkpoint(str(ending_run)), "cpu")
+    ids, stop = prompt_of(P.Sample("x", "", messages=(("user", REQUEST),)), loaded.tokenizer, loaded.eos_id)
+    ours = [t for (t,) in generate(loaded.model, ids, n, greedy=True, eos_id=loaded.eos_id, stop=stop)
+            if t is not None]
+    assert len(ours) == ENDS_AFTER  # it ended its turn, well before the limit
+
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == T.JINJA
+    assert tok.eos_token == T.END_OF_TEXT  # the template's start: it stays end-of-text
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    prompt = tok.apply_chat_template([{"role": "user", "content": REQUEST}], add_generation_prompt=True,
+                                     return_tensors="pt", return_dict=True)
+    assert prompt["input_ids"][0].tolist() == ids
+    with torch.no_grad():
+        generated = model.generate(**prompt, max_new_tokens=n, do_sample=False)[0, len(ids):].tolist()
+    assert generated == ours + list(stop)  # transformers keeps the token it stopped at
+    assert said.stdout == loaded.tokenizer.decode(ours) + "\n"
