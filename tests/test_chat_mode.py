@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import NO_GPU, cli, shown_in, tiny_config
+from tests.helpers import NO_GPU, cli, shown_in, tiny_config, wait_for
 from tests.helpers_chat import trained_bpe
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
@@ -320,3 +320,39 @@ def test_the_export_of_a_chat_model_gives_lmcockpit_chat_s_greedy_reply_through_
         generated = model.generate(**prompt, max_new_tokens=n, do_sample=False)[0, len(ids):].tolist()
     assert generated == ours + list(stop)  # transformers keeps the token it stopped at
     assert said.stdout == loaded.tokenizer.decode(ours) + "\n"
+
+
+@pytest.mark.slow
+def test_a_system_prompt_for_a_base_model_is_refused_before_any_engine(base_run):
+    proc = cli("chat", str(base_run), "--system", "Be brief.", "--prompt", "def ", env=NO_GPU)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("error: --system: only for a chat model (a run fine-tuned on conversations); ")
+    assert proc.stderr.rstrip().endswith("continues text")
+
+
+@pytest.mark.slow
+async def test_the_cockpit_opens_a_chat_run_s_checkpoint_as_a_conversation(ending_run):
+    """From the launch screen (`o`): the checkpoint chat screen finds a chat model, and a turn's
+    reply is its greedy reply, ended at <|assistant_end|>."""
+    from lmcockpit.core.infer.load import load
+    from lmcockpit.core.run.checkpoint_folder import find_checkpoint
+    from lmcockpit.tui.app import CockpitApp
+    from lmcockpit.tui.screens.checkpoint_chat import ChatScreen
+    from lmcockpit.tui.widgets.chat_pane import ChatPane
+
+
+    app = CockpitApp(runs_root=ending_run.parent, telemetry=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.screen.query_one("#runs").focus()
+        await pilot.press("o")
+        assert isinstance(app.screen, ChatScreen)
+        pane = app.screen.query_one(ChatPane)
+        await wait_for(pilot, lambda: pane.chat, what="the chat model to load")
+        await pilot.press(*"/set temperature 0", "enter", *REQUEST, "enter")
+        await wait_for(pilot, lambda: pane.history and all(e.done for e in pane.history.values()),
+                       what="the reply")
+        (exchange,) = pane.history.values()
+        assert exchange.prompt == REQUEST
+        expected = greedy_reply(load(find_checkpoint(str(ending_run)), "cpu"), [("user", REQUEST)], 64)
+        assert exchange.rows[0] == expected and expected  # 64 tokens allowed; ENDS_AFTER taken
+        await pilot.press("escape")

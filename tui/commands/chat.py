@@ -288,6 +288,9 @@ def main(argv: list[str]) -> int:
     settings = settings_from(args)
     checkpoint = find_checkpoint(args.path)
     chat = is_chat_model(checkpoint) and not args.completion
+    if args.system and not chat:
+        raise UsageError(f"--system: only for a chat model (a run fine-tuned on conversations); {args.path} "
+                         + ("is spoken to as a base model (--completion)" if args.completion else "continues text"))
     engine = ChatEngine(checkpoint, args.device)
     engine.start()
     session = Session(engine, settings, chat=chat, system=args.system)
