@@ -156,3 +156,24 @@ def test_a_tokenizer_without_the_turn_tokens_is_refused_naming_eval_tasks(small)
                                           r"template's turn tokens; this one has no <\|user_start\|>"):
         scoring.score_task(task, torch.nn.Identity(), bytes_as_tokens, 0, 256, 4, torch.device("cpu"),
                            contextlib.nullcontext)
+
+
+def test_a_pretrained_tokenizer_without_the_turn_tokens_is_refused_before_the_run(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    plain = Tokenizer(models.BPE())
+    plain.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    plain.train_from_iterator(["def f():\n    return 1\n"] * 20, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=[T.END_OF_TEXT], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    plain.save(str(tmp_path / "tokenizer.json"))
+    cfg = Config()
+    cfg.tokenizer.kind, cfg.eval.tasks = str(tmp_path), ["python-functions-chat"]
+    with pytest.raises(ConfigError, match=r"eval.tasks: python-functions-chat needs a tokenizer holding the chat "
+                                          r"template's turn tokens; tokenizer.kind = '.*' has no <\|user_start\|>, "
+                                          r"<\|user_end\|>, <\|assistant_start\|>, <\|assistant_end\|> \(a fine-tuning"):
+        catalog.check(cfg)
+    cfg.data.format = "chat"  # a fine-tuning run adds them
+    catalog.check(cfg)
+    cfg.data.format, cfg.tokenizer.kind = "text", "bpe"  # a BPE lmcockpit trains reserves them
+    catalog.check(cfg)

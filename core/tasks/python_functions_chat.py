@@ -16,8 +16,9 @@ request makes the model expect the reply to end there.
 
 The texts hold the template's special tokens as their strings, which the run's tokenizer reads as
 the tokens (its encode does not escape them): so an option's ids are exactly prompt_ids then the
-reply's (tests/test_chat_form.py). A tokenizer without them would read the strings as text:
-`SPECIAL` lets scoring refuse that (items.check_special) with one error naming eval.tasks.
+reply's (tests/test_chat_form.py). A tokenizer without them would read the strings as text: `check`
+refuses a pretrained one before the run, and `SPECIAL` lets scoring refuse any other
+(items.check_special), each with one error naming eval.tasks.
 Torch: never.
 """
 
@@ -25,9 +26,9 @@ from __future__ import annotations
 
 import random
 
-from ..config import Config
+from ..config import Config, ConfigError
 from ..data import chat_template as T
-from ..data import stdlib_chat
+from ..data import pretrained, stdlib_chat
 from .items import FEWSHOT_SEED, MULTIPLE_CHOICE, Item, Task
 
 NAME = "python-functions-chat"
@@ -37,9 +38,27 @@ SPECIAL = T.TURN_TOKENS  # the tokens its texts hold, each to be read as one tok
 
 
 def check(cfg: Config) -> None:
-    """Nothing to refuse before the run: the requests are the stdlib's, whatever the run reads, and
-    whether its tokenizer holds the turn tokens is known once it is loaded (a fine-tuning run adds
-    them to one that lacks them): scoring checks that (items.check_special)."""
+    """Refuse, before the run, a pretrained tokenizer on hand that lacks the turn tokens, for a run
+    that will not add them (a fine-tuning run, data.format = "chat", does). A BPE lmcockpit trains
+    reserves them; one whose cache predates that, or a Hub tokenizer not fetched yet, is known only
+    once loaded: scoring checks it then (items.check_special)."""
+    if cfg.tokenizer.kind == "bpe" or getattr(cfg.data, "format", "text") == "chat":
+        return
+    folder = pretrained.folder(cfg.tokenizer.kind)
+    path = folder / "tokenizer.json" if folder is not None else None
+    if path is None or not path.is_file():
+        return  # the run's own check of tokenizer.kind says what is missing
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception:  # noqa: BLE001 - tokenizers raises plain Exceptions; the run's own load says why
+        return
+    lacking = [name for name in SPECIAL if tok.token_to_id(name) is None]
+    if lacking:
+        raise ConfigError(f"eval.tasks: {NAME} needs a tokenizer holding the chat template's turn tokens; "
+                          f"tokenizer.kind = {cfg.tokenizer.kind!r} has no {', '.join(lacking)} (a fine-tuning run "
+                          f"on conversations adds them; otherwise take {NAME} out of eval.tasks)")
 
 
 def task(cfg: Config) -> Task:
