@@ -145,6 +145,10 @@ class DataConfig:
                                gt=0)
     # Each part drawn by its weight, in place of data.source and data.text_field, which then stay unset.
     sources: list[SourcePart] = setting([], "a mixture instead of one source: [[data.sources]] tables")
+    # "chat": data.source holds conversations (a JSONL/Parquet file or folder of {"messages": [...]},
+    # hf:OWNER/NAME, or python-stdlib-chat), packed into rows with the loss on the assistant's tokens
+    # (docs/chat.md); a fine-tuning run's, from a base model (--from).
+    format: Literal["text", "chat"] = setting("text", '"text" to pretrain on; "chat": conversations, to fine-tune on')
 
 
 @dataclass
@@ -631,9 +635,10 @@ def _between_keys(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
     if t.seq_len > cfg.max_seq_len:
         yield (("training.seq_len", "model.max_seq_len"),
                f"training.seq_len = {t.seq_len} is above the model's context, model.max_seq_len = {m.max_seq_len}")
-    if cfg.tokenizer.kind == "bpe" and cfg.tokenizer.vocab_size < 260:
+    # 256 bytes and the 5 special tokens a BPE reserves (data/chat_template.py's RESERVED)
+    if cfg.tokenizer.kind == "bpe" and cfg.tokenizer.vocab_size < 261:
         yield (("tokenizer.vocab_size", "tokenizer.kind"),
-               f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} must be at least 260 (256 bytes + specials)")
+               f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} must be at least 261 (256 bytes + 5 special tokens)")
     default = DataConfig()
     if cfg.data.sources and (cfg.data.source, cfg.data.text_field) != (default.source, default.text_field):
         yield (("data.sources", "data.source", "data.text_field"),

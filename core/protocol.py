@@ -328,7 +328,10 @@ class Abort:
 @dataclass(frozen=True)
 class Sample:
     """Continue `prompt` in `num_samples` rows, each drawn on its own; `greedy` (or temperature 0)
-    takes the most likely token instead. top_k 0 and top_p 1 switch those filters off."""
+    takes the most likely token instead. top_k 0 and top_p 1 switch those filters off.
+    With `messages`, a chat model's turn: the conversation so far as (role, text) pairs, the user's
+    last (`prompt` then repeats it, for a view to show), rendered in the chat template
+    (core/data/chat_template.py); the reply ends at <|assistant_end|>."""
     request_id: str
     prompt: str
     max_new_tokens: int = 64
@@ -338,6 +341,7 @@ class Sample:
     top_p: float = 1.0
     num_samples: int = 1
     greedy: bool = False
+    messages: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -386,6 +390,24 @@ def check_sample(request: Sample) -> None:
         value = getattr(request, key)
         if not (_is_a(setting.kind, value) and setting.ok(value)):
             raise ConfigError(f"{key} = {value!r}: expected {setting.expected}")
+    if request.messages:
+        check_messages(request.messages)
+
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def check_messages(messages: tuple[tuple[str, str], ...]) -> None:
+    """A chat request's conversation: (role, text) pairs, a system message first if at all, then
+    turns alternating from the user's, the user's last (chat_template.prompt_ids' order)."""
+    turns = messages[1:] if messages and messages[0][0] == "system" else messages
+    for i, pair in enumerate(messages):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and pair[0] in CHAT_ROLES and isinstance(pair[1], str)):
+            raise ConfigError(f"messages[{i}] = {pair!r}: expected (role, text), the role one of {', '.join(CHAT_ROLES)}")
+    expected = [("user", "assistant")[i % 2] for i in range(len(turns))]
+    if not turns or [role for role, _ in turns] != expected or len(turns) % 2 == 0:
+        raise ConfigError(f"messages: roles {[role for role, _ in messages]}: expected a system message first if "
+                          "any, then turns alternating from the user's, the user's last")
 
 
 def _is_a(kind: type, value: Any) -> bool:

@@ -62,7 +62,7 @@ def test_a_malformed_file_is_refused_naming_the_line(tmp_path, rows, expected):
 
 def test_names_resolve_or_are_refused_with_the_nearest(tmp_path):
     cfg = Config()
-    with pytest.raises(ConfigError, match=r"no task named 'python-function'; did you mean python-functions\?"):
+    with pytest.raises(ConfigError, match=r"no task named 'python-function'; did you mean python-functions or python-functions-chat\?"):
         catalog.load_task("python-function", cfg)
     with pytest.raises(ConfigError, match=r"eval.tasks: .*missing\.jsonl: no such task file"):
         catalog.load_task(str(tmp_path / "missing.jsonl"), cfg)

@@ -13,6 +13,12 @@ tokenizer: a local folder, or an hf: model repo's tokenizer files fetched), `for
 source holds, by suffix: read, skipped as not text, or refused) and `spool` (a large compressed
 file's pieces, decompressed once into plain files).
 
+Conversations, for fine-tuning to chat: `conversations` (files of them read and checked, a bad
+record one error line) → `chat_template` (its special tokens, which every BPE reserves; ids and a
+loss mask; its Jinja form for transformers) → `chat_rows` (packed into rows with their masks, a
+cache folder of them, batches); `stdlib_chat` is the built-in set, `python-stdlib-chat`.
+
 Torch: never. numpy and tokenizers at import in `cache`, `tokenizer`, `encoder`, `batches`,
-`build` and `prepare`; `sources`, `readers`, `split`, `children`, `store`, `budget`, `hub`,
-`pretrained`, `formats` and `spool` import neither, and the front-end reads them."""
+`build`, `prepare` and `chat_rows`; `sources`, `readers`, `split`, `children`, `store`, `budget`,
+`hub`, `pretrained`, `formats`, `spool`, `chat_template`, `conversations` and `stdlib_chat` import
+neither, and the front-end reads them."""

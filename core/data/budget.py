@@ -23,7 +23,7 @@ from ..config import Config, ConfigError, DataConfig, SourcePart
 from ..hardware.memory_estimate import param_counts
 from . import sources, split
 from .readers import sized_by_reading, text_bytes
-from .store import cache_root, find_cache, mixture_tokenizer_key, read_meta
+from .store import find_cache, mixture_tokenizer_folder, read_meta
 
 COMPUTE_OPTIMAL = 20  # tokens per parameter
 MANY_EPOCHS = 4
@@ -233,7 +233,7 @@ def _caches(cfg: Config, configs: list[Config], listed: list) -> list[Path | Non
     if cfg.data.sources and cfg.tokenizer.kind == "bpe":
         if not all(isinstance(s, sources.Source) for s in listed):
             return [None] * len(listed)  # the shared BPE's key covers every part's files
-        tokenizer_file = cache_root(cfg) / mixture_tokenizer_key(cfg, listed) / "tokenizer.json"
+        tokenizer_file = mixture_tokenizer_folder(cfg, listed) / "tokenizer.json"
         if not tokenizer_file.is_file():
             return [None] * len(listed)
     return [find_cache(part, source, tokenizer_file) if isinstance(source, sources.Source) else None

@@ -25,7 +25,8 @@ from .batches import Mixture
 from .build import Build, ProgressFn, plan, train_bpe_folder
 from .children import in_child
 from .cache import TokenData, TokenStream, open_cache
-from .store import BUILD_PREFIX, cache_key, cache_root, find_cache, mixture_tokenizer_key, open_lock, read_meta
+from .store import (BUILD_PREFIX, cache_key, cache_root, find_cache, mixture_tokenizer_folder, mixture_tokenizer_key,
+                    open_lock, pre_chat_key, read_meta)
 from .tokenizer import load_tokenizer
 
 # What a given tokenizer is, said when a cache is tokenised with it ({file}: its tokenizer.json).
@@ -56,12 +57,15 @@ def prepare_source(cfg: Config, log, progress: ProgressFn, tokenizer_file: Path 
         log(f"data: {why}")
     root = cache_root(cfg)
     if (found := find_cache(cfg, source, tokenizer_file)) is not None:
-        log(f"data: reusing token cache {found}")
+        older = (", made before lmcockpit's BPEs reserved the chat template's tokens (fine-tuning to chat adds them)"
+                 if tokenizer_file is None and cfg.tokenizer.kind == "bpe" and found.name == pre_chat_key(cfg, source)
+                 else "")
+        log(f"data: reusing token cache {found}{older}")
         return open_cache(found, cfg, reused=True)
     key = cache_key(cfg, source, tokenizer_file)
     final = root / key
-    _make_root(root)
-    with _building(root, key, log):
+    make_root(root)
+    with building(root, key, log):
         if read_meta(final) is None:  # not finished by another process while this one waited
             _clean_abandoned(root)
             work = root / f"{BUILD_PREFIX}{key}"
@@ -106,10 +110,10 @@ def mixture_tokenizer(cfg: Config, parts: list[Config], listed: list[sources.Sou
     of tokenizer.train_bytes, and kept beside the caches (tokenizer-KEY/) under a key of its own."""
     root = cache_root(cfg)
     key = mixture_tokenizer_key(cfg, listed)
-    folder = root / key
+    folder = mixture_tokenizer_folder(cfg, listed)
     if not (folder / "tokenizer.json").is_file():
-        _make_root(root)
-        with _building(root, key, log):
+        make_root(root)
+        with building(root, key, log):
             if not (folder / "tokenizer.json").is_file():
                 t0, total = time.time(), sum(part.weight for part in cfg.data.sources)
                 planned = [plan(part.data, s, progress) for part, s in zip(parts, listed)]
@@ -127,7 +131,7 @@ def mixture_tokenizer(cfg: Config, parts: list[Config], listed: list[sources.Sou
     return folder / "tokenizer.json"
 
 
-def _make_root(root: Path) -> None:
+def make_root(root: Path) -> None:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -135,7 +139,7 @@ def _make_root(root: Path) -> None:
 
 
 @contextmanager
-def _building(root: Path, key: str, log):
+def building(root: Path, key: str, log):
     """Held while this process builds `key`: a second process waits here, then reuses."""
     with open_lock(root, key) as fh:
         try:

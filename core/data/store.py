@@ -7,7 +7,13 @@ the token budget on the launch screen and in `presets`, the doctor's free-disk l
 The key covers the source (every file's size and mtime), the split, selection and shard
 settings, the tokenizer settings (or a run's own tokenizer file), the token dtype and the
 format's version: change any and a new cache is built; change none and a second run (or every
-rank of a multi-GPU run) reuses it."""
+rank of a multi-GPU run) reuses it.
+
+A trained BPE's settings include the special tokens it reserves (chat_template.RESERVED), so a key
+names one kind of BPE only. A cache (or a mixture's BPE) made before BPEs reserved the chat
+template's turn tokens keeps its folder under the key it had (`pre_chat_key`), and is still found
+where none was made under the new one, as a format-1 cache is: a corpus is not tokenised again for
+four tokens its pretraining never reads; fine-tuning to chat adds them (tokenizer.add_chat_tokens)."""
 
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from pathlib import Path
 
 from ..config import Config, ConfigError, shown
 from . import pretrained
+from .chat_template import RESERVED
 from .sources import Source
 
 FORMAT_VERSION = 2
@@ -43,11 +50,13 @@ def dtype_name(vocab_size: int) -> str:
     return "uint16" if vocab_size <= 1 << 16 else "uint32"
 
 
-def _tokenizer_material(cfg: Config, tokenizer_file: Path | None) -> dict:
+def _tokenizer_material(cfg: Config, tokenizer_file: Path | None, pre_chat: bool = False) -> dict:
     t = cfg.tokenizer
     if tokenizer_file is not None:
         return {"tokenizer": ["file", hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()]}
     material: dict = {"tokenizer": [t.kind, t.vocab_size, t.train_bytes]}
+    if t.kind == "bpe" and not pre_chat:  # what it reserves decides its merges and ids
+        material["reserved"] = list(RESERVED)
     if t.kind != "bpe":  # a pretrained tokenizer's files decide the tokens as much as its name does
         material |= pretrained.material(t.kind)
     return material
@@ -57,16 +66,22 @@ def _digest(material: dict) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def cache_key(cfg: Config, source: Source, tokenizer_file: Path | None = None) -> str:
+def cache_key(cfg: Config, source: Source, tokenizer_file: Path | None = None, pre_chat: bool = False) -> str:
     """What decides the tokens, hashed: the source's files, the split and selection, the shards,
-    and the tokenizer (its settings, or with `tokenizer_file` that very file's contents)."""
+    and the tokenizer (its settings, or with `tokenizer_file` that very file's contents); with
+    `pre_chat`, the key a BPE cache had before BPEs reserved the chat template's tokens."""
     d = cfg.data
     return _digest({
         "format": FORMAT_VERSION, "source": source.desc,
         "files": [(f.rel, f.size, f.mtime_ns) for f in source.files],
         "text_field": d.text_field, "val_fraction": d.val_fraction, "max_bytes": d.max_bytes,
         "shard_bytes": d.shard_bytes, "dtype": dtype_name(cfg.tokenizer.vocab_size),
-        **_tokenizer_material(cfg, tokenizer_file)})
+        **_tokenizer_material(cfg, tokenizer_file, pre_chat)})
+
+
+def pre_chat_key(cfg: Config, source: Source) -> str:
+    """The key a cache of the same settings was stored under before BPEs reserved the turn tokens."""
+    return cache_key(cfg, source, pre_chat=True)
 
 
 def legacy_key(cfg: Config, source: Source, tokenizer_file: Path | None = None) -> str:
@@ -89,12 +104,20 @@ def _suffix(rel: str) -> str:
     return name[dot:] if 0 < dot < len(name) - 1 else ""
 
 
-def mixture_tokenizer_key(cfg: Config, listed: list[Source]) -> str:
+def mixture_tokenizer_key(cfg: Config, listed: list[Source], pre_chat: bool = False) -> str:
     """The key of the BPE a mixture's parts share (a folder beside the caches): every part's
     files and weight, and the tokenizer settings. `listed`: each part's source, in order."""
     return "tokenizer-" + cache_key(cfg, Source(
         "mixture:" + ";".join(f"{s.desc}*{part.weight}" for s, part in zip(listed, cfg.data.sources)),
-        [f for s in listed for f in s.files], False))
+        [f for s in listed for f in s.files], False), pre_chat=pre_chat)
+
+
+def mixture_tokenizer_folder(cfg: Config, listed: list[Source]) -> Path:
+    """Where the BPE a mixture's parts share is: under its key, or, where none was trained there,
+    one trained under its pre-chat key (the parts' caches were tokenised with it)."""
+    root = cache_root(cfg)
+    new, old = (root / mixture_tokenizer_key(cfg, listed, pre_chat) for pre_chat in (False, True))
+    return old if not (new / "tokenizer.json").is_file() and (old / "tokenizer.json").is_file() else new
 
 
 def find_cache(cfg: Config, source: Source, tokenizer_file: Path | None = None) -> Path | None:
@@ -102,7 +125,7 @@ def find_cache(cfg: Config, source: Source, tokenizer_file: Path | None = None) 
     (a resumed run's own, a mixture's shared one) only a cache made with that very tokenizer
     serves: its ids are the only ones the model knows."""
     root = cache_root(cfg)
-    for key in (make(cfg, source) for make in (cache_key, legacy_key)):  # the legacy one only if needed
+    for key in (make(cfg, source) for make in (cache_key, pre_chat_key, legacy_key)):  # the older only if needed
         if read_meta(root / key) is not None and (
                 tokenizer_file is None or _same_bytes(root / key / "tokenizer" / "tokenizer.json", tokenizer_file)):
             return root / key

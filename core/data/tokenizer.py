@@ -1,5 +1,10 @@
 """The tokenizer: a byte-level BPE trained with `tokenizers`, saved as a transformers fast tokenizer.
 
+Every BPE it trains reserves the chat template's special tokens (chat_template.RESERVED: the
+end-of-text, then the four turn tokens, ids 0-4), whatever it is trained for, so that a model
+pretrained on it can be fine-tuned to chat without growing; a tokenizer made before, or a
+pretrained one, gains those it lacks by `add_chat_tokens`.
+
 Encoding during training uses `tokenizers.Tokenizer` directly (it imports in milliseconds);
 `transformers` is imported only to save the folder in the ecosystem's own format, once per cache.
 """
@@ -15,8 +20,9 @@ import numpy as np
 
 from ..config import ConfigError, TokenizerConfig
 from . import pretrained
+from .chat_template import END_OF_TEXT, RESERVED, TURN_TOKENS
 
-EOS = "<|endoftext|>"
+EOS = END_OF_TEXT
 # End-of-text by the names tokenizer families give it, for a folder whose tokenizer_config.json does
 # not name one: ours, GPT-2 and Qwen; Llama 2 and Mistral; Llama 3; Gemma.
 EOS_NAMES = (EOS, "</s>", "<|end_of_text|>", "<eos>")
@@ -32,12 +38,23 @@ def train_bpe(texts: Iterable[str], cfg: TokenizerConfig):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=cfg.vocab_size,
-        special_tokens=[EOS],
+        special_tokens=list(RESERVED),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,  # it draws with \r on stderr, which lands in train.log as noise
     )
     tok.train_from_iterator(_budgeted(texts, cfg.train_bytes), trainer=trainer)
     return tok
+
+
+def add_chat_tokens(tok) -> tuple[int, dict[str, int]]:
+    """The turn tokens `tok` lacks added to it as special tokens, after its last id: (its vocabulary's
+    new size, each turn token's id). Ids it had keep their meaning; a model reading it needs
+    embedding rows up to the new size (those past its own, new rows)."""
+    from tokenizers import AddedToken
+
+    tok.add_special_tokens([AddedToken(name, special=True, normalized=False)
+                            for name in TURN_TOKENS if tok.token_to_id(name) is None])
+    return tok.get_vocab_size(), {name: tok.token_to_id(name) for name in TURN_TOKENS}
 
 
 def _budgeted(texts: Iterable[str], budget: int) -> Iterable[str]:

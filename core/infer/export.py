@@ -21,6 +21,12 @@ needs a positive base), and a checkpoint whose tensors do not match the model it
 describes (missing, unexpected or mis-shaped tensors, non-float weights) or whose tokenizer has
 ids beyond the embedding. Every refusal is a `ConfigError` (exit 2).
 
+A chat model (chat_model.is_chat_model: fine-tuned on conversations) is exported ready to chat:
+tokenizer_config.json gains the chat template (chat_template.JINJA, for apply_chat_template), and
+generation_config.json ends generation at <|assistant_end|> as well as at end-of-text, so
+`generate` stops where `lmcockpit chat` does. The tokenizer's eos_token stays end-of-text: the
+template opens every conversation with it.
+
 The folder is written under a temporary name beside OUT_DIR and renamed at the end, so an
 interrupted export never leaves a half folder that `from_pretrained` would half load.
 """
@@ -201,11 +207,15 @@ def export(spec: str, out_dir: str, log: Callable[[str], None] = lambda s: None)
         config = qwen3_config(cfg, eos, dtype)
         _validate_with_transformers(config, where)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        generation = {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos, "do_sample": False}
+        chat_end = _chat_end(cfg, tok_path, tok)
+        ends = eos if chat_end is None else [chat_end, *([eos] if eos is not None else [])]
+        generation = {"bos_token_id": eos, "eos_token_id": ends, "pad_token_id": eos, "do_sample": False}
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         save_file({PREFIX + k: t.contiguous() for k, t in tensors.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt", "lmcockpit_checkpoint": str(ckpt), "lmcockpit_step": str(step)})
         _write_tokenizer(tok_path, tok, tmp, log)
+        if chat_end is not None:
+            _add_chat_template(tmp / "tokenizer_config.json")
         umask = current_umask()
         for f in tmp.iterdir():
             os.chmod(f, 0o666 & ~umask)  # safetensors creates its file private; the folder is for sharing
@@ -220,6 +230,24 @@ def export(spec: str, out_dir: str, log: Callable[[str], None] = lambda s: None)
         raise
     n_params = sum(t.numel() for t in tensors.values())
     return Exported(out, ckpt, step, n_params)
+
+
+def _chat_end(cfg: Config, tok_path: Path, tok) -> int | None:
+    """<|assistant_end|>'s id where the checkpoint is a chat model's; None for a base model."""
+    from ..data.chat_template import ASSISTANT_END
+    from .chat_model import holds_turn_tokens, trained_to_chat
+
+    return tok.token_to_id(ASSISTANT_END) if trained_to_chat(cfg) and holds_turn_tokens(tok_path) else None
+
+
+def _add_chat_template(config_path: Path) -> None:
+    """The chat template written into the export's tokenizer_config.json (a file of the export's
+    own: copied or written above, never a link)."""
+    from ..data.chat_template import JINJA
+
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["chat_template"] = JINJA
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _validate_with_transformers(config: dict, where: str) -> None:

@@ -6,6 +6,8 @@
   steps leaves training's random state untouched.
 * When the context fills, the model keeps seeing the newest half of it: the cache is rebuilt from
   those tokens (positions restart at 0, as in training), which costs one prefill every half context.
+* A chat model's turn (a request with `messages`) is the conversation in the chat template, then
+  <|assistant_start|>; a row ends at <|assistant_end|> (a `stop` token) as at end-of-text.
 * `use_cache=False` recomputes the visible context for every token with the training forward: the
   reference that tests and the decode benchmark compare the cache against.
 """
@@ -19,6 +21,7 @@ import torch
 
 from .. import protocol as P
 from ..config import ConfigError
+from ..data import chat_template
 from .gpt import GPT, KVCache
 
 
@@ -42,9 +45,10 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
 def generate(model: GPT, prompt_ids: list[int], max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, greedy: bool = False, num_samples: int = 1, seed: int = 0,
              eos_id: int | None = None, use_cache: bool = True,
-             agree: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Iterator[list[int | None]]:
-    """Each step's new token of every row, None for rows that already met end-of-text; stops when
-    all rows have. Greedy (or temperature 0) takes the most likely token and draws nothing.
+             agree: Callable[[torch.Tensor], torch.Tensor] | None = None,
+             stop: tuple[int, ...] = ()) -> Iterator[list[int | None]]:
+    """Each step's new token of every row, None for rows that already met end-of-text or a `stop`
+    token (neither is yielded); stops when all rows have. Greedy (or temperature 0) takes the most likely token and draws nothing.
     `agree` makes the processes of a sharded model take the same tokens (rank 0's): each of their
     decode steps gathers shards with the others, so one that stopped early would hang them all."""
     device = model.embed_tokens.weight.device
@@ -54,6 +58,7 @@ def generate(model: GPT, prompt_ids: list[int], max_new_tokens: int, *, temperat
     start = max(0, seq.size(1) - ctx)  # the model sees seq[:, start:]
     greedy = greedy or temperature == 0
     cache: KVCache | None = None
+    ends = {eos_id, *stop} - {None}
 
     def see_context() -> torch.Tensor:
         nonlocal cache
@@ -77,8 +82,8 @@ def generate(model: GPT, prompt_ids: list[int], max_new_tokens: int, *, temperat
         if agree is not None:
             nxt = agree(nxt)
         tokens = nxt.tolist()
-        yield [None if done or t == eos_id else t for t, done in zip(tokens, finished)]
-        finished = [done or t == eos_id for t, done in zip(tokens, finished)]
+        yield [None if done or t in ends else t for t, done in zip(tokens, finished)]
+        finished = [done or t in ends for t, done in zip(tokens, finished)]
         if all(finished):
             return
         seq = torch.cat([seq, nxt[:, None]], dim=1)
@@ -125,11 +130,11 @@ def answer(model: GPT, tokenizer, eos_id: int | None, request: P.Sample, step: i
     row's continuation."""
     try:
         P.check_sample(request)
+        ids, stop = prompt_of(request, tokenizer, eos_id)
     except ConfigError as e:
         log(f"sample request {request.request_id!r} refused: {e}")
         emit(P.SampleText(request.request_id, step, request.prompt, "", done=True))
         return None
-    ids = tokenizer.encode(request.prompt, add_special_tokens=False).ids
     streams = [TextStream(tokenizer.decode) for _ in range(request.num_samples)]
     texts = [""] * request.num_samples
 
@@ -145,7 +150,7 @@ def answer(model: GPT, tokenizer, eos_id: int | None, request: P.Sample, step: i
             for tokens in generate(model, ids, request.max_new_tokens, temperature=request.temperature,
                                    top_k=request.top_k, top_p=request.top_p, greedy=request.greedy,
                                    num_samples=request.num_samples, seed=request.seed, eos_id=eos_id,
-                                   agree=agree):
+                                   agree=agree, stop=stop):
                 for row, token in enumerate(tokens):
                     if token is not None:
                         out(row, streams[row].push(token))
@@ -155,3 +160,15 @@ def answer(model: GPT, tokenizer, eos_id: int | None, request: P.Sample, step: i
         out(row, stream.flush())
     emit(P.SampleText(request.request_id, step, request.prompt, "", done=True))
     return texts
+
+
+def prompt_of(request: P.Sample, tokenizer, eos_id: int | None) -> tuple[list[int], tuple[int, ...]]:
+    """(the ids generation starts from, its stop tokens): the prompt's text for a completion; for a
+    chat turn, the conversation in the template, stopping at <|assistant_end|>. A ConfigError when
+    the tokenizer lacks the template's tokens."""
+    if not request.messages:
+        return tokenizer.encode(request.prompt, add_special_tokens=False).ids, ()
+    start = tokenizer.id_to_token(eos_id) if eos_id is not None else chat_template.END_OF_TEXT
+    messages = [{"role": role, "content": text} for role, text in request.messages]
+    ids = chat_template.prompt_ids(messages, tokenizer, start)
+    return ids, (chat_template.chat_ids(tokenizer, start).assistant_end,)

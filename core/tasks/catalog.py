@@ -1,6 +1,6 @@
 """What a name in `eval.tasks` (or `lmcockpit eval --tasks`) stands for, read into tasks.
 
-A name is a built-in task (`python-functions`), a task on the Hugging Face Hub (`hellaswag`,
+A name is a built-in task (`python-functions`, `python-functions-chat`), a task on the Hugging Face Hub (`hellaswag`,
 `arc_easy`, ...: hub_tasks.py), `core:PATH` (the CORE tasks of a local bundle, core_bundle.py),
 or the path of a task file (files.py): a name with a path separator or a `.json`/`.jsonl`
 suffix, or one that names a file. Anything else is refused with the nearest
@@ -15,13 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..config import Config, ConfigError
-from . import core_bundle, hub_tasks, python_functions
+from . import core_bundle, hub_tasks, python_functions, python_functions_chat
 from .files import read_task
 from .items import Task
 
 # name → (what makes it, what checks it can be made for a run without making it)
 BUILT_IN: dict[str, tuple[Callable[[Config], Task], Callable[[Config], None]]] = {
-    python_functions.NAME: (python_functions.task, python_functions.check)}
+    python_functions.NAME: (python_functions.task, python_functions.check),
+    python_functions_chat.NAME: (python_functions_chat.task, python_functions_chat.check)}
 FILE_SUFFIXES = (".jsonl", ".json")
 
 

@@ -63,6 +63,7 @@ class Task:
     delimiter: str = ""  # between context and continuation: CORE's tasks use " "
     chance: float | None = None  # None: 1 / choices, averaged over the items (0 for language modelling)
     group: str = ""  # CORE_GROUP for a CORE task
+    special: tuple[str, ...] = ()  # special tokens' strings its texts hold: each must encode as one token
 
     def chance_level(self) -> float:
         if self.chance is not None:
@@ -143,6 +144,17 @@ def sequences(texts: list[tuple[str, str]], encode: Encode, eos: int | None, max
         cut = max(0, len(ids) - max_len)
         out.append(Tokens(ids[cut:], max(1, start + len(head) - cut)))
     return out
+
+
+def check_special(task: Task, encode: Encode) -> None:
+    """Refuse a task whose texts hold special tokens the tokenizer lacks: it would read their
+    strings as text, and score options the model never sees in use."""
+    lacking = [s for s, ids in zip(task.special, encode(list(task.special))) if len(ids) != 1]
+    if lacking:
+        raise ConfigError(f"eval.tasks: {task.name} needs a tokenizer holding the chat template's turn tokens; "
+                          f"this one has no {', '.join(lacking)} (a tokenizer made before lmcockpit reserved "
+                          f"them: fine-tune the run on conversations, which adds them, or take {task.name} out "
+                          "of eval.tasks)")
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -36,6 +36,7 @@ def score_tasks(tasks: list[I.Task], model: torch.nn.Module, encode: I.Encode, e
 @torch.no_grad()
 def score_task(task: I.Task, model: torch.nn.Module, encode: I.Encode, eos: int | None, max_len: int, rows: int,
                device: torch.device, autocast, group=None, at_most: int = 0) -> I.Result:
+    I.check_special(task, encode)
     rank, world = (group.rank, group.world) if group is not None else (0, 1)
     chosen = I.subset(len(task.items), at_most)
     mine = chosen[rank::world]

@@ -4,6 +4,11 @@ The model runs in a chat engine process (core/infer/chat_engine.py): this front-
 and refuses bad input (a missing checkpoint, nonsense settings) before any engine starts. Text
 goes to stdout, everything else (the banner, errors, the engine's log lines) to stderr, so that
 `lmcockpit chat RUN --greedy --prompt X` prints exactly the prompt and its greedy continuation.
+
+A chat model (core/infer/chat_model.py: fine-tuned on conversations) is spoken to in its template:
+each line is the user's turn, the reply alone is printed, ending where the model ends its turn, and
+the conversation is kept for the next line (`reset` starts a new one, `system TEXT` sets the system
+prompt). `--completion` continues text instead, as for a base model.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any, Self, TextIO
 from ...core import protocol as P
 from ...core.config import ConfigError
 from ...core.infer.chat_engine import ChatEngine
+from ...core.infer.chat_model import is_chat_model
 from ...core.protocol import SAMPLE_SETTINGS, parse_setting
 from ...core.run.checkpoint_folder import find_checkpoint
 from . import command_parser
@@ -36,7 +42,11 @@ cockpit's chat: /set temperature 0.5):
   help               this text
   quit               leave (so do Ctrl-D, Ctrl-C at the prompt and an empty stdin)
 Ctrl-C while text is coming stops that generation; a second Ctrl-C leaves."""
-COMMANDS = ("greedy", "batch", "settings", "set", "help", "quit", "exit")
+CHAT_HELP = """\
+A chat model: each line is your turn, and the model answers it; the conversation is kept.
+  reset              start a new conversation (the system prompt stays)
+  system TEXT        the system prompt, for the conversation from now on (`system` alone: none)"""
+COMMANDS = ("greedy", "batch", "settings", "set", "reset", "system", "help", "quit", "exit")
 
 FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k",
          "top_p": "--top-p", "num_samples": "--num-samples", "seed": "--seed"}
@@ -58,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", metavar="N", help="samples drawn side by side, 1 to 64 (default 1)")
     p.add_argument("--seed", metavar="S", help="seed of the sampling generator (default 0)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    p.add_argument("--system", metavar="TEXT", default="", help="a chat model's system prompt")
+    p.add_argument("--completion", action="store_true", help="continue text even on a chat model, as on a base model")
     return p
 
 
@@ -108,10 +120,17 @@ class Interrupts:
 class Session:
     """Requests to the chat engine and their text on stdout."""
 
-    def __init__(self, engine: ChatEngine, settings: dict[str, Any], out: TextIO = sys.stdout):
+    def __init__(self, engine: ChatEngine, settings: dict[str, Any], out: TextIO = sys.stdout, chat: bool = False,
+                 system: str = ""):
         self.engine, self.settings, self.out = engine, settings, out
         self.batch = DEFAULT_BATCH
         self.requests = 0
+        self.chat, self.system = chat, system  # chat: the model speaks the template
+        self.turns: list[tuple[str, str]] = []  # the conversation so far: (role, text), the user's first
+
+    def messages(self, text: str) -> tuple[tuple[str, str], ...]:
+        """A chat turn's request: the system prompt, the conversation so far, then `text`."""
+        return ((("system", self.system),) if self.system else ()) + (*self.turns, ("user", text))
 
     def wait_ready(self) -> P.RunStarted:
         while self.engine.loaded is None:
@@ -123,11 +142,13 @@ class Session:
         `cancel_on_interrupt` (the REPL), Ctrl-C stops this generation and keeps what came so far,
         and a second Ctrl-C raises KeyboardInterrupt; otherwise the first one does."""
         self.requests += 1
-        request = P.Sample(f"chat-{self.requests}", prompt, **{**self.settings, **overrides})
+        messages = self.messages(prompt) if self.chat else ()
+        request = P.Sample(f"chat-{self.requests}", prompt, **{**self.settings, **overrides}, messages=messages)
+        shown = "" if self.chat else prompt  # a chat model's reply is printed alone
         rows = [""] * request.num_samples
         streaming = request.num_samples == 1
         if streaming:
-            self.out.write(prompt)
+            self.out.write(shown)
             self.out.flush()
         self.engine.send(request)
         with Interrupts(first_raises=not cancel_on_interrupt) as interrupts:
@@ -149,8 +170,10 @@ class Session:
             self.out.write("\n")
         else:
             for i, text in enumerate(rows, 1):
-                self.out.write(f"--- sample {i} of {len(rows)} ---\n{prompt}{text}\n")
+                self.out.write(f"--- sample {i} of {len(rows)} ---\n{shown}{text}\n")
         self.out.flush()
+        if self.chat and streaming:  # a reply drawn among several is no turn of the conversation
+            self.turns += [("user", prompt), ("assistant", rows[0])]
         if cancelled:
             print("(stopped by Ctrl-C; Ctrl-C at the prompt, or Ctrl-D, leaves)", file=sys.stderr)
 
@@ -198,7 +221,9 @@ class Session:
             if command in ("quit", "exit"):
                 return
             if command == "help":
-                print(HELP, file=self.out)
+                print(HELP + ("\n" + CHAT_HELP if self.chat else ""), file=self.out)
+            elif word in ("reset", "system") and (self.chat or slash):  # on a base model, words to continue
+                self.converse(word, rest)
             elif command == "settings":
                 self.show_settings()
             elif word == "set":
@@ -217,6 +242,17 @@ class Session:
             else:
                 self.generate(line, cancel_on_interrupt=True)
                 self.requests_done()
+
+    def converse(self, word: str, rest: str) -> None:
+        """`reset` and `system TEXT`, a chat model's commands."""
+        if not self.chat:
+            error(f"{word}: only for a chat model (a run fine-tuned on conversations); this one continues text")
+        elif word == "reset":
+            self.turns = []
+            print("(a new conversation)", file=sys.stderr)
+        else:
+            self.system = rest.strip()
+            print(f"(system prompt: {self.system!r})" if self.system else "(no system prompt)", file=sys.stderr)
 
     def requests_done(self) -> None:
         """A REPL draws new text each time: the next request takes the next seed."""
@@ -251,16 +287,21 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from(args)
     checkpoint = find_checkpoint(args.path)
+    chat = is_chat_model(checkpoint) and not args.completion
+    if args.system and not chat:
+        raise UsageError(f"--system: only for a chat model (a run fine-tuned on conversations); {args.path} "
+                         + ("is spoken to as a base model (--completion)" if args.completion else "continues text"))
     engine = ChatEngine(checkpoint, args.device)
     engine.start()
-    session = Session(engine, settings)
+    session = Session(engine, settings, chat=chat, system=args.system)
     try:
         loaded = session.wait_ready()
         if args.prompt is not None:
             session.generate(args.prompt)
         else:
+            kind = "a chat model: your turn, then its reply" if chat else "text continued"
             print(f"chat: step {loaded.start_step} of {checkpoint} ({loaded.n_params:,} parameters, {loaded.device}, "
-                  f"{loaded.precision}); type `help` for commands", file=sys.stderr)
+                  f"{loaded.precision}; {kind}); type `help` for commands", file=sys.stderr)
             session.repl(sys.stdin)
         return 0
     except EngineGone:

@@ -1,7 +1,8 @@
 """The chat screen: a past run's checkpoint in a chat engine process, and the chat pane.
 
 Chat with a past run: its checkpoint loads in a chat engine process (the cockpit stays
-torch-free), and the chat pane talks to it."""
+torch-free), and the chat pane talks to it: as a conversation when the checkpoint is a chat
+model's (core/infer/chat_model.py), else continuing text."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from textual.widgets import Footer, Static
 
 from ...core import protocol as P
 from ...core.infer.chat_engine import ChatEngine
+from ...core.infer.chat_model import is_chat_model
 from ..bridge import EngineEvents, drain
 from ...core.run.state import run_config
 from ..widgets.chat_pane import ChatPane
@@ -57,7 +59,7 @@ class ChatScreen(Screen):
                 self.query_one("#log", LogPane).add(ev.text)
             elif isinstance(ev, P.RunStarted):
                 if config := run_config(ev.config):
-                    self.query_one(ChatPane).configure(config.sample)
+                    self.query_one(ChatPane).configure(config.sample, chat=is_chat_model(ev.run_dir))
                 top.update(Text(f" chat · {ev.run_dir} · step {ev.start_step} · {ev.n_params / 1e6:.2f}M params "
                                 f"· {ev.device} {ev.precision}", style="bold"))
             elif isinstance(ev, P.Failure):
