@@ -149,7 +149,7 @@ def fine_tuning(cfg: Config, from_: str | None, preset: str) -> Config:
     pretraining preset's, from fresh weights."""
     spec = from_ or cfg.training.from_checkpoint
     if spec:
-        from ..core.run.base_model import plan_from  # here: conversations' modules, which a pretraining run needs not
+        from ..core.data.base_model import plan_from  # here: conversations' modules, which a pretraining run needs not
 
         return plan_from(cfg, spec)
     if cfg.data.format == "chat":

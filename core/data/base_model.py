@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import Config, ConfigError
-from ..data.chat_data import grown_vocab
-from .checkpoint_folder import check_checkpoint, checkpoint_config, find_checkpoint, tokenizer_file
+from ..run.checkpoint_folder import check_checkpoint, checkpoint_config, find_checkpoint, tokenizer_file
+from .chat_data import grown_vocab
 
 
 def shape(cfg: Config) -> dict[str, object]:
