@@ -6,6 +6,10 @@ path is the one taken) and one fine-tuning run through the CLI serve every test 
 process; the errors stop before any engine starts."""
 
 import math
+import os
+import pickle
+import shlex
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -226,3 +230,28 @@ def test_from_errors_are_one_line_before_any_engine_starts(base, conversations, 
     one_error(cli("--run", "debug", "--from", str(base), "--out", str(out)), 'data.format = "chat"')
     one_error(cli("--run", "--resume", str(base), "--from", str(base)), "--from", "--resume")
     assert not out.exists()
+
+
+class RunsCommand:
+    """Unpickled, runs `command`: what a crafted checkpoint's metadata would carry."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+@pytest.mark.slow
+def test_a_base_checkpoint_whose_metadata_runs_a_command_is_refused_unread(base, conversations, tmp_path):
+    ckpt = tmp_path / "crafted"
+    shutil.copytree(base / "checkpoints" / "step_000006", ckpt)
+    metadata_file = ckpt / "train_state" / ".metadata"
+    metadata = pickle.loads(metadata_file.read_bytes())  # this suite's own file: fine to unpickle here
+    marker = tmp_path / "ran"
+    metadata.storage_meta.modules = [RunsCommand(f"touch {shlex.quote(str(marker))}")]
+    metadata_file.write_bytes(pickle.dumps(metadata))
+    out = tmp_path / "never"
+    one_error(cli("--run", "chat-cpu", "--from", str(ckpt), *fine_tune_flags(conversations), "--out", str(out)),
+              "names posix.system, which no lmcockpit checkpoint holds: refused (nothing in it was run)")
+    assert not marker.exists() and not out.exists()
