@@ -230,6 +230,8 @@ def test_from_errors_are_one_line_before_any_engine_starts(base, conversations, 
     one_error(cli("--run", "debug", "--from", str(base), "--out", str(out)), 'data.format = "chat"')
     one_error(cli("--run", "--resume", str(base), "--from", str(base)), "--from", "--resume")
     assert not out.exists()
+    # its rows are packed by the base's tokenizer: no cache to prepare ahead without one
+    one_error(cli("data", "prepare", "chat-cpu"), 'data.format = "chat"', "--from")
 
 
 class RunsCommand:
