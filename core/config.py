@@ -219,6 +219,10 @@ class TrainingConfig:
     target_accuracy: float = setting(0.0, "with target_task: the accuracy aimed at, in (0, 1]", on_resume="safe")
     stop_at_target: bool = setting(False, "end the run with a checkpoint once an evaluation reaches the target",
                                    on_resume="safe")
+    # Set by --from (a run folder's latest checkpoint, or a checkpoint folder): the run's weights start
+    # from that checkpoint's; its optimizer state and schedule start afresh (core/train/finetune.py).
+    from_checkpoint: str = setting("", "the checkpoint a fine-tuning run's weights start from (--from); \"\": none")
+    from_step: int = setting(0, "that checkpoint's step, recorded with it", ge=0)
 
 
 @dataclass
@@ -646,6 +650,9 @@ def _between_keys(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
     for i, part in enumerate(cfg.data.sources):
         if not part.source:  # required in a part; the field's default only stands in for it
             yield ("data.sources",), f"data.sources[{i}].source is missing: each part names its source"
+    if cfg.data.format == "chat" and cfg.data.sources:
+        yield (("data.format", "data.sources"),
+               'data.format = "chat" reads one conversation source (data.source), not a mixture ([[data.sources]])')
     if t.target_task and t.target_val_loss:
         yield (("training.target_val_loss", "training.target_task"),
                "training.target_val_loss and training.target_task: one target at a time (set the other to its "

@@ -43,3 +43,25 @@ def write_conversations(path: Path, records: list, compress: str = "") -> Path:
         text = gzip.compress(text, mtime=0)
     path.write_bytes(text)
     return path
+
+
+def bpe_without_turn_tokens(folder: Path, vocab_size: int = 400):
+    """A byte-level BPE as lmcockpit trained them before the turn tokens were reserved (only
+    <|endoftext|>, id 0), saved as a transformers folder: a base model whose tokenizer must grow."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    texts = [p.read_text(errors="replace") for p in sorted((sources.stdlib_root() / "json").glob("*.py"))]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainer=trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[tokenizer.EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tokenizer.save_hf_tokenizer(tok, folder, tokenizer.EOS)
+    return tok
+
+
+def arithmetic_conversations(path: Path, n: int = 300) -> Path:
+    """`n` short two-turn conversations, each fitting a row of 65 tokens many times over."""
+    return write_conversations(path, [conversation(f"Add {i} and {i + 1}.", f"def add(): return {2 * i + 1}")
+                                      for i in range(n)])

@@ -11,10 +11,12 @@ from .helpers import NO_GPU, cli
 GPU_PRESETS = {"3060": 12, "4070ti": 12, "3090": 24, "4090": 24, "a100-40gb": 40, "a100-80gb": 80, "h100": 80}
 # Reference runs sized to a known result, not to fill a card (tests/test_gpt2_preset.py).
 REFERENCE_PRESETS = {"gpt2-fineweb"}
+# Fine-tuning runs from a base model (--from: tests/test_finetune.py).
+CHAT_PRESETS = {"chat-cpu"}
 
 
 def test_every_gpu_class_has_a_preset():
-    assert set(GPU_PRESETS) | {"cpu", "debug"} | REFERENCE_PRESETS == set(shipped_presets())
+    assert set(GPU_PRESETS) | {"cpu", "debug"} | REFERENCE_PRESETS | CHAT_PRESETS == set(shipped_presets())
 
 
 @pytest.mark.parametrize("name", sorted(GPU_PRESETS))

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from .. import __version__
-from ..core.config import ConfigError, TrainingConfig, load_config, shipped_presets
+from ..core.config import Config, ConfigError, TrainingConfig, load_config, shipped_presets
 from ..core.process import live
 from ..core.process.rendezvous import Rendezvous
 from ..core.run.folder import create_run_dir
@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="PATH",
                    help="continue a run folder in place (from its latest checkpoint), or a checkpoint folder "
                         "into a new run folder").completer = completers.run_folders
+    t.add_argument("--from", dest="from_", metavar="RUN_OR_CHECKPOINT",
+                   help="fine-tune: a new run whose weights start from this run folder's latest checkpoint (or "
+                        "this checkpoint folder's), with a chat preset (docs/chat.md)").completer = completers.run_folders
     t.add_argument("--gpu", metavar="N", type=int, help="train on GPU N (same as --set hardware.device=\"cuda:N\")")
     t.add_argument("--detach", action="store_true",
                    help="start the run in the background, with no cockpit: `lmcockpit attach` shows it")
@@ -121,6 +124,9 @@ def plan_run(args: argparse.Namespace, preset: str | None) -> RunPlan:
         if preset:
             raise UsageError("--resume continues with the checkpoint's own config: drop the preset "
                              "(change the step budget or cadence with --set)")
+        if args.from_:
+            raise UsageError("--from starts a new fine-tuning run and --resume continues one (its base is in its "
+                             "config): give one")
         plan = plan_resume(args.resume, overrides_of(args), args.out, check=check_before_start)
         cfg, run_dir, resume_from, title = plan.cfg, plan.run_dir, plan.checkpoint, plan.run_dir.name
         in_place = plan.in_place
@@ -128,6 +134,7 @@ def plan_run(args: argparse.Namespace, preset: str | None) -> RunPlan:
         if not preset:
             raise UsageError("--run needs a preset (a TOML path or a shipped name such as `cpu`)")
         cfg, path = load_config(preset, overrides_of(args))
+        cfg = fine_tuning(cfg, args.from_, Path(path).name)
         rendezvous = rendezvous_of(args)
         if rendezvous is not None:  # before a run folder exists for a run that cannot start
             rendezvous.check(cfg)
@@ -135,6 +142,20 @@ def plan_run(args: argparse.Namespace, preset: str | None) -> RunPlan:
         resume_from, title = None, Path(path).stem
         in_place = False
     return RunPlan(cfg, run_dir, resume_from, title, rendezvous_of(args), in_place)
+
+
+def fine_tuning(cfg: Config, from_: str | None, preset: str) -> Config:
+    """A chat preset's run starts from a base model (--from, or training.from_checkpoint set); a
+    pretraining preset's, from fresh weights."""
+    spec = from_ or cfg.training.from_checkpoint
+    if spec:
+        from ..core.data.base_model import plan_from  # here: conversations' modules, which a pretraining run needs not
+
+        return plan_from(cfg, spec)
+    if cfg.data.format == "chat":
+        raise UsageError(f"{preset} fine-tunes a base model on conversations: give --from RUN_OR_CHECKPOINT "
+                         "(a run folder or a checkpoint folder)")
+    return cfg
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -18,10 +18,13 @@ VERDICT_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
 
 def preset_rows(card: int | None) -> list[tuple[str, str, str, str, str, str]]:
     """(name, GPU class, parameters, tokens/step, estimated peak, verdict) of every shipped preset,
-    smallest card first; judged against `card` bytes, or each preset's own class when None."""
+    smallest card first, a class's fine-tuning presets after its pretraining ones; judged against
+    `card` bytes, or each preset's own class when None."""
     configs = [(name, load_config(name)[0]) for name in shipped_presets()]
     rows = []
-    for name, cfg in sorted(configs, key=lambda nc: (nc[1].hardware.vram_gb, memory_estimate.param_counts(nc[1]).total)):
+    # a fine-tuning preset after the pretraining ones of its class: it starts from one of their runs
+    for name, cfg in sorted(configs, key=lambda nc: (nc[1].hardware.vram_gb, nc[1].data.format == "chat",
+                                                     memory_estimate.param_counts(nc[1]).total, nc[0])):
         estimate, verdict = memory_estimate.judge(cfg, card)
         on_gpu = card is not None or cfg.hardware.vram_gb > 0
         rows.append((name, cfg.hardware.gpu_class, f"{memory_estimate.param_counts(cfg).total / 1e6:.1f}M",

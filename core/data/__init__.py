@@ -16,9 +16,11 @@ file's pieces, decompressed once into plain files).
 Conversations, for fine-tuning to chat: `conversations` (files of them read and checked, a bad
 record one error line) → `chat_template` (its special tokens, which every BPE reserves; ids and a
 loss mask; its Jinja form for transformers) → `chat_rows` (packed into rows with their masks, a
-cache folder of them, batches); `stdlib_chat` is the built-in set, `python-stdlib-chat`.
+cache folder of them, batches); `stdlib_chat` is the built-in set, `python-stdlib-chat`; `chat_data`
+is a fine-tuning run's data (the base's tokenizer with the turn tokens, in the run folder; its rows),
+`base_model` its base checkpoint found and its shape checked, before any engine starts.
 
 Torch: never. numpy and tokenizers at import in `cache`, `tokenizer`, `encoder`, `batches`,
-`build`, `prepare` and `chat_rows`; `sources`, `readers`, `split`, `children`, `store`, `budget`,
+`build`, `prepare`, `chat_rows`, `chat_data` and `base_model`; `sources`, `readers`, `split`, `children`, `store`, `budget`,
 `hub`, `pretrained`, `formats`, `spool`, `chat_template`, `conversations` and `stdlib_chat` import
 neither, and the front-end reads them."""

@@ -37,6 +37,8 @@ class Mixture:
 
 def get_batch(tokens, seed: int, g: int, batch_size: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, targets), each (batch_size, seq_len) int64, targets shifted by one token."""
+    if hasattr(tokens, "batch"):  # conversations' rows (chat_rows.ChatRows): whole rows, masked targets
+        return tokens.batch(seed, g, batch_size)
     if isinstance(tokens, Mixture):
         return mixture_batch(tokens, seed, g, batch_size, seq_len)
     return rows_at(tokens, window_starts(seed, g, len(tokens), batch_size, seq_len), seq_len)

@@ -168,7 +168,8 @@ def header(cfg: Config, train) -> list[str]:
     """The run header's lines about its data: the budget, then for a mixture each part's share, its
     tokens and the epochs its weight makes of them; a warning for what repeats past MANY_EPOCHS."""
     streams = getattr(train, "parts", None)  # a batches.Mixture's train streams, one per [[data.sources]]
-    each = parts(cfg, [len(s) for s in streams] if streams is not None else [len(train)])
+    # conversations' rows (chat_rows.ChatRows) count their positions: a row is not a token
+    each = parts(cfg, [len(s) for s in streams] if streams is not None else [getattr(train, "tokens", len(train))])
     budget = whole(cfg, each)
     if streams is None:
         return [budget.line(), *filter(None, [budget.warning()])]

@@ -119,6 +119,11 @@ class ChatRows:
     def __len__(self) -> int:
         return len(self.ids)
 
+    @property
+    def tokens(self) -> int:
+        """The positions its rows train on (each row's inputs), as a token stream's length counts them."""
+        return len(self.ids) * (self.ids.shape[1] - 1)
+
     def at(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(inputs, targets) of these rows, each (len(rows), row_len - 1) int64; targets IGNORE where masked out."""
         ids = np.asarray(self.ids[rows], dtype=np.int64)

@@ -44,6 +44,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..data.chat_rows import IGNORE  # a target the loss skips: a chat run's prompt and padding
+
 
 @dataclass(frozen=True)
 class GPTShape:
@@ -281,7 +283,8 @@ class GPT(nn.Module):
         return F.linear(self.norm(x[:, -1:]), self.embed_tokens.weight)[:, 0].float()
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, T, V) without targets; the mean cross-entropy with them."""
+        """Logits (B, T, V) without targets; with them, the mean cross-entropy over the targets that
+        are not IGNORE (a chat run's prompt and padding: chat_rows.py)."""
         h = self.hidden(idx)
         if targets is not None and torch.is_grad_enabled() and not torch.compiler.is_compiling() \
                 and not _fp16_autocast(h.device.type):
@@ -289,7 +292,7 @@ class GPT(nn.Module):
         logits = F.linear(h, self.embed_tokens.weight)
         if targets is None:
             return logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE)
 
     def token_losses(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Per-token cross-entropy (B, T) in float32, for bits-per-byte; evaluation's loss, without
@@ -332,7 +335,9 @@ class LinearCrossEntropy(torch.autograd.Function):
     gradients of `h` and `W` computed on the way (softmax minus the one-hot target, times the
     inputs). Eager cross-entropy writes the float32 logits, their log-probabilities, and the
     gradient of each; here one block of logits at a time exists, and backward only scales. The
-    matmuls run in the ambient autocast dtype, as F.linear's would, the rest in float32."""
+    matmuls run in the ambient autocast dtype, as F.linear's would, the rest in float32.
+    Targets equal to IGNORE count for nothing: the mean is over the others, as F.cross_entropy's
+    ignore_index makes it (a row with none counts 0, not NaN)."""
 
     # Logits per block: 16 MB of float32 on a CPU (cache-sized); 256 MB on a GPU, where each block
     # costs a few kernel launches (32k tokens of a 32k vocabulary: 16 blocks, not 256).
@@ -346,7 +351,10 @@ class LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, W: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        n = h.shape[0]
+        kept = targets != IGNORE
+        # Counted on the device: no host sync. Where nothing is ignored this is n, as it was.
+        n = kept.sum().clamp(min=1).to(torch.float32)
+        targets = targets.clamp(min=0)  # an ignored target's row is zeroed below; gather needs an index
         rows = LinearCrossEntropy.rows_per_block(W.shape[0], h.is_cuda)
         grad_h = torch.empty_like(h)
         grad_W = torch.zeros(W.shape, dtype=torch.float32, device=W.device)
@@ -354,14 +362,14 @@ class LinearCrossEntropy(torch.autograd.Function):
         device = h.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
         h_mm, W_mm = h.to(dtype), W.to(dtype)  # cast once, as autocast would for F.linear
-        for start in range(0, n, rows):
-            hs, ts = h_mm[start:start + rows], targets[start:start + rows]
+        for start in range(0, h.shape[0], rows):
+            hs, ts, ks = h_mm[start:start + rows], targets[start:start + rows], kept[start:start + rows]
             logits = F.linear(hs, W_mm).float()
             lse = torch.logsumexp(logits, dim=-1)
-            total += (lse - logits.gather(1, ts[:, None]).squeeze(1)).sum()
+            total += (lse - logits.gather(1, ts[:, None]).squeeze(1)).masked_fill_(~ks, 0.0).sum()
             grad = logits.sub_(lse[:, None]).exp_()  # softmax, in the logits' memory
             grad[torch.arange(len(ts), device=grad.device), ts] -= 1.0
-            grad = grad.div_(n).to(dtype)
+            grad = grad.div_(n).masked_fill_(~ks[:, None], 0.0).to(dtype)
             grad_h[start:start + rows] = grad @ W_mm
             grad_W += grad.T @ hs
         ctx.save_for_backward(grad_h, grad_W.to(W.dtype))

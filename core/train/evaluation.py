@@ -17,6 +17,7 @@ import torch
 from .. import protocol as P
 from ..config import ConfigError
 from ..data import batches
+from ..data.chat_rows import IGNORE, ChatRows
 from ..model import sampling
 from ..run.target import run_time
 from ..tasks import catalog as tasks_catalog, items as task_items
@@ -93,7 +94,10 @@ class Evaluation:
         cfg, t, data, device = tr.cfg, tr.cfg.training, tr.data, tr.device
         # The windows in the run's own batches (the same at every evaluation, whatever a resume
         # changed of the micro-batch), evaluated eval.batch_size of them at a time.
-        windows = batches.eval_windows(len(data.val), cfg.eval.batches, tr.data_unit.rows, t.seq_len).ravel()
+        # Conversations (chat_rows.ChatRows): whole rows, the loss only where the targets are not IGNORE.
+        chat = isinstance(data.val, ChatRows)
+        windows = (data.val.eval_rows(cfg.eval.batches, tr.data_unit.rows) if chat else
+                   batches.eval_windows(len(data.val), cfg.eval.batches, tr.data_unit.rows, t.seq_len)).ravel()
         size = cfg.eval_batch_size
         starts = [windows[i:i + size] for i in range(0, len(windows), size)]
         nats, n_bytes, n_tokens, loss_sum = 0.0, 0, 0, 0.0
@@ -105,17 +109,20 @@ class Evaluation:
         rounds = -(-len(starts) // g.world) if g.sharded else len(range(g.rank, len(starts), g.world))
         for i in range(g.rank, g.rank + rounds * g.world, g.world):
             counts = i < len(starts)
-            rows = batches.rows_at(data.val, starts[i if counts else 0], t.seq_len)
+            at = starts[i if counts else 0]
+            rows = data.val.at(at) if chat else batches.rows_at(data.val, at, t.seq_len)
             x, y = (torch.from_numpy(a).to(device) for a in rows)
+            kept = y != IGNORE
+            y = y.clamp(min=0)
             with tr.autocast():
-                losses = tr.model.token_losses(x, y)
+                losses = tr.model.token_losses(x, y) * kept  # times 1 where nothing is ignored: the same sums
             if not counts:
                 continue
-            b = token_bytes[y]
+            b = token_bytes[y] * kept
             nats += float((losses * (b > 0)).sum())
             n_bytes += int(b.sum())
             loss_sum += float(losses.sum())
-            n_tokens += losses.numel()
+            n_tokens += int(kept.sum())
         totals = g.sum(torch.tensor([nats, n_bytes, n_tokens, loss_sum], dtype=torch.float64, device=device))
         nats, n_bytes, n_tokens, loss_sum = totals.tolist()
         return {"val_loss": loss_sum / n_tokens, "val_bpb": nats / (math.log(2) * max(1, n_bytes))}

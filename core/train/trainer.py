@@ -37,7 +37,7 @@ from ..model.gpt import GPT, shape_from_config
 from ..run.checkpoint_folder import tokenizer_file
 from ..run.history_file import Summarised
 from ..run.folder import METRICS, MetricsLog, TOKENIZER
-from . import memory_probe
+from . import finetune, memory_probe
 from .checkpointing import Checkpoints
 from .evaluation import Evaluation
 from .group import Group
@@ -116,7 +116,7 @@ class Trainer:
             # embedding gradient with atomic adds): same seed, same losses, exact resume.
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.stop_if_told(every=0)
-        self.data = self.prepare_data()
+        self.data = finetune.prepare_data(self) if cfg.data.format == "chat" else self.prepare_data()
         self.stop_if_told(every=0)
         if self.group.is_main:
             for line in data_budget.header(cfg, self.data.train):
@@ -132,6 +132,7 @@ class Trainer:
         m = cfg.model
         # Initialised on CPU and then moved, so a seed gives the same weights on any device (and rank).
         self.model = GPT(shape_from_config(cfg)).to(self.device)
+        finetune.start_from_base(self)  # a new fine-tuning run's weights: its base's
         self.model.activation_checkpointing = cfg.training.activation_checkpointing
         self.model.expand_kv = expands_kv(cfg, self.device, self.precision)
         # DDP or FSDP around the model (itself for one process); sharding comes before the
@@ -258,6 +259,7 @@ class Trainer:
         except StoppedInSetup:
             self.log("stopped while setting up, before the first step: nothing to save")
             return P.INTERRUPTED if self.stop.interrupted else P.ABORTED
+        finetune.evaluate_start(self)  # a new fine-tuning run's step 0
         t = self.cfg.training
         self.compiling = t.compile
         self.emit(P.StateChanged(P.COMPILING if t.compile else P.RUNNING))

@@ -136,6 +136,9 @@ def prepare(cfg: Config, again: str) -> int:
     """`again`: the arguments that run it once more, said when it is interrupted."""
     from ...core.data.prepare import prepare as build
 
+    if cfg.data.format == "chat":  # packed by the run's tokenizer, which is its base model's: known only with --from
+        raise UsageError('data.format = "chat": a fine-tuning run packs its conversations itself, by its base '
+                         "model's tokenizer (lmcockpit --run PRESET --from RUN_OR_CHECKPOINT)")
     console = plain_console()
     progress = Progress(console)
     t0 = time.monotonic()

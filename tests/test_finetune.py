@@ -1,0 +1,259 @@
+"""Fine-tuning from a checkpoint (#54): --from, the loss on the assistant's tokens only, the embedding
+grown for the turn tokens, the starting weights scored at step 0, an exact resume, the errors.
+
+One tiny base run (its tokenizer made before the turn tokens were reserved, so the common growth
+path is the one taken) and one fine-tuning run through the CLI serve every test that starts a
+process; the errors stop before any engine starts."""
+
+import math
+import os
+import pickle
+import shlex
+import shutil
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.numpy import load_file
+from tokenizers import Tokenizer
+
+from lmcockpit.core.config import ConfigError, load_config
+from lmcockpit.core.data import batches, chat_template
+from lmcockpit.core.data.base_model import plan_from
+from lmcockpit.core.data.chat_data import grown_vocab
+from lmcockpit.core.data.chat_rows import IGNORE, ChatRows
+from lmcockpit.core.model.gpt import GPT, GPTShape
+from lmcockpit.core.run.folder import read_metrics
+from lmcockpit.core.train.finetune import grown_embedding
+
+from .helpers import as_flags, cli, drive_engine, one_error, tiny_config
+from .helpers_chat import arithmetic_conversations, bpe_without_turn_tokens, trained_bpe
+
+BASE_VOCAB = 400
+BASE = ["training.max_steps=6", "checkpoint.every=3", "eval.every=3", "eval.batches=2", "data.max_bytes=300_000",
+        f"tokenizer.vocab_size={BASE_VOCAB}"]
+# chat-cpu shrunk to the base's shape (the debug preset's), a few steps
+FINE_TUNE = ["model.n_layer=2", "model.d_model=64", "model.mlp_hidden=0", "model.max_seq_len=64", "training.seq_len=64",
+             "training.micro_batch_size=8", "training.compile=false", "training.max_steps=8",
+             "optimizer.warmup_steps=2", "checkpoint.every=4", "checkpoint.keep=5", "eval.every=4", "eval.batches=2",
+             "data.val_fraction=0.2", 'hardware.device="cpu"', "sample.prompts=[]"]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("base")
+    bpe_without_turn_tokens(root / "tokenizer", BASE_VOCAB)
+    run = root / "run"
+    engine, _ = drive_engine(tiny_config(*BASE, f'tokenizer.kind="{root / "tokenizer"}"'), run)
+    assert engine.final_state == "finished"
+    return run
+
+
+@pytest.fixture(scope="module")
+def conversations(tmp_path_factory) -> Path:
+    return arithmetic_conversations(tmp_path_factory.mktemp("chats") / "chat.jsonl")
+
+
+def fine_tune_flags(conversations: Path, *extra: str) -> list[str]:
+    return as_flags([*FINE_TUNE, f'data.source="{conversations}"', *extra])
+
+
+@pytest.fixture(scope="module")
+def finetuned(base, conversations, tmp_path_factory):
+    out = tmp_path_factory.mktemp("finetuned") / "run"
+    proc = cli("--run", "chat-cpu", "--from", str(base), *fine_tune_flags(conversations), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, proc
+
+
+def step_losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run, "step")}
+
+
+# ------------------------------------------------------------------------------ the loss, masked
+def tiny_model(vocab: int = 97) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTShape(vocab_size=vocab, n_layer=1, d_model=32, n_head=2, n_kv_head=1, head_dim=16, mlp_hidden=64,
+                        max_seq_len=16))
+
+
+def masked_targets(vocab: int = 97) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, vocab, (3, 16), generator=g)
+    y = torch.randint(0, vocab, (3, 16), generator=g)
+    y[:, :5] = IGNORE  # a prompt
+    y[1] = IGNORE  # a row with nothing to learn
+    y[2, -3:] = IGNORE  # padding
+    return x, y
+
+
+def test_the_fused_loss_equals_the_plain_one_on_masked_targets_values_and_gradients():
+    x, y = masked_targets()
+    fused_model, plain_model = tiny_model(), tiny_model()
+    fused = fused_model(x, y)  # grad enabled, not compiling: LinearCrossEntropy
+    fused.backward()
+    logits = plain_model(x)  # the plain path: logits, then F.cross_entropy with ignore_index
+    plain = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), ignore_index=IGNORE)
+    plain.backward()
+    assert torch.allclose(fused, plain, rtol=1e-6, atol=1e-6)
+    for (name, a), (_, b) in zip(fused_model.named_parameters(), plain_model.named_parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-7), name
+    with torch.no_grad():  # the model's own plain path (no gradients wanted) agrees too
+        assert torch.allclose(plain_model(x, y), plain, rtol=1e-6, atol=1e-6)
+
+
+def test_the_loss_is_the_mean_over_the_counted_targets_only():
+    x, y = masked_targets()
+    model = tiny_model()
+    kept = y != IGNORE
+    with torch.no_grad():
+        each = model.token_losses(x, y.clamp(min=0))
+    expected = each[kept].mean()
+    assert torch.allclose(model(x, y), expected, rtol=1e-6)
+    # what is ignored has no effect at all: other ids there give the same loss and gradients
+    other = y.clone()
+    other[~kept] = 5
+    other_kept = torch.where(kept, other, torch.full_like(other, IGNORE))
+    a, b = tiny_model(), tiny_model()
+    a(x, y).backward()
+    b(x, other_kept).backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_batches_of_conversation_rows_are_the_rows_own():
+    ids = np.arange(4 * 9, dtype=np.uint16).reshape(4, 9)
+    mask = np.zeros((4, 9), dtype=np.uint8)
+    mask[:, 5:] = 1
+    rows = ChatRows(ids, mask)
+    x, y = batches.get_batch(rows, 7, 3, 5, 8)
+    ex, ey = rows.batch(7, 3, 5)
+    assert np.array_equal(x, ex) and np.array_equal(y, ey)
+    assert (y[:, :4] == IGNORE).all() and (y[:, 4:] != IGNORE).all()
+    assert rows.tokens == 4 * 8
+
+
+# ----------------------------------------------------------------------------- the vocabulary
+def test_a_tokenizer_without_the_turn_tokens_grows_and_one_with_them_does_not(tmp_path):
+    bpe_without_turn_tokens(tmp_path / "old", 300)
+    assert grown_vocab(tmp_path / "old" / "tokenizer.json", 300) == (304, 4)
+    # a pretrained vocabulary's embedding is often padded: rows past its last id hold the new ones
+    assert grown_vocab(tmp_path / "old" / "tokenizer.json", 320) == (320, 4)
+    trained_bpe(tmp_path / "new", 300)  # reserves them (ids 1-4)
+    assert grown_vocab(tmp_path / "new" / "tokenizer.json", 300) == (300, 0)
+
+
+def test_new_embedding_rows_start_at_the_mean_of_the_old():
+    weight = torch.randn(10, 4)
+    grown = grown_embedding(weight, 13)
+    assert grown.shape == (13, 4) and torch.equal(grown[:10], weight)
+    assert torch.allclose(grown[10:], weight.mean(dim=0).expand(3, 4))
+    assert grown_embedding(weight, 10) is weight
+    with pytest.raises(ConfigError, match="more than this run's tokenizer.vocab_size"):
+        grown_embedding(weight, 8)
+
+
+# ------------------------------------------------------------------------------ the plan (no engine)
+@pytest.mark.slow
+def test_from_a_run_folder_takes_its_latest_checkpoint_and_from_a_checkpoint_folder_that_one(base, conversations):
+    cfg, _ = load_config("chat-cpu", [*FINE_TUNE, f'data.source="{conversations}"'])
+    latest = plan_from(cfg, str(base))
+    assert latest.training.from_checkpoint == str((base / "checkpoints" / "step_000006").resolve())
+    assert latest.training.from_step == 6
+    assert latest.tokenizer.vocab_size == BASE_VOCAB + len(chat_template.TURN_TOKENS)
+    assert latest.tokenizer.kind.endswith("tokenizer")  # the base's tokenizer, not the preset's
+    earlier = plan_from(cfg, str(base / "checkpoints" / "step_000003"))
+    assert (earlier.training.from_checkpoint, earlier.training.from_step) == (
+        str((base / "checkpoints" / "step_000003").resolve()), 3)
+
+
+# ------------------------------------------------------------------------------ a fine-tuning run
+@pytest.mark.slow
+def test_a_fine_tuning_run_starts_from_its_bases_weights_with_the_turn_tokens_added(base, finetuned):
+    out, proc = finetuned
+    cfg = tomllib.loads((out / "config.toml").read_text())
+    ckpt = (base / "checkpoints" / "step_000006").resolve()
+    assert cfg["training"]["from_checkpoint"] == str(ckpt) and cfg["training"]["from_step"] == 6
+    assert cfg["data"]["format"] == "chat"
+    grown = BASE_VOCAB + len(chat_template.TURN_TOKENS)
+    assert cfg["tokenizer"]["vocab_size"] == grown
+    assert f"fine-tuning from {ckpt} at step 6" in proc.stdout
+    assert f"embedding grown from {BASE_VOCAB} to {grown} rows" in proc.stdout
+    # the run's own tokenizer: the base's ids, then the turn tokens after its last
+    tok = Tokenizer.from_file(str(out / "tokenizer" / "tokenizer.json"))
+    base_tok = Tokenizer.from_file(str(base / "tokenizer" / "tokenizer.json"))
+    assert [tok.token_to_id(t) for t in chat_template.TURN_TOKENS] == list(range(BASE_VOCAB, grown))
+    assert all(tok.token_to_id(t) == i for t, i in base_tok.get_vocab().items())
+    weights = load_file(str(out / "checkpoints" / "step_000008" / "model.safetensors"))
+    assert weights["embed_tokens.weight"].shape[0] == grown
+    # the starting weights scored before the first step: the base's, far below a fresh model's ln(V)
+    evals = {r["step"]: r for r in read_metrics(out, "eval")}
+    assert sorted(evals) == [0, 4, 8]
+    assert evals[0]["val_loss"] < math.log(grown) - 0.3
+    assert "eval step 0 |" in proc.stdout
+    assert sorted(step_losses(out)) == list(range(1, 9))
+
+
+@pytest.mark.slow
+def test_a_fine_tuning_run_resumes_bit_exactly_from_its_own_checkpoint(finetuned, tmp_path):
+    out, _ = finetuned
+    continued = tmp_path / "continued"
+    proc = cli("--run", "--resume", str(out / "checkpoints" / "step_000004"), "--out", str(continued))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fine-tuning from" not in proc.stdout  # its own checkpoint, never the base again
+    ref, got = step_losses(out), step_losses(continued)
+    assert sorted(got) == [5, 6, 7, 8]
+    assert all(got[s] == ref[s] for s in got), "per-step losses differ after resume"
+    assert 0 not in {r["step"] for r in read_metrics(continued, "eval")}
+    a = load_file(str(out / "checkpoints" / "step_000008" / "model.safetensors"))
+    b = load_file(str(continued / "checkpoints" / "step_000008" / "model.safetensors"))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+# ------------------------------------------------------------------------------ errors: one line, exit 2
+@pytest.mark.slow
+def test_from_errors_are_one_line_before_any_engine_starts(base, conversations, tmp_path):
+    out = tmp_path / "never"
+    flags = [*fine_tune_flags(conversations), "--out", str(out)]
+    one_error(cli("--run", "chat-cpu", "--from", str(tmp_path / "nowhere"), *flags),
+              "--from", "no such run folder or checkpoint folder")
+    one_error(cli("--run", "chat-cpu", "--from", str(tmp_path), *flags), "neither a run folder")
+    empty_run = tmp_path / "empty-run"
+    empty_run.mkdir()
+    (empty_run / "config.toml").write_text((base / "config.toml").read_text())
+    one_error(cli("--run", "chat-cpu", "--from", str(empty_run), *flags), "no complete checkpoint")
+    one_error(cli("--run", "chat-cpu", "--from", str(base), *flags, "--set", "model.d_model=128"),
+              "model.d_model = 128 here but 64 in the base model")
+    one_error(cli("--run", "chat-cpu", *flags), "fine-tunes a base model", "--from")
+    one_error(cli("--run", "debug", "--from", str(base), "--out", str(out)), 'data.format = "chat"')
+    one_error(cli("--run", "--resume", str(base), "--from", str(base)), "--from", "--resume")
+    assert not out.exists()
+    # its rows are packed by the base's tokenizer: no cache to prepare ahead without one
+    one_error(cli("data", "prepare", "chat-cpu"), 'data.format = "chat"', "--from")
+
+
+class RunsCommand:
+    """Unpickled, runs `command`: what a crafted checkpoint's metadata would carry."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+@pytest.mark.slow
+def test_a_base_checkpoint_whose_metadata_runs_a_command_is_refused_unread(base, conversations, tmp_path):
+    ckpt = tmp_path / "crafted"
+    shutil.copytree(base / "checkpoints" / "step_000006", ckpt)
+    metadata_file = ckpt / "train_state" / ".metadata"
+    metadata = pickle.loads(metadata_file.read_bytes())  # this suite's own file: fine to unpickle here
+    marker = tmp_path / "ran"
+    metadata.storage_meta.modules = [RunsCommand(f"touch {shlex.quote(str(marker))}")]
+    metadata_file.write_bytes(pickle.dumps(metadata))
+    out = tmp_path / "never"
+    one_error(cli("--run", "chat-cpu", "--from", str(ckpt), *fine_tune_flags(conversations), "--out", str(out)),
+              "names posix.system, which no lmcockpit checkpoint holds: refused (nothing in it was run)")
+    assert not marker.exists() and not out.exists()
