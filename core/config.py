@@ -301,6 +301,9 @@ class LoggingConfig:
                                 on_resume="safe")
     wandb: str = setting("", 'a Weights & Biases project to log to; "": none (lmcockpit[wandb])',
                          check=_wandb_project, on_resume="safe")
+    # Its cost, measured by bench/layer_stats.py (bench/RESULTS.md), is what the help says.
+    layer_stats_every: int = setting(0, "steps between records of each block's gradient norm and update/weight "
+                                     "ratio (the cockpit's layers panel); 0: none. COST", ge=0, on_resume="safe")
 
 
 @dataclass
