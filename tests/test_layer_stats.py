@@ -275,3 +275,24 @@ def test_layers_panel_snapshot_80x24_a_line(snap_compare):
 
     assert snap_compare(FedDashboard(layer_events(), device="cpu", gpus=0), terminal_size=(80, 24),
                         run_before=collapsed)
+
+
+async def test_a_click_on_the_panel_switches_to_the_gradient_norm_and_back():
+    app = FedDashboard(layer_events(), device="cpu", gpus=0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        dash = app.screen
+        side = dash.query_one("#side")
+        side.chosen = "layers"
+        side.fit()
+        await pilot.pause()
+        panel = dash.query_one("#layers")
+        assert panel.metric == "update" and not panel.collapsed
+        await pilot.click("#layers")
+        await pilot.pause()
+        lines = shown_in(app, panel)
+        assert panel.metric == "grad" and any("gradient norm " in line for line in lines), lines  # the legend, in full
+        assert "click: upd/w" in lines[-1]
+        await pilot.click("#layers")
+        await pilot.pause()
+        assert panel.metric == "update" and any("upd/w" in line for line in shown_in(app, panel))
