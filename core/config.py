@@ -304,8 +304,8 @@ class LoggingConfig:
                          check=_wandb_project, on_resume="safe")
     # Its cost, measured by bench/layer_stats.py (bench/RESULTS.md), is what the help says.
     layer_stats_every: int = setting(0, "steps between records of each block's gradient norm and update/weight "
-                                     "ratio (the cockpit's layers panel); 0: none. Every 10 steps: 0.1% of a cpu "
-                                     "preset step; every step: 1.2%", ge=0, on_resume="safe")
+                                     "ratio (the cockpit's layers panel); 0: none. Every 10 steps: at most 0.5% of "
+                                     "a cpu preset step; every step: 1 to 5%", ge=0, on_resume="safe")
 
 
 @dataclass
