@@ -304,11 +304,16 @@ class DistributedConfig:
 
 @dataclass
 class LoggingConfig:
-    """Where else the metrics go, besides metrics.jsonl: what a team already watches."""
+    """Where else the metrics go, besides metrics.jsonl (what a team already watches), and what more
+    metrics.jsonl holds on demand."""
     tensorboard: bool = setting(False, "event files in the run folder's tensorboard/ (lmcockpit[tensorboard])",
                                 on_resume="safe")
     wandb: str = setting("", 'a Weights & Biases project to log to; "": none (lmcockpit[wandb])',
                          check=_wandb_project, on_resume="safe")
+    # Its cost, measured by bench/layer_stats.py (bench/RESULTS.md), is what the help says.
+    layer_stats_every: int = setting(0, "steps between records of each block's gradient norm and update/weight "
+                                     "ratio (the cockpit's layers panel); 0: none. Every 10 steps: at most 0.5% of "
+                                     "a cpu preset step; every step: 1 to 5%", ge=0, on_resume="safe")
 
 
 @dataclass

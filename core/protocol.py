@@ -235,6 +235,20 @@ class Profiled:
 
 
 @dataclass(frozen=True)
+class LayerStats:
+    """Each transformer block's health at `step` (logging.layer_stats_every; core/train/layer_stats.py):
+    its gradient norm before clipping, and its update-to-weight ratio, ||W after - W before|| /
+    ||W before|| over the block's parameters, a list entry per block from the first. The embedding
+    (which is also the head) with the final norm is `embed_*`: not a block."""
+    kind: ClassVar[str] = "layers"
+    step: int
+    grad_norm: list[float]
+    update_ratio: list[float]
+    embed_grad_norm: float
+    embed_update_ratio: float
+
+
+@dataclass(frozen=True)
 class Note:
     """Something metrics.jsonl says of itself (rows a full disk cost)."""
     kind: ClassVar[str] = "note"

@@ -23,7 +23,8 @@ from tests.helpers import TINY, as_flags, cli, drive_engine, engines_of, losses,
 
 # Three eval batches over two ranks: under FSDP rank 1 must run a forward pass it does not count.
 STEPS = ["training.max_steps=10", "eval.every=5", "eval.batches=3", "checkpoint.every=5", "training.log_every=1",
-         "eval.tasks=[\"python-functions\"]", "eval.max_per_task=21"]  # 21: the ranks' shares differ by one
+         "eval.tasks=[\"python-functions\"]", "eval.max_per_task=21",  # 21: the ranks' shares differ by one
+         "logging.layer_stats_every=5"]
 REL = 1e-5  # the issue's bound; on this CPU the runs agree exactly
 
 
@@ -77,6 +78,19 @@ def test_two_processes_accumulating_two_give_the_losses_of_one_accumulating_four
     started = next(e for e in events if isinstance(e, P.RunStarted))
     assert started.world == 2 and started.devices == ("cpu", "cpu")
     assert started.tokens_per_step == next(e for e in one_events if isinstance(e, P.RunStarted)).tokens_per_step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_each_block_s_gradient_norm_and_update_ratio_are_those_of_one_process(runs, strategy):
+    """DDP's gradients are all-reduced already; FSDP's blocks are sharded, their squares summed across ranks."""
+    def records(events):
+        return [(e.step, [*e.grad_norm, e.embed_grad_norm], [*e.update_ratio, e.embed_update_ratio])
+                for e in events if isinstance(e, P.LayerStats)]
+
+    one, two = records(runs["one"][2]), records(runs[strategy][2])
+    assert [r[0] for r in two] == [r[0] for r in one] == [5, 10]
+    assert all(close(a[1], b[1]) and close(a[2], b[2]) for a, b in zip(two, one)), (two, one)
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ EVENTS = [
     P.Failed(12, "out of memory"),
     P.Note("3 rows not written: the disk was full"),
     P.Profiled(3, 2, "profiles/step_3/trace.json.gz", 0.5, {"matmul": 0.2, "idle": 0.1}, {"aten::mm": 0.2}),
+    P.LayerStats(10, [0.5, 0.25], [0.01, 0.02], 0.75, 0.005),
 ]
 
 
@@ -92,7 +93,7 @@ def test_a_field_added_to_an_event_is_checked_with_no_other_change():
     fields = {f.name: f for f in rows._row_fields(Timed)}
     assert fields["phases"].may_lack and fields["phases"].fits({"forward": 0.1}) and not fields["phases"].fits([0.1])
     with pytest.raises(TypeError, match="no row check"):
-        rows.check_of(list[int])
+        rows.check_of(set[int])  # a list is checked by its items (a layers row's), a set never written
 
 
 def test_a_line_json_reads_and_orjson_refuses_is_read():

@@ -13,10 +13,10 @@ from collections import deque
 from typing import Iterable, Mapping
 
 # A step's parts, in the order the step does them.
-STEP_PARTS = ("data", "compute", "sync", "optimizer")
+STEP_PARTS = ("data", "compute", "sync", "optimizer")  # and "layer_stats", on the steps that record them
 # The work between steps, by what it is.
 OUTSIDE = ("compile", "evaluation", "tasks", "samples", "checkpoints", "profile")
-LABELS = {"data": "data", "compute": "forward+backward", "sync": "sync", "optimizer": "optimizer",
+LABELS = {"data": "data", "compute": "forward+backward", "sync": "sync", "optimizer": "optimizer", "layer_stats": "layer stats",
           "compile": "compile", "evaluation": "validation", "tasks": "tasks", "samples": "samples",
           "checkpoints": "checkpoints", "profile": "profiling"}
 RECENT_BETA = 0.9  # the live split's smoothing: about the last ten steps

@@ -13,6 +13,7 @@ all. This holds instead, whatever the run's length:
   checkpoint, can cut the buckets and fold those rows again;
 * every evaluation, task score, checkpoint, spike, rollback, target and sample, exactly;
 * the last profile of a few steps, its summary and trace (a `profile` row);
+* the last records of each block's health (`layers` rows, layer_history.py);
 * the smoothed loss carried forward (its running sum and count), never recomputed whole.
 
 Fed a step at a time (`add`, `fold`) by the engine, the run host's viewers and the readers of
@@ -36,6 +37,7 @@ from typing import Any, Iterable, NamedTuple
 from .. import protocol as P
 from . import rows
 from .anatomy import Anatomy
+from .layer_history import LayerWindow
 
 EMA_BETA = 0.9
 CAP = 2048  # buckets at the finest resolution: a chart is at most a few hundred points wide
@@ -167,6 +169,7 @@ class History:
         self.samples: list[tuple[int, str, str]] = []  # (step, prompt, text)
         self.profile: P.Profiled | None = None  # the last profile (core/train/profiling.py); never cut
         self.anatomy = Anatomy()  # never cut: time spent is spent
+        self.layers = LayerWindow()  # the last `layers` records, cut with the steps
         self._cache: dict[int, tuple[tuple, list[Point]]] = {}  # by resolution: _settled's points
 
     # ------------------------------------------------------------------------- folding
@@ -250,10 +253,12 @@ class History:
             self.samples.append((step, str(row.get("prompt", "")), str(row.get("text", ""))))
         elif kind == "profile":
             self.profile = rows.event_of(row)
+        elif kind == "layers":
+            self.layers.fold(row)
 
     def cut(self, step: int) -> bool:
-        """Drop every step, evaluation, checkpoint, target and sample at or past `step`: the run went
-        back and redoes them (spikes and rollbacks stay: they happened). False when rows at or past
+        """Drop every step, evaluation, checkpoint, target, sample and layer record at or past `step`:
+        the run went back and redoes them (spikes and rollbacks stay: they happened). False when rows at or past
         `step` had left the tail already: this history is then no longer the run's, and must be
         built again from the run's folder."""
         buckets, tail = self.buckets.buckets, self.tail
@@ -282,6 +287,7 @@ class History:
         for points in (self.evals, self.core, self.checkpoints, self.targets, self.samples, *self.tasks.values()):
             del points[bisect_left(points, step, key=lambda p: p[0]):]
         self.checkpoint_step = self.checkpoints[-1][0] if self.checkpoints else -1
+        self.layers.cut(step)
         return exact
 
     # -------------------------------------------------------------------------- reading
@@ -374,7 +380,8 @@ class History:
                 "last": rows.row_of(self.last, 0.0) if self.last else None, "checkpoint_step": self.checkpoint_step, "evals": self.evals, "tasks": self.tasks,
                 "last_task_scores": self.last_task_scores, "core": self.core, "checkpoints": self.checkpoints,
                 "spikes": self.spikes, "rollbacks": self.rollbacks, "targets": self.targets, "samples": self.samples,
-                "anatomy": self.anatomy.state(), "profile": rows.row_of(self.profile, 0.0) if self.profile else None}
+                "anatomy": self.anatomy.state(), "profile": rows.row_of(self.profile, 0.0) if self.profile else None,
+                "layers": self.layers.state()}
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> History:
@@ -399,6 +406,7 @@ class History:
         h.samples = [(int(a), str(b), str(c)) for a, b, c in s["samples"]]
         h.anatomy = Anatomy.from_state(s.get("anatomy") or {})  # none in a summary from before steps had parts
         h.profile = rows.event_of(s.get("profile"))  # None: no profile, or a summary from before profiles
+        h.layers = LayerWindow.from_state(s.get("layers") or [])  # none in a summary from before they were recorded
         return h
 
 

@@ -22,7 +22,7 @@ from .. import protocol as P
 INT_LIMIT = 2**63  # past what a row of ours holds: a number that big is someone else's, or damage
 
 ROW_EVENTS = (P.StepMetrics, P.EvalMetrics, P.CheckpointWritten, P.SpikeSeen, P.RolledBack, P.TargetReached,
-              P.Sampled, P.Ended, P.Failed, P.Note, P.Profiled)
+              P.Sampled, P.Ended, P.Failed, P.Note, P.Profiled, P.LayerStats)
 KINDS: dict[str, type] = {cls.kind: cls for cls in ROW_EVENTS}
 
 
@@ -48,8 +48,8 @@ SIMPLE = {int: is_count, float: is_number, str: _is_text, bool: _is_flag}
 
 def check_of(hint: Any, choices: tuple[str, ...] | None = None) -> Callable[[object], bool]:
     """What a value of type `hint` must be to be written by us: int a count, float a number, a
-    str one of `choices` where given, a dict by its keys' and values' types, a TypedDict by each
-    of its keys; `X | None` also None."""
+    str one of `choices` where given, a list by its items', a dict by its keys' and values' types,
+    a TypedDict by each of its keys; `X | None` also None."""
     if choices is not None:
         return lambda v: type(v) is str and v in choices
     if hint in SIMPLE:
@@ -65,6 +65,9 @@ def check_of(hint: Any, choices: tuple[str, ...] | None = None) -> Callable[[obj
             return v is None or one(v)
         maybe.or_none = one  # for _compiled, which writes it out
         return maybe
+    if origin is list:
+        item = check_of(args[0])
+        return lambda v: type(v) is list and all(item(x) for x in v)
     if origin is dict and args[0] is str:
         each = check_of(args[1])
         return lambda v: type(v) is dict and all(type(k) is str and each(x) for k, x in v.items())

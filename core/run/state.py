@@ -209,6 +209,8 @@ class RunState(ReadsHistory):
             self.failure = ev
         elif isinstance(ev, P.Profiled):
             self.history.profile = ev
+        elif isinstance(ev, P.LayerStats):
+            self.history.layers.add(ev)
         elif isinstance(ev, P.CheckpointWritten):
             self.last_checkpoint = ev.path
             self.history.add_checkpoint(ev.step, ev.path)

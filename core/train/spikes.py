@@ -14,6 +14,9 @@ swayed by any one of them. Before JUDGED_FROM steps nothing is judged.
 The window is part of a checkpoint's state (`state()`, `restore()`), so a resumed run judges its
 next steps as the uninterrupted one would. What a spike leads to (warn, skip, rollback, stop) is
 the trainer's. Torch: never.
+
+With logging.layer_stats_every, each block's update/weight ratio is watched too
+(`UpdateRatioWatch`): a warning only, since it moves before the loss does.
 """
 
 from __future__ import annotations
@@ -105,6 +108,48 @@ class SpikeWatch:
         self.norms.clear()
         for loss, norm in zip((state or {}).get("losses", []), (state or {}).get("grad_norms", [])):
             self.add(float(loss), float(norm))
+
+
+# A block's update/weight ratio, per unit of learning rate (so that warmup, decay and a rollback's
+# cut do not move it), stays within about 2x of its recent median in a healthy run: Adam's and
+# Muon's updates have a size set by the rate, not by the gradient. RATIO_JUMP is well past that.
+RATIO_JUMP = 5.0
+RATIO_WINDOW = 20  # a block's records its median is taken over; also those a warning keeps it quiet
+RATIO_JUDGED_FROM = 5  # records of a block seen before any is judged
+
+
+class UpdateRatioWatch:
+    """Each block's update/weight ratio (core/train/layer_stats.py) against its own recent median:
+    a jump often comes before the loss spikes. Says so, once per block per RATIO_WINDOW records;
+    what a spike leads to stays training.on_spike's. Not in a checkpoint: a resumed run's watch
+    fills again from its next records."""
+
+    def __init__(self, jump: float = RATIO_JUMP, window: int = RATIO_WINDOW):
+        self.jump, self.window = jump, window
+        self.seen: list[deque[float]] = []  # by block: ratio / lr of its last records
+        self.quiet: list[int] = []  # by block: records before it may be warned of again
+
+    def check(self, step: int, ratios: list[float], lr: float) -> list[str]:
+        """The warning lines for the record of `step` (each block's ratio, at learning rate `lr`)."""
+        lines: list[str] = []
+        if not lr > 0:  # a schedule at zero: no update to judge
+            return lines
+        while len(self.seen) < len(ratios):
+            self.seen.append(deque(maxlen=self.window))
+            self.quiet.append(0)
+        for block, ratio in enumerate(ratios):
+            value, seen = ratio / lr, self.seen[block]
+            if not math.isfinite(value):
+                continue
+            self.quiet[block] = max(0, self.quiet[block] - 1)
+            if len(seen) >= RATIO_JUDGED_FROM and not self.quiet[block]:
+                median = _median(sorted(seen))
+                if median > 0 and value > self.jump * median:
+                    lines.append(f"warning: block {block}'s update/weight ratio {value / median:.1f}x its median "
+                                 f"at step {step}: the loss may spike next (training goes on)")
+                    self.quiet[block] = self.window
+            seen.append(value)
+        return lines
 
 
 def watching(t) -> str:

@@ -41,6 +41,7 @@ from . import finetune, memory_probe
 from .checkpointing import Checkpoints
 from .evaluation import Evaluation
 from .group import Group
+from .layer_stats import LayerStatsTaker
 from .loggers import Metrics, start_loggers
 from .optim import build_optimizers, clip_grad_norm, describe, lr_multiplier, schedule_warning, set_lr, step_optimizers
 from .profiling import Profiling
@@ -85,6 +86,7 @@ class Trainer:
         self.evaluation = Evaluation(self)  # validation, task scores, the target, samples
         self.checkpoints = Checkpoints(self)  # a resume's load, saves, a full disk waited out
         self.profiling = Profiling(self)  # torch.profiler over a few steps, when asked
+        self.layer_stats = LayerStatsTaker(self)  # each block's health every logging.layer_stats_every steps
         self.compiling = False  # until the first step this process trains has compiled the model
         self.between = Between()  # seconds of work between steps, for the next step's row
         self.data_unit: DataUnit | None = None  # a resumed run's, from its checkpoint
@@ -323,6 +325,7 @@ class Trainer:
         if self.scaler:
             for opt in self.optimizers:
                 self.scaler.unscale_(opt)
+        self.layer_stats.before_clip()
         grad_norm = clip_grad_norm(self.model.parameters(), t.grad_clip, self.group)
         # One sync per step: the loss is needed on the host anyway, and a non-finite value must
         # be caught before any optimizer touches the weights.
@@ -342,6 +345,7 @@ class Trainer:
         step_optimizers(self.optimizers, self.scaler, norm_val)
         self.clear_grads()
         clock.mark("optimizer")
+        self.layer_stats.after_update()
         self.step += 1
         self.tokens_seen += cfg.tokens_per_step
         if self.device.type == "cuda":
@@ -354,6 +358,7 @@ class Trainer:
         lr, mem = self.optimizers[0].param_groups[0]["lr"], memory_stats(self.device)
         self.record(P.StepMetrics(self.step, loss_val, lr, norm_val, tps, mfu, dt, self.tokens_seen, mem, parts,
                                   self.between.take()))
+        self.layer_stats.report()
 
     def draw(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         """Batch g of the run's data; kept, since micro-batches smaller than it take it in parts."""

@@ -33,6 +33,7 @@ from ..widgets.anatomy_panel import AnatomyPanel
 from ..widgets.charts import Baseline, LossChart
 from ..widgets.chat_pane import ChatPane
 from ..widgets.glance import device_lines, failure_text, run_gpus, step_text
+from ..widgets.layer_panel import LayerPanel
 from ..widgets.log_pane import LogPane
 from ..widgets.panels import (Panel, SideColumn, cpu_memory_rows, gpu_layout, gpu_panel, host_rows,
                                           memory_rows, spark, state_rows, state_text, target_text, throughput_rows)
@@ -126,6 +127,7 @@ class DashboardScreen(ProfileKey, Screen):
                         yield Panel("target", id="target")  # hidden while the run has no target
                         yield Panel("throughput", id="throughput")
                         yield AnatomyPanel(id="anatomy")  # hidden until a step has parts
+                        yield LayerPanel(id="layers")  # hidden until the run records layer stats
                         yield TaskPanel(id="tasks")  # hidden while the run has no tasks
                         yield Vertical(id="gpus")  # one panel per GPU the run uses, mounted by redraw
                         yield Panel("memory", id="memory")
@@ -286,6 +288,7 @@ class DashboardScreen(ProfileKey, Screen):
         target.show_rows([("", ahead or "")], inside)
         timed = self.query_one("#anatomy", AnatomyPanel).show_anatomy(v, inside)  # it holds the MFU then
         self.query_one("#throughput", Panel).show_rows(throughput_rows(v, target=False, mfu=not timed), inside)
+        self.query_one("#layers", LayerPanel).show_layers(v, inside)
         self.query_one("#tasks", TaskPanel).show_tasks(v, inside, references_of(v.config))
         gpus = self.gpu_indices()
         self.redraw_gpus(gpus, inside)

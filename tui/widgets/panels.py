@@ -314,7 +314,7 @@ class SideColumn(VerticalScroll):
     made, the target's panel is chosen where the run has a target (its forecast, the figure the
     user is after, is too long for a collapsed line), else throughput."""
 
-    GROUPS = ("state", "target", "throughput", "anatomy", "tasks", "gpu", "memory", "host")
+    GROUPS = ("state", "target", "throughput", "anatomy", "layers", "tasks", "gpu", "memory", "host")
 
     def __init__(self, *children, **kwargs):
         super().__init__(*children, **kwargs)
