@@ -242,6 +242,21 @@ async def test_a_base_model_s_pane_continues_text_as_before():
         assert "def …" in seen(app)
 
 
+@pytest.mark.parametrize("data, chat", [({"format": "chat"}, True), ({}, False)])
+async def test_the_dashboard_s_pane_speaks_the_template_for_a_live_run_that_fine_tunes_on_conversations(data, chat):
+    """The live pane's mode comes from the config the engine started with (RunStarted), as the
+    checkpoint's pane takes it from the checkpoint: a chat run converses, a pretraining run continues text."""
+    from tests.helpers import FedDashboard
+    from lmcockpit.tui.widgets.chat_pane import ChatPane
+
+    started = P.RunStarted("runs/chat-cpu-1", {"data": data, "sample": {"max_new_tokens": 48}}, 5_245_696, "cpu",
+                           "fp32", 0, 120, 4096, devices=("cpu",), device_uuids=("",))
+    app = FedDashboard([started])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert app.screen.query_one(ChatPane).chat is chat
+
+
 def test_the_pane_s_two_turn_conversation_at_80x24(snap_compare):
     """A chat model's turns: each of the user's, then the reply under it, the system prompt in the
     settings line, and the input saying what the chat commands are."""

@@ -23,6 +23,7 @@ from ...core import protocol as P
 from ...core.process.notify import in_tmux, terminal_escape
 from ...core.config import ConfigError
 from ...core.hardware.telemetry import ProcessLoad, Reading, Telemetry, find_gpu
+from ...core.infer.chat_model import trained_to_chat
 from ...core.process.viewer import RunViewer
 from ...core.run.curves import load_run
 from ..bridge import EngineEvents, drain
@@ -180,7 +181,7 @@ class DashboardScreen(ProfileKey, Screen):
                 self.query_one(ChatPane).receive(ev)
             elif isinstance(ev, P.RunStarted):
                 if self.view.config:
-                    self.query_one(ChatPane).configure(self.view.config.sample)
+                    self.query_one(ChatPane).configure(self.view.config.sample, chat=trained_to_chat(self.view.config))
                 self.devices, self.world = ev.devices or (ev.device,), ev.world
                 self.device_uuids = ev.device_uuids
             elif isinstance(ev, P.StateChanged) and ev.state in P.TERMINAL_STATES:
