@@ -181,7 +181,7 @@ def test_completion_for_another_shell_is_a_usage_error():
 
 @pytest.mark.slow
 def test_the_first_word_completes_to_commands_and_presets(workdir):
-    assert complete("lmcockpit ch", workdir) == ["chat"]
+    assert complete("lmcockpit ch", workdir) == ["chat", "chat-cpu"]  # a command and a preset
     assert complete("lmcockpit co", workdir) == ["compare", "completion"]
     assert complete("lmcockpit compl", workdir) == ["completion"]
     first = complete("lmcockpit ", workdir)

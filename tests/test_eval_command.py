@@ -98,7 +98,7 @@ BAD = {
     "missing": (None, r"no such task file"),
     "malformed": (['{"context": "a", "continuation": "b"}', '{"context": "a", "continuation": '], r"bad.jsonl:2: not a JSON"),
     "empty": ([], r"bad.jsonl: holds no items"),
-    "unknown": ("python-fucntions", r"no task named 'python-fucntions'; did you mean python-functions\?"),
+    "unknown": ("python-fucntions", r"no task named 'python-fucntions'; did you mean python-functions or python-functions-chat\?"),
     # the file's own spelling, JSON's, not Python's True
     "gold-boolean": (['{"context": "a", "choices": ["b", "c"], "gold": true}'],
                      r"bad\.jsonl:1: gold = true: expected the index of the right one, 0 to 1$"),
