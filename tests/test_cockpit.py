@@ -482,7 +482,9 @@ async def main():
     app = CockpitApp(req, telemetry=True)
     async with app.run_test(size=(80, 24)) as pilot:
         deadline = time.monotonic() + 120
-        while not app.screen.engine.done and time.monotonic() < deadline:
+        # the end as the screen applied it: every step's event before it applied too (engine.done
+        # turns true when the front-end reads the end, maybe before the screen took the last steps)
+        while not app.screen.ended and time.monotonic() < deadline:
             await pilot.pause(0.05)
         print("steps", app.screen.view.step)
     print("torch imported:", "torch" in sys.modules)
