@@ -148,7 +148,18 @@ class DataConfig:
     # "chat": data.source holds conversations (a JSONL/Parquet file or folder of {"messages": [...]},
     # hf:OWNER/NAME, or python-stdlib-chat), packed into rows with the loss on the assistant's tokens
     # (docs/chat.md); a fine-tuning run's, from a base model (--from).
-    format: Literal["text", "chat"] = setting("text", '"text" to pretrain on; "chat": conversations, to fine-tune on')
+    # "tokens": data.source holds text already tokenised with tokenizer.kind, as modded-nanogpt's .bin
+    # shards (a 256-int32 header, then uint16 ids; data/token_shards.py), trained on as they are.
+    format: Literal["text", "chat", "tokens"] = setting(
+        "text", '"text" to pretrain on; "chat": conversations, to fine-tune on; "tokens": .bin token shards')
+    # Validation tokens of their own (a .bin token shard: a file or hf:OWNER/NAME/FILE), not held out
+    # from data.source: the tokens another project reports its losses on, so that they compare.
+    val_source: str = setting("", 'a .bin token shard to validate on; "": held out from data.source')
+    val_tokens: int = setting(0, "of data.val_source, the first this many tokens; 0: all of it", ge=0)
+    # Every training row starts at a document's beginning: at an end-of-text token, which the token
+    # cache puts between documents (and modded-nanogpt's shards before each), as the speedrun's
+    # later records draw them (data/aligned_rows.py).
+    bos_aligned: bool = setting(False, "every training row starts at a document's first (end-of-text) token")
 
 
 @dataclass
@@ -655,6 +666,13 @@ def _between_keys(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
     for i, part in enumerate(cfg.data.sources):
         if not part.source:  # required in a part; the field's default only stands in for it
             yield ("data.sources",), f"data.sources[{i}].source is missing: each part names its source"
+    if cfg.data.val_source and cfg.data.format != "tokens":
+        yield (("data.val_source", "data.format"),
+               f'data.val_source = {cfg.data.val_source!r} is a .bin token shard: it needs data.format = "tokens"')
+    if cfg.data.format == "tokens" and (cfg.data.sources or cfg.tokenizer.kind == "bpe"):
+        yield (("data.format", "tokenizer.kind"),
+               'data.format = "tokens" reads ids made by a pretrained tokenizer (tokenizer.kind = hf:OWNER/NAME or a '
+               "folder), from one data.source, not a mixture")
     if cfg.data.format == "chat" and cfg.data.sources:
         yield (("data.format", "data.sources"),
                'data.format = "chat" reads one conversation source (data.source), not a mixture ([[data.sources]])')

@@ -3,7 +3,10 @@
     `sources` (files listed, pieces planned) → `readers` (documents streamed) → `split` (by id
     hash) → `build` (a cache folder: tokenizer, worker processes, resumable shards) → `prepare`
     (found or built, under a lock; a mixture's per part) → `cache` (token streams) → `batches`
-    (seed, g)
+    (seed, g; `aligned_rows`: data.bos_aligned's rows, each from a document's start)
+
+`token_shards`: data.format = "tokens", text already tokenised in modded-nanogpt's .bin shards,
+trained on without a cache, and data.val_source, a shard's first tokens to validate on.
 
 Beside them: `tokenizer` (train a BPE, its end token, bytes per token), `encoder` (a corpus's ids
 by tiktoken where it gives the tokenizer's own, checked), `children` (the build's processes: how
@@ -20,7 +23,7 @@ cache folder of them, batches); `stdlib_chat` is the built-in set, `python-stdli
 is a fine-tuning run's data (the base's tokenizer with the turn tokens, in the run folder; its rows),
 `base_model` its base checkpoint found and its shape checked, before any engine starts.
 
-Torch: never. numpy and tokenizers at import in `cache`, `tokenizer`, `encoder`, `batches`,
-`build`, `prepare`, `chat_rows`, `chat_data` and `base_model`; `sources`, `readers`, `split`, `children`, `store`, `budget`,
+Torch: never. numpy and tokenizers at import in `cache`, `tokenizer`, `encoder`, `batches`, `aligned_rows`,
+`build`, `prepare`, `chat_rows`, `chat_data` and `base_model`; `sources`, `token_shards` (numpy where it maps them), `readers`, `split`, `children`, `store`, `budget`,
 `hub`, `pretrained`, `formats`, `spool`, `chat_template`, `conversations` and `stdlib_chat` import
 neither, and the front-end reads them."""

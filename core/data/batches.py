@@ -13,6 +13,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from .aligned_rows import AlignedTokens, aligned_batch
+
 
 def global_index(step: int, rank: int, micro: int, world: int, accum: int) -> int:
     return step * (world * accum) + rank * accum + micro
@@ -39,6 +41,8 @@ def get_batch(tokens, seed: int, g: int, batch_size: int, seq_len: int) -> tuple
     """(inputs, targets), each (batch_size, seq_len) int64, targets shifted by one token."""
     if hasattr(tokens, "batch"):  # conversations' rows (chat_rows.ChatRows): whole rows, masked targets
         return tokens.batch(seed, g, batch_size)
+    if isinstance(tokens, AlignedTokens):  # data.bos_aligned
+        return aligned_batch(tokens, seed, g, batch_size, seq_len)
     if isinstance(tokens, Mixture):
         return mixture_batch(tokens, seed, g, batch_size, seq_len)
     return rows_at(tokens, window_starts(seed, g, len(tokens), batch_size, seq_len), seq_len)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import socket
@@ -20,7 +21,7 @@ from typing import Callable
 
 from ..config import Config, ConfigError
 from ..run.folder import DISK_FULL
-from . import pretrained, sources
+from . import aligned_rows, pretrained, sources, token_shards
 from .batches import Mixture
 from .build import Build, ProgressFn, plan, train_bpe_folder
 from .children import in_child
@@ -45,9 +46,48 @@ def prepare(cfg: Config, log: Callable[[str], None], progress: ProgressFn,
         # Before the data: its files are kilobytes to a source's gigabytes, and its absence is
         # better said before those are fetched. The cache's key is read from what lands here.
         log(f"data: tokenizer {cfg.tokenizer.kind} from {pretrained.fetch(cfg.tokenizer.kind)}")
-    if cfg.data.sources:
-        return prepare_mixture(cfg, log, progress, tokenizer_file)
-    return prepare_source(cfg, log, progress, tokenizer_file, RUN_OWN)
+    if cfg.data.format == "tokens":
+        data = prepare_tokens(cfg, log, tokenizer_file)
+    elif cfg.data.sources:
+        data = prepare_mixture(cfg, log, progress, tokenizer_file)
+    else:
+        data = prepare_source(cfg, log, progress, tokenizer_file, RUN_OWN)
+    return aligned_rows.aligned(data, cfg)
+
+
+def prepare_tokens(cfg: Config, log, tokenizer_file: Path | None) -> TokenData:
+    """data.format = "tokens": the shards trained on as they are (token_shards.py), validated on
+    data.val_source's; the tokenizer (the run's own on resume) saved once beside the caches, where
+    the run folder copies it from, under a key of its content."""
+    from tokenizers import Tokenizer
+
+    from .build import save_tokenizer
+    from .tokenizer import eos_id, token_byte_lengths
+
+    train = token_shards.open_tokens(token_shards.train_files(cfg, cfg.training.max_steps * cfg.tokens_per_step))
+    val = token_shards.open_tokens([token_shards.val_file(cfg)], cfg.data.val_tokens, key="data.val_source")
+    origin = tokenizer_file.parent if tokenizer_file is not None else pretrained.folder(cfg.tokenizer.kind)
+    if origin is None or not (origin / "tokenizer.json").is_file():
+        raise ConfigError(f"tokenizer.kind = {cfg.tokenizer.kind!r}: no tokenizer.json found at {origin}")
+    digest = hashlib.sha256((origin / "tokenizer.json").read_bytes()
+                            + str(cfg.tokenizer.vocab_size).encode()).hexdigest()[:16]
+    folder = cache_root(cfg) / f"tokens-{digest}"
+    if not (folder / "tokenizer" / "tokenizer.json").is_file():
+        make_root(root := cache_root(cfg))
+        with building(root, folder.name, log):
+            if not (folder / "tokenizer" / "tokenizer.json").is_file():
+                folder.mkdir(exist_ok=True)
+                save_tokenizer(Tokenizer.from_file(str(origin / "tokenizer.json")), origin, folder / "tokenizer",
+                               cfg, log)
+    need = cfg.training.seq_len + 1
+    for split, tokens in (("data.source", train), ("data.val_source", val)):
+        if len(tokens) < need:
+            raise ConfigError(f"{split}: {len(tokens)} tokens, fewer than one sequence of training.seq_len + 1 = {need}")
+    tok = Tokenizer.from_file(str(folder / "tokenizer" / "tokenizer.json"))
+    log(f"data: {len(train):,} training tokens in {len(train.arrays)} shards, {len(val):,} validation tokens "
+        f"({cfg.data.val_source})")
+    return TokenData(folder, train, val, cfg.tokenizer.vocab_size, token_byte_lengths(tok, cfg.tokenizer.vocab_size),
+                     eos_id(tok, folder / "tokenizer"), True)
 
 
 def prepare_source(cfg: Config, log, progress: ProgressFn, tokenizer_file: Path | None, tokenizer_label: str,
