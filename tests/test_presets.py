@@ -10,7 +10,7 @@ from .helpers import NO_GPU, cli
 
 GPU_PRESETS = {"3060": 12, "4070ti": 12, "3090": 24, "4090": 24, "a100-40gb": 40, "a100-80gb": 80, "h100": 80}
 # Reference runs sized to a known result, not to fill a card (tests/test_gpt2_preset.py).
-REFERENCE_PRESETS = {"gpt2-fineweb"}
+REFERENCE_PRESETS = {"gpt2-fineweb", "gpt2-speedrun"}
 # Fine-tuning runs from a base model (--from: tests/test_finetune.py).
 CHAT_PRESETS = {"chat-cpu"}
 

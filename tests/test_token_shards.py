@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -99,3 +100,77 @@ def test_a_stream_without_a_separator_is_refused_by_name():
     tokens = aligned_rows.AlignedTokens(np.arange(100, dtype=np.uint16), EOT)
     with pytest.raises(ConfigError, match="data.bos_aligned: no document separator"):
         batches.get_batch(tokens, 0, 0, 2, 8)
+
+
+# The preset at the debug preset's sizes, on shards written here (no network): its data format, its
+# validation shard's first tokens, BOS-aligned rows and everything else as shipped.
+SMALL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=4", "model.max_seq_len=64",
+         "training.seq_len=64", "training.micro_batch_size=8", "training.grad_accum_steps=1",
+         "training.max_steps=20", "training.compile=false", "training.log_every=5", "optimizer.warmup_steps=3",
+         "eval.every=10", "eval.batches=4", "checkpoint.every=0", "checkpoint.keep=1", 'hardware.device="cpu"',
+         "tokenizer.vocab_size=64"]
+
+
+@pytest.fixture(scope="module")
+def speedrun_files(tmp_path_factory):
+    """A GPT-2-shaped tokenizer (a word-level one, <|endoftext|> its last id, as GPT-2's 50256) and
+    shards of its ids, each document after its <|endoftext|>, as modded-nanogpt's data/fineweb.py
+    writes them."""
+    import random
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tmp = tmp_path_factory.mktemp("speedrun")
+    words = ("the of and to in is was for on that with as by at from his her they which this were had have an "
+             "are not but be or one their has all city river north village school music people").split()
+    vocab = {w: i for i, w in enumerate(["[UNK]", *words, "<|endoftext|>"])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    model = tmp / "gpt2"
+    model.mkdir()
+    tok.save(str(model / "tokenizer.json"))
+    eot = vocab["<|endoftext|>"]
+
+    def ids(shard: int) -> list[int]:
+        rng = random.Random(shard)  # documents that repeat pairs of words: something for the loss to learn
+        docs = [" ".join(rng.choice(words[:10]) + " " + words[10 + i % 20] for _ in range(rng.randint(20, 60)))
+                for i in range(80)]
+        return [t for doc in docs for t in [eot, *tok.encode(doc).ids]]
+
+    (tmp / "data").mkdir()
+    for i in (1, 2):
+        write_shard(tmp / "data" / f"fineweb_train_{i:06d}.bin", ids(i))
+    val = write_shard(tmp / "data" / "fineweb_val_000000.bin", ids(0))
+    return tmp, model, val, eot
+
+
+@pytest.mark.slow
+def test_the_preset_trains_on_cpu_on_local_shards_validating_on_the_first_tokens(speedrun_files):
+    from .helpers import NO_GPU, as_flags, cli
+
+    tmp, model, val, eot = speedrun_files
+    out = tmp / "run"
+    proc = cli("--run", "gpt2-speedrun", "--out", str(out), *as_flags([
+        *SMALL, f'data.source="{tmp / "data"}"', f'data.val_source="{val}"', "data.val_tokens=4000",
+        f'tokenizer.kind="{model}"', f'data.cache_dir="{tmp / "cache"}"']), env=NO_GPU)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    train = sum(token_shards.shard_tokens(p) for p in token_shards.local_train_files(tmp / "data"))
+    assert f"data: {train:,} training tokens in 2 shards, 4,000 validation tokens ({val})" in proc.stdout
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [10, 20] and evals[-1]["val_loss"] < evals[0]["val_loss"], evals
+    assert (out / "tokenizer" / "tokenizer.json").is_file()  # the run folder's own, for chat and export
+
+
+def test_the_presets_command_and_data_info_say_its_data_budget_target_and_times():
+    from lmcockpit.tui.commands.data import shards_lines
+    from lmcockpit.tui.commands.presets import target_lines
+
+    (line,) = [x for x in target_lines(["cpu", "gpt2-speedrun"])]
+    assert line.startswith("gpt2-speedrun: hf:kjj0/fineweb10B-gpt2 (.bin token shards, validated on 10,485,760 "
+                           "tokens of hf:kjj0/fineweb10B-gpt2/fineweb_val_000000.bin), 0.996B tokens, target val "
+                           "loss 3.28 (stops there); its steps take h100 ~")
+    assert all(card in line for card in ("h200 ~", "4090 ~", "3090 ~"))
+    lines = shards_lines(load_config("gpt2-speedrun")[0], "gpt2-speedrun")
+    assert lines[-1].startswith("a run fetches, where they are not here, 11 shards of kjj0/fineweb10B-gpt2, 2.20 GB: "
+                                "fineweb_train_000001.bin,")

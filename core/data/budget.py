@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..config import Config, ConfigError, DataConfig, SourcePart
 from ..hardware.memory_estimate import param_counts
-from . import sources, split
+from . import sources, split, token_shards
 from .readers import sized_by_reading, text_bytes
 from .store import find_cache, mixture_tokenizer_folder, read_meta
 
@@ -197,6 +197,8 @@ class _Held:
 
 
 def _held(cfg: Config) -> list[_Held]:
+    if cfg.data.format == "tokens":
+        return [_shards_held(cfg)]
     configs = cfg.data_parts()
     listed: list[sources.Source | str] = [_listed(c.data.source) for c in configs]
     caches = _caches(cfg, configs, listed)
@@ -215,6 +217,15 @@ def _held(cfg: Config) -> list[_Held]:
                 out.append(_Held(None, False, problem=f"{e.filename or source.desc}: cannot be read "
                                                       f"({e.strerror or e})"))
     return out
+
+
+def _shards_held(cfg: Config) -> _Held:
+    """data.format = "tokens": what the shards' headers say, of those there (fetched before)."""
+    try:
+        files = token_shards.train_files(cfg, _run_tokens(cfg), fetch=False)
+        return _Held(sum(token_shards.shard_tokens(f) for f in files), True)
+    except ConfigError as e:
+        return _Held(None, False, problem=str(e).split(": ", 1)[-1])
 
 
 def _listed(source: str) -> sources.Source | str:

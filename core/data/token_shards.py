@@ -150,6 +150,20 @@ def _hub_files(spec: str, repo: str, path: str, budget_tokens: int, fetch: bool,
                        f"network:\n  {download_command(repo, path)}\nthen set {key} to DIR/{path}")
 
 
+def found_here(cfg: Config) -> list[tuple[str, list[Path] | str]]:
+    """Per key (data.source, data.val_source): the shards on this machine, or why there are none
+    (not fetched yet, a path that is not there), without the network."""
+    out: list[tuple[str, list[Path] | str]] = []
+    for key, find in (("data.source", lambda: train_files(cfg, cfg.training.max_steps * cfg.tokens_per_step,
+                                                          fetch=False)),
+                      ("data.val_source", lambda: [val_file(cfg, fetch=False)])):
+        try:
+            out.append((key, find()))
+        except ConfigError as e:
+            out.append((key, str(e).split(": ", 2)[-1] if str(e).startswith(key) else str(e)))
+    return out
+
+
 def planned_fetch(cfg: Config) -> list[tuple[str, int]]:
     """What a run fetches of modded-nanogpt's dataset, (file, bytes), without the network: its
     shards hold SHARD_TOKENS each. Empty for other sources (their files are listed when fetched)."""

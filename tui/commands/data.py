@@ -176,12 +176,40 @@ def run_info(preset: str, overrides: list[str], cache_dir: str | None) -> int:
     for i, part in enumerate(parts):
         for line in part_lines(cfg, i, part):
             console.print(line)
+    if cfg.data.format == "tokens":
+        console.print()
+        for line in shards_lines(cfg, again(preset, overrides)):
+            console.print(line)
+        return 0
     missing = [p for p in parts if p.cache is None]
     if missing and all(p.problem in (None, NOT_FETCHED) for p in missing):  # else prepare stops at the problem said
         does = "fetches and prepares" if any(p.problem for p in missing) else "prepares"
         console.print(f"`lmcockpit data prepare {again(preset, overrides)}` {does} what is missing (so does training)")
     console.print()
     return info(store.cache_root(cfg))
+
+
+def shards_lines(cfg: Config, named: str) -> list[str]:
+    """data.format = "tokens": no cache to list; which shards a run reads, or fetches first."""
+    from ...core.data import token_shards
+
+    lines = [f"no token cache: data.format = \"tokens\" trains on the shards as they are, and validates on "
+             f"{'the first ' + format(cfg.data.val_tokens, ',') + ' tokens of ' if cfg.data.val_tokens else ''}"
+             f"data.val_source = {json.dumps(cfg.data.val_source)}"]
+    planned = token_shards.planned_fetch(cfg)
+    for key, files in token_shards.found_here(cfg):
+        if isinstance(files, str):
+            lines.append(f"{key}: {files}")
+        else:
+            lines.append(f"{key}: {len(files)} shard{'s' if len(files) > 1 else ''} here, "
+                         f"{sum(f.stat().st_size for f in files) / 1e9:.2f} GB: {files[0].parent}")
+    if planned:
+        lines.append(f"a run fetches, where they are not here, {len(planned)} shards of "
+                     f"{token_shards.SPEEDRUN_DATASET}, {sum(b for _, b in planned) / 1e9:.2f} GB: "
+                     f"{', '.join(name for name, _ in planned[:3])}{', ...' if len(planned) > 4 else ''}"
+                     f"{', ' + planned[-1][0] if len(planned) > 3 else ''} "
+                     f"(`lmcockpit data prepare {named}` fetches them now)")
+    return lines
 
 
 def part_lines(cfg: Config, i: int, part) -> list[str]:
@@ -191,7 +219,7 @@ def part_lines(cfg: Config, i: int, part) -> list[str]:
     else:
         named = f"data.source = {json.dumps(part.source)}"
     cache = "no token cache yet" if part.cache is None else f"token cache {part.cache} (complete)"
-    lines = [named, f"  {part.line()}", f"  {cache}"]
+    lines = [named, f"  {part.line()}", *([] if cfg.data.format == "tokens" else [f"  {cache}"])]
     if warning := part.warning():
         lines.append(f"  {warning}")
     return lines

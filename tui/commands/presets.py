@@ -67,7 +67,33 @@ def main(argv: list[str]) -> int:
     console.print(f"Estimates are memory_estimate.py's arithmetic with a {memory_estimate.HEADROOM:.0%} headroom for \"fits\"; "
                   "`--set training.auto_micro_batch=true` finds the largest micro-batch a card takes.")
     console.print(times_line([row[0] for row in rows], gpu_name))
+    for line in target_lines([row[0] for row in rows]):
+        console.print(line)
     return 0
+
+
+# The cards a target's time is given on: the classes the presets are sized for, and the H200.
+TARGET_CARDS = ("H100", "H200", "A100 80GB", "RTX 4090", "RTX 3090")
+
+
+def target_lines(names: list[str]) -> list[str]:
+    """The presets with a validation-loss target: their data, token budget and target, and the time
+    their steps take on each of TARGET_CARDS (at most that with stop_at_target: the run may get there
+    sooner)."""
+    lines = []
+    for name in names:
+        cfg = load_config(name)[0]
+        t = cfg.training
+        if not t.target_val_loss:
+            continue
+        kind = {"tokens": ".bin token shards", "chat": "conversations"}.get(cfg.data.format, "text")
+        val = (f", validated on {cfg.data.val_tokens:,} tokens of {cfg.data.val_source}" if cfg.data.val_source
+               else "")
+        times = [f"{took.card_name} {took.short()}" for card in TARGET_CARDS if (took := training_time(cfg, card))]
+        lines.append(f"{name}: {cfg.data.source} ({kind}{val}), {t.max_steps * cfg.tokens_per_step / 1e9:.3g}B "
+                     f"tokens, target val loss {t.target_val_loss:g}{' (stops there)' if t.stop_at_target else ''}; "
+                     f"its steps take {', '.join(times)}.")
+    return lines
 
 
 def times_line(names: list[str], gpu_name: str) -> str:
