@@ -87,19 +87,26 @@ Parts, in the order they run (each appends its own section, so they can also run
   not), the wall time from the first step's start to that evaluation, and the last and best
   validation loss; it passes when the target was reached. `--stop-at-target` ends the run there
   (SIGTERM: a checkpoint, exit 130) instead of training out the preset's 9.9B tokens.
+* speedrun: issue 55's GPU proof, the runbook's last part, only when named (it needs the shards
+  `bash bench/gpu_lease.sh prepare` fetched; one 10-minute call): the `gpt2-speedrun` preset for
+  `--seconds` (default 300) after its first step, its validation loss at each evaluation against
+  modded-nanogpt's record log at the same tokens, and the time to 3.28 projected by
+  core/run/target.py's fit (bench/speedrun.py says what it prints).
 
     python bench/gpu_check.py [--part doctor h100 torchrun memory saved graphs modes inference resume ddp search
-                                      attention allocator muon nvml glance data recipe tasks oom gpt2] [--steps 300] [--out DIR]
-                              [--target 3.28] [--stop-at-target] [--set KEY=VALUE ...]
+                                      attention allocator muon nvml glance data recipe tasks oom gpt2 speedrun]
+                              [--steps 300] [--out DIR] [--target 3.28] [--stop-at-target] [--seconds 300]
+                              [--set KEY=VALUE ...]
 
 On the device tool's lent machine (torch there, textual and a few others not, no network):
 `bash bench/gpu_lease.sh prepare` here, then `bash bench/gpu_lease.sh run PART...` there.
 
 Exit 0 when every check passed, 1 otherwise (or without a CUDA GPU). On the lent GPU each part
 but gpt2 fits one 10-minute call; the data cache built by the first run is reused by the others.
-`--device cpu` rehearses the graphs, saved, attention and gpt2 parts on a CPU (compiled, no CUDA
+`--device cpu` rehearses the graphs, saved, attention, gpt2 and speedrun parts on a CPU (compiled, no CUDA
 graphs), printing their tables without recording them; gpt2 there is the preset at the debug
-preset's size on the standard library, with a BPE of its own and a target such a run reaches.
+preset's size on the standard library, with a BPE of its own and a target such a run reaches;
+speedrun there is a 2-layer model on tiny shards and a tokenizer of its own.
 """
 
 from __future__ import annotations
@@ -125,6 +132,7 @@ import torch  # noqa: E402 - below configure_allocator(), which must run before 
 
 sys.path.insert(0, str(Path(__file__).parent))
 from machine import record  # noqa: E402 - below configure_allocator(), which must run before torch loads
+from speedrun import part_speedrun  # noqa: E402 - from bench/, put on sys.path above
 
 from lmcockpit.core.hardware.compute_estimate import gpu_model  # noqa: E402 - below configure_allocator(), which must run before torch loads
 from lmcockpit.core.hardware import memory_estimate  # noqa: E402 - below configure_allocator(), which must run before torch loads
@@ -133,9 +141,10 @@ from lmcockpit.core.run.curves import load_run  # noqa: E402 - below configure_a
 from lmcockpit.core.run.folder import create_run_dir, read_metrics  # noqa: E402 - below configure_allocator(), which must run before torch loads
 
 PARTS = ("doctor", "h100", "torchrun", "memory", "saved", "graphs", "modes", "inference", "resume", "ddp", "search",
-         "attention", "allocator", "muon", "nvml", "glance", "data", "recipe", "tasks", "anatomy", "oom", "gpt2")
-ONLY_NAMED = ("gpt2",)  # not in the default list: hours of training
-CPU_PARTS = ("saved", "graphs", "attention", "tasks", "anatomy", "gpt2")
+         "attention", "allocator", "muon", "nvml", "glance", "data", "recipe", "tasks", "anatomy", "oom", "gpt2",
+         "speedrun")
+ONLY_NAMED = ("gpt2", "speedrun")  # not in the default list: hours of training; data prepared before the lease
+CPU_PARTS = ("saved", "graphs", "attention", "tasks", "anatomy", "gpt2", "speedrun")
 MEMORY_PRESETS = ("h100", "3090", "4090", "4070ti")
 MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 TOLERANCE = 0.15  # the issue's ±15% between estimate and measurement
@@ -1000,6 +1009,8 @@ def main() -> int:
     ap.add_argument("--target", type=float, help=f"the gpt2 part's validation loss (default {GPT2_TARGET}; on the "
                                                  f"CPU {GPT2_CPU_TARGET})")
     ap.add_argument("--stop-at-target", action="store_true", help="end the gpt2 run when it reaches the target")
+    ap.add_argument("--seconds", type=float, help="the speedrun part's training time after its first step "
+                                                  "(default 300; on the CPU 20)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="the gpt2 run's own --set (after the rehearsal's, on the CPU)")
     args = ap.parse_args()
@@ -1013,7 +1024,8 @@ def main() -> int:
                            "tasks": lambda: part_tasks("cpu", items=40, rounds=2, per_round=8),
                            "anatomy": lambda: part_anatomy(out, "cpu"),
                            "gpt2": lambda: part_gpt2(out, args.target or GPT2_CPU_TARGET,
-                                                     [*GPT2_CPU, *args.overrides], args.stop_at_target)}[part]()
+                                                     [*GPT2_CPU, *args.overrides], args.stop_at_target),
+                           "speedrun": lambda: part_speedrun(out, args.seconds or 20, args.overrides, "cpu")}[part]()
             print("\n".join(lines) + "\n")
             ok &= good
         return 0 if ok else 1
@@ -1043,7 +1055,8 @@ def main() -> int:
                      "glance": lambda: part_glance(out), "data": part_data, "recipe": part_recipe,
                      "tasks": part_tasks, "anatomy": lambda: part_anatomy(out), "oom": lambda: part_oom(out),
                      "gpt2": lambda: part_gpt2(out, args.target or GPT2_TARGET, args.overrides,
-                                               args.stop_at_target)}[part]
+                                               args.stop_at_target),
+                     "speedrun": lambda: part_speedrun(out, args.seconds or 300, args.overrides)}[part]
         try:
             ok, lines = run_part()
         except Exception:  # noqa: BLE001 - one part's defect must not cost the lease's other parts
