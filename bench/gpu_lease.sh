@@ -4,6 +4,10 @@
 #
 #   bash bench/gpu_lease.sh prepare          # here: lmcockpit's wheel and the missing dependencies
 #                                            # (textual, tomli-w, zstandard, ...) into .whl/
+#   bash bench/gpu_lease.sh prepare speedrun # the same, and the speedrun part's data into .whl/speedrun:
+#                                            # modded-nanogpt's validation shard's first 10,485,760 tokens,
+#                                            # the first 12M of its first training shard, GPT-2's tokenizer
+#                                            # (bench/speedrun.py --prepare; ~47 MB of the call's 64 MiB)
 #   bash bench/gpu_lease.sh run PART...      # there (the device tool's command, `carry: [".whl"]`):
 #                                            # installs .whl/ into /tmp/site and runs the parts given,
 #                                            # most fatal first, each recorded as it ends
@@ -35,7 +39,14 @@ prepare)
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         "${platforms[@]}" -d "$WHEELS" "${wanted[@]}" || exit 1
     python3 -m pip wheel -q --no-deps --no-build-isolation . -w "$WHEELS" || exit 1
+    if [ "${2:-}" = speedrun ]; then
+        # The lent machine reaches no network: the shards travel with the wheels (`carry: [".whl"]`).
+        [ -f "$WHEELS/speedrun/val/fineweb_val_000000.bin" ] || python3 bench/speedrun.py --prepare "$WHEELS/speedrun" \
+            || exit 1
+    fi
     ls "$WHEELS"
+    # What travels: the device tool takes 64 MiB in all (the checkout's tracked files too).
+    du -sh "$WHEELS"
     ;;
 run)
     shift
@@ -57,7 +68,7 @@ run)
     grep -c '^## gpu_check' "$out/RESULTS.new.md"
     ;;
 *)
-    echo "usage: bash bench/gpu_lease.sh prepare | run PART..." >&2
+    echo "usage: bash bench/gpu_lease.sh prepare [speedrun] | run PART..." >&2
     exit 2
     ;;
 esac
