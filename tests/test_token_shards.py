@@ -174,3 +174,29 @@ def test_the_presets_command_and_data_info_say_its_data_budget_target_and_times(
     lines = shards_lines(load_config("gpt2-speedrun")[0], "gpt2-speedrun")
     assert lines[-1].startswith("a run fetches, where they are not here, 11 shards of kjj0/fineweb10B-gpt2, 2.20 GB: "
                                 "fineweb_train_000001.bin,")
+
+
+@pytest.mark.slow
+def test_a_hub_source_fetches_the_training_shards_the_budget_needs_and_the_validation_shard(speedrun_files):
+    """Against a Hub on 127.0.0.1 serving the preset's very repos: 20 steps of 512 tokens need two
+    of three 6,000-token shards; offline afterwards, `data info` finds them in the Hub's cache."""
+    from .fake_hub import FakeHub
+    from .helpers import as_flags, cli, hub_env
+
+    tmp, model, _, eot = speedrun_files
+    dataset = tmp / "hub-dataset"
+    dataset.mkdir()
+    for i in (1, 2, 3):
+        write_shard(dataset / f"fineweb_train_{i:06d}.bin", [eot, *[(i + j) % 30 + 1 for j in range(5_999)]])
+    write_shard(dataset / "fineweb_val_000000.bin", [eot, *[j % 30 + 1 for j in range(4_999)]])
+    sets = as_flags([*SMALL, f'data.cache_dir="{tmp / "hub-cache"}"', "data.val_tokens=4000"])
+    with FakeHub({token_shards.SPEEDRUN_DATASET: dataset}, models={"openai-community/gpt2": model}) as hub:
+        env = hub_env(tmp / "hf", hub.url)
+        proc = cli("data", "prepare", "gpt2-speedrun", *sets, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert sorted(hub.got(token_shards.SPEEDRUN_DATASET)) == ["fineweb_train_000001.bin",
+                                                                  "fineweb_train_000002.bin", "fineweb_val_000000.bin"]
+        assert "data: 12,000 training tokens in 2 shards, 4,000 validation tokens" in proc.stdout
+    info = cli("data", "info", "gpt2-speedrun", *sets, env={**env, "HF_HUB_OFFLINE": "1"})
+    assert info.returncode == 0, info.stdout + info.stderr
+    assert "data.source: 2 shards here" in info.stdout and "data.val_source: 1 shard here" in info.stdout
