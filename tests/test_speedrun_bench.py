@@ -38,7 +38,8 @@ def test_the_cpu_rehearsal_trains_the_preset_and_prints_the_table_and_the_projec
                                        "cpu")
     text = "\n".join(lines)
     assert ok, text
-    assert "| step | tokens | val loss | record at those tokens (2024-12-04_ValueEmbed) | difference |" in text
+    assert ("| step | tokens | passes over them | val loss | record at those tokens (2024-12-04_ValueEmbed) | "
+            "difference |") in text
     rows = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
     assert [row.split(" | ")[0] for row in rows] == ["| 5", "| 10", "| 12"]  # and the last step's
     assert "projected time to 3.28" in lines[-1] and "core/run/target.py's fit" in lines[-1]
