@@ -669,6 +669,9 @@ def _between_keys(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
     if cfg.data.val_source and cfg.data.format != "tokens":
         yield (("data.val_source", "data.format"),
                f'data.val_source = {cfg.data.val_source!r} is a .bin token shard: it needs data.format = "tokens"')
+    if cfg.data.val_tokens and not cfg.data.val_source:
+        yield (("data.val_tokens", "data.val_source"),
+               f"data.val_tokens = {cfg.data.val_tokens} counts tokens of data.val_source, which is not set")
     if cfg.data.format == "tokens" and (cfg.data.sources or cfg.tokenizer.kind == "bpe"):
         yield (("data.format", "tokenizer.kind"),
                'data.format = "tokens" reads ids made by a pretrained tokenizer (tokenizer.kind = hf:OWNER/NAME or a '

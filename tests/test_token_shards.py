@@ -200,3 +200,20 @@ def test_a_hub_source_fetches_the_training_shards_the_budget_needs_and_the_valid
     info = cli("data", "info", "gpt2-speedrun", *sets, env={**env, "HF_HUB_OFFLINE": "1"})
     assert info.returncode == 0, info.stdout + info.stderr
     assert "data.source: 2 shards here" in info.stdout and "data.val_source: 1 shard here" in info.stdout
+
+
+def test_validation_ids_past_the_vocabulary_are_one_error_before_training(speedrun_files, tmp_path):
+    from lmcockpit.core.data.prepare import prepare
+
+    tmp, model, _, eot = speedrun_files
+    val = write_shard(tmp_path / "fineweb_val_000000.bin", [eot, *range(1, 30), 50_000, *range(1, 100)])
+    cfg = load_config("gpt2-speedrun", [*SMALL, f'data.source="{tmp / "data"}"', f'data.val_source="{val}"',
+                                        f'tokenizer.kind="{model}"', f'data.cache_dir="{tmp_path / "cache"}"',
+                                        "data.val_tokens=0"])[0]
+    with pytest.raises(ConfigError, match=r"data.val_source: token id 50000 in .*, past tokenizer.vocab_size = 64"):
+        prepare(cfg, lambda line: None, lambda *a: None)
+
+
+def test_val_tokens_without_a_val_source_is_refused():
+    with pytest.raises(ConfigError, match="data.val_tokens = 100 counts tokens of data.val_source, which is not set"):
+        load_config("cpu", ["data.val_tokens=100"])

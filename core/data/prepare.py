@@ -59,6 +59,7 @@ def prepare_tokens(cfg: Config, log, tokenizer_file: Path | None) -> TokenData:
     """data.format = "tokens": the shards trained on as they are (token_shards.py), validated on
     data.val_source's; the tokenizer (the run's own on resume) saved once beside the caches, where
     the run folder copies it from, under a key of its content."""
+    import numpy as np
     from tokenizers import Tokenizer
 
     from .build import save_tokenizer
@@ -83,6 +84,12 @@ def prepare_tokens(cfg: Config, log, tokenizer_file: Path | None) -> TokenData:
     for split, tokens in (("data.source", train), ("data.val_source", val)):
         if len(tokens) < need:
             raise ConfigError(f"{split}: {len(tokens)} tokens, fewer than one sequence of training.seq_len + 1 = {need}")
+    # An id past the embedding's rows fails on a GPU as a device-side assert, far from its cause:
+    # the validation tokens, made by the same tokenizer as the training ones, are checked whole.
+    if (top := int(np.asarray(val).max())) >= cfg.tokenizer.vocab_size:
+        raise ConfigError(f"data.val_source: token id {top} in {cfg.data.val_source}, past tokenizer.vocab_size = "
+                          f"{cfg.tokenizer.vocab_size}: the shards were made by another tokenizer than "
+                          f"tokenizer.kind = {cfg.tokenizer.kind!r}, or vocab_size is too small")
     tok = Tokenizer.from_file(str(folder / "tokenizer" / "tokenizer.json"))
     log(f"data: {len(train):,} training tokens in {len(train.arrays)} shards, {len(val):,} validation tokens "
         f"({cfg.data.val_source})")
