@@ -106,8 +106,8 @@ def test_a_stream_without_a_separator_is_refused_by_name():
 # validation shard's first tokens, BOS-aligned rows and everything else as shipped.
 SMALL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=4", "model.max_seq_len=64",
          "training.seq_len=64", "training.micro_batch_size=8", "training.grad_accum_steps=1",
-         "training.max_steps=20", "training.compile=false", "training.log_every=5", "optimizer.warmup_steps=3",
-         "eval.every=10", "eval.batches=4", "checkpoint.every=0", "checkpoint.keep=1", 'hardware.device="cpu"',
+         "training.max_steps=10", "training.compile=false", "training.log_every=5", "optimizer.warmup_steps=3",
+         "eval.every=5", "eval.batches=4", "checkpoint.every=0", "checkpoint.keep=1", 'hardware.device="cpu"',
          "tokenizer.vocab_size=64"]
 
 
@@ -158,7 +158,7 @@ def test_the_preset_trains_on_cpu_on_local_shards_validating_on_the_first_tokens
     assert f"data: {train:,} training tokens in 2 shards, 4,000 validation tokens ({val})" in proc.stdout
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if r["kind"] == "eval"]
-    assert [e["step"] for e in evals] == [10, 20] and evals[-1]["val_loss"] < evals[0]["val_loss"], evals
+    assert [e["step"] for e in evals] == [5, 10] and evals[-1]["val_loss"] < evals[0]["val_loss"], evals
     assert (out / "tokenizer" / "tokenizer.json").is_file()  # the run folder's own, for chat and export
 
 
@@ -178,8 +178,8 @@ def test_the_presets_command_and_data_info_say_its_data_budget_target_and_times(
 
 @pytest.mark.slow
 def test_a_hub_source_fetches_the_training_shards_the_budget_needs_and_the_validation_shard(speedrun_files):
-    """Against a Hub on 127.0.0.1 serving the preset's very repos: 20 steps of 512 tokens need two
-    of three 6,000-token shards; offline afterwards, `data info` finds them in the Hub's cache."""
+    """Against a Hub on 127.0.0.1 serving the preset's very repos: 10 steps of 512 tokens need two
+    of three 3,000-token shards; offline afterwards, `data info` finds them in the Hub's cache."""
     from .fake_hub import FakeHub
     from .helpers import as_flags, cli, hub_env
 
@@ -187,7 +187,7 @@ def test_a_hub_source_fetches_the_training_shards_the_budget_needs_and_the_valid
     dataset = tmp / "hub-dataset"
     dataset.mkdir()
     for i in (1, 2, 3):
-        write_shard(dataset / f"fineweb_train_{i:06d}.bin", [eot, *[(i + j) % 30 + 1 for j in range(5_999)]])
+        write_shard(dataset / f"fineweb_train_{i:06d}.bin", [eot, *[(i + j) % 30 + 1 for j in range(2_999)]])
     write_shard(dataset / "fineweb_val_000000.bin", [eot, *[j % 30 + 1 for j in range(4_999)]])
     sets = as_flags([*SMALL, f'data.cache_dir="{tmp / "hub-cache"}"', "data.val_tokens=4000"])
     with FakeHub({token_shards.SPEEDRUN_DATASET: dataset}, models={"openai-community/gpt2": model}) as hub:
@@ -196,7 +196,7 @@ def test_a_hub_source_fetches_the_training_shards_the_budget_needs_and_the_valid
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert sorted(hub.got(token_shards.SPEEDRUN_DATASET)) == ["fineweb_train_000001.bin",
                                                                   "fineweb_train_000002.bin", "fineweb_val_000000.bin"]
-        assert "data: 12,000 training tokens in 2 shards, 4,000 validation tokens" in proc.stdout
+        assert "data: 6,000 training tokens in 2 shards, 4,000 validation tokens" in proc.stdout
     info = cli("data", "info", "gpt2-speedrun", *sets, env={**env, "HF_HUB_OFFLINE": "1"})
     assert info.returncode == 0, info.stdout + info.stderr
     assert "data.source: 2 shards here" in info.stdout and "data.val_source: 1 shard here" in info.stdout
