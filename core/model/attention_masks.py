@@ -2,9 +2,10 @@
 
 The layers' windows come from the config (`Config.layer_windows`: modded-nanogpt's long and short
 windows). On CUDA the windowed layers run FlexAttention with a block mask, which skips the blocks
-of keys the window leaves out; elsewhere (CPU, and where FlexAttention is not compiled for the
-device) `scaled_dot_product_attention` takes the same mask written out as a (T, T) boolean
-matrix, cheap at the context lengths a CPU trains on. Both come from `in_window`, so they agree
+of keys the window leaves out; elsewhere (a CPU, and a prompt's prefill when decoding, whose
+length changes from prompt to prompt where FlexAttention compiles for each length)
+`scaled_dot_product_attention` takes the same mask written out as a (T, T) boolean matrix, cheap
+at the context lengths a CPU trains on and at a prompt's. Both come from `in_window`, so they agree
 (tests/test_model_options.py checks it on CPU, where FlexAttention also runs, unfused).
 """
 
@@ -45,10 +46,12 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
-    """Attention of (B, H, T, D) queries over (B, H_kv, T, D) keys and values within `window`."""
+def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
+                       flex: bool = True) -> torch.Tensor:
+    """Attention of (B, H, T, D) queries over (B, H_kv, T, D) keys and values within `window`;
+    FlexAttention on CUDA unless `flex` is False (a prompt's prefill, whose length changes)."""
     T = q.shape[2]
-    if q.is_cuda:
+    if q.is_cuda and flex:
         dtype = v.dtype  # QK-norm leaves q and k in float32 under autocast; FlexAttention wants one dtype
         return _compiled_flex()(q.to(dtype), k.to(dtype), v, block_mask=flex_block_mask(T, window, str(q.device)),
                                 enable_gqa=True)

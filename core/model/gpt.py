@@ -175,13 +175,13 @@ class Attention(nn.Module):
                 ve: torch.Tensor | None = None) -> torch.Tensor:
         return self._out(self._causal(*self._qkv(x, cos, sin, ve)))
 
-    def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flex: bool = True) -> torch.Tensor:
         if self.expand_kv:
             # Cast before repeating, as decode does, so only the low-precision copy is made (and saved).
             groups = self.n_head // self.n_kv_head
             k, v = k.to(v.dtype).repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         if self.window and self.window < q.shape[2]:  # a window as long as the sequence is plain causal
-            return windowed_attention(q, k, v, self.window)
+            return windowed_attention(q, k, v, self.window, flex)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
@@ -194,7 +194,8 @@ class Attention(nn.Module):
         # the new token's k once here, not the whole cache at every step.
         k, v = cache.write(layer, k.to(v.dtype), v)
         if prefill:  # the prompt attends causally within itself, as in training
-            return self._out(self._causal(q, k, v))
+            # (a window's explicit mask, not FlexAttention: compiled per length, each new prompt's would recompile)
+            return self._out(self._causal(q, k, v, flex=False))
         # A single new token attends to every cached position. Its query heads that share a K/V head
         # go in as that head's rows of queries, (B, H_kv, H / H_kv, D): no kernel needs GQA then, so
         # none falls to the math kernel, and the cache is never repeated to the query's heads.
