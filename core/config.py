@@ -113,13 +113,29 @@ class ModelConfig:
     n_head: int = setting(4, "attention heads (query heads)", gt=0)
     n_kv_head: int = setting(2, "key/value heads (grouped-query attention); divides n_head", gt=0)
     head_dim: int = setting(0, "each head's width; 0: d_model // n_head", ge=0)
-    mlp_hidden: int = setting(0, "SwiGLU's hidden width; 0: the multiple of 64 nearest 8/3 · d_model", ge=0)
+    mlp_hidden: int = setting(0, "the MLP's hidden width; 0: SwiGLU's multiple of 64 nearest 8/3 · d_model, "
+                                 "relu2's 4 · d_model", ge=0)
     # Rotary positions beyond what it trains on are untrained.
     max_seq_len: int = setting(0, "the model's context; 0: training.seq_len", ge=0)
     rope_theta: float = setting(10000.0, "the rotary embeddings' base", gt=0)
     # RMSNorm divides by sqrt(mean(x²) + eps): at 0 or below a zero row is NaN.
     norm_eps: float = setting(1e-6, "RMSNorm's epsilon", gt=0)
     init_std: float = setting(0.02, "the standard deviation of the initial weights", gt=0)
+    # The speedrun's model changes (modded-nanogpt's record table; docs/training.md says which
+    # record brought each): all off by default, so a preset without them trains what it trained.
+    mlp: Literal["swiglu", "relu2"] = setting("swiglu", 'the MLP: "swiglu" (Qwen3\'s) or "relu2": down(relu(up(x))²)')
+    zero_init_proj: bool = setting(False, "attention's o_proj and the MLP's down_proj start at zero")
+    tie_embeddings: bool = setting(True, "the LM head is the token embedding; false: a head of its own, "
+                                         "started at zero")
+    logit_softcap: float = setting(0.0, "logits become cap · tanh(logits / cap) before the loss; 0: off", ge=0)
+    value_embeds: int = setting(0, "embedding tables mixed into the values of the first and last that many "
+                                   "layers; 0: none", ge=0)
+    unet_skips: bool = setting(False, "the first half's block outputs added to the second half's inputs "
+                                      "(U-net), each with a learned weight")
+    window: int = setting(0, "sliding-window attention: the long layers see this many most recent "
+                             "positions; 0: all of them", ge=0)
+    short_window: int = setting(0, "the short layers' window (3 of each 4 layers, mirrored about the "
+                                   "middle); 0: as the long layers", ge=0)
 
 
 @dataclass
@@ -385,11 +401,22 @@ class Config:
     def mlp_hidden(self) -> int:
         if self.model.mlp_hidden:
             return self.model.mlp_hidden
+        if self.model.mlp == "relu2":
+            return 4 * self.model.d_model
         return max(64, round(8 * self.model.d_model / 3 / 64) * 64)
 
     @property
     def max_seq_len(self) -> int:
         return self.model.max_seq_len or self.training.seq_len
+
+    @property
+    def layer_windows(self) -> tuple[int, ...]:
+        """Each layer's attention window, 0 for all the positions before it. As modded-nanogpt's
+        records: a long window on every fourth layer counted from either end (the pattern mirrored
+        about the middle, as its U-net is), a short one on the others."""
+        m = self.model
+        short = m.short_window or m.window
+        return tuple(m.window if min(i, m.n_layer - 1 - i) % 4 == 0 else short for i in range(m.n_layer))
 
     @property
     def eval_batch_size(self) -> int:
@@ -652,6 +679,14 @@ def _between_keys(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
     if cfg.head_dim % 2:
         yield (("model.head_dim", "model.d_model", "model.n_head"),
                f"the head dimension ({cfg.head_dim}) must be even for rotary embeddings")
+    if 2 * m.value_embeds > m.n_layer:
+        yield (("model.value_embeds", "model.n_layer"),
+               f"model.value_embeds = {m.value_embeds} feeds the first and the last {m.value_embeds} layers: at most "
+               f"half of model.n_layer = {m.n_layer}")
+    if m.window and m.short_window > m.window:
+        yield (("model.short_window", "model.window"),
+               f"model.short_window = {m.short_window} is longer than model.window = {m.window}: the short "
+               "layers' window is the shorter one")
     if t.seq_len > cfg.max_seq_len:
         yield (("training.seq_len", "model.max_seq_len"),
                f"training.seq_len = {t.seq_len} is above the model's context, model.max_seq_len = {m.max_seq_len}")

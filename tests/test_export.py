@@ -270,3 +270,73 @@ def test_a_tokenizer_folder_that_is_a_link_is_not_followed_into_the_export(run_c
     (run_copy / "tokenizer").symlink_to(elsewhere)
     said = export_leaking_nothing(run_copy, tmp_path / "out")
     assert f"export: skipped the files of {run_copy / 'tokenizer'}: a symbolic link" in said, said
+
+
+# ------------------------------------------------------------------ the speedrun's model options
+def _set_model_keys(ckpt: Path, **keys: str) -> None:
+    """The checkpoint's config.toml with `keys` (TOML values) set in its [model] table."""
+    config = ckpt / "config.toml"
+    lines = [line for line in config.read_text().splitlines() if line.split(" = ")[0] not in keys]
+    at = lines.index("[model]") + 1
+    config.write_text("\n".join(lines[:at] + [f"{k} = {v}" for k, v in keys.items()] + lines[at:]) + "\n")
+
+
+def test_an_untied_head_zero_init_and_one_window_size_export_with_the_same_logits(run_copy, tmp_path):
+    """A third layer (its weights the second's, perturbed) makes the pattern mixed: model.short_window
+    on the middle layer, full attention on the outer two, as Qwen3's layer_types and sliding_window say;
+    the untied head is written as lm_head.weight with tie_word_embeddings = false."""
+    from safetensors.torch import load_file, save_file
+
+    from lmcockpit.core.infer.export import export
+    from lmcockpit.core.infer.load import load
+
+    ckpt = _latest(run_copy)
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    for name in [k for k in tensors if k.startswith("layers.1.")]:
+        t = tensors[name]
+        tensors[name.replace("layers.1.", "layers.2.")] = t + 0.02 * torch.randn(t.shape, generator=g).to(t.dtype)
+    tensors["lm_head.weight"] = (0.05 * torch.randn(tensors["embed_tokens.weight"].shape, generator=g)).to(
+        tensors["embed_tokens.weight"].dtype)
+    save_file(tensors, str(ckpt / "model.safetensors"))
+    _set_model_keys(ckpt, n_layer="3", tie_embeddings="false", zero_init_proj="true", short_window="8")
+    out = tmp_path / "hf"
+    export(str(run_copy), str(out))
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False and config["sliding_window"] == 8
+    assert config["layer_types"] == ["full_attention", "sliding_attention", "full_attention"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    ours = load(ckpt, "cpu")
+    assert ours.model.shape.windows == (0, 8, 0) and ours.model.lm_head is not None
+    ids = torch.randint(0, ours.cfg.tokenizer.vocab_size, (2, ours.cfg.max_seq_len), generator=g)
+    with torch.no_grad():
+        theirs, mine = model(ids).logits, ours.model.float()(ids)
+    assert (theirs - mine).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("keys, named", [
+    ({"mlp": '"relu2"'}, 'model.mlp = "relu2"'),
+    ({"logit_softcap": "15.0"}, "model.logit_softcap = 15.0"),
+    ({"value_embeds": "1"}, "model.value_embeds = 1"),
+    ({"unet_skips": "true"}, "model.unet_skips = true"),
+    ({"n_layer": "3", "window": "16", "short_window": "8"}, "model.window = 16 with model.short_window = 8"),
+])
+def test_an_option_qwen3_cannot_express_is_refused_naming_it(run_copy, tmp_path, keys, named):
+    from lmcockpit.core.config import ConfigError
+    from lmcockpit.core.infer.export import export
+
+    _set_model_keys(_latest(run_copy), **keys)
+    with pytest.raises(ConfigError) as e:
+        export(str(run_copy), str(tmp_path / "out"))
+    assert str(e.value) == f"export: {named} has no Qwen3ForCausalLM equivalent"
+    assert [p.name for p in tmp_path.iterdir()] == ["run"], "something was written"
+
+
+@pytest.mark.slow
+def test_the_refusal_is_one_line_and_exit_2(run_copy, tmp_path):
+    _set_model_keys(_latest(run_copy), mlp='"relu2"')
+    r = cli("export", str(run_copy), str(tmp_path / "out"))
+    _refused(r, 'model.mlp = "relu2" has no Qwen3ForCausalLM equivalent')
+    assert r.stderr.count("\n") == 1, r.stderr

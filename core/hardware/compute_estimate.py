@@ -88,8 +88,10 @@ def mfu_rule() -> str:
 
 
 def flops_per_token(cfg: Config) -> float:
-    m = cfg.model
-    return 6 * param_counts(cfg).total + 12 * m.n_layer * m.n_head * cfg.head_dim * cfg.training.seq_len
+    """gpt.GPT.flops_per_token from the config: 6 per matmul parameter, 12·H·Q per attended position."""
+    m, T = cfg.model, cfg.training.seq_len
+    n = param_counts(cfg)
+    return 6 * (n.total - n.lookups) + 12 * m.n_head * cfg.head_dim * sum(min(w or T, T) for w in cfg.layer_windows)
 
 
 @dataclass(frozen=True)

@@ -90,10 +90,11 @@ def grads_between_steps(cfg: Config) -> bool:
 
 @dataclass(frozen=True)
 class ParamCounts:
-    embedding: int  # tied with the LM head: counted once
-    norms: int
+    embedding: int  # tied with the LM head: counted once; else with the head's, and the value embeddings'
+    norms: int  # and every other vector: the U-net's skip weights, the value mixes
     matrices: int  # the 2-D matrices inside the blocks
     kind: str = "muon"  # optimizer.kind: with "adamw", AdamW holds every parameter
+    lookups: int = 0  # of `embedding`, the tables only looked up (no matmul): an untied token embedding, value embeddings
 
     @property
     def total(self) -> int:
@@ -113,10 +114,14 @@ def param_counts(cfg: Config) -> ParamCounts:
     """The parameters of `GPT(shape_from_config(cfg))`, counted from the config alone."""
     m, d, hd = cfg.model, cfg.model.d_model, cfg.head_dim
     q, kv, f = m.n_head * hd, m.n_kv_head * hd, cfg.mlp_hidden
-    per_layer = d * q + 2 * d * kv + q * d + 3 * d * f  # q, k, v, o; gate, up, down
-    return ParamCounts(embedding=cfg.tokenizer.vocab_size * d,
-                       norms=m.n_layer * (2 * d + 2 * hd) + d,  # two block norms, q_norm and k_norm; final norm
-                       matrices=m.n_layer * per_layer, kind=cfg.optimizer.kind)
+    mlp = 2 if m.mlp == "relu2" else 3  # up and down; SwiGLU's gate besides
+    per_layer = d * q + 2 * d * kv + q * d + mlp * d * f  # q, k, v, o; gate, up, down
+    V = cfg.tokenizer.vocab_size
+    lookups = (0 if m.tie_embeddings else V * d) + m.value_embeds * V * kv
+    scalars = (m.n_layer // 2 if m.unet_skips else 0) + 2 * 2 * m.value_embeds  # skip weights; value mixes
+    return ParamCounts(embedding=V * d + lookups,
+                       norms=m.n_layer * (2 * d + 2 * hd) + d + scalars,  # two block norms, q/k norms; final norm
+                       matrices=m.n_layer * per_layer, kind=cfg.optimizer.kind, lookups=lookups)
 
 
 def muon_step_bytes(cfg: Config, device_type: str) -> int:
@@ -129,7 +134,8 @@ def muon_step_bytes(cfg: Config, device_type: str) -> int:
     q, kv, f = m.n_head * hd, m.n_kv_head * hd, cfg.mlp_hidden
     s = 2 if device_type == "cuda" or amp_bytes(cfg, device_type) == 2 else 4  # optim.build_optimizers
     groups: Counter = Counter()  # shape: how many matrices of it
-    for shape in [(q, d), (kv, d), (kv, d), (d, q), (f, d), (f, d), (d, f)]:
+    mlp = [(f, d), (d, f)] if m.mlp == "relu2" else [(f, d), (f, d), (d, f)]
+    for shape in [(q, d), (kv, d), (kv, d), (d, q), *mlp]:
         groups[shape] += m.n_layer
     return max(n * (r * c * (4 + 2 * s) + 2 * s * min(r, c) ** 2) + 4 * r * c for (r, c), n in groups.items())
 
@@ -157,19 +163,23 @@ def layer_activation_bytes(cfg: Config, a: int, compiled: bool, path: str = atte
     m, d = cfg.model, cfg.model.d_model
     q, kv, f = m.n_head * cfg.head_dim, m.n_kv_head * cfg.head_dim, cfg.mlp_hidden
     rms = 4 * (2 + m.n_head + m.n_kv_head)
+    # ReLU² (model.mlp = "relu2") has no gate: one linear on the second norm, and it keeps relu(up)
+    # and its square where SwiGLU keeps three (compiled) or four (eager) tensors of the hidden width.
+    relu2 = m.mlp == "relu2"
     if compiled:
         # What the partitioner keeps: the fp32 residual into each norm, each matmul's input in the
         # autocast dtype (one cast shared by q/k/v, one by gate/up), the q, k and v projections, the
         # normed and rotated q and k that SDPA takes, its output and log-sum-exp, and the SwiGLU
         # gate, up and product.
         return (2 * (4 * d + a * d) + a * (q + 2 * kv) + a * (q + kv) + a * q + 4 * m.n_head
-                + 3 * a * f + rms + attention.extra_bytes_per_token(cfg, a, path))
+                + (2 if relu2 else 3) * a * f + rms + attention.extra_bytes_per_token(cfg, a, path))
     # Eager: each block norm saves its fp32 input and normalised output; each linear its own cast
     # of the norm's weighted output (3 for q/k/v, 2 for gate/up; in fp32 one shared tensor per
     # norm); QK-norm its input in fp32 (a copy under autocast) and its output cast back; SDPA v and
     # its own low-precision copies of q and k; SwiGLU the gate, silu(gate), up and the product.
-    casts = (3 + 2) * a * d if a < 4 else 2 * a * d
-    return (2 * 8 * d + casts + (4 + a) * (q + kv) + a * kv + a * (q + kv) + a * q + 4 * m.n_head + 4 * a * f
+    casts = (3 + (1 if relu2 else 2)) * a * d if a < 4 else 2 * a * d
+    return (2 * 8 * d + casts + (4 + a) * (q + kv) + a * kv + a * (q + kv) + a * q + 4 * m.n_head
+            + (2 if relu2 else 4) * a * f
             + rms + attention.extra_bytes_per_token(cfg, a, path))
 
 
@@ -281,7 +291,8 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
     shards = cfg.world if cfg.distributed.strategy == "fsdp" else 1
     block = (n.matrices + n.norms - m.d_model) // m.n_layer  # one block's parameters (not the final norm)
     gathered = 0 if shards == 1 else 4 * (n.embedding + 2 * block)
-    casts = n.matrices + (n.embedding if compiled else 0)
+    head = n.embedding - n.lookups  # the head's matrix, the only one of them autocast casts
+    casts = n.matrices + (head if compiled else 0)
     weights = 4 * n.total // shards + gathered + (2 * casts if a < 4 else 0)
     grads_all = 4 * n.total // shards + gathered
     # Without accumulation, backward has created none when the saved activations peak (the head's
@@ -308,7 +319,7 @@ def estimate(cfg: Config, device_type: str = "cuda", micro_batch: int | None = N
     held = weights + grads_at_peak + optimizer
     # Between steps: the fp32 weights and autocast's casts of every matrix (the head's too, which
     # the evaluation loss casts), the optimizer state, and the gradients only where they are kept.
-    between = (4 * n.total // shards + gathered + (2 * (n.matrices + n.embedding) if a < 4 else 0) + optimizer
+    between = (4 * n.total // shards + gathered + (2 * (n.matrices + head) if a < 4 else 0) + optimizer
                + (grads_all if kept else 0))
     working = inference_bytes(cfg, a, (cfg.eval.batch_size or B) * t.seq_len, device_type)  # eval.batch_size
     inference = between + working

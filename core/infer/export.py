@@ -12,8 +12,16 @@ Our model is Qwen3's math with Qwen3's parameter names (core/model/gpt.py), so t
     max_seq_len          max_position_embeddings
     rope_theta           rope_parameters = {rope_type: default, rope_theta}
     norm_eps             rms_norm_eps               (the q/k norms share it, in both)
-    tied head            tie_word_embeddings = true (no lm_head tensor written)
-    no biases            attention_bias = false; full causal attention on every layer (no sliding window)
+    tie_embeddings       tie_word_embeddings        (untied: `lm_head.weight` written beside `model.`)
+    no biases            attention_bias = false
+    window, short_window layer_types, sliding_window  (one window size: Qwen3 has one for all its
+                                                       sliding layers, the others full attention)
+
+The speedrun's options (docs/training.md) are exported where Qwen3 says the same thing: an untied
+head, zero-initialised projections (only weights), and sliding windows of one size (a window on
+every layer, or full long layers and short windowed ones). The rest change the math Qwen3 runs:
+model.mlp = "relu2", a logit soft-cap, value embeddings, U-net skips, and long and short windows
+of two sizes; each is refused with one line naming the option, before anything is read or written.
 
 What Qwen3 cannot say is refused before anything is written, with the reason: a rotary base or
 norm epsilon that is not a finite positive number (our config does not check them; Qwen3's rotary
@@ -63,6 +71,8 @@ def expected_tensors(cfg: Config) -> dict[str, tuple[int, ...]]:
     V, d, D, F = cfg.tokenizer.vocab_size, m.d_model, cfg.head_dim, cfg.mlp_hidden
     H, KV = m.n_head, m.n_kv_head
     shapes: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (V, d), "norm.weight": (d,)}
+    if not m.tie_embeddings:
+        shapes["lm_head.weight"] = (V, d)
     for i in range(m.n_layer):
         p = f"layers.{i}."
         shapes.update({
@@ -74,15 +84,35 @@ def expected_tensors(cfg: Config) -> dict[str, tuple[int, ...]]:
             p + "self_attn.q_norm.weight": (D,),
             p + "self_attn.k_norm.weight": (D,),
             p + "post_attention_layernorm.weight": (d,),
-            p + "mlp.gate_proj.weight": (F, d),
             p + "mlp.up_proj.weight": (F, d),
             p + "mlp.down_proj.weight": (d, F),
         })
+        if m.mlp != "relu2":
+            shapes[p + "mlp.gate_proj.weight"] = (F, d)
     return shapes
+
+
+def inexpressible(cfg: Config) -> str | None:
+    """The first option of the model that Qwen3ForCausalLM has no equivalent of, as "model.KEY = VALUE"; None if none."""
+    m = cfg.model
+    default = type(m)()
+    for key in ("mlp", "logit_softcap", "value_embeds", "unet_skips"):
+        if getattr(m, key) != getattr(default, key):
+            return f"model.{key} = {json.dumps(getattr(m, key))}"
+    if len(set(cfg.layer_windows) - {0}) > 1:
+        return f"model.window = {m.window} with model.short_window = {m.short_window}"  # one size in Qwen3
+    return None
+
+
+def exported_name(name: str) -> str:
+    """A tensor's name in the export: Qwen3's model body under `model.`, its untied head beside it."""
+    return name if name == "lm_head.weight" else PREFIX + name
 
 
 def qwen3_config(cfg: Config, eos: int | None, dtype: str) -> dict:
     m = cfg.model
+    windows = cfg.layer_windows
+    window = max(windows)  # the one size `inexpressible` lets through, or 0: none
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
@@ -99,13 +129,13 @@ def qwen3_config(cfg: Config, eos: int | None, dtype: str) -> dict:
         "rms_norm_eps": float(m.norm_eps),
         "rope_parameters": {"rope_type": "default", "rope_theta": float(m.rope_theta)},
         "rope_theta": float(m.rope_theta),  # where transformers 4.x reads it
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": m.tie_embeddings,
         "attention_bias": False,
         "attention_dropout": 0.0,
-        "use_sliding_window": False,
-        "sliding_window": None,
+        "use_sliding_window": bool(window),
+        "sliding_window": window or None,
         "max_window_layers": m.n_layer,
-        "layer_types": ["full_attention"] * m.n_layer,
+        "layer_types": ["sliding_attention" if w else "full_attention" for w in windows],
         "use_cache": True,
         "bos_token_id": eos,
         "eos_token_id": eos,
@@ -189,6 +219,8 @@ def export(spec: str, out_dir: str, log: Callable[[str], None] = lambda s: None)
     ckpt = find_checkpoint(spec)
     step = check_checkpoint(ckpt)
     cfg = checkpoint_config(ckpt)
+    if option := inexpressible(cfg):
+        raise ConfigError(f"export: {option} has no Qwen3ForCausalLM equivalent")
     where = str(ckpt)
     tok_path, tok, eos = _tokenizer(ckpt, cfg)
     tensors = _read_weights(ckpt, cfg)
@@ -211,7 +243,7 @@ def export(spec: str, out_dir: str, log: Callable[[str], None] = lambda s: None)
         ends = eos if chat_end is None else [chat_end, *([eos] if eos is not None else [])]
         generation = {"bos_token_id": eos, "eos_token_id": ends, "pad_token_id": eos, "do_sample": False}
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-        save_file({PREFIX + k: t.contiguous() for k, t in tensors.items()}, str(tmp / "model.safetensors"),
+        save_file({exported_name(k): t.contiguous() for k, t in tensors.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt", "lmcockpit_checkpoint": str(ckpt), "lmcockpit_step": str(step)})
         _write_tokenizer(tok_path, tok, tmp, log)
         if chat_end is not None:

@@ -20,6 +20,12 @@ Architecture choices, and why:
 * Rotary position embedding in the non-interleaved (rotate-half) layout of Qwen3, computed in
   float32 and cast back to the input dtype so bf16 runs keep positional precision.
 * SwiGLU MLP (`down(silu(gate(x)) * up(x))`).
+* modded-nanogpt's speedrun changes, each a `model.` key, off by default (docs/training.md): a
+  ReLU² MLP, zero-initialised o_proj/down_proj, an untied head (`lm_head`, started at zero), a
+  logit soft-cap in every loss path and in decoding (head_loss.py), value embeddings mixed into
+  the values of the first and last layers, U-net skips from the first half's blocks to the last
+  half's, and long/short sliding-window attention (attention_masks.py; the KV cache's decode
+  reads the window too). The extra tables and weights sit outside `layers.`, so Muon never gets them.
 * Parameter names follow Qwen3 (`embed_tokens`, `layers.N.self_attn.q_proj`, ...), so export is a
   renaming-free copy and transformers reproduces our logits.
 * The loss is computed in float32 from logits the matmul produced in the autocast dtype. Eager
@@ -45,6 +51,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..data.chat_rows import IGNORE  # a target the loss skips: a chat run's prompt and padding
+from .attention_masks import windowed_attention
+from .head_loss import LinearCrossEntropy, _fp16_autocast, head_scores, softcap
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,20 @@ class GPTShape:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    # The speedrun's options (config.ModelConfig says what each does); the defaults are the model above.
+    mlp: str = "swiglu"
+    zero_init_proj: bool = False
+    tie_embeddings: bool = True
+    logit_softcap: float = 0.0
+    value_embeds: int = 0
+    unet_skips: bool = False
+    windows: tuple[int, ...] = ()  # each layer's attention window (0: causal over all); () : none anywhere
+
+    def value_table(self, layer: int) -> int | None:
+        """Which value-embedding table feeds `layer`: table j the j-th layer and the j-th of the last
+        `value_embeds` layers (modded-nanogpt's "012 ... 012"); None for the layers between."""
+        n, last = self.value_embeds, self.n_layer - self.value_embeds
+        return layer if layer < n else layer - last if layer >= last else None
 
 
 def shape_from_config(cfg) -> GPTShape:
@@ -67,7 +89,10 @@ def shape_from_config(cfg) -> GPTShape:
     m = cfg.model
     return GPTShape(vocab_size=cfg.tokenizer.vocab_size, n_layer=m.n_layer, d_model=m.d_model, n_head=m.n_head,
                     n_kv_head=m.n_kv_head, head_dim=cfg.head_dim, mlp_hidden=cfg.mlp_hidden,
-                    max_seq_len=cfg.max_seq_len, rope_theta=m.rope_theta, norm_eps=m.norm_eps, init_std=m.init_std)
+                    max_seq_len=cfg.max_seq_len, rope_theta=m.rope_theta, norm_eps=m.norm_eps, init_std=m.init_std,
+                    mlp=m.mlp, zero_init_proj=m.zero_init_proj, tie_embeddings=m.tie_embeddings,
+                    logit_softcap=m.logit_softcap, value_embeds=m.value_embeds, unet_skips=m.unet_skips,
+                    windows=cfg.layer_windows if any(cfg.layer_windows) else ())
 
 
 class RMSNorm(nn.Module):
@@ -130,7 +155,7 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    def __init__(self, s: GPTShape):
+    def __init__(self, s: GPTShape, layer: int = 0):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = s.n_head, s.n_kv_head, s.head_dim
         self.q_proj = nn.Linear(s.d_model, s.n_head * s.head_dim, bias=False)
@@ -140,19 +165,28 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(s.head_dim, s.norm_eps)
         self.k_norm = RMSNorm(s.head_dim, s.norm_eps)
         self.expand_kv = False  # repeat K/V to the query's heads for kernels without GQA: GPT.expand_kv
+        self.window = s.windows[layer] if s.windows else 0
+        if s.value_table(layer) is not None:
+            # The weights of this layer's values and of its value embedding: (0.5, 0.5) at the start
+            # (GPT.reset_parameters), as modded-nanogpt's lambdas.
+            self.value_mix = nn.Parameter(torch.full((2,), 0.5))
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return self._out(self._causal(*self._qkv(x, cos, sin)))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                ve: torch.Tensor | None = None) -> torch.Tensor:
+        return self._out(self._causal(*self._qkv(x, cos, sin, ve)))
 
-    def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flex: bool = True) -> torch.Tensor:
         if self.expand_kv:
             # Cast before repeating, as decode does, so only the low-precision copy is made (and saved).
             groups = self.n_head // self.n_kv_head
             k, v = k.to(v.dtype).repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if self.window and self.window < q.shape[2]:  # a window as long as the sequence is plain causal
+            return windowed_attention(q, k, v, self.window, flex)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
-    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:
-        q, k, v = self._qkv(x, cos, sin)
+    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
+               ve: torch.Tensor | None = None) -> torch.Tensor:
+        q, k, v = self._qkv(x, cos, sin, ve)
         prefill = cache.length == 0
         if not prefill and x.shape[1] != 1:
             raise ValueError("after the prefill, decode takes one token per row at a time")
@@ -160,19 +194,25 @@ class Attention(nn.Module):
         # the new token's k once here, not the whole cache at every step.
         k, v = cache.write(layer, k.to(v.dtype), v)
         if prefill:  # the prompt attends causally within itself, as in training
-            return self._out(self._causal(q, k, v))
+            # (a window's explicit mask, not FlexAttention: compiled per length, each new prompt's would recompile)
+            return self._out(self._causal(q, k, v, flex=False))
         # A single new token attends to every cached position. Its query heads that share a K/V head
         # go in as that head's rows of queries, (B, H_kv, H / H_kv, D): no kernel needs GQA then, so
         # none falls to the math kernel, and the cache is never repeated to the query's heads.
         B, _, _, D = q.shape
+        if self.window:  # the cache keeps every position; the window reads its most recent ones
+            k, v = k[:, :, -self.window:], v[:, :, -self.window:]
         grouped = q.reshape(B, self.n_kv_head, self.n_head // self.n_kv_head, D)
         return self._out(F.scaled_dot_product_attention(grouped, k, v).reshape(B, self.n_head, 1, D))
 
-    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ve: torch.Tensor | None = None):
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x)
+        if ve is not None:  # kept in the projection's dtype: the float32 mix would promote attention
+            v = (self.value_mix[0] * v + self.value_mix[1] * ve).to(v.dtype)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def _out(self, y: torch.Tensor) -> torch.Tensor:
@@ -181,30 +221,38 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """SwiGLU, down(silu(gate(x)) · up(x)); or with mlp = "relu2" modded-nanogpt's ReLU², down(relu(up(x))²)."""
+
     def __init__(self, s: GPTShape):
         super().__init__()
-        self.gate_proj = nn.Linear(s.d_model, s.mlp_hidden, bias=False)
+        self.relu2 = s.mlp == "relu2"
+        if not self.relu2:
+            self.gate_proj = nn.Linear(s.d_model, s.mlp_hidden, bias=False)
         self.up_proj = nn.Linear(s.d_model, s.mlp_hidden, bias=False)
         self.down_proj = nn.Linear(s.mlp_hidden, s.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.relu2:
+            return self.down_proj(F.relu(self.up_proj(x)).square())
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):
-    def __init__(self, s: GPTShape):
+    def __init__(self, s: GPTShape, layer: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(s.d_model, s.norm_eps)
-        self.self_attn = Attention(s)
+        self.self_attn = Attention(s, layer)
         self.post_attention_layernorm = RMSNorm(s.d_model, s.norm_eps)
         self.mlp = MLP(s)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                ve: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ve)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:
-        x = x + self.self_attn.decode(self.input_layernorm(x), cos, sin, cache, layer)
+    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
+               ve: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn.decode(self.input_layernorm(x), cos, sin, cache, layer, ve)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -213,8 +261,13 @@ class GPT(nn.Module):
         super().__init__()
         self.shape = shape
         self.embed_tokens = nn.Embedding(shape.vocab_size, shape.d_model)
-        self.layers = nn.ModuleList(Block(shape) for _ in range(shape.n_layer))
+        self.layers = nn.ModuleList(Block(shape, i) for i in range(shape.n_layer))
         self.norm = RMSNorm(shape.d_model, shape.norm_eps)
+        # Outside `layers.`, so optim.split_params gives them to AdamW (as modded-nanogpt does), not Muon.
+        self.value_embeds = nn.ModuleList(nn.Embedding(shape.vocab_size, shape.n_kv_head * shape.head_dim)
+                                          for _ in range(shape.value_embeds))
+        self.skip_weights = nn.Parameter(torch.ones(shape.n_layer // 2)) if shape.unet_skips else None
+        self.lm_head = None if shape.tie_embeddings else nn.Linear(shape.d_model, shape.vocab_size, bias=False)
         cos, sin = rotary_tables(shape.head_dim, shape.max_seq_len, shape.rope_theta)
         # Not parameters and not saved: rebuilt from the shape, so checkpoints hold weights only.
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -241,32 +294,65 @@ class GPT(nn.Module):
         # does not grow with the number of layers at initialisation (GPT-2's rule).
         out_std = std / math.sqrt(2 * self.shape.n_layer)
         for name, p in self.named_parameters():
-            if p.ndim == 1:
-                nn.init.ones_(p)
+            if name.endswith("value_mix"):
+                nn.init.constant_(p, 0.5)
+            elif p.ndim == 1:
+                nn.init.ones_(p)  # norms' gains, and the U-net skips' weights (as modded-nanogpt)
+            elif name == "lm_head.weight" or (self.shape.zero_init_proj and name.endswith(
+                    ("o_proj.weight", "down_proj.weight"))):
+                nn.init.zeros_(p)  # modded-nanogpt's: each block starts as the identity, the head at uniform
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
                 nn.init.normal_(p, mean=0.0, std=out_std)
             else:
                 nn.init.normal_(p, mean=0.0, std=std)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The LM head's matrix: the token embedding's when tied."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def num_params(self) -> int:
         """Unique parameters: the tied embedding/head matrix counts once."""
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6·N for the matmuls plus 12·L·H·Q·T for attention scores."""
+        """Training FLOPs per token: 6·N for the matmuls (N without the tables that are only looked
+        up: an untied token embedding, the value embeddings) plus 12·H·Q per attended position of
+        each layer (T, or its window where shorter)."""
         s = self.shape
-        return 6 * self.num_params() + 12 * s.n_layer * s.n_head * s.head_dim * seq_len
+        lookups = sum(p.numel() for p in self.value_embeds.parameters())
+        if self.lm_head is not None:
+            lookups += self.embed_tokens.weight.numel()
+        span = sum(min(w or seq_len, seq_len) for w in s.windows) if s.windows else s.n_layer * seq_len
+        return 6 * (self.num_params() - lookups) + 12 * s.n_head * s.head_dim * span
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         T = idx.shape[1]
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        x = self.embed_tokens(idx)
         # Activation checkpointing keeps only each block's input and recomputes the block in
         # backward; only when there is a backward to come (evaluation and sampling skip it).
         recompute = self.activation_checkpointing and torch.is_grad_enabled()
-        for layer in self.layers:
-            x = checkpoint(layer, x, cos, sin, use_reentrant=False) if recompute else layer(x, cos, sin)
-        return self.norm(x)
+
+        def step(i: int, layer: Block, x: torch.Tensor, ve: torch.Tensor | None) -> torch.Tensor:
+            return checkpoint(layer, x, cos, sin, ve, use_reentrant=False) if recompute else layer(x, cos, sin, ve)
+        return self.norm(self._through_layers(idx, step))
+
+    def _through_layers(self, idx: torch.Tensor, step) -> torch.Tensor:
+        """The token embeddings of `idx` through every block, `step(i, block, x, ve)` running each:
+        the layers' value embeddings and the U-net's skips (the first half's outputs, last first,
+        added with learned weights to the inputs of the last half) as the shape has them."""
+        x = self.embed_tokens(idx)
+        ves = [table(idx) for table in self.value_embeds]
+        n, half = self.shape.n_layer, self.shape.n_layer // 2
+        skips = []
+        for i, layer in enumerate(self.layers):
+            if self.skip_weights is not None and i >= n - half:
+                x = x + self.skip_weights[i - (n - half)] * skips.pop()
+            j = self.shape.value_table(i)
+            x = step(i, layer, x, None if j is None else ves[j])
+            if self.skip_weights is not None and i < half:
+                skips.append(x)
+        return x
 
     def decode(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Float32 logits (B, V) of the next token after `idx` (B, T), which continues the positions
@@ -276,11 +362,9 @@ class GPT(nn.Module):
             raise ValueError(f"{start + T} positions do not fit the cache ({cache.capacity}) or the model's "
                              f"context ({self.shape.max_seq_len})")
         cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
-        x = self.embed_tokens(idx)
-        for i, layer in enumerate(self.layers):
-            x = layer.decode(x, cos, sin, cache, i)
+        x = self._through_layers(idx, lambda i, layer, x, ve: layer.decode(x, cos, sin, cache, i, ve))
         cache.length += T
-        return F.linear(self.norm(x[:, -1:]), self.embed_tokens.weight)[:, 0].float()
+        return softcap(F.linear(self.norm(x[:, -1:]), self.head_weight)[:, 0].float(), self.shape.logit_softcap)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V) without targets; with them, the mean cross-entropy over the targets that
@@ -288,8 +372,11 @@ class GPT(nn.Module):
         h = self.hidden(idx)
         if targets is not None and torch.is_grad_enabled() and not torch.compiler.is_compiling() \
                 and not _fp16_autocast(h.device.type):
-            return LinearCrossEntropy.apply(h.flatten(0, 1), self.embed_tokens.weight, targets.reshape(-1))
-        logits = F.linear(h, self.embed_tokens.weight)
+            return LinearCrossEntropy.apply(h.flatten(0, 1), self.head_weight, targets.reshape(-1),
+                                            self.shape.logit_softcap)
+        logits = F.linear(h, self.head_weight)
+        if self.shape.logit_softcap:  # in float32: the cap's tanh would flatten bf16's coarse logits further
+            logits = softcap(logits.float(), self.shape.logit_softcap)
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE)
@@ -298,84 +385,14 @@ class GPT(nn.Module):
         """Per-token cross-entropy (B, T) in float32, for bits-per-byte; evaluation's loss, without
         gradients. A block of rows at a time, as training's loss: the whole float32 logits of a
         micro-batch (and cross-entropy's copies of them) would be the largest allocation of a run."""
-        return self._head_scores(self.hidden(idx).flatten(0, 1), targets.reshape(-1), argmax=False)[0].view(targets.shape)
+        return head_scores(self.hidden(idx).flatten(0, 1), self.head_weight, targets.reshape(-1),
+                           self.shape.logit_softcap, argmax=False)[0].view(targets.shape)
 
     def token_scores(self, idx: torch.Tensor, targets: torch.Tensor,
                      where: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What task scoring reads: at the positions `where` marks (B, T), in row order, each
         target's cross-entropy in float32 and whether it was the greedy choice. Only those
         positions reach the head, which at small scale costs more than every layer below it."""
-        losses, hits = self._head_scores(self.hidden(idx)[where], targets[where], argmax=True)
+        losses, hits = head_scores(self.hidden(idx)[where], self.head_weight, targets[where],
+                                   self.shape.logit_softcap, argmax=True)
         return losses, hits
-
-    def _head_scores(self, h: torch.Tensor, flat: torch.Tensor,
-                     argmax: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        rows = LinearCrossEntropy.rows_per_block(self.shape.vocab_size, h.is_cuda)
-        losses = torch.empty(flat.shape, dtype=torch.float32, device=h.device)
-        hits = torch.empty(flat.shape, dtype=torch.bool, device=h.device) if argmax else None
-        for start in range(0, len(flat), rows):
-            logits = F.linear(h[start:start + rows], self.embed_tokens.weight).float()
-            ts = flat[start:start + rows, None]
-            losses[start:start + rows] = torch.logsumexp(logits, dim=-1) - logits.gather(1, ts).squeeze(1)
-            if hits is not None:
-                hits[start:start + rows] = logits.argmax(dim=-1) == ts.squeeze(1)
-            del logits  # before the next block's matmul, or two blocks are alive at once
-        return losses, hits
-
-
-def _fp16_autocast(device: str) -> bool:
-    """fp16 keeps the plain loss: LinearCrossEntropy computes the logits' gradient in the forward,
-    before the GradScaler's factor, and (softmax − one-hot) / tokens in fp16 underflows to zero
-    for most of the vocabulary. The plain form's gradient arrives already scaled."""
-    return torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
-
-
-class LinearCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of `h @ W.T` against `targets`, a block of rows at a time, with the
-    gradients of `h` and `W` computed on the way (softmax minus the one-hot target, times the
-    inputs). Eager cross-entropy writes the float32 logits, their log-probabilities, and the
-    gradient of each; here one block of logits at a time exists, and backward only scales. The
-    matmuls run in the ambient autocast dtype, as F.linear's would, the rest in float32.
-    Targets equal to IGNORE count for nothing: the mean is over the others, as F.cross_entropy's
-    ignore_index makes it (a row with none counts 0, not NaN)."""
-
-    # Logits per block: 16 MB of float32 on a CPU (cache-sized); 256 MB on a GPU, where each block
-    # costs a few kernel launches (32k tokens of a 32k vocabulary: 16 blocks, not 256).
-    BLOCK_ELEMENTS = 1 << 22
-    GPU_BLOCK_ELEMENTS = 1 << 26
-
-    @staticmethod
-    def rows_per_block(vocab_size: int, cuda: bool) -> int:
-        block = LinearCrossEntropy.GPU_BLOCK_ELEMENTS if cuda else LinearCrossEntropy.BLOCK_ELEMENTS
-        return max(1, block // vocab_size)
-
-    @staticmethod
-    def forward(ctx, h: torch.Tensor, W: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        kept = targets != IGNORE
-        # Counted on the device: no host sync. Where nothing is ignored this is n, as it was.
-        n = kept.sum().clamp(min=1).to(torch.float32)
-        targets = targets.clamp(min=0)  # an ignored target's row is zeroed below; gather needs an index
-        rows = LinearCrossEntropy.rows_per_block(W.shape[0], h.is_cuda)
-        grad_h = torch.empty_like(h)
-        grad_W = torch.zeros(W.shape, dtype=torch.float32, device=W.device)
-        total = torch.zeros((), dtype=torch.float32, device=h.device)
-        device = h.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
-        h_mm, W_mm = h.to(dtype), W.to(dtype)  # cast once, as autocast would for F.linear
-        for start in range(0, h.shape[0], rows):
-            hs, ts, ks = h_mm[start:start + rows], targets[start:start + rows], kept[start:start + rows]
-            logits = F.linear(hs, W_mm).float()
-            lse = torch.logsumexp(logits, dim=-1)
-            total += (lse - logits.gather(1, ts[:, None]).squeeze(1)).masked_fill_(~ks, 0.0).sum()
-            grad = logits.sub_(lse[:, None]).exp_()  # softmax, in the logits' memory
-            grad[torch.arange(len(ts), device=grad.device), ts] -= 1.0
-            grad = grad.div_(n).masked_fill_(~ks[:, None], 0.0).to(dtype)
-            grad_h[start:start + rows] = grad @ W_mm
-            grad_W += grad.T @ hs
-        ctx.save_for_backward(grad_h, grad_W.to(W.dtype))
-        return total / n
-
-    @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor):
-        grad_h, grad_W = ctx.saved_tensors
-        return grad_h * grad_loss, grad_W * grad_loss, None
