@@ -54,7 +54,7 @@ def main() -> None:
     theirs = tok.decode(ids[:ids.index(end)] if end in ids else ids)
     record(f"chat: lmcockpit chat --prompt against transformers on the export, {Path(args.run).name}", [
         f"torch {torch.__version__}, transformers {transformers.__version__}; greedy, at most {n} new tokens; "
-        f"request `{args.prompt}`",
+        f"request ``{args.prompt}``",
         "",
         f"* identical: {'yes' if ours == theirs else 'NO'}; the turn ended (<|assistant_end|>) before the limit: "
         f"{'yes' if end in ids else 'no'}",
