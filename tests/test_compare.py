@@ -330,6 +330,27 @@ def test_compare_prints_each_task_s_last_score_and_a_dash_where_a_run_has_none(r
         line.replace("lr-high", "scored") for line in plain.stdout.splitlines()]
 
 
+def test_a_fine_tuning_run_and_its_base_share_the_task_line_with_the_gain_and_say_where_it_came_from(tmp_path):
+    """compare BASE FINETUNED: the fine-tuning run's step-0 score (its base's weights) and its last,
+    with the gain; the base, never scored on that task itself, shows that step-0 score as its own;
+    and a row naming the base run and step."""
+    from lmcockpit.core.run.curves import RunCurves
+    from lmcockpit.tui.rows import result_rows
+
+    base = RunCurves(tmp_path / "cpu-1", "cpu-1", {"training.from_checkpoint": ""}, 4096, "finished")
+    base.history.add_eval(300, 4.0, tasks={"python-functions": {"accuracy": 0.43}})
+    tuned = RunCurves(tmp_path / "chat-1", "chat-1", {"training.from_checkpoint": str(tmp_path / "cpu-1" / "checkpoints"
+                                                      / "step_000300"), "training.from_step": 300}, 4096, "finished")
+    for step, accuracy in ((0, 0.25), (40, 0.3), (120, 0.375)):
+        tuned.history.add_eval(step, 3.0, tasks={"python-functions-chat": {"accuracy": accuracy}})
+    rows = dict(result_rows([base, tuned]))
+    assert rows["fine-tuned from"] == [DASH, "cpu-1 at step 300"]
+    assert rows["python-functions-chat accuracy"] == ["0.250 (step 0 of chat-1)", "0.250 → 0.375 (+0.125)"]
+    assert rows["python-functions accuracy"] == ["0.430", DASH]
+    assert list(rows)[0] == "fine-tuned from"
+    assert "fine-tuned from" not in dict(result_rows([base, base]))  # runs that start from nothing: no such row
+
+
 def test_compare_puts_where_each_run_s_time_went_side_by_side(runs, tmp_path):
     """A share of each run's time per part of a step and per kind of work between steps; a dash
     for a run from before steps said them (its rows without parts)."""

@@ -8,6 +8,7 @@ process; the errors stop before any engine starts."""
 import math
 import os
 import pickle
+import re
 import shlex
 import shutil
 import tomllib
@@ -197,6 +198,23 @@ def test_a_fine_tuning_run_starts_from_its_bases_weights_with_the_turn_tokens_ad
 
 
 @pytest.mark.slow
+def test_the_last_line_and_compare_say_the_base_and_the_chat_task_s_gain(base, finetuned):
+    """What fine-tuning did, where a user looks: the run's last line and `compare BASE FINETUNED`
+    give the chat-form task's score at step 0 (the base's weights) and at the end, and the base."""
+    out, proc = finetuned
+    scores = [r["tasks"]["python-functions-chat"]["accuracy"] for r in read_metrics(out, "eval") if r.get("tasks")]
+    first, last = scores[0], scores[-1]
+    gain = f"python-functions-chat {first:.3f} → {last:.3f} ({last - first:+.3f})"
+    finished = [line for line in proc.stdout.splitlines() if line.startswith("finished ")]
+    assert finished and gain in finished[0] and finished[0].endswith(f"; fine-tuned from {base.name} at step 6")
+    compared = cli("compare", str(base), str(out))
+    assert compared.returncode == 0, compared.stderr
+    lines = compared.stdout.splitlines()
+    assert f"fine-tuned from\t–\t{base.name} at step 6" in lines
+    assert f"python-functions-chat accuracy\t{first:.3f} (step 0 of {out.name})\t{gain.split(' ', 1)[1]}" in lines
+
+
+@pytest.mark.slow
 def test_a_fine_tuning_run_resumes_bit_exactly_from_its_own_checkpoint(finetuned, tmp_path):
     out, _ = finetuned
     continued = tmp_path / "continued"
@@ -210,6 +228,118 @@ def test_a_fine_tuning_run_resumes_bit_exactly_from_its_own_checkpoint(finetuned
     a = load_file(str(out / "checkpoints" / "step_000008" / "model.safetensors"))
     b = load_file(str(continued / "checkpoints" / "step_000008" / "model.safetensors"))
     assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+async def test_f_on_a_past_run_in_the_launch_screen_fine_tunes_it_with_the_chosen_chat_preset(base, conversations,
+                                                                                             tmp_path):
+    """A past run, then f: with a pretraining preset chosen, chat-cpu as shipped (whose shape this
+    tiny base lacks: said, nothing started); with chat-cpu chosen and edited, a fine-tuning run from
+    the run's latest checkpoint, whose dashboard says so."""
+    from lmcockpit.tui.app import CockpitApp
+    from lmcockpit.tui.widgets.panels import Panel
+
+    from .helpers import dashboard, shown_in, wait_for
+
+    runs = tmp_path / "runs"
+    shutil.copytree(base, runs / "base")
+    app = CockpitApp(runs_root=runs, telemetry=False)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            launch = app.screen
+            launch.query_one("#runs").focus()
+            await pilot.press("f")
+            await app.preparing.wait()
+            await pilot.pause()
+            assert app.screen is launch and not app.engines
+            assert any("model.n_layer = 4 here but 2 in the base model" in n.message for n in app._notifications)
+            presets = launch.query_one("#presets")
+            presets.move_cursor(row=presets.get_row_index("chat-cpu"))
+            await wait_for(pilot, lambda: launch.preset_name == "chat-cpu", what="chat-cpu chosen")
+            launch.overrides = dict(s.split("=", 1) for s in [*FINE_TUNE, f'data.source="{conversations}"'])
+            launch.query_one("#runs").focus()
+            await pilot.press("f")
+            await app.preparing.wait()
+            await pilot.pause()
+            dash = dashboard(app)
+            await wait_for(pilot, lambda: dash.view.state == "finished", timeout=240, what="the fine-tuning run to end")
+            cfg = tomllib.loads((dash.engine.run_dir / "config.toml").read_text())
+            assert cfg["training"]["from_checkpoint"] == str((runs / "base" / "checkpoints" / "step_000006").resolve())
+            assert dash.engine.run_dir.parent == runs and dash.engine.run_dir.name.startswith("chat-cpu-")
+            assert 0 in {r["step"] for r in read_metrics(dash.engine.run_dir, "eval")}
+            await pilot.pause()
+            assert any("fine-tuned from base at step 6" in " ".join(line.split())
+                       for line in shown_in(app, dash.query_one("#state", Panel)))
+    finally:
+        app.stop_runs(timeout=60)
+
+
+def tmux(sock: Path, *args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["tmux", "-S", str(sock), *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.mark.slow
+def test_in_tmux_the_chat_pane_holds_a_two_turn_conversation_with_the_live_fine_tuning_model(base, conversations,
+                                                                                          tmp_path):
+    """The cockpit in a real tmux at 80x24, fine-tuning from a tiny base: t opens the chat pane, two
+    turns are answered by the weights training now (each reply marked with its step), and the
+    80x24 screen shows both turns under the pane's title."""
+    import sys
+    import time
+
+    from lmcockpit.core import protocol as P
+    from lmcockpit.core.process import live
+    from lmcockpit.core.process.viewer import RunViewer
+
+    assert shutil.which("tmux"), "no `tmux` on PATH (apt-get install tmux; .ci/run installs it)"
+    sock, run = tmp_path / "tmux", tmp_path / "run"
+    command = [sys.executable, "-m", "lmcockpit.tui.cli", "chat-cpu", "--from", str(base), "--out", str(run),
+               *fine_tune_flags(conversations, "training.max_steps=100000", "eval.every=0", "checkpoint.every=0",
+                                'sample.prompts=[]', "sample.max_new_tokens=8")]
+    tmux(sock, "-f", "/dev/null", "new-session", "-d", "-x", "80", "-y", "24", shlex.join(command))
+
+    def screen() -> str:
+        return tmux(sock, "capture-pane", "-p")
+
+    def until(condition, what: str, timeout: float = 240) -> str:
+        deadline = time.monotonic() + timeout
+        while not condition(shown := screen()):
+            assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{shown}"
+            time.sleep(0.2)  # tmux's screen polled: no event to wait on from outside it
+        return shown
+
+    def turn(text: str, n: int) -> str:
+        """Type a turn; the pane refuses one while the reply before it still comes: typed again then."""
+        while True:
+            tmux(sock, "send-keys", "-l", text)
+            tmux(sock, "send-keys", "Enter")
+            shown = until(lambda s: s.count("you ") == n or "still answering" in s, f"turn {n}")
+            if "still answering" not in shown:
+                return until(lambda s: s.count("(step ") == n, f"reply {n}")
+            until(lambda s: "still answering" not in s, "the note to go")
+
+    try:
+        until(lambda s: re.search(r"step [1-9]\d*/100000", s), "training to start")
+        tmux(sock, "send-keys", "t")
+        until(lambda s: "chat · Esc leaves the prompt" in s, "the chat pane")
+        turn("Add 2 and 3.", 1)
+        shown = turn("Now double it.", 2)
+        lines = shown.splitlines()
+        assert len(lines) <= 24 and max(map(len, lines)) <= 80
+        assert "you   Add 2 and 3." in shown and "you   Now double it." in shown, shown
+        assert shown.index("Add 2 and 3.") < shown.index("Now double it."), shown
+        assert "chat model" in shown and shown.count("model ") - shown.count("chat model") == 2, shown
+    finally:
+        for found in live.live_runs():
+            if found.run_dir.resolve() == run.resolve() and found.live:
+                viewer = RunViewer(found.run_dir)
+                viewer.send(P.Abort(save=False))
+                viewer.join(120)
+                viewer.close()
+        tmux(sock, "kill-server")
 
 
 # ------------------------------------------------------------------------------ errors: one line, exit 2

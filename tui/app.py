@@ -156,9 +156,15 @@ class CockpitApp(App):
         else:
             self.switch_screen(self.launch_screen())
 
-    def new_run(self, cfg: Config, name: str) -> Worker | None:
-        """A new run of `cfg` from the launch screen: checked, its folder made, its host started."""
+    def new_run(self, cfg: Config, name: str, base: str | None = None) -> Worker | None:
+        """A new run of `cfg` from the launch screen: checked, its folder made, its host started;
+        with `base` (a run or checkpoint folder), a fine-tuning run from it, as --from starts one."""
         def prepare() -> RunPlan:
+            nonlocal cfg
+            if base:  # here, in the thread: it reads the base's checkpoint and tokenizer
+                from ..core.data.base_model import plan_from
+
+                cfg = plan_from(cfg, base)
             # Several machines meet at an endpoint only the command line gives (--rdzv-endpoint):
             # say so here, before a run folder exists, rather than fail in the engine.
             if cfg.world > 1:

@@ -21,6 +21,7 @@ from ..core.process.notify import Announcer, Notifier
 from ..core.process.runner import EngineProcess
 from ..core.process.stall import StallWatch
 from .formatting import DASH, bar, fmt_count, fmt_duration
+from ..core.run import lineage
 from ..core.run.state import RunState
 from .usage import new_console
 
@@ -228,6 +229,10 @@ class Headless:
                 summary += f", val loss {v.last_eval.val_loss:.3f} ({fmt_real(v.last_eval.val_bpb, 3)} bits/byte)"
             if (ahead := v.forecast) is not None:  # the figure a run with a target was run for
                 summary += f"; target {ahead.short()}"
+            if gains := lineage.gains_text(v.tasks):  # a fine-tuning run's: its base's score at step 0, then its own
+                summary += f"; {gains}"
+            if base := lineage.of_config(v.config):
+                summary += f"; {base}"
             self.console.print(Text(summary), style="bold green")
         else:
             self.say(f"{state} at step {v.step}")

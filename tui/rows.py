@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..core.config import load_config, shipped_presets, toml_value
 from ..core.hardware import memory_estimate
+from ..core.run import lineage
 from ..core.run.anatomy import LABELS, pct
 from ..core.run.curves import RunCurves, differing_settings
 from .formatting import DASH, fmt_duration
@@ -60,6 +61,7 @@ def setting_rows(runs: list[RunCurves]) -> list[Row]:
 
 def result_rows(runs: list[RunCurves]) -> list[Row]:
     return [
+        *lineage_rows(runs),
         ("final loss (ema)", [fmt_loss(r.final_loss_ema) for r in runs]),
         ("final loss", [fmt_loss(r.final_loss) for r in runs]),
         ("best val loss", [f"{b[0]:.4f} @ {b[1]}" if (b := r.best_val) else DASH for r in runs]),
@@ -81,14 +83,35 @@ def anatomy_rows(runs: list[RunCurves]) -> list[Row]:
     return [(f"  {LABELS.get(name, name)}", [pct(s[name]) if name in s else DASH for s in shares]) for name in names]
 
 
+def lineage_rows(runs: list[RunCurves]) -> list[Row]:
+    """"fine-tuned from": a fine-tuning run's base run and step, when any run is one."""
+    bases = [lineage.of_config(r.config).removeprefix("fine-tuned from ") for r in runs]
+    return [("fine-tuned from", [b or DASH for b in bases])] if any(bases) else []
+
+
 def task_rows(runs: list[RunCurves]) -> list[Row]:
     """Each task's last accuracy, then CORE: a row for each that any of the runs scored (none
-    where none did), a dash where a run did not."""
+    where none did), a dash where a run did not. A fine-tuning run scored at step 0 shows that
+    score, its base's weights', then its last and the gain; its base run, compared beside it and
+    not scored on that task itself, shows the step-0 score as its own (the same weights, the same
+    items), so `compare BASE FINETUNED` puts both on one line."""
     names = dict.fromkeys(name for r in runs for name in r.last_tasks)
-    rows = [(f"{name} accuracy", [fmt_score(r.last_tasks.get(name)) for r in runs]) for name in names]
+    rows = [(f"{name} accuracy", [task_cell(runs, r, name) for r in runs]) for name in names]
     if any(r.core for r in runs):
         rows.append(("CORE", [fmt_score(r.last_core) for r in runs]))
     return rows
+
+
+def task_cell(runs: list[RunCurves], run: RunCurves, name: str) -> str:
+    if (pair := lineage.task_gains(run.tasks).get(name)) is not None:
+        return lineage.fmt_gain(*pair)
+    if name in run.last_tasks:
+        return fmt_score(run.last_tasks[name])
+    for tuned in runs:  # its weights scored at the step 0 of a run fine-tuned from it
+        base = tuned.config.get("training.from_checkpoint", "")
+        if base and lineage.base_run(base).resolve() == run.path.resolve() and name in lineage.task_gains(tuned.tasks):
+            return f"{fmt_score(lineage.task_gains(tuned.tasks)[name][0])} (step 0 of {tuned.name})"
+    return DASH
 
 
 def fmt_score(value: float | None) -> str:

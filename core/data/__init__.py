@@ -22,8 +22,11 @@ loss mask; its Jinja form for transformers) → `chat_rows` (packed into rows wi
 cache folder of them, batches); `stdlib_chat` is the built-in set, `python-stdlib-chat`; `chat_data`
 is a fine-tuning run's data (the base's tokenizer with the turn tokens, in the run folder; its rows),
 `base_model` its base checkpoint found and its shape checked, before any engine starts.
+`python_source` walks a Python file's documented functions, for the built-in set and the
+`python-functions` task alike.
 
 Torch: never. numpy and tokenizers at import in `cache`, `tokenizer`, `encoder`, `batches`, `aligned_rows`,
-`build`, `prepare`, `chat_rows`, `chat_data` and `base_model`; `sources`, `token_shards` (numpy where it maps them), `readers`, `split`, `children`, `store`, `budget`,
-`hub`, `pretrained`, `formats`, `spool`, `chat_template`, `conversations` and `stdlib_chat` import
+`build`, `prepare`, `chat_rows`, `chat_data` and `base_model`; `sources`, `token_shards` (numpy where it maps them),
+`readers`, `split`, `children`, `store`, `budget`, `hub`, `pretrained`, `formats`, `spool`, `chat_template`,
+`conversations`, `stdlib_chat` and `python_source` import
 neither, and the front-end reads them."""

@@ -20,10 +20,10 @@ from __future__ import annotations
 import ast
 import functools
 import re
-import textwrap
 
 from ..config import DataConfig
 from . import sources, split
+from .python_source import documented_functions
 
 NAME = "python-stdlib-chat"
 VERSION = 1  # of the requests' wording and selection: in the cache key, so a change makes a new cache
@@ -96,20 +96,14 @@ def _messages(request: str, answer: str) -> list[dict]:
 def requests(text: str) -> list[tuple[str, str]]:
     """(request, source) of each function in `text` with a docstring whose first sentence reads as
     a request, its source at most MAX_SOURCE_CHARS; dunder methods left out."""
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError):
-        return []
-    lines = text.splitlines(keepends=True)
     out = []
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("__"):
+    for f in documented_functions(text):
+        if f.node.name.startswith("__"):
             continue
-        sentence = first_sentence(ast.get_docstring(node) or "")
-        source = textwrap.dedent("".join(lines[node.lineno - 1:node.end_lineno]))
-        if sentence is None or len(source) > MAX_SOURCE_CHARS:
+        sentence = first_sentence(f.docstring)
+        if sentence is None or len(f.source) > MAX_SOURCE_CHARS:
             continue
-        out.append((f"Write a function `{node.name}({ast.unparse(node.args)})` that {sentence}", source.rstrip() + "\n"))
+        out.append((f"Write a function `{f.node.name}({ast.unparse(f.node.args)})` that {sentence}", f.source.rstrip() + "\n"))
     return out
 
 

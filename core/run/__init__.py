@@ -10,7 +10,8 @@ reads (`state`), a run's history at a size that does not grow with it (`history`
 went, by part of a step and by work between steps (`anatomy`), the last records of each block's
 health (`layer_history`),
 and its summary beside metrics.jsonl (`history_file`), where a chart's x-axis ticks go and how they
-read (`ticks`), when a run will reach its target loss (`target`), and files written where another
+read (`ticks`), when a run will reach its target loss (`target`), what a fine-tuning run says of its base and its
+gains (`lineage`), and files written where another
 account may have planted a name first (`safe_files`).
 
 Torch: never. The front-end reads all of it."""

@@ -13,13 +13,12 @@ Torch: never.
 
 from __future__ import annotations
 
-import ast
 import random
-import textwrap
 from collections.abc import Iterable
 
 from ..config import Config, ConfigError
 from ..data import sources, split
+from ..data.python_source import documented_functions
 from .items import FEWSHOT_SEED, MULTIPLE_CHOICE, Item, Task
 
 NAME = "python-functions"
@@ -57,22 +56,13 @@ def validation_documents(cfg: Config) -> Iterable[tuple[str, str]]:
 def functions(text: str) -> list[tuple[str, str]]:
     """(def line and docstring, body) of each function in `text` that has a docstring and a body,
     dedented to its `def`."""
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError):
-        return []
-    lines = text.splitlines(keepends=True)
     out = []
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or ast.get_docstring(node) is None:
+    for f in documented_functions(text):
+        if len(f.node.body) < 2:
             continue
-        if len(node.body) < 2:
-            continue
-        doc_end = node.body[0].end_lineno
-        whole = textwrap.dedent("".join(lines[node.lineno - 1:node.end_lineno]))
-        cut = doc_end - node.lineno + 1
-        split_at = sum(len(line) for line in whole.splitlines(keepends=True)[:cut])
-        header, body = whole[:split_at], whole[split_at:]
+        cut = f.node.body[0].end_lineno - f.node.lineno + 1  # the def line(s) and the docstring
+        split_at = sum(len(line) for line in f.source.splitlines(keepends=True)[:cut])
+        header, body = f.source[:split_at], f.source[split_at:]
         if not body.strip() or len(header) > MAX_HEADER_CHARS or len(body) > MAX_BODY_CHARS:
             continue
         out.append((header, body if body.endswith("\n") else body + "\n"))

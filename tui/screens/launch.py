@@ -38,6 +38,7 @@ def flatten(cfg: Config) -> list[tuple[str, str]]:
 COUNTING = "counting the source's tokens…"  # the settings' border until count_budget reports
 PART_ROW = "#"  # a mixture part's row key: data.sources#0, ...; not a setting of its own
 PART_NAME = 28  # a part's name in the settings' key column: no wider than the longest key
+FINE_TUNE_PRESET = "chat-cpu"  # what `f` on a run fine-tunes it with, unless a chat preset is chosen
 
 
 def part_name(source: str) -> str:
@@ -114,6 +115,8 @@ class LaunchScreen(Screen):
         ("s", "save_as", "Save as"),
         ("r", "resume", "Resume"),
         ("o", "open_chat", "Chat"),
+        Binding("f", "fine_tune", "Fine-tune the run on conversations (a chat preset: chat-cpu unless one is chosen)",
+                show=False),
         # Left off the footer, which has no room at 80 columns; `?` lists them, and the runs
         # table says how many are marked.
         Binding("space", "mark", "Mark a run to compare", show=False),
@@ -462,6 +465,10 @@ class LaunchScreen(Screen):
 
             self.app.push_screen(ChatScreen(run))
 
+    def action_fine_tune(self) -> None:
+        if run := self.selected_run():
+            fine_tune(self, run)
+
     def action_mark(self) -> None:
         """Space on a run: marked to compare, or unmarked; the ● stays through the table's refreshes."""
         table = self.query_one("#runs", DataTable)
@@ -500,6 +507,20 @@ class LaunchScreen(Screen):
         from .dialogs import HelpScreen
 
         self.app.push_screen(HelpScreen(self.BINDINGS))
+
+
+def fine_tune(screen: LaunchScreen, run: str) -> None:
+    """A fine-tuning run from `run`'s latest checkpoint: with the preset chosen, and its edits, when
+    it is a chat preset; else with FINE_TUNE_PRESET as shipped (a pretraining preset cannot fine-tune)."""
+    try:
+        cfg, name = screen.current_config(), screen.preset_name
+        if cfg.data.format != "chat":
+            cfg, name = load_config(FINE_TUNE_PRESET)[0], FINE_TUNE_PRESET
+    except ConfigError as e:
+        screen.notify(str(e), severity="error")
+        return
+    screen.notify(f"fine-tuning {Path(run).name} with {name}…", timeout=3)
+    screen.app.new_run(cfg, name, base=run)
 
 
 def past_row(s: dict) -> tuple[Text | str, ...]:

@@ -20,6 +20,7 @@ from textual.widgets import Static
 from ...core import protocol as P
 from ...core.hardware.telemetry import GPUReading, ProcessLoad, Reading, find_gpu
 from ..formatting import DASH, fmt_count, fmt_duration
+from ...core.run import lineage
 from ...core.run.state import RunState
 
 STATE_STYLE = {P.RUNNING: "bold green", P.PAUSED: "bold yellow", P.FAILED: "bold red", P.FINISHED: "bold cyan",
@@ -88,14 +89,18 @@ def state_text(v: RunState) -> Text:
 
 
 def state_rows(v: RunState, world: int) -> list[tuple[str, str]]:
-    """What the run is: its device and precision (and processes, `world`), size and folder."""
+    """What the run is: its device and precision (and processes, `world`), size and folder, and a
+    fine-tuning run's base ("fine-tuned from cpu-1 at step 300", read as one phrase across the row)."""
     procs = f" · {world} procs" if world > 1 else ""
-    return [
+    rows = [
         ("device", f"{v.device} {v.precision}{procs}".strip() or DASH),
         ("params", f"{v.n_params / 1e6:.2f}M" if v.n_params else DASH),
         ("tok/step", f"{v.tokens_per_step:,}" if v.tokens_per_step else DASH),
         ("folder", v.run_dir or DASH),
     ]
+    if base := lineage.of_config(v.config):
+        rows.append(("fine-tuned", base.removeprefix("fine-tuned ")))
+    return rows
 
 
 def throughput_rows(v: RunState, target: bool = True, mfu: bool = True) -> list[tuple[str, str]]:
