@@ -28,7 +28,7 @@ from lmcockpit.core.data.chat_data import grown_vocab
 from lmcockpit.core.data.chat_rows import IGNORE, ChatRows
 from lmcockpit.core.model.gpt import GPT, GPTShape
 from lmcockpit.core.run.folder import read_metrics
-from lmcockpit.core.train.finetune import grown_embedding
+from lmcockpit.core.train.finetune import grown_embedding, vocabulary_table
 
 from .helpers import as_flags, cli, drive_engine, one_error, tiny_config
 from .helpers_chat import arithmetic_conversations, bpe_without_turn_tokens, trained_bpe
@@ -154,6 +154,16 @@ def test_new_embedding_rows_start_at_the_mean_of_the_old():
     assert grown_embedding(weight, 10) is weight
     with pytest.raises(ConfigError, match="more than this run's tokenizer.vocab_size"):
         grown_embedding(weight, 8)
+
+
+def test_every_weight_with_a_row_per_token_grows_with_the_vocabulary():
+    # An untied head and value embeddings (the speedrun's model options) are vocabulary tables too:
+    # a base with them, fine-tuned with the turn tokens added, needs each grown, or its weights do not load.
+    shape = GPTShape(vocab_size=37, n_layer=2, d_model=16, n_head=2, n_kv_head=1, head_dim=8, mlp_hidden=32,
+                     max_seq_len=8, tie_embeddings=False, value_embeds=1)
+    tables = {name for name, p in GPT(shape).named_parameters() if p.shape[0] == 37}
+    assert tables == {"embed_tokens.weight", "lm_head.weight", "value_embeds.0.weight"}
+    assert {name for name, _ in GPT(shape).named_parameters() if vocabulary_table(name)} == tables
 
 
 # ------------------------------------------------------------------------------ the plan (no engine)

@@ -23,7 +23,10 @@ def shape(cfg: Config) -> dict[str, object]:
     m = cfg.model
     return {"model.n_layer": m.n_layer, "model.d_model": m.d_model, "model.n_head": m.n_head,
             "model.n_kv_head": m.n_kv_head, "model.head_dim": cfg.head_dim, "model.mlp_hidden": cfg.mlp_hidden,
-            "model.rope_theta": m.rope_theta, "model.norm_eps": m.norm_eps}
+            "model.rope_theta": m.rope_theta, "model.norm_eps": m.norm_eps, "model.mlp": m.mlp,
+            "model.tie_embeddings": m.tie_embeddings, "model.logit_softcap": m.logit_softcap,
+            "model.value_embeds": m.value_embeds, "model.unet_skips": m.unet_skips, "model.window": m.window,
+            "model.short_window": m.short_window}
 
 
 def plan_from(cfg: Config, spec: str) -> Config:

@@ -13,7 +13,8 @@ A base whose tokenizer lacked the turn tokens has fewer embedding rows than the 
 mean of the base's rows. A new token's logit is then h · mean, the average logit, so the model
 starts neither favouring nor shunning it (random rows of init_std would each put an arbitrary
 direction into the residual stream where the token is read, and a tied head would score it at
-random). The head is the embedding (tied): it grows with it.
+random). A tied head is the embedding and grows with it; an untied head (`lm_head`) and the value
+embeddings are vocabulary tables too, and grow the same way.
 
 The run scores its starting weights before its first step (an `eval` row at step 0): the line a
 fine-tuning run's gains are measured from. A resumed fine-tuning run has its own checkpoint and
@@ -32,6 +33,11 @@ from ..run.checkpoint_folder import WEIGHTS, check_checkpoint, checkpoint_config
 from ..run.folder import TOKENIZER
 
 EMBEDDING = "embed_tokens.weight"
+
+
+def vocabulary_table(name: str) -> bool:
+    """A weight with a row per token: the embedding, an untied head, a value embedding (model.value_embeds)."""
+    return name in (EMBEDDING, "lm_head.weight") or (name.startswith("value_embeds.") and name.endswith(".weight"))
 
 
 def prepare_data(tr) -> chat_data.ChatTrainData:
@@ -78,8 +84,8 @@ def start_from_base(tr) -> None:
     weights = load_file(str(ckpt / WEIGHTS), device="cpu")
     rows = tr.model.embed_tokens.weight.shape[0]
     had = weights[EMBEDDING].shape[0] if EMBEDDING in weights else rows
-    if EMBEDDING in weights:
-        weights[EMBEDDING] = grown_embedding(weights[EMBEDDING], rows)
+    for name in [name for name in weights if vocabulary_table(name)]:
+        weights[name] = grown_embedding(weights[name], rows)
     try:
         tr.model.load_state_dict(weights)
     except RuntimeError as e:
