@@ -234,6 +234,11 @@ class OptimizerConfig:
                         on_resume="safe")
     muon_lr: float = setting(0.02, "Muon's rate: the 2-D matrices inside the blocks", gt=0, on_resume="safe")
     muon_momentum: float = setting(0.95, "Muon's momentum", ge=0, lt=1)
+    # The speedrun's Muon variants (modded-nanogpt's records), off by default: core/model/muon.py.
+    muon_coefficients: Literal["quintic", "polar_express"] = setting(
+        "quintic", "Newton-Schulz's coefficients: one quintic, or Polar Express's per iteration (closer to orthogonal)")
+    normuon: bool = setting(False, "NorMuon: each neuron's update divided by its running RMS, the step's norm kept")
+    normuon_beta2: float = setting(0.95, "NorMuon's second-moment decay", ge=0, lt=1)
     weight_decay: float = setting(0.0, "on Muon's matrices; with kind \"adamw\", every 2-D parameter", ge=0)
     beta1: float = setting(0.9, "AdamW's beta1", ge=0, lt=1)
     beta2: float = setting(0.95, "AdamW's beta2", ge=0, lt=1)
