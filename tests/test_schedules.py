@@ -122,3 +122,26 @@ def test_a_resume_from_before_a_change_point_trains_as_the_uninterrupted_run(uni
     assert sorted(got) == list(range(checkpoint + 1, 11))
     assert all(got[s] == ref[s] for s in got), (got, ref)
     assert any(line.startswith(f"schedule: from step {checkpoint + 1},") for line in lines)
+
+
+def test_a_watched_run_s_tokens_per_second_and_eta_follow_the_scheduled_steps():
+    """The front-ends' figures (core/run/state.py): tokens/s of the last step's own tokens, and an ETA
+    that counts the larger steps to come at the pace of the last one, time in proportion to tokens."""
+    from lmcockpit.core import protocol as P
+    from lmcockpit.core.run.state import RunState
+
+    cfg = tiny_config("training.max_steps=10", "training.grad_accum_steps=4", BATCH, SEQ)
+    s = Schedules.of(cfg)
+    run = RunState()
+    run.apply(P.RunStarted("run", cfg.to_dict(), 1000, "cpu", "fp32", 0, 10, cfg.tokens_per_step))
+    for n in range(1, 4):  # steps 1 to 3: a sixteenth of the full step's tokens, a second each
+        run.apply(P.StepMetrics(n, 5.0, 1e-3, 1.0, s.step_tokens(n - 1), None, 1.0, s.tokens_before(n)))
+    assert run.tokens_per_s == pytest.approx(s.step_tokens(2))
+    # steps 4..10 take 2, 2, 8, 16, 16, 16, 16 times step 3's tokens: 76 seconds at its pace
+    assert run.eta == pytest.approx((s.tokens_before(10) - s.tokens_before(3)) / s.step_tokens(2))
+    assert run.eta == pytest.approx(76.0)
+    plain = RunState()
+    plain.apply(P.RunStarted("run", tiny_config("training.max_steps=10").to_dict(), 1000, "cpu", "fp32", 0, 10, 512))
+    for n in range(1, 4):
+        plain.apply(P.StepMetrics(n, 5.0, 1e-3, 1.0, 512.0, None, 1.0, 512 * n))
+    assert (plain.tokens_per_s, plain.eta) == (512.0, 7.0)
