@@ -145,3 +145,14 @@ def test_a_watched_run_s_tokens_per_second_and_eta_follow_the_scheduled_steps():
     for n in range(1, 4):
         plain.apply(P.StepMetrics(n, 5.0, 1e-3, 1.0, 512.0, None, 1.0, 512 * n))
     assert (plain.tokens_per_s, plain.eta) == (512.0, 7.0)
+
+
+def test_the_memory_estimate_sizes_for_the_longest_sequences_and_the_micro_batch_a_step_keeps():
+    """training.seq_len is the longest a schedule may reach, and a batch schedule varies accumulation
+    only: the estimate of a scheduled run is the full run's."""
+    from lmcockpit.core.hardware.memory_estimate import estimate
+
+    full = tiny_config("training.grad_accum_steps=4")
+    scheduled = tiny_config("training.grad_accum_steps=4", BATCH, SEQ)
+    assert estimate(scheduled) == estimate(full)
+    assert estimate(tiny_config("training.seq_len=16")).total < estimate(full).total
