@@ -661,6 +661,10 @@ def _between_keys(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
     for key, stages in (("training.batch_schedule", t.batch_schedule), ("training.seq_len_schedule", t.seq_len_schedule)):
         if problem := order_problem(key, stages):
             yield (key,), problem
+    if t.seq_len_schedule and cfg.data.format == "chat":
+        yield (("training.seq_len_schedule", "data.format"),
+               'training.seq_len_schedule shortens windows of a token stream; data.format = "chat" trains on whole '
+               "conversation rows, which keep their length")
     if longer := [n for _, n in t.seq_len_schedule if n > t.seq_len]:
         yield (("training.seq_len_schedule", "training.seq_len"),
                f"training.seq_len_schedule's lengths {longer} are above training.seq_len = {t.seq_len}, the longest "

@@ -76,6 +76,7 @@ def test_a_share_that_does_not_make_whole_micro_batches_is_refused_with_the_numb
     (["training.seq_len_schedule=[[0.0, 16.5]]"], "has length 16.5"),
     (["training.seq_len_schedule=[[0.0, 128]]"], "lengths [128] are above training.seq_len = 64"),
     (["training.seq_len_schedule=[0.5]"], "training.seq_len_schedule must be a list of list"),
+    (["training.seq_len_schedule=[[0.0, 16]]", 'data.format="chat"'], 'data.format = "chat" trains on whole'),
 ])
 def test_malformed_schedules_are_refused_naming_the_key(overrides, message):
     with pytest.raises(ConfigError) as e:
