@@ -263,3 +263,15 @@ def test_the_variants_reach_the_optimizer_from_the_config_and_the_defaults_chang
     assert (group["coefficients"], group["normuon"], group["normuon_beta2"]) == ("polar_express", True, 0.9)
     _, default = build_optimizers(tiny_model(), OptimizerConfig(), torch.device("cpu"))
     assert (default.param_groups[0]["coefficients"], default.param_groups[0]["normuon"]) == ("quintic", False)
+
+
+def test_polar_express_in_fp16_stays_within_fp16_s_rounding_of_fp32():
+    """Its first polynomial's coefficients are the largest (22.5): still far inside fp16's range on a
+    Volta or Turing GPU, for gradients far outside it too (normalised in fp32 before rounding)."""
+    torch.manual_seed(8)
+    for shape in [(4, 64, 64), (3, 48, 128), (3, 128, 48)]:
+        G = torch.randn(shape)
+        for scale in (1.0, 1e-6, 1e6):
+            ref = newton_schulz(G * scale, dtype=torch.float32, kind="polar_express")
+            got = newton_schulz(G * scale, dtype=torch.float16, kind="polar_express")
+            assert torch.isfinite(got).all() and relative(got, ref) < 3e-3, (shape, scale)
