@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import tomli_w
 
 # SHOWN_CHARS and shown are core/tasks' too: their messages quote values as the config's do.
-from .step_schedules import entry_problem, order_problem
+from .step_schedules import Schedules, entry_problem, order_problem
 from .config_keys import SHOWN_CHARS, default_of, problems, rules_of, setting, shown, table_of, type_name  # noqa: F401
 
 
@@ -661,6 +661,8 @@ def _between_keys(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
     for key, stages in (("training.batch_schedule", t.batch_schedule), ("training.seq_len_schedule", t.seq_len_schedule)):
         if problem := order_problem(key, stages):
             yield (key,), problem
+    if t.batch_schedule and (problem := Schedules.of(cfg).problem()):  # again at the start: a resume's data unit
+        yield ("training.batch_schedule", "training.grad_accum_steps", "distributed.nproc"), problem
     if t.seq_len_schedule and cfg.data.format == "chat":
         yield (("training.seq_len_schedule", "data.format"),
                'training.seq_len_schedule shortens windows of a token stream; data.format = "chat" trains on whole '

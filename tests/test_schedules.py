@@ -4,6 +4,8 @@ a change point that trains exactly as the uninterrupted run."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -64,9 +66,12 @@ def test_scheduled_steps_draw_consecutive_batches_none_twice_none_skipped():
     assert seen == list(range(len(seen)))
 
 
-def test_a_share_that_does_not_make_whole_micro_batches_is_refused_with_the_numbers():
-    assert "share 0.3" in schedules("training.batch_schedule=[[0.0, 0.3]]").problem()
-    assert schedules("training.batch_schedule=[[0.0, 0.25]]").problem() is None
+def test_a_share_that_does_not_make_whole_batches_of_a_resumed_run_s_data_unit_is_refused():
+    """The config's check sees accumulation and processes; the trainer's sees the data unit too, a
+    resumed run's from its checkpoint (here 2 batches a step: a quarter of it is half a batch)."""
+    ok = schedules("training.batch_schedule=[[0.0, 0.25]]")
+    assert ok.problem() is None
+    assert "share 0.25 must make whole micro-batches" in dataclasses.replace(ok, per_step=2).problem()
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -77,6 +82,7 @@ def test_a_share_that_does_not_make_whole_micro_batches_is_refused_with_the_numb
     (["training.seq_len_schedule=[[0.0, 128]]"], "lengths [128] are above training.seq_len = 64"),
     (["training.seq_len_schedule=[0.5]"], "training.seq_len_schedule must be a list of list"),
     (["training.seq_len_schedule=[[0.0, 16]]", 'data.format="chat"'], 'data.format = "chat" trains on whole'),
+    (["training.batch_schedule=[[0.0, 0.5]]"], "share × training.grad_accum_steps (1)"),
 ])
 def test_malformed_schedules_are_refused_naming_the_key(overrides, message):
     with pytest.raises(ConfigError) as e:
