@@ -163,3 +163,15 @@ def test_the_memory_estimate_sizes_for_the_longest_sequences_and_the_micro_batch
     scheduled = tiny_config("training.grad_accum_steps=4", BATCH, SEQ)
     assert estimate(scheduled) == estimate(full)
     assert estimate(tiny_config("training.seq_len=16")).total < estimate(full).total
+
+
+@pytest.mark.slow
+def test_compare_s_tokens_axis_counts_each_scheduled_step_s_own_tokens(uninterrupted):
+    from lmcockpit.core.run.curves import load_run
+
+    cfg, run, _ = uninterrupted
+    curves = load_run(run)
+    s = Schedules.of(cfg)
+    xs, points = curves.curve("tokens", 100)
+    assert xs == [s.tokens_before(p.step) for p in points]
+    assert curves.largest_x("tokens") == run_tokens(cfg)
