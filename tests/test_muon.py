@@ -5,7 +5,10 @@ from lmcockpit.core.config import OptimizerConfig
 from lmcockpit.core.model import muon as muon_mod
 from lmcockpit.core.model.gpt import GPT, GPTShape
 from lmcockpit.core.model.muon import Muon, iteration_dtype, newton_schulz
+from lmcockpit.core.run.folder import read_metrics
 from lmcockpit.core.train.optim import build_optimizers, lr_multiplier, split_params
+
+from .helpers import cli, drive_engine, losses, tiny_config
 
 
 def tiny_model() -> GPT:
@@ -275,3 +278,20 @@ def test_polar_express_in_fp16_stays_within_fp16_s_rounding_of_fp32():
             ref = newton_schulz(G * scale, dtype=torch.float32, kind="polar_express")
             got = newton_schulz(G * scale, dtype=torch.float16, kind="polar_express")
             assert torch.isfinite(got).all() and relative(got, ref) < 3e-3, (shape, scale)
+
+
+@pytest.mark.slow
+def test_normuon_under_fsdp_trains_as_one_process_and_its_checkpoint_resumes_on_one_exactly(tmp_path):
+    """Two FSDP ranks (gloo) with Polar Express and NorMuon: each rank orthogonalises and normalises
+    the whole update, its second moment a replicated DTensor in the DCP checkpoint; the losses are
+    one process's, and the sharded checkpoint resumes on one process to the same losses."""
+    variants = ["optimizer.muon_coefficients=\"polar_express\"", "optimizer.normuon=true", "training.max_steps=4",
+                "checkpoint.every=2", "eval.every=0", "training.log_every=1"]
+    _, one = drive_engine(tiny_config(*variants, "training.grad_accum_steps=2"), tmp_path / "one")
+    _, fsdp = drive_engine(tiny_config(*variants, "distributed.nproc=2", "distributed.strategy=\"fsdp\""),
+                           tmp_path / "fsdp")
+    assert len(losses(one)) == 4 and losses(fsdp) == losses(one)
+    proc = cli("--run", "--resume", str(tmp_path / "fsdp" / "checkpoints" / "step_000002"), "--set",
+               "distributed.nproc=1", "--out", str(tmp_path / "resumed"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [r["loss"] for r in read_metrics(tmp_path / "resumed", "step")] == losses(one)[2:]
