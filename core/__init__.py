@@ -1,7 +1,8 @@
 """The engine and everything it needs, by concern.
 
 `config` (a run's configuration: one TOML file in sections, validated into dataclasses, each key
-declared once with its rules through `config_keys`) and
+declared once with its rules through `config_keys`, and the arithmetic of its batch and
+sequence-length schedules in `step_schedules`) and
 `protocol` (the messages between a front-end and the engine process) are the two contracts every
 package reads and import none of the packages; these stand in floors, each importing only those
 below it, inside a function too (tests/test_layout.py reads this list, top floor first, and names

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 import tomli_w
 
 # SHOWN_CHARS and shown are core/tasks' too: their messages quote values as the config's do.
+from .step_schedules import Schedules, entry_problem, order_problem
 from .config_keys import SHOWN_CHARS, default_of, problems, rules_of, setting, shown, table_of, type_name  # noqa: F401
 
 
@@ -198,6 +199,14 @@ class TrainingConfig:
     micro_batch_size: int = setting(16, "sequences in each forward/backward pass", gt=0, on_resume="safe")
     grad_accum_steps: int = setting(1, "micro-batches accumulated into each step", gt=0, on_resume="safe")
     seq_len: int = setting(256, "tokens in each training sequence", gt=0)
+    # The speedrun's schedules (core/step_schedules.py), off when empty: [fraction of max_steps, value]
+    # stages, the full batch or length before the first. A share keeps the micro-batch's shape.
+    batch_schedule: list[list] = setting(
+        [], "[[fraction of max_steps, share of the step's sequences], ...]: smaller batches early; []: off",
+        check=lambda v: entry_problem(v, "share"), each=True)
+    seq_len_schedule: list[list] = setting(
+        [], "[[fraction of max_steps, sequence length], ...]: shorter sequences early (up to seq_len; a compiled "
+        "model compiles once per length); []: off", check=lambda v: entry_problem(v, "length"), each=True)
     seed: int = setting(1337, "the seed of the initial weights and of the data's order", ge=0)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = setting(
         "auto", "auto: bf16 where it is supported (and pays, on a CPU), else fp16 on a GPU or fp32")
@@ -261,6 +270,11 @@ class OptimizerConfig:
                         on_resume="safe")
     muon_lr: float = setting(0.02, "Muon's rate: the 2-D matrices inside the blocks", gt=0, on_resume="safe")
     muon_momentum: float = setting(0.95, "Muon's momentum", ge=0, lt=1)
+    # The speedrun's Muon variants (modded-nanogpt's records), off by default: core/model/muon.py.
+    muon_coefficients: Literal["quintic", "polar_express"] = setting(
+        "quintic", "Newton-Schulz's coefficients: one quintic, or Polar Express's per iteration (closer to orthogonal)")
+    normuon: bool = setting(False, "NorMuon: each neuron's update divided by its running RMS, the step's norm kept")
+    normuon_beta2: float = setting(0.95, "NorMuon's second-moment decay", ge=0, lt=1)
     weight_decay: float = setting(0.0, "on Muon's matrices; with kind \"adamw\", every 2-D parameter", ge=0)
     beta1: float = setting(0.9, "AdamW's beta1", ge=0, lt=1)
     beta2: float = setting(0.95, "AdamW's beta2", ge=0, lt=1)
@@ -690,6 +704,19 @@ def _between_keys(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
     if t.seq_len > cfg.max_seq_len:
         yield (("training.seq_len", "model.max_seq_len"),
                f"training.seq_len = {t.seq_len} is above the model's context, model.max_seq_len = {m.max_seq_len}")
+    for key, stages in (("training.batch_schedule", t.batch_schedule), ("training.seq_len_schedule", t.seq_len_schedule)):
+        if problem := order_problem(key, stages):
+            yield (key,), problem
+    if t.batch_schedule and (problem := Schedules.of(cfg).problem()):  # again at the start: a resume's data unit
+        yield ("training.batch_schedule", "training.grad_accum_steps", "distributed.nproc"), problem
+    if t.seq_len_schedule and cfg.data.format == "chat":
+        yield (("training.seq_len_schedule", "data.format"),
+               'training.seq_len_schedule shortens windows of a token stream; data.format = "chat" trains on whole '
+               "conversation rows, which keep their length")
+    if longer := [n for _, n in t.seq_len_schedule if n > t.seq_len]:
+        yield (("training.seq_len_schedule", "training.seq_len"),
+               f"training.seq_len_schedule's lengths {longer} are above training.seq_len = {t.seq_len}, the longest "
+               "a step takes (what memory is sized for)")
     # 256 bytes and the 5 special tokens a BPE reserves (data/chat_template.py's RESERVED)
     if cfg.tokenizer.kind == "bpe" and cfg.tokenizer.vocab_size < 261:
         yield (("tokenizer.vocab_size", "tokenizer.kind"),

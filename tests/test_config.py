@@ -118,7 +118,7 @@ def test_every_float_key_must_be_finite():
     floats = [f"{section.name}.{f.name}" for section in dataclasses.fields(Config)
               for f in dataclasses.fields(section.default_factory())
               if typing.get_type_hints(section.default_factory)[f.name] is float]
-    assert len(floats) == 25 and "optimizer.eps" in floats and "model.rope_theta" in floats
+    assert len(floats) == 26 and "optimizer.eps" in floats and "model.rope_theta" in floats
     for key in floats:
         for value in ("inf", "-inf", "nan"):
             with pytest.raises(ConfigError, match=rf"^--set: {key} = {value} must be a finite number"):

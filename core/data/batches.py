@@ -1,8 +1,9 @@
 """Batches as a pure function of (seed, global micro-batch index).
 
-Global micro-batch index: g = step·(world·accum) + rank·accum + micro. Because a batch depends on
-nothing else, resume needs no loader state and is exact, and 2 ranks × accumulation 1 see
-exactly the data of 1 rank × accumulation 2. Each row is a random window of the token stream
+Global micro-batch index: g = step·(world·accum) + rank·accum + micro; under a batch schedule the
+step's first index is the batches of every step before it (core/step_schedules.py's first_batch),
+a pure function of the step too. Because a batch depends on nothing else, resume needs no loader
+state and is exact, and 2 ranks × accumulation 1 see exactly the data of 1 rank × accumulation 2. Each row is a random window of the token stream
 (with replacement, as nanoGPT samples): no epoch bookkeeping, and documents mix freely. A
 mixture's row first draws its part by weight, then its window in that part.
 """
@@ -83,12 +84,15 @@ class DataUnit(NamedTuple):
 
 
 def step_rows(draw: Callable[[int], tuple[np.ndarray, np.ndarray]], unit: DataUnit, step: int, first: int,
-              count: int) -> tuple[np.ndarray, np.ndarray]:
+              count: int, start: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sequences `first` to `first + count` of step `step`'s (0-based), as (inputs, targets);
-    `draw(g)` is batch g. A micro-batch of the run's own size is one whole batch, drawn as always."""
+    `draw(g)` is batch g. A micro-batch of the run's own size is one whole batch, drawn as always.
+    `start`: the step's first batch where a batch schedule varies the step (step_schedules),
+    else step × unit.per_step."""
+    start = step * unit.per_step if start is None else start
     xs, ys = [], []
     for j in range(first // unit.rows, (first + count - 1) // unit.rows + 1):
-        x, y = draw(step * unit.per_step + j)
+        x, y = draw(start + j)
         lo, hi = max(first - j * unit.rows, 0), min(first + count - j * unit.rows, unit.rows)
         xs.append(x[lo:hi])
         ys.append(y[lo:hi])

@@ -22,6 +22,7 @@ from pathlib import Path
 from ..config import Config, ConfigError, DataConfig, SourcePart
 from ..hardware.memory_estimate import param_counts
 from . import sources, split, token_shards
+from ..step_schedules import run_tokens
 from .readers import sized_by_reading, text_bytes
 from .store import find_cache, mixture_tokenizer_folder, read_meta
 
@@ -136,16 +137,12 @@ def _listing(source: str) -> sources.Source:
     return sources.list_source(DataConfig(source=source), fetch=False)
 
 
-def _run_tokens(cfg: Config) -> int:
-    return cfg.training.max_steps * cfg.tokens_per_step
-
-
 def parts(cfg: Config, train_tokens: list[int] | None = None) -> list[Part]:
     """Each part of the run's data (a single source is one part): its share of the run's tokens,
     its train tokens and the epochs the run makes of them. `train_tokens`: each part's, counted
     (a run's open caches); without them, each part's cache's count where it exists, else an
     estimate from its text's size."""
-    run, n = _run_tokens(cfg), param_counts(cfg).total
+    run, n = run_tokens(cfg), param_counts(cfg).total
     specs = cfg.data.sources or [SourcePart(cfg.data.source, cfg.data.text_field)]
     total = sum(spec.weight for spec in specs)
     held = [_Held(t, True) for t in train_tokens] if train_tokens is not None else _held(cfg)
@@ -157,7 +154,7 @@ def parts(cfg: Config, train_tokens: list[int] | None = None) -> list[Part]:
 def whole(cfg: Config, each: list[Part]) -> Budget:
     """The run's budget in one: a single source's own; a mixture's most repeated part speaks for
     it (its train tokens as if the whole run drew from it at its rate); unknown if any part is."""
-    run, n = _run_tokens(cfg), param_counts(cfg).total
+    run, n = run_tokens(cfg), param_counts(cfg).total
     if any(p.budget.epochs is None for p in each):
         return Budget(run, None, False, n)
     worst = max(each, key=lambda p: p.budget.epochs)
@@ -222,7 +219,7 @@ def _held(cfg: Config) -> list[_Held]:
 def _shards_held(cfg: Config) -> _Held:
     """data.format = "tokens": what the shards' headers say, of those there (fetched before)."""
     try:
-        files = token_shards.train_files(cfg, _run_tokens(cfg), fetch=False)
+        files = token_shards.train_files(cfg, run_tokens(cfg), fetch=False)
         return _Held(sum(token_shards.shard_tokens(f) for f in files), True)
     except ConfigError as e:
         return _Held(None, False, problem=str(e).split(": ", 1)[-1])

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 from ..config import Config
+from ..step_schedules import run_tokens
 from ..run.target import duration
 from .memory_estimate import param_counts
 
@@ -122,5 +123,5 @@ def training_time(cfg: Config, card: str) -> TrainingTime | None:
         return None
     measured = model in MEASURED_MFU
     mfu = MEASURED_MFU.get(model, ASSUMED_MFU)
-    flops = cfg.training.max_steps * cfg.tokens_per_step * flops_per_token(cfg)
+    flops = run_tokens(cfg) * flops_per_token(cfg)  # at the longest length: shorter ones cost a little less
     return TrainingTime(flops / (PEAK_BF16_TFLOPS[model] * 1e12 * mfu * cfg.world), model, mfu, measured)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, read_toml
+from ..step_schedules import Schedules
 from . import history_file
 from .folder import CONFIG, METRICS, run_summary
 from .history import History, Point, ReadsHistory
@@ -33,6 +34,11 @@ class RunCurves(ReadsHistory):
     tokens_per_step: int
     status: str  # run_summary's: the engine's final state (finished, aborted, interrupted, failed), stopped or empty
     history: History = field(default_factory=History)
+    schedules: Schedules | None = None  # a batch or length schedule: each step's tokens differ
+
+    def tokens_through(self, step: int) -> int:
+        """Tokens seen through `step`, as the trainer counts them."""
+        return self.schedules.tokens_before(step) if self.schedules else step * self.tokens_per_step
 
     # ------------------------------------------------------------------ summary
     @property
@@ -85,13 +91,14 @@ class RunCurves(ReadsHistory):
 
     # -------------------------------------------------------------------- axes
     def curve(self, axis: str, most: int) -> tuple[list[float], list[Point]]:
-        """The train curve in at most `most` points, and each point's x on `axis`: the step,
-        tokens seen (as the trainer counts them, a whole step's at a time) or training seconds."""
+        """The train curve in at most `most` points, and each point's x on `axis`: the step, tokens
+        seen (as the trainer counts them, a whole step's at a time, each its own under a schedule)
+        or training seconds."""
         points = self.history.points(most)
         if axis == "step":
             return [p.step for p in points], points
         if axis == "tokens":
-            return [p.step * self.tokens_per_step for p in points], points
+            return [self.tokens_through(p.step) for p in points], points
         if axis == "time":
             return [p.time for p in points], points
         raise ValueError(f"axis {axis!r}: expected one of {', '.join(AXES)}")
@@ -101,14 +108,14 @@ class RunCurves(ReadsHistory):
         if axis == "time":
             return [self.history.time_at(s) for s in self.val_steps]
         if axis in ("step", "tokens"):
-            return [float(s * (self.tokens_per_step if axis == "tokens" else 1)) for s in self.val_steps]
+            return [float(self.tokens_through(s) if axis == "tokens" else s) for s in self.val_steps]
         raise ValueError(f"axis {axis!r}: expected one of {', '.join(AXES)}")
 
     def largest_x(self, axis: str) -> float:
         """The furthest x of the run on `axis`."""
         if axis not in AXES:
             raise ValueError(f"axis {axis!r}: expected one of {', '.join(AXES)}")
-        last = {"step": self.last_step, "tokens": self.last_step * self.tokens_per_step,
+        last = {"step": self.last_step, "tokens": self.tokens_through(self.last_step),
                 "time": self.history.time}[axis] if self.has_steps else 0.0
         return max([float(last), *self.val_x(axis)[-1:]])
 
@@ -141,7 +148,10 @@ def load_run(path: str | Path) -> RunCurves:
     # As Config.tokens_per_step reads it; a resume on another process count rescales accumulation
     # so that this product stays what it was (resume.same_sequences_per_step).
     tokens_per_step = t["micro_batch_size"] * t["grad_accum_steps"] * t["seq_len"] * world
-    run = RunCurves(path, path.name, config, tokens_per_step, run_summary(path)["status"])
+    stages = config.get("training.batch_schedule") or [], config.get("training.seq_len_schedule") or []
+    schedules = Schedules(*stages, config.get("training.max_steps", 1), t["seq_len"], t["grad_accum_steps"],
+                          t["grad_accum_steps"] * world, tokens_per_step) if any(stages) else None
+    run = RunCurves(path, path.name, config, tokens_per_step, run_summary(path)["status"], schedules=schedules)
     if (path / METRICS).is_file():
         run.history = history_file.load(path)[0]
     return run

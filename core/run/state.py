@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from .. import protocol as P
 from ..config import Config, ConfigError, config_from_dict
+from ..step_schedules import Schedules
 from .history import History, ReadsHistory
 from .target import Evaluations, Forecast, forecast_aim
 
@@ -104,7 +105,8 @@ class RunState(ReadsHistory):
     loss: float | None = None
     # The rates shown all follow one smoothed step time, dt_ema (Pace: the run host's too, so
     # `ps` gives the same ETA), so tokens/s, steps/s, MFU and the ETA agree. A step's tokens and
-    # its MFU × step time are the same every step: not smoothed.
+    # its MFU × step time are the same every step (under a batch or length schedule, the last
+    # step's): not smoothed.
     pace: Pace = field(default_factory=Pace)
     mfu_seconds: float | None = None  # MFU × step time
     clock: object = time.monotonic  # injectable, so snapshot tests render a fixed elapsed time
@@ -157,8 +159,17 @@ class RunState(ReadsHistory):
 
     @property
     def tokens_per_s(self) -> float | None:
-        """Tokens per second at the smoothed step time, the one steps/s and the ETA use."""
-        return self.tokens_per_step / self.dt_ema if self.dt_ema else None
+        """Tokens per second at the smoothed step time, the one steps/s and the ETA use: the last
+        step's tokens, which a batch or length schedule varies."""
+        s = self.schedules
+        tokens = s.step_tokens(max(self.step - 1, 0)) if s else self.tokens_per_step
+        return tokens / self.dt_ema if self.dt_ema else None
+
+    @property
+    def schedules(self) -> Schedules | None:
+        """The run's batch and sequence-length schedules where it has any (core/step_schedules.py)."""
+        s = Schedules.of(self.config) if self.config else None
+        return s if s and s.active else None
 
     @property
     def steps_per_s(self) -> float | None:
@@ -249,7 +260,8 @@ class RunState(ReadsHistory):
             self.step, self.loss, self.first_loss = h.last_step, h.loss, h.first_loss
             self.lr = last.lr if last else h.tail[-1].lr if h.tail else None
             self.grad_norm, self.mem = (last.grad_norm, last.mem or {}) if last else (None, {})
-            self.tokens_seen = h.last_step * self.tokens_per_step
+            s = self.schedules
+            self.tokens_seen = s.tokens_before(h.last_step) if s else h.last_step * self.tokens_per_step
             if self.train_started_at is None:
                 self.train_started_at = self.clock()
             self.pace.read(h.recent())  # the very step time the host folded from the same steps
@@ -322,6 +334,11 @@ class RunState(ReadsHistory):
         """`eta`: the same figure `ps` reads from the run host's live.json."""
         if self.ended_at is not None:  # aborted or failed short of max_steps: nothing is coming
             return None
+        s = self.schedules
+        if s and self.dt_ema and 0 < self.step < self.max_steps:
+            # A step's time taken in proportion to its tokens: the steps left, counted in the last one's
+            ahead = (s.tokens_before(self.max_steps) - s.tokens_before(self.step)) / s.step_tokens(self.step - 1)
+            return self.dt_ema * ahead
         return eta(self.step, self.max_steps, self.dt_ema)
 
     def catchup(self, reason: str, began: float | None = None) -> tuple[object, ...]:

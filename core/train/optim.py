@@ -35,7 +35,8 @@ def build_optimizers(model: torch.nn.Module, cfg: OptimizerConfig, device: torch
         if muon:
             ns_dtype = torch.bfloat16 if device.type == "cpu" and precision == "bf16" else None
             opts.append(Muon([p for _, p in muon], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
-                             weight_decay=cfg.weight_decay, ns_dtype=ns_dtype))
+                             weight_decay=cfg.weight_decay, ns_dtype=ns_dtype, coefficients=cfg.muon_coefficients,
+                             normuon=cfg.normuon, normuon_beta2=cfg.normuon_beta2))
     set_peak_lrs(opts, cfg)
     return opts
 
@@ -59,8 +60,10 @@ def describe(opts: list[torch.optim.Optimizer], cfg: OptimizerConfig) -> str:
     parts = []
     for opt in opts:
         if isinstance(opt, Muon):
+            variants = (", Polar Express" if cfg.muon_coefficients == "polar_express" else "") + (
+                f", NorMuon beta2 {cfg.normuon_beta2:g}" if cfg.normuon else "")
             parts.append(f"Muon {count(opt):,} (lr {cfg.muon_lr:g}, momentum {cfg.muon_momentum:g}, "
-                         f"wd {cfg.weight_decay:g})")
+                         f"wd {cfg.weight_decay:g}{variants})")
         else:
             wd = f", wd {cfg.weight_decay:g}" if cfg.kind == "adamw" else ""
             parts.append(f"AdamW {count(opt):,} (lr {cfg.lr:g}, betas {cfg.beta1:g}/{cfg.beta2:g}{wd})")

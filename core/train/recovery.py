@@ -95,7 +95,7 @@ class Recovery:
         if action == "skip":
             tr.log(f"warning: loss spike at step {step}: {spike.describe()}; update skipped")
             tr.step = step
-            tr.tokens_seen += tr.cfg.tokens_per_step
+            tr.tokens_seen += tr.plan.schedules.step_tokens(step - 1)
             return True
         if action == "rollback" and self.roll_back(step, spike):
             return True

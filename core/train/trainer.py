@@ -48,6 +48,7 @@ from .profiling import Profiling
 from .recovery import NonFiniteLoss, Recovery, SpikeStop  # noqa: F401 - SpikeStop: raised in recovery, caught by tests here
 from .spikes import watching
 from .step_clock import Between, StepClock
+from .step_plan import StepPlan
 
 Emit = Callable[[object], None]
 
@@ -90,7 +91,7 @@ class Trainer:
         self.compiling = False  # until the first step this process trains has compiled the model
         self.between = Between()  # seconds of work between steps, for the next step's row
         self.data_unit: DataUnit | None = None  # a resumed run's, from its checkpoint
-        self.drawn: tuple[int, tuple[np.ndarray, np.ndarray]] | None = None  # the last batch drawn
+        self.drawn: tuple[tuple[int, int], tuple[np.ndarray, np.ndarray]] | None = None  # the last batch drawn
         self.deferred: list = []  # commands heard during set-up, for the first step
         self.polled_at = 0.0
 
@@ -153,7 +154,7 @@ class Trainer:
             cfg = self.cfg
         self.data_unit = self.checkpoints.agreed_data_unit()
         self.allocate_grads()
-        self.flops_per_token = self.model.flops_per_token(cfg.training.seq_len)
+        self.plan = StepPlan(self)  # the batch and sequence-length schedules, checked against the data unit
         self.peak = peak_flops(self.device, self.log)  # says so where the GPU has no known peak
         self.n_params = self.model.num_params()
         g = self.group
@@ -303,20 +304,20 @@ class Trainer:
         cut = self.recovery.lr_factor(self.step)
         set_lr(self.optimizers, lr_multiplier(self.step, t.max_steps, cfg.optimizer) * cut)
         loss_sum = torch.zeros((), device=self.device)
-        step_batches = []
-        for micro in range(t.grad_accum_steps):
-            first = (self.group.rank * t.grad_accum_steps + micro) * t.micro_batch_size
+        step_batches, plan = [], self.plan.enter()
+        for micro in range(plan.accum):
+            first = (self.group.rank * plan.accum + micro) * t.micro_batch_size
             x, y = (torch.from_numpy(a).to(self.device, non_blocking=True)
                     for a in step_rows(self.draw, self.data_unit, self.step + self.recovery.batch_offset, first,
-                                       t.micro_batch_size))
+                                       t.micro_batch_size, plan.start))
             step_batches.append((x, y))
             clock.mark("data")
             if t.compile:
                 # Each micro-batch is a whole forward and backward: nothing the graphs' pool holds
                 # outlives it (the loss is divided, a new tensor, and gradients add into their own).
                 torch.compiler.cudagraph_mark_step_begin()
-            with self.group.accumulating(self.wrapped, last=micro == t.grad_accum_steps - 1), self.autocast():
-                loss = self.train_model(x, y) / t.grad_accum_steps
+            with self.group.accumulating(self.wrapped, last=micro == plan.accum - 1), self.autocast():
+                loss = self.train_model(x, y) / plan.accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += loss.detach()
             clock.mark("compute")
@@ -347,24 +348,24 @@ class Trainer:
         clock.mark("optimizer")
         self.layer_stats.after_update()
         self.step += 1
-        self.tokens_seen += cfg.tokens_per_step
+        self.tokens_seen += plan.tokens
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
         parts = {} if compiling else clock.read()  # the step that compiled: the compiler's time
         self.between.add("compile", dt if compiling else 0.0)
-        tps = cfg.tokens_per_step / dt  # every rank's tokens
-        mfu = self.flops_per_token * tps / (self.peak * self.group.world) if self.peak else None
+        tps = plan.tokens / dt  # every rank's tokens
+        mfu = plan.flops_per_token * tps / (self.peak * self.group.world) if self.peak else None
         lr, mem = self.optimizers[0].param_groups[0]["lr"], memory_stats(self.device)
         self.record(P.StepMetrics(self.step, loss_val, lr, norm_val, tps, mfu, dt, self.tokens_seen, mem, parts,
                                   self.between.take()))
         self.layer_stats.report()
 
     def draw(self, g: int) -> tuple[np.ndarray, np.ndarray]:
-        """Batch g of the run's data; kept, since micro-batches smaller than it take it in parts."""
-        if self.drawn is None or self.drawn[0] != g:
-            t = self.cfg.training
-            self.drawn = g, batches.get_batch(self.data.train, t.seed, g, self.data_unit.rows, t.seq_len)
+        """Batch g of the run's data at the step's length; kept, since micro-batches smaller than it take it in parts."""
+        key = g, self.plan.seq_len(self.step)
+        if self.drawn is None or self.drawn[0] != key:
+            self.drawn = key, batches.get_batch(self.data.train, self.cfg.training.seed, g, self.data_unit.rows, key[1])
         return self.drawn[1]
 
     def compiled(self) -> None:
