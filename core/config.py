@@ -717,30 +717,7 @@ def _between_keys(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
         yield (("training.seq_len_schedule", "training.seq_len"),
                f"training.seq_len_schedule's lengths {longer} are above training.seq_len = {t.seq_len}, the longest "
                "a step takes (what memory is sized for)")
-    # 256 bytes and the 5 special tokens a BPE reserves (data/chat_template.py's RESERVED)
-    if cfg.tokenizer.kind == "bpe" and cfg.tokenizer.vocab_size < 261:
-        yield (("tokenizer.vocab_size", "tokenizer.kind"),
-               f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} must be at least 261 (256 bytes + 5 special tokens)")
-    default = DataConfig()
-    if cfg.data.sources and (cfg.data.source, cfg.data.text_field) != (default.source, default.text_field):
-        yield (("data.sources", "data.source", "data.text_field"),
-               "data.source and data.text_field name one source; with [[data.sources]] each part names its own")
-    for i, part in enumerate(cfg.data.sources):
-        if not part.source:  # required in a part; the field's default only stands in for it
-            yield ("data.sources",), f"data.sources[{i}].source is missing: each part names its source"
-    if cfg.data.val_source and cfg.data.format != "tokens":
-        yield (("data.val_source", "data.format"),
-               f'data.val_source = {cfg.data.val_source!r} is a .bin token shard: it needs data.format = "tokens"')
-    if cfg.data.val_tokens and not cfg.data.val_source:
-        yield (("data.val_tokens", "data.val_source"),
-               f"data.val_tokens = {cfg.data.val_tokens} counts tokens of data.val_source, which is not set")
-    if cfg.data.format == "tokens" and (cfg.data.sources or cfg.tokenizer.kind == "bpe"):
-        yield (("data.format", "tokenizer.kind"),
-               'data.format = "tokens" reads ids made by a pretrained tokenizer (tokenizer.kind = hf:OWNER/NAME or a '
-               "folder), from one data.source, not a mixture")
-    if cfg.data.format == "chat" and cfg.data.sources:
-        yield (("data.format", "data.sources"),
-               'data.format = "chat" reads one conversation source (data.source), not a mixture ([[data.sources]])')
+    yield from _data_rules(cfg)
     if t.target_task and t.target_val_loss:
         yield (("training.target_val_loss", "training.target_task"),
                "training.target_val_loss and training.target_task: one target at a time (set the other to its "
@@ -770,6 +747,34 @@ def _between_keys(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
                "take their own (process i uses GPU i); use \"auto\" or \"cuda\", and CUDA_VISIBLE_DEVICES to "
                "choose GPUs")
 
+
+
+def _data_rules(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
+    """_between_keys's rules of the data and its tokenizer."""
+    # 256 bytes and the 5 special tokens a BPE reserves (data/chat_template.py's RESERVED)
+    if cfg.tokenizer.kind == "bpe" and cfg.tokenizer.vocab_size < 261:
+        yield (("tokenizer.vocab_size", "tokenizer.kind"),
+               f"tokenizer.vocab_size = {cfg.tokenizer.vocab_size} must be at least 261 (256 bytes + 5 special tokens)")
+    default = DataConfig()
+    if cfg.data.sources and (cfg.data.source, cfg.data.text_field) != (default.source, default.text_field):
+        yield (("data.sources", "data.source", "data.text_field"),
+               "data.source and data.text_field name one source; with [[data.sources]] each part names its own")
+    for i, part in enumerate(cfg.data.sources):
+        if not part.source:  # required in a part; the field's default only stands in for it
+            yield ("data.sources",), f"data.sources[{i}].source is missing: each part names its source"
+    if cfg.data.val_source and cfg.data.format != "tokens":
+        yield (("data.val_source", "data.format"),
+               f'data.val_source = {cfg.data.val_source!r} is a .bin token shard: it needs data.format = "tokens"')
+    if cfg.data.val_tokens and not cfg.data.val_source:
+        yield (("data.val_tokens", "data.val_source"),
+               f"data.val_tokens = {cfg.data.val_tokens} counts tokens of data.val_source, which is not set")
+    if cfg.data.format == "tokens" and (cfg.data.sources or cfg.tokenizer.kind == "bpe"):
+        yield (("data.format", "tokenizer.kind"),
+               'data.format = "tokens" reads ids made by a pretrained tokenizer (tokenizer.kind = hf:OWNER/NAME or a '
+               "folder), from one data.source, not a mixture")
+    if cfg.data.format == "chat" and cfg.data.sources:
+        yield (("data.format", "data.sources"),
+               'data.format = "chat" reads one conversation source (data.source), not a mixture ([[data.sources]])')
 
 # --------------------------------------------------------------------------------------------
 # What the declarations tell the rest: resume, completion, `lmcockpit help config`
