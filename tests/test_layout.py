@@ -8,6 +8,7 @@ one-line summary."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,12 @@ class Module:
     is_package: bool
     anywhere: set[str] = field(default_factory=set)  # every import, in functions too
     at_import: set[str] = field(default_factory=set)  # what runs when the module is imported
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A file's syntax tree, parsed once for every test of this file (each walks every module)."""
+    return ast.parse(path.read_text(), str(path))
 
 
 def _modules(roots: dict[str, Path]) -> dict[str, Module]:
@@ -85,7 +92,7 @@ def import_graph(roots: dict[str, Path] = ROOTS) -> dict[str, Module]:
     modules = _modules(roots)
     for mod in modules.values():
         found: list[tuple[ast.AST, bool]] = []
-        _imports(ast.parse(mod.path.read_text(), str(mod.path)), False, found)
+        _imports(parsed(mod.path), False, found)
         for node, in_function in found:
             targets = _targets(mod, node, modules) - {mod.name}
             mod.anywhere |= targets
@@ -168,7 +175,7 @@ def heavy_imports(modules: dict[str, Module], names: list[str], heavy: set[str])
 
 
 def docstring(mod: Module, clean: bool = True) -> str | None:
-    return ast.get_docstring(ast.parse(mod.path.read_text(), str(mod.path)), clean=clean)
+    return ast.get_docstring(parsed(mod.path), clean=clean)
 
 
 def torch_line(package: Module) -> str:
@@ -289,7 +296,7 @@ def handlers_of_usage_errors(path: Path) -> list[str]:
     """Each `except` in `path` that catches UsageError or ConfigError and does anything but raise
     it again: the registry's dispatch (tui/commands/__init__.py) turns them into the error line."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ExceptHandler) and node.type is not None:
             names = {n.id for n in ast.walk(node.type) if isinstance(n, ast.Name)}
             if names & {"UsageError", "ConfigError"} and not all(isinstance(b, ast.Raise) and b.exc is None
@@ -375,7 +382,7 @@ def absolute_self_imports(roots: dict[str, Path] = ROOTS) -> list[str]:
 
     found = []
     for mod in _modules(roots).values():
-        for node in ast.walk(ast.parse(mod.path.read_text(), str(mod.path))):
+        for node in ast.walk(parsed(mod.path)):
             if isinstance(node, ast.ImportFrom):
                 hit = node.level == 0 and ours(node.module)
             elif isinstance(node, ast.Import):
@@ -407,7 +414,7 @@ def unresolved_relative_imports(roots: dict[str, Path] = ROOTS) -> list[str]:
     modules, out = _modules(roots), []
     for mod in modules.values():
         found: list[tuple[ast.AST, bool]] = []
-        _imports(ast.parse(mod.path.read_text(), str(mod.path)), False, found)
+        _imports(parsed(mod.path), False, found)
         for node, _ in found:
             if isinstance(node, ast.ImportFrom) and node.level:
                 if (base := _base(mod, node)) not in modules:
@@ -455,7 +462,7 @@ def definition_sizes(path: Path) -> list[tuple[str, int, int]]:
             else:
                 visit(child, prefix)
 
-    visit(ast.parse(path.read_text(), str(path)), "")
+    visit(parsed(path), "")
     return found
 
 
@@ -509,7 +516,7 @@ def test_the_size_check_sees_a_new_offender_a_grown_one_and_a_stale_entry(tmp_pa
 def core_floors(core_init: Path = REPO / "core" / "__init__.py") -> list[str]:
     """core/'s packages from its docstring's list of floors (`    name/  what it holds`, top floor
     first), bottom floor first: the docstring is where they are written down, and this reads it."""
-    doc = ast.get_docstring(ast.parse(core_init.read_text(), str(core_init))) or ""
+    doc = ast.get_docstring(parsed(core_init)) or ""
     return [m.group(1) for m in re.finditer(r"^    (\w+)/ ", doc, re.M)][::-1]
 
 
@@ -625,6 +632,6 @@ def test_no_test_file_imports_another_test_file():
     assert [n.lineno for n in test_file_imports(sample)] == [1, 2, 3, 5, 6]
     offending = [f"tests/{path.name}:{node.lineno}: {ast.unparse(node)}"
                  for path in sorted((REPO / "tests").glob("*.py"))
-                 for node in test_file_imports(ast.parse(path.read_text(), str(path)))]
+                 for node in test_file_imports(parsed(path))]
     assert not offending, ("a test file imports another; move what it imports to tests/helpers.py (a fixture: "
                            "tests/conftest.py):\n" + "\n".join(offending))
