@@ -1,0 +1,123 @@
+"""The speedrun's techniques one at a time, as runs of bench/convergence.py's one harness (`--ablation`).
+
+Each technique is a row of TECHNIQUES: a name, the `key=value` overrides that switch it on (as
+`--set` takes them), and the record of modded-nanogpt's table that brought it in
+(docs/training.md, "Model options from the speedrun"). Two sets of runs come from the table, each
+lmcockpit's recipe (Muon + AdamW, the preset's settings) beside the harness's other runs, on the
+same batches:
+
+* cumulative: the base recipe, then each technique added to all before it (+relu2, +zero-init,
+  ...), the order of the table: what the whole stack buys and where it stops paying;
+* alone: each technique on the base recipe by itself, so one that hurts is seen as hurting and not
+  hidden by the others (the first cumulative run is the first technique alone: run once).
+
+A technique that may only change the model, the optimizer or what the rows are drawn from: the
+harness steps every run on batches of one shape for one number of steps, so a technique that
+changes those (TRAINING_SHAPE) is refused before anything trains. The optimizer's options to come
+(Muon's coefficients, NorMuon) are each one more row here; batch and sequence-length schedules
+need the harness to draw each run's batches by its own schedule first.
+
+The table convergence.py adds to bench/RESULTS.md for them: per run, its final validation loss,
+its loss at the baseline's best run's training time (equal time), the time it takes to reach the
+baseline's best final loss and that time's ratio to the baseline's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from lmcockpit.core.config import Config
+
+
+@dataclass(frozen=True)
+class Technique:
+    name: str
+    overrides: tuple[str, ...]
+    record: str  # where it came from: modded-nanogpt's record (docs/training.md gives the same numbers)
+    why: str = ""  # a value chosen for the cpu preset's scale rather than the record's, and why
+
+
+TECHNIQUES = (
+    # 4·d_model (mlp_hidden = 0), as the record: the cpu preset's SwiGLU of 768 has three matrices,
+    # ReLU²'s two of 1024 hold 11 % fewer weights (the same share the record's 4·d_model has).
+    Technique("relu2", ('model.mlp="relu2"', "model.mlp_hidden=0"), "#5",
+              "hidden 4·d_model, as the record (the cpu preset's SwiGLU has 768)"),
+    Technique("zero-init", ("model.zero_init_proj=true",), "#5"),
+    Technique("untied head", ("model.tie_embeddings=false",), "#8"),
+    # The cpu preset's model after its 300 steps has logits of at most 13 (12 at the 99th
+    # percentile of positions, on stdlib code): a cap of 30 would move them by under 1, a cap of 15
+    # (record 18's) bounds them as 30 bounds the 124M model's. 30 alone is in ALONE_ONLY.
+    Technique("softcap 15", ("model.logit_softcap=15",), "#9 at 30, #18 at 15",
+              "15: the cpu preset's largest logits are ~13, which 30 would hardly touch"),
+    # One table for 4 layers: the first and the last layer get it, half the layers, as the
+    # record's 3 tables reach 6 of its 12.
+    Technique("value embeds", ("model.value_embeds=1",), "#14-#20", "1 table: half of 4 layers, as 3 of 12"),
+    Technique("U-net skips", ("model.unet_skips=true",), "#11"),
+    # At a context of 256 the long layers (the first and last of 4) see all of it; the short ones
+    # half of it, the record's ratio of short to long.
+    Technique("windows", ("model.window=0", "model.short_window=128"), "#12, #13, #16, #20",
+              "long layers the whole 256, short ones 128 (the record's half)"),
+    Technique("BOS-aligned", ("data.bos_aligned=true",), "later records (docs/data.md)"),
+)
+
+# Alone on the base only: a variant of a technique above at the record's own value.
+ALONE_ONLY = (
+    Technique("softcap 30", ("model.logit_softcap=30",), "#9", "the record's own value (the cumulative runs take 15)"),
+)
+
+# What every run of the harness shares: its batches' shape and its number of steps.
+TRAINING_SHAPE = ("training.max_steps", "training.micro_batch_size", "training.seq_len",
+                  "training.grad_accum_steps", "training.seed")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One run of the ablation: its row's name, "cumulative" or "alone", the techniques it has."""
+    name: str
+    kind: str
+    techniques: tuple[Technique, ...]
+
+    @property
+    def overrides(self) -> list[str]:
+        return [o for t in self.techniques for o in t.overrides]
+
+
+def chosen(names: str | None) -> list[Technique]:
+    """The techniques `--techniques` names (comma-separated, in the table's order), all without it."""
+    every = TECHNIQUES + ALONE_ONLY
+    if not names:
+        return list(every)
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = {t.name for t in every}
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise SystemExit(f"--techniques: unknown {', '.join(map(repr, unknown))}; "
+                         f"expected names from: {', '.join(t.name for t in every)}")
+    return [t for t in every if t.name in wanted]
+
+
+def variants(techniques: list[Technique]) -> list[Variant]:
+    stacked = [t for t in techniques if t not in ALONE_ONLY]
+    runs = [Variant("+" + t.name + (" (= alone)" if i == 0 else ""), "cumulative", tuple(stacked[:i + 1]))
+            for i, t in enumerate(stacked)]
+    runs += [Variant(t.name + " alone", "alone", (t,)) for i, t in enumerate(techniques)
+             if not (stacked and t is stacked[0])]
+    return runs
+
+
+def configs(variants_: list[Variant], configure: Callable[[list[str]], Config], base: Config
+            ) -> list[tuple[Variant, Config]]:
+    """Each variant's config, `configure` given its overrides (the preset's loader, so a bad value
+    is the config's own error); a variant that changes what all runs share is refused."""
+    out = []
+    for v in variants_:
+        cfg = configure(v.overrides)
+        for key in TRAINING_SHAPE:
+            section, name = key.split(".")
+            if getattr(getattr(cfg, section), name) != getattr(getattr(base, section), name):
+                raise SystemExit(f"--ablation: {v.name} changes {key}, which every run of the harness shares "
+                                 "(the same batches, the same steps)")
+        out.append((v, cfg))
+    return out
+
