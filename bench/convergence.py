@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> list[Run]:
                    lambda line: print(line, flush=True), lambda *a: None)
     val_starts = batches.eval_windows(len(data.val), cfg.eval.batches, t.micro_batch_size, t.seq_len)
     runs = build_runs(cfg, device, precision, lrs, adamw_lrs, variants)
-    feeds = {run.feed: aligned_rows.aligned(copy.copy(data), run.cfg).train for run in runs}
+    feeds = feeds_for(runs, data)
 
     def autocast():
         return torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else nullcontext()
@@ -252,6 +252,12 @@ def main(argv: list[str] | None = None) -> list[Run]:
 
     report(args, cfg, device, precision, runs, [v for v, _ in variants])
     return runs
+
+
+def feeds_for(runs: list[Run], data) -> dict:
+    """The token streams the runs draw their rows from, one per way of drawing (Run.feed), from
+    `data` prepared unaligned."""
+    return {run.feed: aligned_rows.aligned(copy.copy(data), run.cfg).train for run in runs}
 
 
 def seconds_to_reach(run: Run, target: float) -> float | None:
