@@ -49,7 +49,7 @@ TECHNIQUES = (
     # percentile of positions, on stdlib code): a cap of 30 would move them by under 1, a cap of 15
     # (record 18's) bounds them as 30 bounds the 124M model's. 30 alone is in ALONE_ONLY.
     Technique("softcap 15", ("model.logit_softcap=15",), "#9 at 30, #18 at 15",
-              "15: the cpu preset's largest logits are ~13, which 30 would hardly touch"),
+              "the cpu preset's largest logits are ~13 after its 300 steps: a cap of 30 would hardly touch them"),
     # One table for 4 layers: the first and the last layer get it, half the layers, as the
     # record's 3 tables reach 6 of its 12.
     Technique("value embeds", ("model.value_embeds=1",), "#14-#20", "1 table: half of 4 layers, as 3 of 12"),
