@@ -145,6 +145,7 @@ def test_the_ablation_trains_each_technique_on_its_own_model_and_rows(tmp_path):
                         rf"(–|[+-]{number}) \| {number} \| [^|]+ \| {ratio} \| [\d,]+ \|$", text, re.M)
         assert row, (row_name, text)
         assert row[1] == f"{by_name[run_name].final:.3f}"
+    assert re.search(r"^\*\*Ablation: (.+ reaches it in \d+\.\d+×|no run of the ablation reaches it)", text, re.M)
 
     def mlps(run):
         return [layer.mlp for layer in run.model.layers]
