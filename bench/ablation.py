@@ -11,11 +11,13 @@ same batches:
 * alone: each technique on the base recipe by itself, so one that hurts is seen as hurting and not
   hidden by the others (the first cumulative run is the first technique alone: run once).
 
-A technique that may only change the model, the optimizer or what the rows are drawn from: the
-harness steps every run on batches of one shape for one number of steps, so a technique that
-changes those (TRAINING_SHAPE) is refused before anything trains. The optimizer's options to come
-(Muon's coefficients, NorMuon) are each one more row here; batch and sequence-length schedules
-need the harness to draw each run's batches by its own schedule first.
+A technique may change only what the harness builds or draws for each run of its own (HONOURED):
+the model, the optimizer and its schedule, and whether rows start at a document's beginning. The
+rest (the batch's shape, the steps, clipping, precision, the data itself) is one for all runs, so a
+technique setting any other key would train as if it were not there; it is refused before
+anything trains. The optimizer's options to come (Muon's coefficients, NorMuon) are each one more
+row here; batch and sequence-length schedules (training.*) need the harness to draw each run's
+batches by its own schedule first.
 
 The table convergence.py adds to bench/RESULTS.md for them: per run, its final validation loss,
 its loss at the baseline's best run's training time (equal time), the time it takes to reach the
@@ -66,9 +68,8 @@ ALONE_ONLY = (
     Technique("softcap 30", ("model.logit_softcap=30",), "#9", "the record's own value (the cumulative runs take 15)"),
 )
 
-# What every run of the harness shares: its batches' shape and its number of steps.
-TRAINING_SHAPE = ("training.max_steps", "training.micro_batch_size", "training.seq_len",
-                  "training.grad_accum_steps", "training.seed")
+# The keys (or sections, ending in ".") the harness reads from each run's own config.
+HONOURED = ("model.", "optimizer.", "data.bos_aligned")
 
 
 @dataclass(frozen=True)
@@ -106,18 +107,14 @@ def variants(techniques: list[Technique]) -> list[Variant]:
     return runs
 
 
-def configs(variants_: list[Variant], configure: Callable[[list[str]], Config], base: Config
-            ) -> list[tuple[Variant, Config]]:
+def configs(variants_: list[Variant], configure: Callable[[list[str]], Config]) -> list[tuple[Variant, Config]]:
     """Each variant's config, `configure` given its overrides (the preset's loader, so a bad value
-    is the config's own error); a variant that changes what all runs share is refused."""
-    out = []
+    is the config's own error); a key the harness would not honour is refused."""
     for v in variants_:
-        cfg = configure(v.overrides)
-        for key in TRAINING_SHAPE:
-            section, name = key.split(".")
-            if getattr(getattr(cfg, section), name) != getattr(getattr(base, section), name):
-                raise SystemExit(f"--ablation: {v.name} changes {key}, which every run of the harness shares "
-                                 "(the same batches, the same steps)")
-        out.append((v, cfg))
-    return out
+        for key in (o.split("=", 1)[0].strip() for o in v.overrides):
+            if not any(key == k or k.endswith(".") and key.startswith(k) for k in HONOURED):
+                raise SystemExit(f"--ablation: {v.name} sets {key}, which every run of the harness shares (the "
+                                 f"same batches, steps, clipping and precision); a technique may set "
+                                 f"{', '.join(k + '*' if k.endswith('.') else k for k in HONOURED)}")
+    return [(v, configure(v.overrides)) for v in variants_]
 

@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> list[Run]:
         torch.backends.cuda.matmul.allow_tf32 = True
 
     variants = ablation.configs(ablation.variants(ablation.chosen(args.techniques)),
-                                lambda extra: load_config(args.preset, overrides + extra)[0], cfg) if args.ablation else []
+                                lambda extra: load_config(args.preset, overrides + extra)[0]) if args.ablation else []
     # Prepared unaligned once; each run's rows drawn as its own config says (a feed per way of drawing).
     data = prepare(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, bos_aligned=False)),
                    lambda line: print(line, flush=True), lambda *a: None)

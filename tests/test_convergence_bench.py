@@ -87,7 +87,7 @@ def test_each_technique_reaches_the_model_it_trains_at_the_cpu_presets_context()
     shrink = ["model.d_model=64", "tokenizer.vocab_size=512", "training.compile=false"]
     base, _ = load_config("cpu", shrink)
     variants = ablation.configs(ablation.variants(ablation.chosen(None)),
-                                lambda extra: load_config("cpu", shrink + extra)[0], base)
+                                lambda extra: load_config("cpu", shrink + extra)[0])
     runs = {r.name: r for r in convergence.build_runs(base, torch.device("cpu"), "fp32", [], [], variants)}
 
     def has(run, name: str) -> bool:  # the technique `name` is in the model (or the rows) `run` trains
@@ -111,13 +111,19 @@ def test_each_technique_reaches_the_model_it_trains_at_the_cpu_presets_context()
         assert [has(runs[f"{name} alone"], n) for n in every] == [n == name for n in every], name
 
 
-def test_an_unknown_technique_or_one_that_changes_the_shared_batches_is_refused():
+def test_an_unknown_technique_or_one_the_harness_would_not_honour_is_refused():
     with pytest.raises(SystemExit, match=r"--techniques: unknown 'relu3'; expected names from: relu2, "):
         ablation.chosen("relu2,relu3")
-    base, _ = load_config("debug", [])
+    # Every run steps on batches of one shape: a technique's own seq_len would train as if unset.
     longer = ablation.Variant("+longer", "cumulative", (ablation.Technique("longer", ("training.seq_len=32",), "-"),))
-    with pytest.raises(SystemExit, match=r"--ablation: \+longer changes training.seq_len, which every run"):
-        ablation.configs([longer], lambda extra: load_config("debug", extra)[0], base)
+    with pytest.raises(SystemExit, match=r"--ablation: \+longer sets training.seq_len, which every run of the "
+                                         r"harness shares .*; a technique may set model.\*, optimizer.\*, "
+                                         r"data.bos_aligned$"):
+        ablation.configs([longer], lambda extra: load_config("debug", extra)[0])
+    muon = ablation.Technique("muon lr", ("optimizer.muon_lr=0.02",), "-")
+    [(_, cfg)] = ablation.configs([ablation.Variant("+muon lr", "cumulative", (muon,))],
+                                  lambda extra: load_config("debug", extra)[0])
+    assert cfg.optimizer.muon_lr == 0.02
 
 
 @pytest.mark.slow
