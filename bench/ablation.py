@@ -42,14 +42,14 @@ class Technique:
 
 TECHNIQUES = (
     # 4·d_model (mlp_hidden = 0), as the record: the cpu preset's SwiGLU of 768 has three matrices,
-    # ReLU²'s two of 1024 hold 11 % fewer weights (the same share the record's 4·d_model has).
+    # ReLU²'s two of 1024 hold 11 % fewer weights.
     Technique("relu2", ('model.mlp="relu2"', "model.mlp_hidden=0"), "#5",
               "hidden 4·d_model, as the record (the cpu preset's SwiGLU has 768)"),
     Technique("zero-init", ("model.zero_init_proj=true",), "#5"),
     Technique("untied head", ("model.tie_embeddings=false",), "#8"),
     # The cpu preset's model after its 300 steps has logits of at most 13 (12 at the 99th
-    # percentile of positions, on stdlib code): a cap of 30 would move them by under 1, a cap of 15
-    # (record 18's) bounds them as 30 bounds the 124M model's. 30 alone is in ALONE_ONLY.
+    # percentile of positions, on stdlib code): a cap of 30 would move them by under 1; 15, the
+    # record's later value (record 18), acts on them. 30 alone is in ALONE_ONLY.
     Technique("softcap 15", ("model.logit_softcap=15",), "#9 at 30, #18 at 15",
               "the cpu preset's largest logits are ~13 after its 300 steps: a cap of 30 would hardly touch them"),
     # One table for 4 layers: the first and the last layer get it, half the layers, as the
@@ -99,11 +99,11 @@ def chosen(names: str | None) -> list[Technique]:
 
 
 def variants(techniques: list[Technique]) -> list[Variant]:
+    """The cumulative runs (ALONE_ONLY's left out), then the alone ones, of `techniques`."""
     stacked = [t for t in techniques if t not in ALONE_ONLY]
     runs = [Variant("+" + t.name + (" (= alone)" if i == 0 else ""), "cumulative", tuple(stacked[:i + 1]))
             for i, t in enumerate(stacked)]
-    runs += [Variant(t.name + " alone", "alone", (t,)) for i, t in enumerate(techniques)
-             if not (stacked and t is stacked[0])]
+    runs += [Variant(t.name + " alone", "alone", (t,)) for t in techniques if not (stacked and t is stacked[0])]
     return runs
 
 
