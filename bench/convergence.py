@@ -20,13 +20,20 @@ Recorded in bench/RESULTS.md: each run's final validation loss, the best of each
 steps and at equal wall time, and the wall time each needs to reach the baseline's best final
 validation loss — lmcockpit's against the baseline's is the headline (issue 23's target: ≤ 0.4×).
 
+`--ablation` adds lmcockpit's recipe with modded-nanogpt's techniques, cumulative and each alone
+(bench/ablation.py holds the table of them; `--techniques` picks some), and their table: final
+loss, loss at equal time, time to the baseline's quality and its ratio (issue 55's target: ≤ 0.2×).
+A run whose rows are drawn otherwise (data.bos_aligned) gets its own batches of the same steps.
+
     python bench/convergence.py [--preset cpu] [--steps N] [--lrs 1e-3,3e-3,6e-3] [--adamw-lrs ...]
                                 [--eval-every 25] [--device cpu|cuda] [--results PATH]
+                                [--ablation [--techniques relu2,zero-init,...]]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import math
 import sys
@@ -40,10 +47,11 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
+import ablation
 from machine import RESULTS, record
 
 from lmcockpit.core.config import Config, load_config
-from lmcockpit.core.data import batches
+from lmcockpit.core.data import aligned_rows, batches
 from lmcockpit.core.data.prepare import prepare
 from lmcockpit.core.hardware import cpu_precision
 from lmcockpit.core.hardware.device import autocast_dtype, expands_kv, resolve_device, resolve_precision
@@ -58,7 +66,7 @@ MILESTONES = (0.25, 0.5, 0.75, 1.0)  # equal wall time: these shares of the base
 @dataclass(eq=False)  # a run is itself: compared by identity
 class Run:
     name: str
-    kind: str  # "baseline", "adamw" or "muon": the best of each kind is compared
+    kind: str  # "baseline", "adamw" or "muon": the best of each kind is compared; "cumulative" or "alone": ablation
     lr: str
     model: torch.nn.Module
     loss: Callable  # (x, y) -> mean loss, through the compiled module when compiling
@@ -67,6 +75,12 @@ class Run:
     seconds: float = 0.0  # training time so far
     compile_s: float = 0.0
     evals: list[tuple[int, float, float]] = field(default_factory=list)  # (step, seconds, val loss)
+    cfg: Config | None = None  # its own: the preset's, with an ablation run's overrides
+
+    @property
+    def feed(self) -> bool:
+        """Which batches it trains on: the runs drawing rows alike share them."""
+        return self.cfg.data.bos_aligned
 
     @property
     def final(self) -> float:
@@ -96,16 +110,18 @@ def baseline_adamw(model: torch.nn.Module, lr: float, cfg: Config, fused: bool) 
     return opt
 
 
-def build_runs(cfg: Config, device: torch.device, precision: str, lrs: list[float], adamw_lrs: list[float]) -> list[Run]:
+def build_runs(cfg: Config, device: torch.device, precision: str, lrs: list[float], adamw_lrs: list[float],
+               variants: list[tuple[ablation.Variant, Config]] = ()) -> list[Run]:
     compile_ = cfg.training.compile
     runs = []
 
-    def ours(name: str, kind: str, lr: str, ocfg) -> Run:
+    def ours(name: str, kind: str, lr: str, ocfg, rcfg: Config = cfg) -> Run:
         torch.manual_seed(cfg.training.seed)
-        model = GPT(shape_from_config(cfg)).to(device).train()
-        model.expand_kv = expands_kv(cfg, device, precision)
+        model = GPT(shape_from_config(rcfg)).to(device).train()
+        model.expand_kv = expands_kv(rcfg, device, precision)
         call = torch.compile(model, dynamic=False) if compile_ else model
-        return Run(name, kind, lr, model, call, model.token_losses, build_optimizers(model, ocfg, device, precision))
+        return Run(name, kind, lr, model, call, model.token_losses, build_optimizers(model, ocfg, device, precision),
+                   cfg=rcfg)
 
     def theirs(lr: float) -> Run:
         torch.manual_seed(cfg.training.seed)
@@ -120,7 +136,7 @@ def build_runs(cfg: Config, device: torch.device, precision: str, lrs: list[floa
         # use_cache=False: a training forward builds no key/value cache (ours builds none)
         loss = lambda x, y: F.cross_entropy(call(input_ids=x, use_cache=False).logits.float().view(-1, V), y.reshape(-1))  # noqa: E731 - a one-line function, defined where it is used
         return Run(f"transformers Qwen3 + AdamW, lr {lr:g}", "baseline", f"{lr:g}", model, loss, token_losses,
-                   [baseline_adamw(model, lr, cfg, device.type == "cuda")])
+                   [baseline_adamw(model, lr, cfg, device.type == "cuda")], cfg=cfg)
 
     o = cfg.optimizer
     runs.append(ours("lmcockpit, Muon + AdamW", "muon", f"{o.muon_lr:g} / {o.lr:g}", o))
@@ -128,10 +144,14 @@ def build_runs(cfg: Config, device: torch.device, precision: str, lrs: list[floa
         runs.append(ours(f"lmcockpit, AdamW, lr {lr:g}", "adamw", f"{lr:g}",
                          dataclasses.replace(o, kind="adamw", lr=lr, weight_decay=WEIGHT_DECAY)))
     runs.extend(theirs(lr) for lr in lrs)
+    for v, rcfg in variants:
+        runs.append(ours(v.name, v.kind, f"{rcfg.optimizer.muon_lr:g} / {rcfg.optimizer.lr:g}", rcfg.optimizer, rcfg))
+    if compile_:  # each model variant is a graph of its own: past dynamo's limit the rest would run eager, unseen
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(runs) + 8)
     return runs
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> list[Run]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="cpu", help="the shape, batch, schedule and data (default cpu)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override, as lmcockpit's")
@@ -141,7 +161,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--results", type=Path, default=RESULTS, help="where the entry is appended")
+    ap.add_argument("--ablation", action="store_true", help="add runs with the speedrun's techniques (bench/ablation.py)")
+    ap.add_argument("--techniques", help="with --ablation: these only, comma-separated (default: all)")
     args = ap.parse_args(argv)
+    if args.techniques and not args.ablation:
+        ap.error("--techniques picks the runs of --ablation: add --ablation")
 
     overrides = list(args.set) + ([f"training.max_steps={args.steps}"] if args.steps else [])
     cfg, _ = load_config(args.preset, overrides)
@@ -157,9 +181,14 @@ def main(argv: list[str] | None = None) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
 
-    data = prepare(cfg, lambda line: print(line, flush=True), lambda *a: None)
+    variants = ablation.configs(ablation.variants(ablation.chosen(args.techniques)),
+                                lambda extra: load_config(args.preset, overrides + extra)[0]) if args.ablation else []
+    # Prepared unaligned once; each run's rows drawn as its own config says (a feed per way of drawing).
+    data = prepare(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, bos_aligned=False)),
+                   lambda line: print(line, flush=True), lambda *a: None)
     val_starts = batches.eval_windows(len(data.val), cfg.eval.batches, t.micro_batch_size, t.seq_len)
-    runs = build_runs(cfg, device, precision, lrs, adamw_lrs)
+    runs = build_runs(cfg, device, precision, lrs, adamw_lrs, variants)
+    feeds = feeds_for(runs, data)
 
     def autocast():
         return torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else nullcontext()
@@ -168,12 +197,12 @@ def main(argv: list[str] | None = None) -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def batch(step: int, micro: int = 0):  # the engine's batches for one process
+    def batch(step: int, micro: int = 0, feed: bool = False):  # the engine's batches for one process
         g = batches.global_index(step, 0, micro, 1, t.grad_accum_steps)
-        x, y = batches.get_batch(data.train, t.seed, g, t.micro_batch_size, t.seq_len)
+        x, y = batches.get_batch(feeds[feed], t.seed, g, t.micro_batch_size, t.seq_len)
         return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
 
-    x0, y0 = batch(0)
+    x0, y0 = batch(0, 0, next(iter(feeds)))
     for run in runs:  # compile outside the clock: a forward and backward, no update
         sync()
         t0 = time.perf_counter()
@@ -198,13 +227,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(runs)} runs of {t.max_steps} steps side by side, precision {precision}, "
           f"compile {'on' if t.compile else 'off'}, on {device}", flush=True)
     for step in range(t.max_steps):
-        micro_batches = [batch(step, micro) for micro in range(t.grad_accum_steps)]
-        multiplier = lr_multiplier(step, t.max_steps, cfg.optimizer)
+        micro_batches = {feed: [batch(step, micro, feed) for micro in range(t.grad_accum_steps)] for feed in feeds}
         for run in runs:
+            multiplier = lr_multiplier(step, t.max_steps, run.cfg.optimizer)
             sync()
             t0 = time.perf_counter()
             set_lr(run.opts, multiplier)
-            for x, y in micro_batches:
+            for x, y in micro_batches[run.feed]:
                 with autocast():
                     loss = run.loss(x, y) / t.grad_accum_steps
                 loss.backward()
@@ -221,7 +250,15 @@ def main(argv: list[str] | None = None) -> None:
                 run.evals.append((step + 1, run.seconds, evaluate(run)))
             print(f"step {step + 1}: " + ", ".join(f"{r.evals[-1][2]:.3f}" for r in runs), flush=True)
 
-    report(args, cfg, device, precision, runs)
+    report(args, cfg, device, precision, runs, [v for v, _ in variants])
+    return runs
+
+
+def feeds_for(runs: list[Run], data) -> dict:
+    """The token streams the runs draw their rows from, one per way of drawing (Run.feed), from
+    `data` prepared unaligned."""
+    first = {run.feed: run for run in reversed(runs)}  # a run of each way, its config saying which
+    return {feed: aligned_rows.aligned(copy.copy(data), run.cfg).train for feed, run in first.items()}
 
 
 def seconds_to_reach(run: Run, target: float) -> float | None:
@@ -262,7 +299,8 @@ def secs(v: float | None) -> str:
     return "–" if v is None else f"{v:.{1 if v < 100 else 0}f} s"
 
 
-def report(args, cfg: Config, device: torch.device, precision: str, runs: list[Run]) -> None:
+def report(args, cfg: Config, device: torch.device, precision: str, runs: list[Run],
+           variants: list[ablation.Variant] = ()) -> None:
     t, m = cfg.training, cfg.model
     base, muon = best(runs, "baseline"), best(runs, "muon")
     adamw = best(runs, "adamw") if any(r.kind == "adamw" for r in runs) else None
@@ -314,7 +352,45 @@ def report(args, cfg: Config, device: torch.device, precision: str, runs: list[R
     verdict = (f"lmcockpit reaches it in {ours_s / base_s:.2f}× the baseline's time (target ≤ 0.4×)"
                if ours_s is not None and base_s else "lmcockpit does not reach it")
     lines += ["", f"**Headline: {verdict}.**"]
-    record("convergence: time to quality against transformers + AdamW", lines, args.results)
+    if variants:
+        lines += ablation_lines(variants, runs, muon, base, base_s, tokens)
+    record("convergence: time to quality against transformers + AdamW"
+           + (", the speedrun's techniques one by one" if variants else ""), lines, args.results)
+
+
+def ablation_lines(variants: list[ablation.Variant], runs: list[Run], ours: Run, base: Run, base_s: float | None,
+                   tokens: int) -> list[str]:
+    """The ablation's table: `ours`, the recipe with no technique; `base`, the baseline's best run,
+    whose final loss is the target and whose training time is the equal time."""
+    target, by_name = base.final, {r.name: r for r in runs}
+    lines = ["", f"The speedrun's techniques (bench/ablation.py), cumulative (each added to the rows above it) and "
+             f"alone (each on the base recipe), against the baseline's best final loss {target:.3f}. Loss at equal "
+             f"time: at the baseline's best run's training time, {secs(base.seconds)}. Δ: the final loss against "
+             "the run it adds to (the row above for a cumulative row, the base for an alone one).", "",
+             "| run | overrides | record | final val loss | Δ | loss at equal time | time to quality "
+             "| vs the baseline | tokens/s |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+
+    def row(name: str, run: Run, technique: ablation.Technique | None = None, before: Run | None = None) -> str:
+        s = seconds_to_reach(run, target)
+        ratio = fmt(s / base_s, ".2f") + "×" if s is not None and base_s else "not reached"
+        what = (", ".join(f"`{o}`" for o in technique.overrides), technique.record) if technique else ("", "")
+        return (f"| {name} | {what[0]} | {what[1]} | {run.final:.3f} | {fmt(before and run.final - before.final, '+.3f')} "
+                f"| {fmt(loss_at(run, base.seconds))} | {secs(s)} | {ratio} | {tokens / run.seconds:,.0f} |")
+
+    lines += [row("transformers + AdamW (best lr)", base), row("base: lmcockpit Muon + AdamW", ours)]
+    above = ours
+    for v in variants:
+        run = by_name[v.name]
+        lines.append(row(v.name, run, v.techniques[-1], above if v.kind == "cumulative" else ours))
+        above = run if v.kind == "cumulative" else above
+    reached = [(s / base_s, v.name) for v in variants if (s := seconds_to_reach(by_name[v.name], target)) and base_s]
+    fastest = (f"{min(reached)[1]} reaches it in {min(reached)[0]:.2f}× the baseline's time" if reached
+               else "no run of the ablation reaches it")
+    lines += ["", f"**Ablation: {fastest} (issue 55's target ≤ 0.2×).**"]
+    scaled = [t for t in dict.fromkeys(t for v in variants for t in v.techniques) if t.why]
+    if scaled:
+        lines += ["", "Chosen for the preset's scale: " + "; ".join(f"{t.name}: {t.why}" for t in scaled) + "."]
+    return lines
 
 
 if __name__ == "__main__":

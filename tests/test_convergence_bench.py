@@ -1,5 +1,6 @@
-"""bench/convergence.py runs end to end at a tiny size (so it cannot rot); its figures come only
-from the full run, recorded in bench/RESULTS.md. Its arithmetic is checked on made-up curves."""
+"""bench/convergence.py runs end to end at a tiny size (so it cannot rot), with and without its
+ablation (bench/ablation.py); its figures come only from the full run, recorded in bench/RESULTS.md.
+Its arithmetic is checked on made-up curves."""
 
 import re
 import subprocess
@@ -7,10 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
-import convergence  # noqa: E402 - from bench/, put on sys.path above
+import ablation  # noqa: E402 - from bench/, put on sys.path above
+import convergence  # noqa: E402
+
+from lmcockpit.core.config import load_config  # noqa: E402
+from lmcockpit.core.data import batches  # noqa: E402
+from lmcockpit.core.data.prepare import prepare  # noqa: E402
 
 
 def run_of(kind: str, evals: list[tuple[int, float, float]]) -> convergence.Run:
@@ -61,3 +68,105 @@ def test_the_bench_runs_end_to_end_and_records_every_run(tmp_path):
     assert f"best final validation loss, {baselines[best][0]:.3f}:" in text
     assert re.search(r"^\| transformers \+ AdamW \(best lr\) \| [\d.]+ s \| 1\.00× \|$", text, re.M), text
     assert re.search(r"\*\*Headline: lmcockpit (reaches it in \d+\.\d+×|does not reach it)", text)
+
+
+def test_the_ablation_stacks_each_technique_and_runs_each_alone_once():
+    relu2, untied, cap30 = ablation.chosen("relu2,untied head,softcap 30")
+    runs = ablation.variants([relu2, untied, cap30])
+    assert [(v.name, v.kind, v.overrides) for v in runs] == [
+        ("+relu2 (= alone)", "cumulative", ['model.mlp="relu2"', "model.mlp_hidden=0"]),
+        ("+untied head", "cumulative", ['model.mlp="relu2"', "model.mlp_hidden=0", "model.tie_embeddings=false"]),
+        ("untied head alone", "alone", ["model.tie_embeddings=false"]),
+        ("softcap 30 alone", "alone", ["model.logit_softcap=30"]),  # a variant of softcap 15: never stacked
+    ]
+    assert [t.name for t in ablation.chosen(None)] == [t.name for t in ablation.TECHNIQUES + ablation.ALONE_ONLY]
+
+
+def test_each_technique_reaches_the_model_it_trains_at_the_cpu_presets_context():
+    # The cpu preset's layers and context (the windows are sized to them), narrower and a smaller vocabulary.
+    shrink = ["model.d_model=64", "tokenizer.vocab_size=512", "training.compile=false"]
+    base, _ = load_config("cpu", shrink)
+    variants = ablation.configs(ablation.variants(ablation.chosen(None)),
+                                lambda extra: load_config("cpu", shrink + extra)[0])
+    runs = {r.name: r for r in convergence.build_runs(base, torch.device("cpu"), "fp32", [], [], variants)}
+
+    def has(run, name: str) -> bool:  # the technique `name` is in the model (or the rows) `run` trains
+        model, first = run.model, run.model.layers[0]
+        return {"relu2": not hasattr(first.mlp, "gate_proj"),
+                "zero-init": not first.self_attn.o_proj.weight.any() and not first.mlp.down_proj.weight.any(),
+                "untied head": model.lm_head is not None,
+                "softcap 15": model.shape.logit_softcap == 15,
+                "softcap 30": model.shape.logit_softcap == 30,
+                "value embeds": model.value_embeds is not None and len(model.value_embeds) == 1,
+                "U-net skips": model.skip_weights is not None,
+                "windows": [layer.self_attn.window for layer in model.layers] == [0, 128, 128, 0],
+                "BOS-aligned": run.feed}[name]
+
+    every = [t.name for t in ablation.TECHNIQUES + ablation.ALONE_ONLY]
+    assert not any(has(runs["lmcockpit, Muon + AdamW"], name) for name in every)
+    for i, name in enumerate(t.name for t in ablation.TECHNIQUES):  # each stacked run has its own and those above
+        run = runs[f"+{name}" + (" (= alone)" if i == 0 else "")]
+        assert [has(run, n) for n in every] == [j <= i and n != "softcap 30" for j, n in enumerate(every)], name
+    for name in every[1:]:  # each alone run has its own only
+        assert [has(runs[f"{name} alone"], n) for n in every] == [n == name for n in every], name
+
+
+def test_an_unknown_technique_or_one_the_harness_would_not_honour_is_refused():
+    with pytest.raises(SystemExit, match=r"--techniques: unknown 'relu3'; expected names from: relu2, "):
+        ablation.chosen("relu2,relu3")
+    # Every run steps on batches of one shape: a technique's own seq_len would train as if unset.
+    longer = ablation.Variant("+longer", "cumulative", (ablation.Technique("longer", ("training.seq_len=32",), "-"),))
+    with pytest.raises(SystemExit, match=r"--ablation: \+longer sets training.seq_len, which every run of the "
+                                         r"harness shares .*; a technique may set model.\*, optimizer.\*, "
+                                         r"data.bos_aligned$"):
+        ablation.configs([longer], lambda extra: load_config("debug", extra)[0])
+    muon = ablation.Technique("muon lr", ("optimizer.muon_lr=0.02",), "-")
+    [(_, cfg)] = ablation.configs([ablation.Variant("+muon lr", "cumulative", (muon,))],
+                                  lambda extra: load_config("debug", extra)[0])
+    assert cfg.optimizer.muon_lr == 0.02
+
+
+@pytest.mark.slow
+def test_the_ablation_trains_each_technique_on_its_own_model_and_rows(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:  # in this process, to see the runs' models: the harness sets what the engine sets on a CPU
+        runs = convergence.main(["--preset", "debug", "--steps", "4", "--eval-every", "2", "--lrs", "0.01",
+                                 "--adamw-lrs", "", "--ablation", "--techniques", "relu2,BOS-aligned",
+                                 "--results", str(results)])
+    finally:
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+    by_name = {r.name: r for r in runs}
+    text = results.read_text()
+    assert "## convergence: time to quality against transformers + AdamW, the speedrun's techniques one by one" in text
+    assert "| run | overrides | record | final val loss | Δ | loss at equal time | time to quality " \
+           "| vs the baseline | tokens/s |" in text
+    number, ratio = r"\d+\.\d+", r"(\d+\.\d+×|not reached)"
+    for row_name, run_name, overrides in [
+            ("base: lmcockpit Muon + AdamW", "lmcockpit, Muon + AdamW", ""),
+            ("+relu2 (= alone)", "+relu2 (= alone)", '`model.mlp="relu2"`, `model.mlp_hidden=0`'),
+            ("+BOS-aligned", "+BOS-aligned", "`data.bos_aligned=true`"),
+            ("BOS-aligned alone", "BOS-aligned alone", "`data.bos_aligned=true`")]:
+        row = re.search(rf"^\| {re.escape(row_name)} \| {re.escape(overrides)} \| [^|]* \| ({number}) \| "
+                        rf"(–|[+-]{number}) \| {number} \| [^|]+ \| {ratio} \| [\d,]+ \|$", text, re.M)
+        assert row, (row_name, text)
+        assert row[1] == f"{by_name[run_name].final:.3f}"
+    assert re.search(r"^\*\*Ablation: (.+ reaches it in \d+\.\d+×|no run of the ablation reaches it)", text, re.M)
+
+    def mlps(run):
+        return [layer.mlp for layer in run.model.layers]
+
+    base, relu2 = by_name["lmcockpit, Muon + AdamW"], by_name["+relu2 (= alone)"]
+    stacked, aligned = by_name["+BOS-aligned"], by_name["BOS-aligned alone"]
+    assert all(hasattr(m, "gate_proj") for m in mlps(base) + mlps(aligned))
+    assert not any(hasattr(m, "gate_proj") for m in mlps(relu2) + mlps(stacked))  # relu2 stays in the stack
+    assert relu2.model.layers[0].mlp.up_proj.out_features == 4 * 64  # mlp_hidden = 0: 4·d_model
+    assert (base.feed, relu2.feed, stacked.feed, aligned.feed) == (False, False, True, True)
+    # The aligned runs' rows start at a document's beginning, the others' anywhere.
+    cfg, _ = load_config("debug", [])
+    data = prepare(cfg, lambda line: None, lambda *a: None)
+    feeds = convergence.feeds_for(runs, data)
+    x, _ = batches.get_batch(feeds[True], cfg.training.seed, 0, 8, cfg.training.seq_len)
+    assert (x[:, 0] == data.eos_id).all()
+    x, _ = batches.get_batch(feeds[False], cfg.training.seed, 0, 8, cfg.training.seq_len)
+    assert not (x[:, 0] == data.eos_id).all()
