@@ -15,8 +15,8 @@ A technique may change only what the harness builds or draws for each run of its
 the model, the optimizer and its schedule, and whether rows start at a document's beginning. The
 rest (the batch's shape, the steps, clipping, precision, the data itself) is one for all runs, so a
 technique setting any other key would train as if it were not there; it is refused before
-anything trains. The optimizer's options to come (Muon's coefficients, NorMuon) are each one more
-row here; batch and sequence-length schedules (training.*) need the harness to draw each run's
+anything trains. Muon's options (Polar Express coefficients, NorMuon) are rows like the
+model's; batch and sequence-length schedules (training.*) need the harness to draw each run's
 batches by its own schedule first.
 
 The table convergence.py adds to bench/RESULTS.md for them: per run, its final validation loss,
@@ -61,6 +61,8 @@ TECHNIQUES = (
     Technique("windows", ("model.window=0", "model.short_window=128"), "#12, #13, #16, #20",
               "long layers the whole 256, short ones 128 (the record's half)"),
     Technique("BOS-aligned", ("data.bos_aligned=true",), "later records (docs/data.md)"),
+    Technique("Polar Express", ('optimizer.muon_coefficients="polar_express"',), "later records (docs/training.md)"),
+    Technique("NorMuon", ("optimizer.normuon=true",), "later records (docs/training.md)"),
 )
 
 # Alone on the base only: a variant of a technique above at the record's own value.

@@ -92,6 +92,7 @@ def test_each_technique_reaches_the_model_it_trains_at_the_cpu_presets_context()
 
     def has(run, name: str) -> bool:  # the technique `name` is in the model (or the rows) `run` trains
         model, first = run.model, run.model.layers[0]
+        muon = next(opt.param_groups[0] for opt in run.opts if "coefficients" in opt.param_groups[0])
         return {"relu2": not hasattr(first.mlp, "gate_proj"),
                 "zero-init": not first.self_attn.o_proj.weight.any() and not first.mlp.down_proj.weight.any(),
                 "untied head": model.lm_head is not None,
@@ -100,7 +101,9 @@ def test_each_technique_reaches_the_model_it_trains_at_the_cpu_presets_context()
                 "value embeds": model.value_embeds is not None and len(model.value_embeds) == 1,
                 "U-net skips": model.skip_weights is not None,
                 "windows": [layer.self_attn.window for layer in model.layers] == [0, 128, 128, 0],
-                "BOS-aligned": run.feed}[name]
+                "BOS-aligned": run.feed,
+                "Polar Express": muon["coefficients"] == "polar_express",
+                "NorMuon": muon["normuon"]}[name]
 
     every = [t.name for t in ablation.TECHNIQUES + ablation.ALONE_ONLY]
     assert not any(has(runs["lmcockpit, Muon + AdamW"], name) for name in every)

@@ -191,7 +191,8 @@ def test_a_hub_source_fetches_the_training_shards_the_budget_needs_and_the_valid
     write_shard(dataset / "fineweb_val_000000.bin", [eot, *[j % 30 + 1 for j in range(4_999)]])
     sets = as_flags([*SMALL, f'data.cache_dir="{tmp / "hub-cache"}"', "data.val_tokens=4000"])
     with FakeHub({token_shards.SPEEDRUN_DATASET: dataset}, models={"openai-community/gpt2": model}) as hub:
-        env = hub_env(tmp / "hf", hub.url)
+        # cli() adds to this worker's environment, where test_export.py sets the Hub offline for good
+        env = hub_env(tmp / "hf", hub.url, HF_HUB_OFFLINE="0", TRANSFORMERS_OFFLINE="0")
         proc = cli("data", "prepare", "gpt2-speedrun", *sets, env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert sorted(hub.got(token_shards.SPEEDRUN_DATASET)) == ["fineweb_train_000001.bin",
