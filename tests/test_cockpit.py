@@ -197,8 +197,14 @@ async def test_the_launch_screen_shows_every_presets_fit_and_the_settings_values
         shown = shown_in(app, presets)
         # the fit column shows at its full width, the longest verdict ("does not fit") included
         assert re.search(r" fit {9,}", shown[1]), shown[1]
-        for name, _, params, _, memory, verdict in preset_rows(None):
+        chosen = launch.preset_name
+        for i, (name, _, params, _, memory, verdict) in enumerate(preset_rows(None)):
+            presets.move_cursor(row=i)  # at 24 rows they scroll, the runs keeping a row: each in view when chosen
+            await pilot.pause()
+            shown = shown_in(app, presets)
             assert any(preset_line(name, params, memory, verdict).search(line) for line in shown), (name, shown)
+        presets.move_cursor(row=presets.get_row_index(chosen))  # back to the one chosen
+        await pilot.pause()
 
         values = dict(flatten(launch.current_config()))
         settings.focus()
