@@ -1,0 +1,209 @@
+"""`lmcockpit` commands for the tests, each a process forked from one that imported the front-end once.
+
+`helpers.cli()` runs the real command in a process of its own, as a user's shell would, hundreds of
+times a suite; a new interpreter importing lmcockpit's front-end (argparse, rich, the config's and the
+protocol's dataclasses) spent ~0.3 s of CPU on each before the command did anything. Here one server
+per test worker imports it once, and each command is a fork of the server: a process of its own with
+the test's argv, working folder, environment and standard streams (passed over a Unix socket), the
+command run as `python -m lmcockpit.tui.cli` runs it (`lmcockpit.tui.cli` as `__main__`, so the engine
+a command starts prepares itself as it does for a user), and its exit status reported back. What the
+command starts (a forkserver, an engine, a run host) it starts itself, as from a shell.
+
+The server imports only the torch-free front-end (tests/test_layout.py keeps it torch-free), and
+nothing it imports reads the environment or the working folder at import, so a fork runs the
+command as a new interpreter would. Tests of signals and process groups start their commands as
+plain subprocesses (helpers.start_cli_run): a fork is the server's child, in its process group.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import locale
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+# What `python -m lmcockpit.tui.cli` imports before a command runs: the entry point, every command's
+# module (imported when its command runs), and the headless front-end of `--run`.
+PRELOAD = ("lmcockpit.tui.cli", "lmcockpit.tui.headless")
+
+
+# ---------------------------------------------------------------------------------------- server
+def _preload() -> None:
+    for name in PRELOAD:
+        importlib.import_module(name)
+    from lmcockpit.tui.commands import COMMANDS
+
+    for command in COMMANDS.values():
+        importlib.import_module(command.module)
+    assert "torch" not in sys.modules, "the front-end imported torch: a fork would not start as an interpreter does"
+
+
+def _serve(path: str):
+    """Accept requests until the test worker (our stdin's writer) goes; return in a forked child,
+    with (request, fds), for it to become the command."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd hears of each exit
+    children: dict[int, socket.socket] = {}
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(wake_r, selectors.EVENT_READ, "child")
+    sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "parent")
+    while True:
+        for key, _ in sel.select():
+            if key.data == "parent":  # EOF: the worker has gone; so do we (our children run on)
+                os._exit(0)
+            if key.data == "child":
+                os.read(wake_r, 4096)
+                while True:
+                    try:
+                        pid, status = os.waitpid(-1, os.WNOHANG)
+                    except ChildProcessError:
+                        break
+                    if not pid:
+                        break
+                    conn = children.pop(pid, None)
+                    if conn is not None:
+                        code = os.waitstatus_to_exitcode(status)
+                        try:
+                            conn.sendall(struct.pack("!i", code))
+                        except OSError:
+                            pass
+                        conn.close()
+                continue
+            conn, _ = listener.accept()
+            msg, fds, _, _ = socket.recv_fds(conn, 1 << 22, 3)
+            while len(msg) < struct.unpack("!I", msg[:4])[0] + 4:  # a large environment comes in pieces
+                msg += conn.recv(1 << 22)
+            request = json.loads(msg[4:])
+            pid = os.fork()
+            if pid == 0:
+                sel.close()
+                listener.close()
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in (wake_r, wake_w):
+                    os.close(fd)
+                for other in children.values():
+                    other.close()
+                conn.close()
+                return request, fds
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(struct.pack("!i", pid))
+            children[pid] = conn
+
+
+def _become(request: dict, fds: list[int]) -> None:
+    """This fork as the command: its streams, folder, environment and argv; then run, then exit."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    sys.path[0] = os.getcwd()  # as `python -m` puts the working folder first
+    os.environ.clear()
+    os.environ.update(request["env"])
+    cli = sys.modules["lmcockpit.tui.cli"]
+    sys.argv = [cli.__file__, *request["args"]]
+    sys.modules["__main__"] = cli  # as `python -m`: a spawned engine prepares itself from it
+    sys.exit(cli.main())
+
+
+# ---------------------------------------------------------------------------------------- client
+class _Server:
+    def __init__(self):
+        self.folder = tempfile.mkdtemp(prefix="lmcockpit-zygote-")
+        self.path = os.path.join(self.folder, "s")
+        # Our stdin is its stdin: when this process ends, the server reads EOF and ends too.
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.cli_zygote", self.path],
+                                     stdin=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
+        deadline = time.monotonic() + 60
+        while not os.path.exists(self.path):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the test CLI server did not start (exit {self.proc.poll()})")
+            time.sleep(0.01)
+
+
+_server: _Server | None = None
+_lock = threading.Lock()
+
+
+def _the_server() -> _Server:
+    global _server
+    with _lock:
+        if _server is None or _server.proc.poll() is not None:
+            _server = _Server()
+        return _server
+
+
+def run(args: list[str], cwd: Path | None, env: dict[str, str] | None, timeout: float
+        ) -> subprocess.CompletedProcess:
+    """subprocess.run([python, -m, lmcockpit.tui.cli, *args], capture_output=True, text=True) as a fork."""
+    server = _the_server()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    body = json.dumps({"args": list(args), "cwd": str(cwd or os.getcwd()),
+                       "env": dict(os.environ) if env is None else env}).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(server.path)
+        try:
+            socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [0, out_w, err_w])
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        pid = struct.unpack("!i", _exactly(conn, 4))[0]
+        out, err = [], []
+        readers = [threading.Thread(target=_drain, args=(fd, into), daemon=True) for fd, into in ((out_r, out), (err_r, err))]
+        for reader in readers:
+            reader.start()
+        conn.settimeout(timeout)
+        try:
+            code = struct.unpack("!i", _exactly(conn, 4))[0]
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)
+            raise subprocess.TimeoutExpired(["lmcockpit", *args], timeout) from None
+        for reader in readers:
+            reader.join()
+    return subprocess.CompletedProcess([sys.executable, "-m", "lmcockpit.tui.cli", *args], code,
+                                       _text(b"".join(out)), _text(b"".join(err)))
+
+
+def _text(data: bytes) -> str:
+    """As subprocess's text mode reads a stream: the locale's encoding, every newline a \\n."""
+    return data.decode(locale.getencoding()).replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _drain(fd: int, into: list[bytes]) -> None:
+    with open(fd, "rb", closefd=True) as stream:
+        while chunk := stream.read1(1 << 16):
+            into.append(chunk)
+
+
+def _exactly(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise RuntimeError("the test CLI server closed the connection")
+        data += chunk
+    return data
+
+
+if __name__ == "__main__":
+    _preload()
+    request, fds = _serve(sys.argv[1])
+    _become(request, fds)
