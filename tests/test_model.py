@@ -5,6 +5,8 @@ from lmcockpit.core.config import OptimizerConfig
 from lmcockpit.core.model.gpt import GPT, GPTShape, apply_rotary, rotary_tables
 from lmcockpit.core.train.optim import build_optimizers
 
+from .helpers_model import assert_blockwise_loss_is_plain
+
 SHAPE = GPTShape(vocab_size=97, n_layer=2, d_model=32, n_head=4, n_kv_head=2, head_dim=8, mlp_hidden=64,
                  max_seq_len=32)
 
@@ -72,7 +74,6 @@ def test_token_losses_agree_with_the_mean_loss():
 def test_blockwise_loss_gives_the_plain_loss_and_gradients(monkeypatch):
     """Eager training's LinearCrossEntropy against F.cross_entropy of the whole logits, in float32,
     with blocks smaller than the batch (so several blocks and a short last one are exercised)."""
-    import torch.nn.functional as F
 
     from lmcockpit.core.model.gpt import LinearCrossEntropy
 
@@ -80,15 +81,7 @@ def test_blockwise_loss_gives_the_plain_loss_and_gradients(monkeypatch):
     torch.manual_seed(0)
     model = GPT(SHAPE)
     x = torch.randint(0, 97, (2, 18))
-    blockwise = model(x[:, :-1], x[:, 1:])
-    blockwise.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    plain = F.cross_entropy(model(x[:, :-1]).view(-1, 97), x[:, 1:].reshape(-1))
-    plain.backward()
-    assert torch.allclose(blockwise, plain, rtol=1e-6)
-    for n, p in model.named_parameters():
-        assert torch.allclose(grads[n], p.grad, rtol=1e-5, atol=1e-7), n
+    assert_blockwise_loss_is_plain(model, x, 97, rtol=1e-5, atol=1e-7)
 
 
 def test_a_checkpoint_without_room_on_the_disk_leaves_nothing_and_the_one_before_stays_latest(small_disk,

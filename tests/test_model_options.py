@@ -18,6 +18,7 @@ from lmcockpit.core.model.gpt import GPT, Attention, Block, GPTShape, KVCache, r
 from lmcockpit.core.model.head_loss import LinearCrossEntropy
 from lmcockpit.core.train.optim import split_params
 
+from .helpers_model import assert_blockwise_loss_is_plain
 from .helpers import tiny_config
 
 SHAPE = GPTShape(vocab_size=97, n_layer=4, d_model=32, n_head=4, n_kv_head=2, head_dim=8, mlp_hidden=64,
@@ -85,15 +86,7 @@ def test_softcap_caps_the_logits_in_every_loss_path_and_in_decoding(monkeypatch)
         assert torch.allclose(model.decode(x, KVCache(4, 24)), capped[:, -1], atol=1e-5)
     # Training's block-wise loss and its gradients: the plain loss of the capped logits.
     monkeypatch.setattr(LinearCrossEntropy, "BLOCK_ELEMENTS", 97 * 5)
-    blockwise = model(x[:, :-1], x[:, 1:])
-    blockwise.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    plain = F.cross_entropy(model(x[:, :-1]).view(-1, 97), x[:, 1:].reshape(-1))
-    plain.backward()
-    assert torch.allclose(blockwise, plain, rtol=1e-6)
-    for n, p in model.named_parameters():
-        assert torch.allclose(grads[n], p.grad, rtol=1e-4, atol=1e-6), n
+    assert_blockwise_loss_is_plain(model, x, 97, rtol=1e-4, atol=1e-6)
 
 
 def test_value_embeddings_mix_into_the_values_of_the_first_and_last_layers():
