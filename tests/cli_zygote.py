@@ -22,6 +22,7 @@ import json
 import locale
 import os
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -66,6 +67,7 @@ def _serve(path: str):
     while True:
         for key, _ in sel.select():
             if key.data == "parent":  # EOF: the worker has gone; so do we (our children run on)
+                shutil.rmtree(os.path.dirname(path), ignore_errors=True)  # the socket's own folder
                 os._exit(0)
             if key.data == "child":
                 os.read(wake_r, 4096)
