@@ -366,6 +366,9 @@ def test_from_errors_are_one_line_before_any_engine_starts(base, conversations, 
     one_error(cli("--run", "chat-cpu", "--from", str(empty_run), *flags), "no complete checkpoint")
     one_error(cli("--run", "chat-cpu", "--from", str(base), *flags, "--set", "model.d_model=128"),
               "model.d_model = 128 here but 64 in the base model")
+    # the speedrun's options change what the weights compute (or hold): a base's must be kept too
+    one_error(cli("--run", "chat-cpu", "--from", str(base), *flags, *as_flags(['model.mlp="relu2"', "model.mlp_hidden=192"])),
+              "model.mlp = relu2 here but swiglu in the base model")
     one_error(cli("--run", "chat-cpu", *flags), "fine-tunes a base model", "--from")
     one_error(cli("--run", "debug", "--from", str(base), "--out", str(out)), 'data.format = "chat"')
     one_error(cli("--run", "--resume", str(base), "--from", str(base)), "--from", "--resume")
