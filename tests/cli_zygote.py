@@ -7,7 +7,15 @@ per test worker imports it once, and each command is a fork of the server: a pro
 the test's argv, working folder, environment and standard streams (passed over a Unix socket), the
 command run as `python -m lmcockpit.tui.cli` runs it (`lmcockpit.tui.cli` as `__main__`, so the engine
 a command starts prepares itself as it does for a user), and its exit status reported back. What the
-command starts (a forkserver, an engine, a run host) it starts itself, as from a shell.
+command starts (an engine, a run host) it starts itself, as from a shell.
+
+Its engines come from one forkserver the server started (core/process/warm_start.py, torch imported
+in it once; a command's own took ~4.5 s of CPU, half the suite's), as a user's second engine comes
+from the forkserver their first one started: an engine is born with its command's environment,
+umask, folder, streams and signals all the same (warm_start.as_if_spawned), and tests/test_warm_start.py
+and every test that starts the command as a plain subprocess keep the command's own forkserver
+tested. A command whose environment differs from the server's (a variable torch or the Hub reads as
+it is imported) starts its own, as from a shell.
 
 The server imports only the torch-free front-end (tests/test_layout.py keeps it torch-free), and
 nothing it imports reads the environment or the working folder at import, so a fork runs the
@@ -47,6 +55,41 @@ def _preload() -> None:
     for command in COMMANDS.values():
         importlib.import_module(command.module)
     assert "torch" not in sys.modules, "the front-end imported torch: a fork would not start as an interpreter does"
+
+
+def _warm_forkserver() -> dict[str, str]:
+    """Start the forkserver the commands share, as a front-end starts its own (warm_start); returns
+    the environment it was started with, which a command must have to use it."""
+    from multiprocessing import forkserver
+
+    from lmcockpit.core.process import warm_start
+
+    warm_start.context(warm_start.ENGINE)
+    with warm_start.deaf_helpers():
+        forkserver.ensure_running()
+    return dict(os.environ)
+
+
+def _same_environment(a: dict[str, str], b: dict[str, str]) -> bool:
+    return {k: v for k, v in a.items() if k != "PYTEST_CURRENT_TEST"} == {
+        k: v for k, v in b.items() if k != "PYTEST_CURRENT_TEST"}
+
+
+def _adopt_forkserver(shared: bool) -> None:
+    """In a command's fork: use the server's forkserver (it is not this process's child, so
+    multiprocessing's check of it would fail: it lives as long as any of us holds its alive pipe), or
+    forget it and the resource tracker, for the command to start its own."""
+    from multiprocessing import forkserver, resource_tracker
+
+    server, tracker = forkserver._forkserver, resource_tracker._resource_tracker
+    if shared:
+        server.ensure_running = resource_tracker.ensure_running
+        return
+    for fd in (server._forkserver_alive_fd, tracker._fd):
+        if fd is not None:
+            os.close(fd)
+    server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+    tracker._fd = tracker._pid = None
 
 
 def _serve(path: str):
@@ -110,8 +153,9 @@ def _serve(path: str):
             children[pid] = conn
 
 
-def _become(request: dict, fds: list[int]) -> None:
+def _become(request: dict, fds: list[int], server_env: dict[str, str]) -> None:
     """This fork as the command: its streams, folder, environment and argv; then run, then exit."""
+    _adopt_forkserver(_same_environment(request["env"], server_env))
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -207,5 +251,6 @@ def _exactly(conn: socket.socket, n: int) -> bytes:
 
 if __name__ == "__main__":
     _preload()
+    env = _warm_forkserver()
     request, fds = _serve(sys.argv[1])
-    _become(request, fds)
+    _become(request, fds, env)

@@ -61,6 +61,26 @@ def test_a_process_is_born_with_the_front_ends_state_of_its_start_from_a_warm_fo
     assert third["dispositions"]["SIGHUP"] == "SIG_DFL"  # no nohup: a hang-up stops it in order
 
 
+def test_a_process_writes_where_the_front_end_s_output_and_errors_go_at_its_start(tmp_path):
+    """Not where they went when the forkserver started: what an engine prints before its own log
+    is open (a traceback) reaches whoever reads the front-end's streams now."""
+    born("HOME")  # the forkserver runs, its streams those of this process until now
+    saved = [os.dup(fd) for fd in (1, 2)]
+    out, err = tmp_path / "out", tmp_path / "err"
+    try:
+        for fd, path in ((1, out), (2, err)):
+            target = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            os.dup2(target, fd)
+            os.close(target)
+        probe = born("HOME")
+    finally:
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+    assert probe["streams"] == [str(out), str(err)]
+    assert born("HOME")["streams"] == [os.readlink(f"/proc/self/fd/{fd}") for fd in (1, 2)]
+
+
 def test_the_forkserver_never_hears_a_hang_up_or_sigterm_its_process_group_gets():
     """Its forks' exit codes reach the front-end through it: a terminal's hang-up must not end it
     (tests/test_resume.py's signal test shows the run it would cost)."""

@@ -13,8 +13,10 @@ copy-on-write with the engines it forks).
 A fork of the forkserver is not quite what spawn made, and `as_if_spawned` mends the difference
 first thing in the child: it gets the front-end's environment of now (the forkserver has the one it
 started with: a variable set since, such as CUDA_VISIBLE_DEVICES for a chosen GPU, would be
-missing), its umask, and the signal dispositions a spawned child had (SIGINT ignored, SIGHUP
-ignored only under nohup, SIGTERM default). multiprocessing sends the working directory and
+missing), its umask, its standard output and error of now (the forkserver writes where the
+front-end's went when it started: a front-end that has since sent them elsewhere would lose what
+its engine prints there, a traceback before the engine's own log is open), and the signal
+dispositions a spawned child had (SIGINT ignored, SIGHUP ignored only under nohup, SIGTERM default). multiprocessing sends the working directory and
 sys.path itself. The forkserver is started with SIGHUP and SIGTERM blocked, which it and its
 forks inherit: a hang-up or SIGTERM sent to the whole process group must reach the engine (which
 unblocks them) and the front-end, not kill the forkserver, through which the front-end learns
@@ -28,6 +30,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
+from multiprocessing import reduction
 
 from ..run.safe_files import current_umask
 
@@ -61,13 +64,28 @@ def deaf_helpers():
 
 class Inherited:
     """What a spawned child takes from the front-end, read when the process object is pickled for
-    the forkserver: at the process's start, as spawn reads it."""
+    the forkserver: at the process's start, as spawn reads it. The standard streams travel as
+    descriptors (multiprocessing passes them to the forkserver beside the process); one the
+    front-end has closed stays the forkserver's."""
 
-    def __getstate__(self) -> tuple[dict[str, str], int, bool]:
-        return dict(os.environ), current_umask(), signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    def __getstate__(self) -> tuple:
+        streams = [reduction.DupFd(fd) if _is_open(fd) else None for fd in STREAMS]
+        return dict(os.environ), current_umask(), signal.getsignal(signal.SIGHUP) is signal.SIG_IGN, streams
 
-    def __setstate__(self, state: tuple[dict[str, str], int, bool]) -> None:
-        self.env, self.umask, self.hup_ignored = state
+    def __setstate__(self, state: tuple) -> None:
+        self.env, self.umask, self.hup_ignored, streams = state
+        self.streams = [s.detach() if s is not None else None for s in streams]
+
+
+STREAMS = (1, 2)  # standard output and error; a child of multiprocessing has no standard input
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def as_if_spawned(inherited: Inherited, target, *args) -> None:
@@ -79,4 +97,8 @@ def as_if_spawned(inherited: Inherited, target, *args) -> None:
     os.environ.clear()
     os.environ.update(inherited.env)
     os.umask(inherited.umask)
+    for fd, received in zip(STREAMS, inherited.streams):
+        if received is not None:
+            os.dup2(received, fd)
+            os.close(received)
     target(*args)
