@@ -78,10 +78,12 @@ UNREAD = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "CUDA_VISIBLE_DEVICE
 UNREAD_PREFIX = "LMCOCKPIT_TEST_"
 
 
+def _read(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in UNREAD and not k.startswith(UNREAD_PREFIX)}
+
+
 def _same_environment(a: dict[str, str], b: dict[str, str]) -> bool:
-    def read(env: dict[str, str]) -> dict[str, str]:
-        return {k: v for k, v in env.items() if k not in UNREAD and not k.startswith(UNREAD_PREFIX)}
-    return read(a) == read(b)
+    return _read(a) == _read(b)
 
 
 def _adopt_forkserver(shared: bool) -> None:
@@ -181,6 +183,7 @@ def _become(request: dict, fds: list[int], server_env: dict[str, str]) -> None:
 # ---------------------------------------------------------------------------------------- client
 class _Server:
     def __init__(self):
+        self.env = dict(os.environ)  # its forkserver's, which a command must have to share it
         self.folder = tempfile.mkdtemp(prefix="lmcockpit-zygote-")
         self.path = os.path.join(self.folder, "s")
         # Our stdin is its stdin: when this process ends, the server reads EOF and ends too.
@@ -193,36 +196,50 @@ class _Server:
             time.sleep(0.01)
 
 
-_server: _Server | None = None
+# A server per environment the worker has had, the latest few: a test that changes the worker's
+# environment for good (test_export's HF_HUB_OFFLINE) gets a server whose forkserver its commands share,
+# and one that changes it for a while finds the first one again after.
+_servers: dict[tuple, _Server] = {}
+KEPT = 3
 _lock = threading.Lock()
 
 
 def _the_server() -> _Server:
-    global _server
+    key = tuple(sorted(_read(dict(os.environ)).items()))
     with _lock:
-        if _server is None or _server.proc.poll() is not None:
-            _server = _Server()
-        return _server
+        server = _servers.pop(key, None)
+        if server is None or server.proc.poll() is not None:
+            server = _Server()
+        _servers[key] = server  # the newest last
+        while len(_servers) > KEPT:
+            oldest = _servers.pop(next(iter(_servers)))
+            oldest.proc.stdin.close()  # EOF: it goes; the commands it started run on
+            oldest.proc.wait(30)
+        return server
 
 
-def run(args: list[str], cwd: Path | None, env: dict[str, str] | None, timeout: float
+def run(args: list[str], cwd: Path | None, env: dict[str, str] | None, timeout: float, input: str | None = None
         ) -> subprocess.CompletedProcess:
-    """subprocess.run([python, -m, lmcockpit.tui.cli, *args], capture_output=True, text=True) as a fork."""
+    """subprocess.run([python, -m, lmcockpit.tui.cli, *args], input=input, capture_output=True, text=True)
+    as a fork."""
     server = _the_server()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    in_r, in_w = os.pipe() if input is not None else (0, None)
     body = json.dumps({"args": list(args), "cwd": str(cwd or os.getcwd()),
                        "env": dict(os.environ) if env is None else env}).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect(server.path)
         try:
-            socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [0, out_w, err_w])
+            socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [in_r, out_w, err_w])
         finally:
-            os.close(out_w)
-            os.close(err_w)
+            for fd in (out_w, err_w, *([in_r] if in_w is not None else [])):
+                os.close(fd)
         pid = struct.unpack("!i", _exactly(conn, 4))[0]
         out, err = [], []
         readers = [threading.Thread(target=_drain, args=(fd, into), daemon=True) for fd, into in ((out_r, out), (err_r, err))]
+        if in_w is not None:
+            readers.append(threading.Thread(target=_feed, args=(in_w, input.encode(locale.getencoding())), daemon=True))
         for reader in readers:
             reader.start()
         conn.settimeout(timeout)
@@ -240,6 +257,15 @@ def run(args: list[str], cwd: Path | None, env: dict[str, str] | None, timeout: 
 def _text(data: bytes) -> str:
     """As subprocess's text mode reads a stream: the locale's encoding, every newline a \\n."""
     return data.decode(locale.getencoding()).replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _feed(fd: int, data: bytes) -> None:
+    """The command's standard input, then its end (a command that exits before reading it all is fine)."""
+    with open(fd, "wb", closefd=True) as stream:
+        try:
+            stream.write(data)
+        except BrokenPipeError:
+            pass
 
 
 def _drain(fd: int, into: list[bytes]) -> None:

@@ -150,15 +150,15 @@ def losses(events) -> list[float]:
 
 
 # ----------------------------------------------------------------------------- the real command
-def cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
-        ) -> subprocess.CompletedProcess:
+def cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None,
+        input: str | None = None) -> subprocess.CompletedProcess:
     """The real `lmcockpit` command, piped (so plain lines), as a user runs it, in a process of its own
     (forked from one that imported the front-end once: tests/cli_zygote.py); `env` adds to the
-    environment (`NO_GPU` hides every GPU from it and the engine it starts)."""
+    environment (`NO_GPU` hides every GPU from it and the engine it starts); `input` is its stdin."""
     if env and any(key.startswith("PYTHON") for key in env):  # read when an interpreter starts: a new one
         return subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", *args], cwd=cwd, capture_output=True,
-                              text=True, timeout=timeout, env={**os.environ, **env})
-    return cli_zygote.run(list(args), cwd, {**os.environ, **env} if env else None, timeout)
+                              text=True, timeout=timeout, env={**os.environ, **env}, input=input)
+    return cli_zygote.run(list(args), cwd, {**os.environ, **env} if env else None, timeout, input)
 
 
 # CUDA numbers only the GPUs CUDA_VISIBLE_DEVICES lists: empty, torch sees none. Tests that mean "a

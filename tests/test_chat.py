@@ -1,9 +1,7 @@
 """`lmcockpit chat`: one-shot flags, the REPL driven through stdin, bad input, and the chat engine."""
 
-import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 
@@ -41,10 +39,7 @@ def greedy(run):
 def chat(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     """`lmcockpit chat` on the CPU, whatever the machine: its text is compared with what this
     process computes there (on a GPU, "auto" would sample in bf16)."""
-    if stdin is None:
-        return cli("chat", *args, env=NO_GPU)
-    return subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "chat", *args], input=stdin,
-                          capture_output=True, text=True, timeout=300, env={**os.environ, **NO_GPU})
+    return cli("chat", *args, env=NO_GPU, input=stdin)
 
 
 @pytest.mark.slow

@@ -5,10 +5,7 @@ pane showing one."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -149,9 +146,8 @@ def test_chat_keeps_the_conversation_resets_it_and_takes_a_system_prompt(chat_ru
     from lmcockpit.core.run.checkpoint_folder import find_checkpoint
 
     lines = ["Hi", "Again", "reset", "system Be brief.", "Again"]
-    proc = subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "chat", str(chat_run), "--temperature", "0",
-                           "--max-new-tokens", "10"], input="\n".join(lines) + "\n", capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **NO_GPU})
+    proc = cli("chat", str(chat_run), "--temperature", "0", "--max-new-tokens", "10", input="\n".join(lines) + "\n",
+               env=NO_GPU)
     assert proc.returncode == 0, proc.stderr
     loaded = load(find_checkpoint(str(chat_run)), "cpu")
     first = greedy_reply(loaded, [("user", "Hi")], 10)

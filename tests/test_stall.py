@@ -5,8 +5,6 @@ running again after SIGCONT, and train.log says both."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 
 import psutil
@@ -18,7 +16,7 @@ from lmcockpit.core.process import live
 from lmcockpit.core.process.stall import STEP_TIMES, StallWatch
 from lmcockpit.core.run.state import RunState
 from lmcockpit.core.run.folder import read_metrics
-from tests.helpers import detached, last_step, stop, wait_until
+from tests.helpers import cli, detached, last_step, stop, wait_until
 
 
 class Clock:
@@ -74,8 +72,7 @@ def test_slow_steps_raise_the_limit_and_a_pause_is_never_a_stall():
 
 
 def ps_state(run) -> str | None:
-    out = subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "ps"], capture_output=True, text=True,
-                         timeout=60).stdout
+    out = cli("ps", timeout=60).stdout
     rows = [line.split("\t") for line in out.splitlines() if line.startswith(str(run))]
     return rows[0][-1] if rows else None
 

@@ -274,16 +274,12 @@ def test_the_dashboard_shows_the_forecast_in_time_and_money():
 @pytest.mark.slow
 def test_ps_says_when_a_background_run_should_reach_its_target(tmp_path):
     """The run host refits the forecast at each evaluation into live.json, where ps reads it."""
-    import subprocess
-    import sys
-
-    from tests.helpers import detached, stop, wait_until
+    from tests.helpers import cli, detached, stop, wait_until
 
     run = detached(tmp_path, "run", "eval.every=3", "training.target_val_loss=0.5")
 
     def target() -> str | None:
-        out = subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "ps"], capture_output=True, text=True,
-                             timeout=60).stdout
+        out = cli("ps", timeout=60).stdout
         header, *lines = [line.split("\t") for line in out.splitlines()]
         row = next((dict(zip(header, line)) for line in lines if line[0] == str(run.resolve())), None)
         return row and row["target"]
