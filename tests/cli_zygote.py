@@ -10,12 +10,12 @@ a command starts prepares itself as it does for a user), and its exit status rep
 command starts (an engine, a run host) it starts itself, as from a shell.
 
 Its engines come from one forkserver the server started (core/process/warm_start.py, torch imported
-in it once; a command's own took ~4.5 s of CPU, half the suite's), as a user's second engine comes
-from the forkserver their first one started: an engine is born with its command's environment,
-umask, folder, streams and signals all the same (warm_start.as_if_spawned), and tests/test_warm_start.py
-and every test that starts the command as a plain subprocess keep the command's own forkserver
-tested. A command whose environment differs from the server's (a variable torch or the Hub reads as
-it is imported) starts its own, as from a shell.
+in it once; a command's own took ~4.5 s of CPU: ~280 CPU-s of a whole suite, bench/RESULTS.md), as a user's
+second engine comes from the forkserver their first one started: an engine is born with its
+command's environment, umask, folder, streams and signals all the same (warm_start.as_if_spawned),
+and tests/test_warm_start.py and every test that starts the command as a plain subprocess keep the
+command's own forkserver tested. A command whose environment differs from the server's (a variable
+torch or the Hub reads as it is imported) starts its own, as from a shell.
 
 The server imports only the torch-free front-end (tests/test_layout.py keeps it torch-free), and
 nothing it imports reads the environment or the working folder at import, so a fork runs the

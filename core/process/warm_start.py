@@ -14,13 +14,15 @@ A fork of the forkserver is not quite what spawn made, and `as_if_spawned` mends
 first thing in the child: it gets the front-end's environment of now (the forkserver has the one it
 started with: a variable set since, such as CUDA_VISIBLE_DEVICES for a chosen GPU, would be
 missing), its umask, its standard output and error of now (the forkserver writes where the
-front-end's went when it started: a front-end that has since sent them elsewhere would lose what
-its engine prints there, a traceback before the engine's own log is open), and the signal
-dispositions a spawned child had (SIGINT ignored, SIGHUP ignored only under nohup, SIGTERM default). multiprocessing sends the working directory and
-sys.path itself. The forkserver is started with SIGHUP and SIGTERM blocked, which it and its
-forks inherit: a hang-up or SIGTERM sent to the whole process group must reach the engine (which
-unblocks them) and the front-end, not kill the forkserver, through which the front-end learns
-its engine's exit code (nor the resource tracker, whose death fills the output with tracebacks). Nothing is lost in the front-end meanwhile: a blocked signal waits.
+front-end's went when it started: a front-end that has since sent them elsewhere would lose what its
+engine prints there, a traceback before the engine's own log is open), and the signal dispositions a
+spawned child had (SIGINT ignored, SIGHUP ignored only under nohup, SIGTERM default).
+multiprocessing sends the working directory and sys.path itself. The forkserver is started with
+SIGHUP and SIGTERM blocked, which it and its forks inherit: a hang-up or SIGTERM sent to the whole
+process group must reach the engine (which unblocks them) and the front-end, not kill the
+forkserver, through which the front-end learns its engine's exit code (nor the resource tracker,
+whose death fills the output with tracebacks). Nothing is lost in the front-end meanwhile: a blocked
+signal waits.
 Torch-free: the forkserver imports torch, this module never does.
 """
 
