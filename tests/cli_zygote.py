@@ -78,12 +78,13 @@ UNREAD = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "CUDA_VISIBLE_DEVICE
 UNREAD_PREFIX = "LMCOCKPIT_TEST_"
 
 
-def _read(env: dict[str, str]) -> dict[str, str]:
+def _read_before_fork(env: dict[str, str]) -> dict[str, str]:
+    """The variables a forkserver may have read as it imported torch: those a sharer must match."""
     return {k: v for k, v in env.items() if k not in UNREAD and not k.startswith(UNREAD_PREFIX)}
 
 
 def _same_environment(a: dict[str, str], b: dict[str, str]) -> bool:
-    return _read(a) == _read(b)
+    return _read_before_fork(a) == _read_before_fork(b)
 
 
 def _adopt_forkserver(shared: bool) -> None:
@@ -205,7 +206,7 @@ _lock = threading.Lock()
 
 
 def _the_server() -> _Server:
-    key = tuple(sorted(_read(dict(os.environ)).items()))
+    key = tuple(sorted(_read_before_fork(dict(os.environ)).items()))
     with _lock:
         server = _servers.pop(key, None)
         if server is None or server.proc.poll() is not None:
