@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import TINY, as_flags
+from lmcockpit.core.run.folder import read_metrics
+
+from .helpers import TINY, as_flags, stop, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -110,6 +112,10 @@ def test_a_regular_install_opens_the_cockpit_and_runs_the_readme_commands(instal
 
     version = run("--version")
     assert version.returncode == 0 and version.stdout.startswith("lmcockpit ")
+    # Run from inside a clone (or any folder with a lmcockpit/ package in it): the processes the command
+    # starts with `-m` (doctor's torch check, a run's host) must import the installed lmcockpit, never it.
+    (tmp_path / "lmcockpit").mkdir()
+    (tmp_path / "lmcockpit" / "__init__.py").write_text("raise SystemExit('the lmcockpit/ of the working folder ran')\n")
     doctor = run("doctor")
     assert doctor.returncode == 0 and "torch" in doctor.stdout, doctor.stderr
     presets = run("presets", "--memory", "24")
@@ -121,6 +127,11 @@ def test_a_regular_install_opens_the_cockpit_and_runs_the_readme_commands(instal
     assert chat.returncode == 0 and chat.stdout.startswith("def "), chat.stderr
     exported = run("export", "run", "hf")
     assert exported.returncode == 0 and (tmp_path / "hf" / "config.json").is_file(), exported.stderr
+    detached = run("debug", *as_flags([*TINY, "training.max_steps=2", "eval.every=0"]), "--detach",
+                   "--out", "bg")
+    assert detached.returncode == 0, detached.stdout + detached.stderr + (tmp_path / "bg" / "host.log").read_text()
+    wait_until(lambda: read_metrics(tmp_path / "bg", "end"), what="the detached run's end")  # its host trained it
+    stop(tmp_path / "bg")  # the host gone, if it is still winding down
 
 
 def test_a_regular_install_serves_the_cockpit_page_with_textual_serves_front_end(installed, tmp_path):

@@ -462,7 +462,8 @@ def stop_serving(run_dir: Path, server: RunServer) -> None:
 def spawn(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None, label: str,
           ready_w: int) -> subprocess.Popen:
     """A host for `run_dir` in a session of its own, reporting on `ready_w` (StartReport)."""
-    args = [sys.executable, "-m", "lmcockpit.core.process.host", str(run_dir), "--ready-fd", str(ready_w)]
+    # -P: not the working folder first on sys.path, where a clone's lmcockpit/ (or anyone's) would shadow ours
+    args = [sys.executable, "-P", "-m", "lmcockpit.core.process.host", str(run_dir), "--ready-fd", str(ready_w)]
     if resume_from is not None:
         args += ["--resume", str(resume_from)]
     if rendezvous is not None:

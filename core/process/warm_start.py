@@ -56,11 +56,23 @@ def deaf_helpers():
     """Around a process's start and its queues' making: multiprocessing's helper processes started
     now (the forkserver, the resource tracker) have SIGHUP and SIGTERM blocked for good. A tracker
     killed by a hang-up filled the output with its tracebacks ("process died unexpectedly").
-    Blocked, not ignored: one that arrives meanwhile waits for the front-end rather than being lost."""
+    Blocked, not ignored: one that arrives meanwhile waits for the front-end rather than being lost.
+    They start with PYTHONSAFEPATH=1 as well: multiprocessing starts them with `python -c`, which puts
+    the working folder first on sys.path, and Python 3.11's forkserver imports PRELOAD before it takes
+    the front-end's sys.path: a lmcockpit/ in the folder the command runs in (a clone's root, with a
+    regular install) was imported instead of ours, and the forkserver died. A process started meanwhile
+    keeps it (its Inherited environment is taken now): what an engine starts in turn (torchrun's
+    ranks) does not put the working folder first either."""
     saved = signal.pthread_sigmask(signal.SIG_BLOCK, DEAF)
+    safe_path = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
     try:
         yield
     finally:
+        if safe_path is None:
+            del os.environ["PYTHONSAFEPATH"]
+        else:
+            os.environ["PYTHONSAFEPATH"] = safe_path
         signal.pthread_sigmask(signal.SIG_SETMASK, saved)
 
 

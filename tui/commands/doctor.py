@@ -48,8 +48,9 @@ STYLE = {"ok": "green", "info": "cyan", "warn": "yellow", "FAIL": "bold red"}
 def torch_facts(env: dict[str, str]) -> tuple[dict | None, str]:
     """The child's JSON facts, or None and why there are none."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "lmcockpit.core.hardware.doctor"], capture_output=True, text=True,
-                              env=env, timeout=TORCH_CHECK_TIMEOUT)
+        # -P: the working folder not first on sys.path (a clone's lmcockpit/ would shadow the installed one)
+        proc = subprocess.run([sys.executable, "-P", "-m", "lmcockpit.core.hardware.doctor"], capture_output=True,
+                              text=True, env=env, timeout=TORCH_CHECK_TIMEOUT)
     except subprocess.TimeoutExpired:
         return None, f"the torch check did not finish in {TORCH_CHECK_TIMEOUT} s"
     lines = proc.stdout.strip().splitlines()

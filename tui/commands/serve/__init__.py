@@ -83,8 +83,9 @@ def is_loopback(host: str) -> bool:
 def cockpit_command() -> str:
     """The command each browser tab runs, as a shell line (textual-serve runs it through a shell,
     whose `exec` makes the cockpit this server's own child): this interpreter, so the cockpit is
-    the installation serving it, given this server's pid to quit with (`session`)."""
-    return "exec " + shlex.join([sys.executable, "-m", "lmcockpit.tui.commands.serve.session", str(os.getpid())])
+    the installation serving it (-P: not a lmcockpit/ in the working folder), given this server's pid
+    to quit with (`session`)."""
+    return "exec " + shlex.join([sys.executable, "-P", "-m", "lmcockpit.tui.commands.serve.session", str(os.getpid())])
 
 
 def bind_failure(host: str, port: int, e: OSError) -> str:
