@@ -174,19 +174,24 @@ def plant(folder: str, task: str, marker: str) -> None:
 def test_python_another_account_plants_beside_the_user_s_task_never_runs(shared, tmp_path, monkeypatch):
     """The user's task in a shared folder, which another account can add files to but not change
     the user's in: the harness is given the user's file alone, and scores it. Given the folder, it
-    took the planted YAML of the same `task:` (first, by name) and imported its Python as the user."""
+    took the planted YAML of the same `task:` (first, by name) and imported its Python as the user.
+    Nor are lm-eval's own tasks indexed, when the user names none of them."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     from lmcockpit.core.infer import harness
 
     task, marker = write_local_task(shared), tmp_path / "planted-python-ran"
     run_as_other(plant, str(shared), "python_bits", str(marker))
+    said = []
     try:
-        tasks = harness.resolve([task], log=lambda line: None)
+        tasks = harness.resolve([task], log=said.append)
     finally:
         assert not marker.exists(), "the planted Python ran"
     try:
         assert tasks.names == ["python_bits"]
+        # Task files alone: lm-eval's own 14,000 tasks are not indexed (12 s of CPU), only the user's.
+        assert tasks.manager.all_tasks == ["python_bits"]
+        assert said == ["eval: loading python_bits's dataset…"]
         entry = tasks.manager.task_index["python_bits"]
         assert Path(entry.yaml_path).parent == Path(tasks.include[0])  # the private copy, not the shared folder
         assert sorted(p.name for p in Path(tasks.include[0]).iterdir()) == ["1-python_bits.yaml"]
