@@ -10,6 +10,7 @@ import sys
 
 def report(name: str, events, commands) -> None:
     preloaded = "torch" in sys.modules  # before anything here could import it
+    modules = sorted({name.partition(".")[0] for name in sys.modules})
     with open("/proc/self/status", encoding="ascii") as fh:
         status = dict(line.split(":\t", 1) for line in fh.read().splitlines() if ":\t" in line)
     events.put({
@@ -19,6 +20,7 @@ def report(name: str, events, commands) -> None:
                          for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)},
         "blocked": sorted(s.name for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
         "preloaded": preloaded,
+        "modules": modules,
         "cwd": os.getcwd(),
         "parent": os.getppid(),
         "streams": [os.readlink(f"/proc/self/fd/{fd}") for fd in (1, 2)],

@@ -19,8 +19,10 @@ torch or the Hub reads as it is imported) starts its own, as from a shell.
 
 The server imports only the torch-free front-end (tests/test_layout.py keeps it torch-free), and
 nothing it imports reads the environment or the working folder at import, so a fork runs the
-command as a new interpreter would. Tests of signals and process groups start their commands as
-plain subprocesses (helpers.start_cli_run): a fork is the server's child, in its process group.
+command as a new interpreter would. A test that reads and signals a command as it runs has it as
+`Forked`, with subprocess.Popen's face (helpers.cli_popen); one that signals a whole process group
+(a terminal's hang-up, Ctrl-C to a job) starts a plain subprocess in a session of its own, whose own
+forkserver the signal then reaches too (helpers.start_cli_run(session=True)).
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ def _preload() -> None:
     for command in COMMANDS.values():
         importlib.import_module(command.module)
     assert "torch" not in sys.modules, "the front-end imported torch: a fork would not start as an interpreter does"
+    imported = set(NOT_IMPORTED) & {name.partition(".")[0] for name in sys.modules}
+    assert not imported, f"the front-end imported {sorted(imported)}: a command could not differ from us in UNREAD"
 
 
 def _warm_forkserver() -> dict[str, str]:
@@ -73,14 +77,19 @@ def _warm_forkserver() -> dict[str, str]:
 # Read only after an engine is forked, so a command may differ in them and share the forkserver:
 # pytest's name of the test; the inductor cache's folder, which torch writes into the environment at
 # a process's first compile (the test worker's, some time after the server started); the GPUs CUDA
-# may number (read as CUDA starts, never in a forkserver: warm_start says why); lmcockpit's test hooks.
-UNREAD = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "CUDA_VISIBLE_DEVICES")
-UNREAD_PREFIX = "LMCOCKPIT_TEST_"
+# may number (read as CUDA starts, never in a forkserver: warm_start says why); lmcockpit's test hooks;
+# the Hub's settings and the proxies, read by the Hub's and HTTP clients as they are imported or
+# connect, which neither this server nor the forkserver imports (NOT_IMPORTED: test_warm_start and
+# _preload hold them to it).
+UNREAD = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "CUDA_VISIBLE_DEVICES",
+          "NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy")
+UNREAD_PREFIXES = ("LMCOCKPIT_TEST_", "HF_", "TRANSFORMERS_")
+NOT_IMPORTED = ("huggingface_hub", "transformers", "datasets", "tokenizers", "requests", "httpx", "urllib3")
 
 
 def _read_before_fork(env: dict[str, str]) -> dict[str, str]:
     """The variables a forkserver may have read as it imported torch: those a sharer must match."""
-    return {k: v for k, v in env.items() if k not in UNREAD and not k.startswith(UNREAD_PREFIX)}
+    return {k: v for k, v in env.items() if k not in UNREAD and not k.startswith(UNREAD_PREFIXES)}
 
 
 def _same_environment(a: dict[str, str], b: dict[str, str]) -> bool:
@@ -219,24 +228,42 @@ def _the_server() -> _Server:
         return server
 
 
+def _start(args: list[str], cwd: Path | None, env: dict[str, str] | None, stdin: int
+           ) -> tuple[socket.socket, int, int, int]:
+    """The command forked, `stdin` its standard input: the connection its exit status comes on, its
+    pid, and the read ends of its stdout and stderr."""
+    server = _the_server()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    body = json.dumps({"args": list(args), "cwd": str(cwd or os.getcwd()),
+                       "env": dict(os.environ) if env is None else env}).encode()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(server.path)
+        socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [stdin, out_w, err_w])
+        pid = struct.unpack("!i", _exactly(conn, 4))[0]
+    except BaseException:
+        conn.close()
+        for fd in (out_r, err_r):
+            os.close(fd)
+        raise
+    finally:
+        for fd in (out_w, err_w):
+            os.close(fd)
+    return conn, pid, out_r, err_r
+
+
 def run(args: list[str], cwd: Path | None, env: dict[str, str] | None, timeout: float, input: str | None = None
         ) -> subprocess.CompletedProcess:
     """subprocess.run([python, -m, lmcockpit.tui.cli, *args], input=input, capture_output=True, text=True)
     as a fork."""
-    server = _the_server()
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
     in_r, in_w = os.pipe() if input is not None else (0, None)
-    body = json.dumps({"args": list(args), "cwd": str(cwd or os.getcwd()),
-                       "env": dict(os.environ) if env is None else env}).encode()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.connect(server.path)
-        try:
-            socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [in_r, out_w, err_w])
-        finally:
-            for fd in (out_w, err_w, *([in_r] if in_w is not None else [])):
-                os.close(fd)
-        pid = struct.unpack("!i", _exactly(conn, 4))[0]
+    try:
+        conn, pid, out_r, err_r = _start(args, cwd, env, in_r)
+    finally:
+        if in_w is not None:
+            os.close(in_r)
+    with conn:
         out, err = [], []
         readers = [threading.Thread(target=_drain, args=(fd, into), daemon=True) for fd, into in ((out_r, out), (err_r, err))]
         if in_w is not None:
@@ -253,6 +280,66 @@ def run(args: list[str], cwd: Path | None, env: dict[str, str] | None, timeout: 
             reader.join()
     return subprocess.CompletedProcess([sys.executable, "-m", "lmcockpit.tui.cli", *args], code,
                                        _text(b"".join(out)), _text(b"".join(err)))
+
+
+class Forked:
+    """subprocess.Popen([python, -m, lmcockpit.tui.cli, *args], stdout=PIPE, stderr=PIPE, text=True)
+    as a fork: the same pid to signal, text streams to read, poll, wait and communicate. Its process
+    group is the server's, itself in the test worker's, as a Popen'd command's is the worker's; a test
+    that needs a session of its own (a terminal's hang-up, Ctrl-C to the whole job) starts a real
+    subprocess, whose forkserver then meets the signal too."""
+
+    def __init__(self, args: list[str], cwd: Path | None = None, env: dict[str, str] | None = None):
+        self.args = [sys.executable, "-m", "lmcockpit.tui.cli", *args]
+        self._conn, self.pid, out_r, err_r = _start(args, cwd, env, 0)
+        # Text mode as subprocess's: the locale's encoding, universal newlines.
+        self.stdout = open(out_r, encoding=locale.getencoding())
+        self.stderr = open(err_r, encoding=locale.getencoding())
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+        threading.Thread(target=self._await_exit, daemon=True).start()
+
+    def _await_exit(self) -> None:
+        with self._conn:
+            try:
+                self.returncode = struct.unpack("!i", _exactly(self._conn, 4))[0]
+            finally:
+                self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:  # once reaped, its pid may be another process's
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """The rest of stdout and stderr, once the command has ended; each stream closed after."""
+        got: dict[str, str] = {}
+
+        def read(name: str, stream) -> None:
+            got[name] = "" if stream.closed else stream.read()
+            stream.close()
+
+        readers = [threading.Thread(target=read, args=(name, stream), daemon=True)
+                   for name, stream in (("out", self.stdout), ("err", self.stderr))]
+        for reader in readers:
+            reader.start()
+        self.wait(timeout)
+        for reader in readers:
+            reader.join(timeout)
+        return got.get("out", ""), got.get("err", "")
 
 
 def _text(data: bytes) -> str:

@@ -151,14 +151,21 @@ def losses(events) -> list[float]:
 
 # ----------------------------------------------------------------------------- the real command
 def cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None,
-        input: str | None = None) -> subprocess.CompletedProcess:
+        input: str | None = None, environ: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The real `lmcockpit` command, piped (so plain lines), as a user runs it, in a process of its own
     (forked from one that imported the front-end once: tests/cli_zygote.py); `env` adds to the
-    environment (`NO_GPU` hides every GPU from it and the engine it starts); `input` is its stdin."""
-    if env and any(key.startswith("PYTHON") for key in env):  # read when an interpreter starts: a new one
+    environment (`NO_GPU` hides every GPU from it and the engine it starts), `environ` is the whole of
+    it; `input` is its stdin."""
+    whole = environ if environ is not None else {**os.environ, **env} if env else None
+    if whole is not None and _new_interpreter(whole):
         return subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", *args], cwd=cwd, capture_output=True,
-                              text=True, timeout=timeout, env={**os.environ, **env}, input=input)
-    return cli_zygote.run(list(args), cwd, {**os.environ, **env} if env else None, timeout, input)
+                              text=True, timeout=timeout, env=whole, input=input)
+    return cli_zygote.run(list(args), cwd, whole, timeout, input)
+
+
+def _new_interpreter(env: dict[str, str]) -> bool:
+    """PYTHON* variables are read as an interpreter starts: a command with others than ours needs a new one."""
+    return any(k.startswith("PYTHON") and env.get(k) != os.environ.get(k) for k in {*env, *os.environ})
 
 
 # CUDA numbers only the GPUs CUDA_VISIBLE_DEVICES lists: empty, torch sees none. Tests that mean "a
@@ -170,14 +177,41 @@ def as_flags(overrides: list[str]) -> list[str]:
     return [a for s in overrides for a in ("--set", s)]
 
 
-def start_cli_run(out: Path, *overrides: str, until: str = "step 4/", session: bool = False) -> subprocess.Popen:
+def cli_popen(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+              ) -> subprocess.Popen | cli_zygote.Forked:
+    """The real `lmcockpit` command started, piped, for a test to read and signal as it runs (as
+    subprocess.Popen(..., stdout=PIPE, stderr=PIPE, text=True)); forked as cli() forks it. Its engine
+    is not its child but the shared forkserver's: `engine_of(run)` finds it."""
+    whole = {**os.environ, **env} if env else None
+    if whole is not None and _new_interpreter(whole):
+        return subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=whole)
+    return cli_zygote.Forked(list(args), cwd, whole)
+
+
+def engine_of(run: Path) -> psutil.Process:
+    """The engine training in run folder `run`: the pid it wrote into the folder's lock as it took it."""
+    from lmcockpit.core.run.folder import LOCK
+
+    wait_until(lambda: (run / LOCK).exists() and (run / LOCK).read_text().strip(), 60, "the engine's lock")
+    return psutil.Process(int((run / LOCK).read_text()))
+
+
+def start_cli_run(out: Path, *overrides: str, until: str = "step 4/", session: bool = False,
+                  env: dict[str, str] | None = None) -> subprocess.Popen | cli_zygote.Forked:
     """A long tiny run through the real CLI, piped; returns once it printed a line starting with
     `until` (so training is really under way), the rest of its output still to be read. `session`:
-    in a process group of its own, as a terminal's job is (its leader's pid is the group's)."""
-    proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug",
-                             *as_flags([*TINY, "training.max_steps=100000", "eval.every=0", *overrides]),
-                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=session)
+    in a process group of its own, as a terminal's job is (its leader's pid is the group's): a
+    process of its own with its own forkserver, which a signal to the group reaches too. `env` adds to
+    the environment, as cli()'s does."""
+    args = ["--run", "debug", *as_flags([*TINY, "training.max_steps=100000", "eval.every=0", *overrides]),
+            "--out", str(out)]
+    if session:
+        proc = subprocess.Popen([sys.executable, "-m", "lmcockpit.tui.cli", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                env={**os.environ, **(env or {})})
+    else:
+        proc = cli_popen(*args, env=env)
     for line in proc.stdout:
         if line.startswith(until):
             break

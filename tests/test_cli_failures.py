@@ -29,6 +29,7 @@ from lmcockpit.core.process.viewer import RunViewer
 from lmcockpit.core.run.folder import create_run_dir
 from lmcockpit.tui.app import CockpitApp
 
+from . import helpers
 from .helpers import (
     NO_GPU, TINY, as_flags, cli, dashboard, engines_of, last_step, request, run_server, stop, tiny_config, wait_for, wait_until,
 )
@@ -251,7 +252,7 @@ def test_attaching_to_a_host_that_never_answers_gives_up_with_a_message(tmp_path
 def test_ctrl_c_while_attach_waits_for_the_host_exits_130_without_a_traceback(tmp_path):
     listener = silent_host(tmp_path)
     listener.settimeout(60)
-    proc = cli_popen("attach", str(tmp_path))
+    proc = helpers.cli_popen("attach", str(tmp_path))
     try:
         conn, _ = listener.accept()  # connected: the command now waits for the host's first word
         proc.send_signal(signal.SIGINT)

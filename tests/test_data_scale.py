@@ -26,7 +26,7 @@ from lmcockpit.core.config import ConfigError, DataConfig
 from lmcockpit.core.data import build, cache, readers, sources, spool, store
 from lmcockpit.core.data.prepare import prepare
 
-from .helpers import WORDS, documents, records, texts_of, tiny_config, write_jsonl
+from .helpers import WORDS, cli, documents, records, texts_of, tiny_config, write_jsonl
 
 # ------------------------------------------------------------------------------------- formats
 def test_every_format_yields_the_documents_of_its_jsonl_twin(tmp_path):
@@ -269,9 +269,8 @@ def test_a_lone_surrogate_in_a_json_line_is_replaced_not_fatal(tmp_path, surroga
 def test_an_hf_source_offline_exits_2_with_the_download_command(tmp_path, offline):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update({offline: "1", "HF_HOME": str(tmp_path / "hf")})
-    proc = subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug", "--set",
-                           'data.source="hf:HuggingFaceFW/fineweb-edu/sample/10BT"', "--out", str(tmp_path / "run")],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = cli("--run", "debug", "--set", 'data.source="hf:HuggingFaceFW/fineweb-edu/sample/10BT"',
+               "--out", str(tmp_path / "run"), environ=env)
     assert proc.returncode == 2, proc.stderr
     assert f"{offline} is set" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
     assert ("hf download HuggingFaceFW/fineweb-edu --repo-type dataset --include 'sample/10BT/*' --local-dir DIR"

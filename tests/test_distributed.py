@@ -9,8 +9,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -19,7 +17,7 @@ import pytest
 from lmcockpit.core import protocol as P
 from lmcockpit.core.process.launcher import first_failure, write_record
 from lmcockpit.core.run.folder import METRICS, TRAIN_LOG
-from tests.helpers import TINY, as_flags, cli, drive_engine, engines_of, losses, tiny_config
+from tests.helpers import TINY, as_flags, cli, cli_popen, drive_engine, engine_of, losses, tiny_config
 
 # Three eval batches over two ranks: under FSDP rank 1 must run a forward pass it does not count.
 STEPS = ["training.max_steps=10", "eval.every=5", "eval.batches=3", "checkpoint.every=5", "training.log_every=1",
@@ -196,10 +194,9 @@ def test_a_killed_rank_ends_the_whole_run_naming_it(tmp_path):
     """SIGKILL rank 1 mid-run: the run ends by itself (exit 1) with every process of it gone, and
     the message names rank 1 first (not rank 0, which only lost its peer). The deadline is a
     ceiling for a hang, far above the few seconds this takes on an idle machine."""
-    cmd = [sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug", "--nproc", "2",
-           *as_flags([*TINY, "training.max_steps=100000", "eval.every=0", "training.log_every=1"]),
-           "--out", str(tmp_path / "run")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = cli_popen("--run", "debug", "--nproc", "2",
+                     *as_flags([*TINY, "training.max_steps=100000", "eval.every=0", "training.log_every=1"]),
+                     "--out", str(tmp_path / "run"))
     pids = {}
     for line in proc.stdout:
         if m := re.match(r"(rank\d: )?lmcockpit .* \| pid (\d+)$", line.strip()):
@@ -259,10 +256,9 @@ def test_two_machines_meet_through_the_rendezvous_and_share_one_run_folder(tmp_p
     one run of two ranks, both write the one run folder, and its checkpoint resumes on one."""
     port = free_port()
     out = tmp_path / "shared"
-    cmd = [sys.executable, "-m", "lmcockpit.tui.cli", "--run", "debug", *as_flags([*TINY, *STEPS]), "--nproc", "1",
-           "--nnodes", "2", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", "shared-run", "--out", str(out)]
-    nodes = [subprocess.Popen([*cmd, "--node-rank", str(k)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for k in (0, 1)]
+    args = ["--run", "debug", *as_flags([*TINY, *STEPS]), "--nproc", "1", "--nnodes", "2",
+            "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", "shared-run", "--out", str(out)]
+    nodes = [cli_popen(*args, "--node-rank", str(k)) for k in (0, 1)]
     results = [p.communicate(timeout=300) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], results
     stdout = "".join(o for o, _ in results)
@@ -319,7 +315,7 @@ def test_a_killed_front_end_makes_every_rank_checkpoint_and_stop(tmp_path):
 
     out = tmp_path / "run"
     proc = start_cli_run(out, "distributed.nproc=2", until="step 4/")
-    engine = engines_of(proc.pid)[0]
+    engine = engine_of(out)
     everyone = [engine, *engine.children(recursive=True)]
     proc.kill()
     proc.wait()

@@ -11,7 +11,6 @@ import json
 import random
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from lmcockpit.core.config import ConfigError, load_config
 from lmcockpit.core.hardware import memory_estimate
 
 from .fake_hub import FakeHub
-from .helpers import hub_env
+from .helpers import cli, hub_env
 
 PRESET = "gpt2-fineweb"
 DATASET, SAMPLE = "HuggingFaceFW/fineweb", "sample/10BT"
@@ -92,15 +91,12 @@ def flags(*overrides: str) -> list[str]:
 
 
 def run(env: dict[str, str], out: Path, cache: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "--run", PRESET, "--out", str(out),
-                           *flags(*SMALL, f'data.cache_dir="{cache}"', *overrides)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    return cli("--run", PRESET, "--out", str(out), *flags(*SMALL, f'data.cache_dir="{cache}"', *overrides),
+               environ=env, timeout=600)
 
 
 def prepare(env: dict[str, str], cache: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "data", "prepare", PRESET,
-                           *flags(*SMALL, f'data.cache_dir="{cache}"', *overrides)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return cli("data", "prepare", PRESET, *flags(*SMALL, f'data.cache_dir="{cache}"', *overrides), environ=env)
 
 
 def metrics(run_dir: Path, kind: str) -> list[dict]:
@@ -203,8 +199,7 @@ def test_offline_a_second_run_reuses_the_fetched_tokenizer(trained, tmp_path):
 def test_the_presets_command_lists_it_without_the_network(trained):
     hub, env, tmp, first = trained
     seen = len(hub.requests)
-    proc = subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "presets"], capture_output=True, text=True,
-                          env=env, timeout=120)
+    proc = cli("presets", environ=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     (row,) = [line for line in proc.stdout.splitlines() if line.split() and line.split()[0] == PRESET]
     assert "H100" in row and "123.6M" in row and "524,288" in row and row.rstrip().endswith("fits")

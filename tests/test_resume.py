@@ -14,7 +14,7 @@ from lmcockpit.core import protocol as P
 from lmcockpit.core.config import ConfigError
 from lmcockpit.core.run.folder import latest_checkpoint, read_metrics
 
-from .helpers import as_flags, cli, drive_engine, engines_of, start_cli_run, tiny_config
+from .helpers import as_flags, cli, drive_engine, engine_of, start_cli_run, tiny_config
 
 LONG = ["training.max_steps=40", "checkpoint.every=20", "checkpoint.keep=5", "eval.every=0"]
 
@@ -138,7 +138,7 @@ def test_a_closed_output_pipe_stops_the_run_like_a_hang_up(tmp_path):
 
     out = tmp_path / "run"
     proc = start_cli_run(out)
-    engine = psutil.Process(proc.pid).children(recursive=True)
+    engine = [engine_of(out)]
     proc.stdout.close()
     try:
         assert proc.wait(timeout=120) == 130, proc.stderr.read()
@@ -693,7 +693,7 @@ def test_a_killed_front_end_makes_the_engine_checkpoint_and_stop(tmp_path):
     unseen, nor die mid-write."""
     out = tmp_path / "run"
     proc = start_cli_run(out)
-    engine = engines_of(proc.pid)[0]
+    engine = engine_of(out)
     proc.kill()
     proc.wait()
     engine.wait(timeout=120)  # it ends by itself

@@ -15,6 +15,7 @@ import pytest
 
 from lmcockpit.core.process.runner import ProcessHandle
 
+from . import cli_zygote
 from .child_probe import report
 
 pytestmark = pytest.mark.slow  # a forkserver is a process: the first start imports torch in it
@@ -54,6 +55,9 @@ def test_a_process_is_born_with_the_front_ends_state_of_its_start_from_a_warm_fo
         signal.signal(signal.SIGHUP, saved)
     assert second["parent"] == server.pid  # the same forkserver: no second import of torch
     assert second["preloaded"], "torch was not imported in the forkserver"
+    # Nor a Hub or HTTP client: their settings may then differ between the forkserver and a command
+    # that shares it (tests/cli_zygote.py's UNREAD).
+    assert not set(cli_zygote.NOT_IMPORTED) & set(second["modules"])
     assert second["value"] == "set since" and second["umask"] == 0o027 and Path(second["cwd"]) == tmp_path
     assert second["dispositions"] == {"SIGINT": "SIG_IGN", "SIGTERM": "SIG_DFL", "SIGHUP": "SIG_IGN"}
     assert second["blocked"] == []
