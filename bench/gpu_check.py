@@ -8,7 +8,8 @@ Parts, in the order they run (each appends its own section, so they can also run
   MFU as the entry to add to compute_estimate.MEASURED_MFU (issue 42: time estimates stop being
   marked as assumed for that card);
 * torchrun: issue 8's check, the same `h100` run through the multi-process launcher with
-  `--nproc 1` (torchrun's elastic agent, one NCCL rank, DDP): same table;
+  `--nproc 1` (torchrun's elastic agent, one NCCL rank, DDP; the rank a fork of the launcher's
+  forkserver since session 29, so CUDA and NCCL first start in a fork there): same table;
 * memory: the estimator against measured `torch.cuda.max_memory_allocated` for the `h100`,
   `3090`, `4090` and `4070ti` presets, each in a fresh process whose allocator is capped with
   `torch.cuda.set_per_process_memory_fraction` to its card's memory (minus the CUDA context memory_estimate.py

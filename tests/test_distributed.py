@@ -218,6 +218,12 @@ def test_a_killed_rank_ends_the_whole_run_naming_it(tmp_path):
     assert "rank 1 failed first" in (tmp_path / "run" / METRICS).read_text()
 
 
+def _blocked(pid: int) -> int:
+    """The process's mask of blocked signals."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^SigBlk:\s*([0-9a-f]+)", status, re.M).group(1), 16)
+
+
 def _running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -317,6 +323,11 @@ def test_a_killed_front_end_makes_every_rank_checkpoint_and_stop(tmp_path):
     proc = start_cli_run(out, "distributed.nproc=2", until="step 4/")
     engine = engine_of(out)
     everyone = [engine, *engine.children(recursive=True)]
+    # The ranks are forks of one forkserver the engine started (torch imported once, not per rank),
+    # born as spawn made them: no signal blocked (the forkserver's SIGHUP and SIGTERM are).
+    (server,) = [c for c in engine.children() if "multiprocessing.forkserver" in " ".join(c.cmdline())]
+    ranks = server.children()
+    assert len(ranks) == 2 and [_blocked(r.pid) for r in ranks] == [0, 0]
     proc.kill()
     proc.wait()
     psutil.wait_procs(everyone, timeout=120)

@@ -2,8 +2,10 @@
 
 The engine process (started by the front-end, holding its two queues) calls torch's elastic
 launcher, the code `torchrun` runs, with the run's rendezvous: it starts distributed.nproc ranks on
-this machine with `spawn`, each running `worker`, and meets the other machines' launchers for a
-multi-node run. The queues travel into the ranks: rank 0 reads the front-end's commands and emits
+this machine, each running `worker`, and meets the other machines' launchers for a multi-node run.
+The ranks are forks of one forkserver the engine starts first (warm_start: torch imported once, not
+in each rank; a fresh interpreter, no CUDA context), born as `spawn` made them: the engine's
+environment and signal dispositions of the moment, SIGHUP and SIGTERM unblocked first thing. The queues travel into the ranks: rank 0 reads the front-end's commands and emits
 the run's events; every rank's stdout and stderr lines reach train.log and the log pane tagged
 `rankN: `.
 
@@ -30,12 +32,14 @@ import tempfile
 import threading
 import time
 import traceback
+from multiprocessing import forkserver
 from pathlib import Path
 
 from .. import protocol as P
 from ..config import config_from_dict
 from ..run.folder import METRICS, MetricsLog, TRAIN_LOG, tail_rows
 from .child import Commands, LogPump, early_signal, flush_events, run_header, stop_signals, train
+from . import warm_start
 from .rendezvous import Rendezvous
 
 SHUTDOWN_GRACE = 15  # s from torchrun's SIGTERM to its SIGKILL, when one rank failed
@@ -58,12 +62,18 @@ def train_on_ranks(run_dir: str, config: dict, resume_from: str | None, rendezvo
     _forward_stops(commands)
     if "OMP_NUM_THREADS" not in os.environ:  # torchrun's rule, but sharing the cores rather than 1 each
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // d.nproc))
+    # Started now, with the environment the ranks are to have (the forkserver keeps the one it starts
+    # with) and deaf: a hang-up to the process group must reach the ranks, not the process that
+    # tells torchrun how they ended.
+    warm_start.context(warm_start.ENGINE)
+    with warm_start.deaf_helpers():
+        forkserver.ensure_running()
     endpoint = rendezvous.endpoint_or_local
     launch_cfg = LaunchConfig(
         min_nodes=d.nnodes, max_nodes=d.nnodes, nproc_per_node=d.nproc, run_id=rendezvous.run_id,
         rdzv_backend=rendezvous.backend, rdzv_endpoint=endpoint,
         rdzv_configs={"rank": rendezvous.node_rank} if rendezvous.backend == "static" else {},
-        max_restarts=0, monitor_interval=0.1, start_method="spawn",
+        max_restarts=0, monitor_interval=0.1, start_method="forkserver",
         # The agent's own handlers would SIGTERM the ranks at once; SIGTERM and SIGHUP go through
         # _forward_stops instead (an agreed stop with a checkpoint). SIGQUIT stays "stop now".
         signals_to_handle="SIGQUIT", shutdown_timeout=SHUTDOWN_GRACE)
@@ -127,6 +137,7 @@ def _forward_stops(commands) -> None:
 def worker(run_dir: str, config: dict, resume_from: str | None, events, commands, records: str) -> str:
     """One rank (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK). Returns its final state; a failure
     is recorded for the launcher and ends the process with exit code 1."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, warm_start.DEAF)  # the forkserver's, not spawn's
     rank = int(os.environ["RANK"])
     pump = LogPump(Path(run_dir) / TRAIN_LOG, events, prefix=f"rank{rank}: ")
     cmds = Commands(commands if rank == 0 else None)
