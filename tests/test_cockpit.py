@@ -382,7 +382,9 @@ async def test_after_a_run_ends_n_goes_back_to_the_launch_screen_which_lists_it(
         assert run_dir.parent == tmp_path / "runs"
         runs = launch.query_one("#runs")
         assert [row.value for row in runs.rows] == [str(run_dir)]
-        assert any(run_dir.name in line and "aborted" in line for line in shown_in(app, runs))  # as the dashboard said
+        # as the dashboard said; the host may still be closing (its live row, refreshed every 2 s)
+        await wait_for(pilot, lambda: any(run_dir.name in line and "aborted" in line for line in shown_in(app, runs)),
+                       what="the run listed as aborted")
         await pilot.press("q")
     assert app.return_code == 0
     dash.engine.join(timeout=30)
