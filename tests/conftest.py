@@ -5,6 +5,8 @@ here for a test that still does."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import shutil
 import socket
@@ -26,7 +28,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from .helpers import (  # noqa: F401 - the names tests imported from here before helpers.py held them
     NO_GPU, PINNED_FP32, SERVE, SHRINK_CPU, TINY, TRAINED_RUN, Served, Terminal, as_flags, cli, cpu_verdict,
-    drive_engine, ema, fill, losses, start_cli_run, tiny_config,
+    drive_engine, ema, fill, losses, start_cli_run, tiny_config, trained_cache,
 )
 
 
@@ -101,11 +103,34 @@ def small_disk(tmp_path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def trained_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+def trained_run(tmp_path_factory, isolated_cache) -> tuple[Path, subprocess.CompletedProcess]:
     """One shrunk cpu-preset run through the CLI, compiled, shared by the tests that only read
-    what it left behind."""
-    out = tmp_path_factory.mktemp("trained") / "run"
-    return out, cli(*TRAINED_RUN, "--out", str(out))
+    what it left behind: by every test worker of the session, the first that needs it training it
+    (another that needs it meanwhile waits on the lock; in CI the compile alone, with a cold inductor
+    cache, was ~40 s of CPU a worker). Its token cache is a folder of its own, beside it
+    (`trained_cache`), which a test that runs the same command again must name."""
+    root = _session_folder(tmp_path_factory) / "trained"
+    root.mkdir(exist_ok=True)
+    out, result = root / "run", root / "result.json"
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not result.exists():
+            cache = trained_cache((out, None))
+            cache.mkdir(parents=True, exist_ok=True)
+            shutil.copy(isolated_cache / cpu_precision.CACHE_FILE, cache)  # the suite's pinned fp32
+            proc = cli(*TRAINED_RUN, "--out", str(out), env={"XDG_CACHE_HOME": str(cache.parent)})
+            written = root / ".result.json"
+            written.write_text(json.dumps([proc.returncode, proc.stdout, proc.stderr]))
+            os.replace(written, result)
+    code, stdout, stderr = json.loads(result.read_text())
+    return out, subprocess.CompletedProcess(["lmcockpit", *TRAINED_RUN, "--out", str(out)], code, stdout, stderr)
+
+
+def _session_folder(tmp_path_factory) -> Path:
+    """A folder of this session's, shared by its test workers (pytest-xdist's are each in a folder of
+    their own under the session's)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 
 from lmcockpit.core.run.folder import latest_checkpoint, read_metrics
 
-from .helpers import TINY, TRAINED_RUN, as_flags, cli
+from .helpers import TINY, TRAINED_RUN, as_flags, cli, trained_cache
 
 XTERM = {"TERM": "xterm-256color"}
 
@@ -34,7 +34,8 @@ def test_set_overrides_land_in_the_resolved_config(trained_run):
 def test_the_same_run_again_reuses_the_data_cache_and_repeats_every_loss(trained_run, tmp_path):
     """Compiled, too: torch.compile on CPU scatters the embedding gradient with atomic adds unless
     deterministic algorithms are on, and without them these losses differ around 1e-4 by step 6."""
-    proc = cli(*TRAINED_RUN, "--out", str(tmp_path / "again"))
+    proc = cli(*TRAINED_RUN, "--out", str(tmp_path / "again"),
+               env={"XDG_CACHE_HOME": str(trained_cache(trained_run).parent)})
     assert proc.returncode == 0, proc.stderr
     assert "reusing token cache" in proc.stdout
     assert "trained a byte-level BPE" not in proc.stdout
