@@ -339,7 +339,9 @@ class Forked:
         self.wait(timeout)
         for reader in readers:
             reader.join(timeout)
-        return got.get("out", ""), got.get("err", "")
+            if reader.is_alive():  # a child of the command still holds the stream open
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return got["out"], got["err"]
 
 
 def _text(data: bytes) -> str:

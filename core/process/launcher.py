@@ -5,9 +5,9 @@ launcher, the code `torchrun` runs, with the run's rendezvous: it starts distrib
 this machine, each running `worker`, and meets the other machines' launchers for a multi-node run.
 The ranks are forks of one forkserver the engine starts first (warm_start: torch imported once, not
 in each rank; a fresh interpreter, no CUDA context), born as `spawn` made them: the engine's
-environment and signal dispositions of the moment, SIGHUP and SIGTERM unblocked first thing. The queues travel into the ranks: rank 0 reads the front-end's commands and emits
-the run's events; every rank's stdout and stderr lines reach train.log and the log pane tagged
-`rankN: `.
+environment and signal dispositions of the moment, SIGHUP and SIGTERM unblocked first thing. The
+queues travel into the ranks: rank 0 reads the front-end's commands and emits the run's events;
+every rank's stdout and stderr lines reach train.log and the log pane tagged `rankN: `.
 
 Ending. Ranks return their final state; rank 0's is the run's. SIGTERM or SIGHUP to the engine,
 or a front-end that vanished, become "checkpoint and stop" for rank 0, which the ranks agree on
