@@ -260,6 +260,10 @@ def run(args: list[str], cwd: Path | None, env: dict[str, str] | None, timeout: 
     in_r, in_w = os.pipe() if input is not None else (0, None)
     try:
         conn, pid, out_r, err_r = _start(args, cwd, env, in_r)
+    except BaseException:
+        if in_w is not None:
+            os.close(in_w)
+        raise
     finally:
         if in_w is not None:
             os.close(in_r)

@@ -115,7 +115,7 @@ def trained_run(tmp_path_factory, isolated_cache) -> tuple[Path, subprocess.Comp
     with open(root / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not result.exists():
-            cache = trained_cache((out, None))
+            cache = trained_cache(out)
             cache.mkdir(parents=True, exist_ok=True)
             shutil.copy(isolated_cache / cpu_precision.CACHE_FILE, cache)  # the suite's pinned fp32
             proc = cli(*TRAINED_RUN, "--out", str(out), env={"XDG_CACHE_HOME": str(cache.parent)})

@@ -223,10 +223,10 @@ TRAINED_RUN = ("--run", "cpu", *as_flags([*SHRINK_CPU, *TINY, "sample.prompts=[\
                                           "eval.tasks=[\"python-functions\"]"]))
 
 
-def trained_cache(trained_run: tuple[Path, object]) -> Path:
-    """The token cache folder (as under $XDG_CACHE_HOME/lmcockpit) the trained_run fixture's run was
+def trained_cache(run: Path) -> Path:
+    """The token cache folder (as under $XDG_CACHE_HOME/lmcockpit) the trained_run fixture's `run` was
     made with: its own, since the run is every test worker's."""
-    return trained_run[0].parent / "xdg-cache" / "lmcockpit"
+    return run.parent / "xdg-cache" / "lmcockpit"
 
 
 # A small corpus and a BPE that trains in a second: the build is what is under test, not its size.

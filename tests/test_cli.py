@@ -35,7 +35,7 @@ def test_the_same_run_again_reuses_the_data_cache_and_repeats_every_loss(trained
     """Compiled, too: torch.compile on CPU scatters the embedding gradient with atomic adds unless
     deterministic algorithms are on, and without them these losses differ around 1e-4 by step 6."""
     proc = cli(*TRAINED_RUN, "--out", str(tmp_path / "again"),
-               env={"XDG_CACHE_HOME": str(trained_cache(trained_run).parent)})
+               env={"XDG_CACHE_HOME": str(trained_cache(trained_run[0]).parent)})
     assert proc.returncode == 0, proc.stderr
     assert "reusing token cache" in proc.stdout
     assert "trained a byte-level BPE" not in proc.stdout
