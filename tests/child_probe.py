@@ -25,3 +25,7 @@ def report(name: str, events, commands) -> None:
         "parent": os.getppid(),
         "streams": [os.readlink(f"/proc/self/fd/{fd}") for fd in (1, 2)],
     })
+
+
+def exits(code: int, events, commands) -> None:
+    os._exit(code)

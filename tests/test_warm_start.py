@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 from lmcockpit.core.process.runner import ProcessHandle
 
 from . import cli_zygote
-from .child_probe import report
+from .child_probe import exits, report
 
 pytestmark = pytest.mark.slow  # a forkserver is a process: the first start imports torch in it
 
@@ -95,3 +96,30 @@ def test_the_forkserver_never_hears_a_hang_up_or_sigterm_its_process_group_gets(
         assert blocked & 1 << (sig - 1), sig.name
     # and this process is left as it was: its own mask has neither
     assert not {signal.SIGHUP, signal.SIGTERM} & signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_an_exit_code_asked_for_by_several_threads_at_once_is_the_code_it_exited_with():
+    """The chat window's closer joins its engine while the event reader asks whether it lives: the
+    forkserver sends an exit code once, and a second thread reading it got the pipe's end, which
+    multiprocessing reports as 255 (a chat closed cleanly, shown as a crash). Each exit here is
+    asked for by three threads at once, as the window's closer, reader and the UI do."""
+    for _ in range(20):
+        handle = ProcessHandle(exits, (3,))
+        handle.start()
+        start = threading.Barrier(3)
+
+        def ask() -> None:
+            start.wait()
+            while handle.process.is_alive():
+                pass
+
+        askers = [threading.Thread(target=ask) for _ in range(2)]
+        for asker in askers:
+            asker.start()
+        start.wait()
+        handle.join()
+        for asker in askers:
+            asker.join()
+        assert handle.process.exitcode == 3
+        handle.poll(timeout=0)  # no event came: the death is noticed, with the code it read
+        assert handle.failure.message == "the lmcockpit-engine process exited with code 3 without reporting why"

@@ -62,8 +62,8 @@ class ProcessHandle:
         with _real_streams(), warm_start.deaf_helpers():
             self.events = ctx.Queue()
             self.commands = ctx.Queue()
-        self.process = ctx.Process(target=warm_start.as_if_spawned, name=self.process_name,
-                                   args=(warm_start.Inherited(), target, *args, self.events, self.commands))
+        self.process = warm_start.Process(target=warm_start.as_if_spawned, name=self.process_name,
+                                          args=(warm_start.Inherited(), target, *args, self.events, self.commands))
         self.final_state: str | None = None
         self.failure: P.Failure | None = None
 

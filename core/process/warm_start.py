@@ -32,7 +32,9 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
-from multiprocessing import reduction
+import threading
+from multiprocessing import connection, popen_forkserver, reduction
+from multiprocessing.context import ForkServerProcess
 
 from ..run.safe_files import current_umask
 
@@ -49,6 +51,34 @@ def context(preload: tuple[str, ...]):
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(preload))
     return ctx
+
+
+class Process(ForkServerProcess):
+    """multiprocessing's forkserver process, whose exit code any number of threads may ask for."""
+
+    @staticmethod
+    def _Popen(process_obj):
+        return _Popen(process_obj)
+
+
+class _Popen(popen_forkserver.Popen):
+    """The forkserver sends a child's exit code once, on a pipe that then closes: its Popen reads
+    it in poll() with no lock, and of two threads that both saw it ready one read the code and the
+    other the pipe's end, which multiprocessing takes for a dead forkserver and reports as exit code
+    255. The cockpit's chat window closing did it (its closer joined while the event reader asked
+    is_alive): 157 exits of 200 read as 255 with two threads polling beside a join, on 2 cores. The
+    read is made under a lock; a blocking wait for the exit comes before it, outside the lock, so
+    other threads still poll meanwhile."""
+
+    def __init__(self, process_obj):
+        self._read_once = threading.Lock()
+        super().__init__(process_obj)
+
+    def poll(self, flag=os.WNOHANG):
+        if flag != os.WNOHANG and self.returncode is None:
+            connection.wait([self.sentinel])
+        with self._read_once:
+            return super().poll(os.WNOHANG)
 
 
 @contextlib.contextmanager
