@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -123,3 +125,19 @@ def test_an_exit_code_asked_for_by_several_threads_at_once_is_the_code_it_exited
         assert handle.process.exitcode == 3
         handle.poll(timeout=0)  # no event came: the death is noticed, with the code it read
         assert handle.failure.message == "the lmcockpit-engine process exited with code 3 without reporting why"
+
+
+def test_a_forkserver_started_in_the_same_breath_as_its_resource_tracker_is_deaf_as_well():
+    """multiprocessing unblocks SIGTERM in the starting thread once it has spawned its resource
+    tracker (bpo-33613): a forkserver spawned next, in the same deaf block, heard SIGTERM (the
+    launcher's for torchrun's ranks; a front-end's first run host). A fresh front-end, so that
+    neither is running yet."""
+    script = ("import psutil\nfrom multiprocessing import forkserver\nfrom lmcockpit.core.process import warm_start\n"
+              "warm_start.context(())\nwith warm_start.deaf_helpers():\n    forkserver.ensure_running()\n"
+              "for c in psutil.Process().children():\n"
+              "    if 'multiprocessing.forkserver' in ' '.join(c.cmdline()):\n"
+              "        print(open(f'/proc/{c.pid}/status').read())\n")
+    status = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True).stdout
+    blocked = int(next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        assert blocked & 1 << (sig - 1), sig.name

@@ -23,6 +23,7 @@ from rich.text import Text
 
 from ..core import protocol as P
 from ..core.process import host
+from ..core.process.detached import Detached
 from ..core.process.report import Reports
 from .headless import EXIT_CODES, progress_line
 from .runplan import RunPlan, discard_unstarted_run
@@ -80,7 +81,7 @@ def failed(why: str) -> None:
     new_console(stderr=True).print(Text(f"run failed: {why}"), style="bold red")
 
 
-def ended(proc: subprocess.Popen, timeout: float) -> bool:
+def ended(proc: Detached, timeout: float) -> bool:
     """Whether the host has exited, waiting `timeout` seconds at most."""
     try:
         proc.wait(timeout)

@@ -1,9 +1,10 @@
 """The run host: owns a detachable run's engine, outlives every front-end, serves any number of viewers.
 
-`lmcockpit` (the cockpit) and `lmcockpit PRESET --detach` start runs through a host: a small
-torch-free process in a session of its own (so a closed terminal or a dropped SSH connection
-sends it no SIGHUP), which starts the engine exactly as a front-end would (runner.EngineProcess,
-multiprocessing queues) and stays its parent: the engine's "my front-end is gone" rule now means
+`lmcockpit` (the cockpit) and `lmcockpit PRESET --detach` start runs through a host: a fork of
+the front-end's forkserver in a session of its own, nobody's child (detached.py: so a closed
+terminal or a dropped SSH connection sends it no SIGHUP, and the front-end may quit), which starts
+the engine as a front-end would (runner.EngineProcess, multiprocessing queues; a plain fork of
+the host, which holds the forkserver's imports) and stays its parent: the engine's "my front-end is gone" rule now means
 "the host is gone". The host serves the run on a Unix socket (live.py says where, and how a viewer
 proves it may attach):
 
@@ -33,19 +34,14 @@ Headless `--run` keeps owning its engine directly: a signal there still checkpoi
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
-import json
 import os
 import queue
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from dataclasses import asdict
 from multiprocessing import AuthenticationError, connection
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -56,7 +52,7 @@ from ..run import history_file
 from ..run.folder import CONFIG, TRAIN_LOG, tail_lines
 from ..run.safe_files import fresh_runtime_dir, open_log
 from ..run.state import RunState
-from . import live
+from . import detached, live, warm_start
 from .rendezvous import Rendezvous
 from .report import Reports, StartReport
 from .runner import EngineProcess
@@ -66,6 +62,7 @@ from .stall import StallWatch
 VIEWER_QUEUE = 4096  # events held for one viewer before it counts as fallen behind
 LOG_HISTORY_BYTES = 256 * 1024  # the end of train.log a resumed run's viewers are shown: read, not the whole log
 RECORD_EVERY = 1.0  # seconds between rewrites of live.json's summary
+PRELOAD = (*warm_start.ENGINE, "lmcockpit.core.process.host")  # a forkserver that starts a host imports them
 HOST_LOG = "host.log"  # the host's own stdout and stderr: what went wrong before it could serve
 HANDSHAKE_LIMIT = 10.0  # seconds a connection has to prove the key; a viewer takes milliseconds
 ACCEPT_BACKOFF = 0.2  # seconds between tries to accept while the process has no descriptor to spare
@@ -375,13 +372,21 @@ class Summary:
             self.record.write()
 
 
-def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None, ready_fd: int | None = None,
-         label: str = "") -> int:
+def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None, label: str = "",
+         ready_fd: int | None = None) -> int:
     """Run the engine to its end, serving it meanwhile. Exit code: the engine's outcome."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no terminal is ours; a stray hang-up changes nothing
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     cfg = config_from_dict(read_toml(run_dir / CONFIG), source=str(run_dir / CONFIG))
-    engine = EngineProcess(cfg, run_dir, resume_from, rendezvous)
+    report = StartReport(ready_fd)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    started = time.time()
+    run = run_so_far(run_dir)  # before the engine writes a row: each is folded once
+    # A fork of this process, which holds the forkserver's imports (detached.py): first, while
+    # nothing here has started a thread that a fork would copy mid-step.
+    engine = EngineProcess(cfg, run_dir, resume_from, rendezvous, fork=True)
+    engine.start()
 
     def log(text: str) -> None:
         line = f"host: {text}"
@@ -389,18 +394,12 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
             fh.write(line + "\n")
         server.broadcast(P.LogLine(line))
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    started = time.time()
-    run = run_so_far(run_dir)  # before the engine writes a row: each is folded once
     server = RunServer(run_dir, engine.send, log, run, began=started)
     record = live.LiveRecord(str(run_dir.resolve()), os.getpid(), socket.gethostname(), str(server.path),
                              preset=label or run_dir.name, max_steps=cfg.training.max_steps, started=started)
     summary = Summary(record, run)
     summary.write(0, force=True)
     live.register(run_dir)
-    engine.start()
-    report = StartReport(ready_fd)
     report.ready()  # serving: the front-end that started us may connect
     stopping = False
     watch = StallWatch(cfg.notify.stall_after, run)
@@ -460,23 +459,15 @@ def stop_serving(run_dir: Path, server: RunServer) -> None:
 
 
 def spawn(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None, label: str,
-          ready_w: int) -> subprocess.Popen:
+          ready_w: int) -> detached.Detached:
     """A host for `run_dir` in a session of its own, reporting on `ready_w` (StartReport)."""
-    # -P: not the working folder first on sys.path, where a clone's lmcockpit/ (or anyone's) would shadow ours
-    args = [sys.executable, "-P", "-m", "lmcockpit.core.process.host", str(run_dir), "--ready-fd", str(ready_w)]
-    if resume_from is not None:
-        args += ["--resume", str(resume_from)]
-    if rendezvous is not None:
-        args += ["--rendezvous", json.dumps(asdict(rendezvous))]
-    if label:
-        args += ["--label", label]
     with open_log(Path(run_dir) / HOST_LOG, "ab") as out:  # NotOwnFile: a link, someone else's file
-        return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, pass_fds=(ready_w,))
+        return detached.start(host, (Path(run_dir).resolve(), resume_from, rendezvous, label), out.fileno(),
+                              passed=(ready_w,), preload=PRELOAD)
 
 
 def start_with_reports(run_dir: Path, resume_from: Path | None = None, rendezvous: Rendezvous | None = None,
-                       label: str = "", timeout: float = 60) -> tuple[subprocess.Popen, Reports]:
+                       label: str = "", timeout: float = 60) -> tuple[detached.Detached, Reports]:
     """Start a host for `run_dir` (its config.toml already written) and return it once it serves,
     with what it goes on to report about the run's start. One that fails first is reported with
     the last it printed. `label`: what listings call the run (its preset)."""
@@ -486,7 +477,7 @@ def start_with_reports(run_dir: Path, resume_from: Path | None = None, rendezvou
     try:
         try:
             proc = spawn(run_dir, resume_from, rendezvous, label, ready_w)
-        except OSError as e:  # host.log refused, or the interpreter not started
+        except OSError as e:  # host.log refused, or nothing forked (detached.start says which)
             raise HostError(f"the run host for {run_dir} did not start: {e}") from None
         finally:
             os.close(ready_w)
@@ -511,24 +502,8 @@ def last_words(run_dir: Path) -> str:
 
 
 def start(run_dir: Path, resume_from: Path | None = None, rendezvous: Rendezvous | None = None,
-          label: str = "", timeout: float = 60) -> subprocess.Popen:
+          label: str = "", timeout: float = 60) -> detached.Detached:
     """`start_with_reports`, for a front-end that attaches at once and so needs no more of its reports."""
     proc, reports = start_with_reports(run_dir, resume_from, rendezvous, label, timeout)
     reports.close()
     return proc
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lmcockpit.core.process.host")
-    ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--resume", type=Path)
-    ap.add_argument("--rendezvous", type=json.loads)
-    ap.add_argument("--ready-fd", type=int)
-    ap.add_argument("--label", default="")
-    a = ap.parse_args(argv)
-    return host(a.run_dir.resolve(), a.resume, Rendezvous(**a.rendezvous) if a.rendezvous else None, a.ready_fd,
-                a.label)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,6 +15,7 @@ import json
 import os
 import select
 import time
+from multiprocessing import util
 
 from .. import protocol as P
 
@@ -31,6 +32,9 @@ class StartReport:
         self.progress_at = 0.0
         if fd is not None:
             os.set_blocking(fd, False)
+            # The engine is a fork of the host: holding the pipe open, it would hide the host's
+            # end from the front-end (the EOF that says the host died before it reported).
+            util.register_after_fork(self, StartReport.close)
 
     def _write(self, text: str) -> None:
         if self.fd is None:

@@ -8,10 +8,9 @@ reported as a `Failure` like any other.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import queue
 import signal
-import sys
-import threading
 from pathlib import Path
 
 from .. import protocol as P
@@ -22,33 +21,6 @@ from . import warm_start
 from .rendezvous import Rendezvous
 
 
-@contextlib.contextmanager
-def _real_streams():
-    """Textual replaces sys.stdout/stderr with objects whose fileno() is -1, and multiprocessing
-    hands sys.stderr's descriptor to the processes it starts: give it the real streams."""
-    saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = saved
-
-
-@contextlib.contextmanager
-def _sigint_ignored():
-    """A process started while SIGINT is ignored starts with it ignored (exec keeps SIG_IGN, and
-    Python then installs no KeyboardInterrupt handler): Ctrl-C in the child's first second, while
-    it imports, would otherwise kill it before it can ignore SIGINT itself."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may set handlers; the app starts processes from it
-        return
-    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, saved)
-
-
 class ProcessHandle:
     """A child process that speaks the protocol: commands in, events out. Subclasses name the
     process's entry point and may watch events (`observe`) or record a silent death."""
@@ -56,19 +28,23 @@ class ProcessHandle:
     process_name = "lmcockpit-engine"
     preload = warm_start.ENGINE  # what its forkserver imports, if this process is the one that starts it
 
-    def __init__(self, target, args: tuple):
-        ctx = warm_start.context(self.preload)
+    def __init__(self, target, args: tuple, fork: bool = False):
+        """`fork`: a plain fork of this process rather than of the forkserver, for the run host,
+        which is itself a fork of a front-end's forkserver (its imports) and has no thread yet."""
+        self.fork = fork
+        ctx = mp.get_context("fork") if fork else warm_start.context(self.preload)
         # A queue's semaphore starts multiprocessing's resource tracker, deaf as the forkserver is.
-        with _real_streams(), warm_start.deaf_helpers():
+        with warm_start.starting(helpers=not fork):
             self.events = ctx.Queue()
             self.commands = ctx.Queue()
-        self.process = warm_start.Process(target=warm_start.as_if_spawned, name=self.process_name,
-                                          args=(warm_start.Inherited(), target, *args, self.events, self.commands))
+        kind = warm_start.ForkedProcess if fork else warm_start.Process
+        self.process = kind(target=warm_start.as_if_spawned, name=self.process_name,
+                            args=(warm_start.Inherited(), target, *args, self.events, self.commands))
         self.final_state: str | None = None
         self.failure: P.Failure | None = None
 
     def start(self) -> None:
-        with _real_streams(), _sigint_ignored(), warm_start.deaf_helpers():
+        with warm_start.starting(helpers=not self.fork):
             self.process.start()
 
     @property
@@ -137,7 +113,7 @@ class EngineProcess(ProcessHandle):
     """The training engine (core/process/engine.py) for one run folder."""
 
     def __init__(self, cfg: Config, run_dir: Path, resume_from: Path | None = None,
-                 rendezvous: Rendezvous | None = None):
+                 rendezvous: Rendezvous | None = None, fork: bool = False):
         from .engine import main  # torch-free at import: torch loads in the child
 
         # Several processes go through torchrun; so does one when a rendezvous is asked for
@@ -146,7 +122,8 @@ class EngineProcess(ProcessHandle):
             rendezvous = Rendezvous()
         if rendezvous is not None:
             rendezvous.check(cfg)
-        super().__init__(main, (str(run_dir), cfg.to_dict(), str(resume_from) if resume_from else None, rendezvous))
+        super().__init__(main, (str(run_dir), cfg.to_dict(), str(resume_from) if resume_from else None, rendezvous),
+                         fork)
         self.run_dir = Path(run_dir)
         self.last_step = 0
 

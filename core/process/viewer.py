@@ -27,6 +27,7 @@ from pathlib import Path
 from .. import protocol as P
 from ..run.safe_files import NotOwnFile
 from . import live
+from .detached import Detached
 
 HANDSHAKE_TIMEOUT = 5.0  # seconds a host has to answer a viewer's connection; it answers in milliseconds
 
@@ -63,7 +64,7 @@ def connect(address: str, authkey: bytes, pid: int | None = None) -> connection.
 class RunViewer:
     process_name = "run host"
 
-    def __init__(self, run_dir: Path, host_process: subprocess.Popen | None = None):
+    def __init__(self, run_dir: Path, host_process: Detached | None = None):
         """`host_process`: the host, when this front-end started it (and so can wait for it)."""
         self.run_dir = Path(run_dir).resolve()
         self.host_process = host_process

@@ -32,9 +32,10 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
-from multiprocessing import connection, popen_forkserver, reduction
-from multiprocessing.context import ForkServerProcess
+from multiprocessing import connection, popen_fork, popen_forkserver, reduction, resource_tracker
+from multiprocessing.context import ForkProcess, ForkServerProcess
 
 from ..run.safe_files import current_umask
 
@@ -53,22 +54,15 @@ def context(preload: tuple[str, ...]):
     return ctx
 
 
-class Process(ForkServerProcess):
-    """multiprocessing's forkserver process, whose exit code any number of threads may ask for."""
-
-    @staticmethod
-    def _Popen(process_obj):
-        return _Popen(process_obj)
-
-
-class _Popen(popen_forkserver.Popen):
-    """The forkserver sends a child's exit code once, on a pipe that then closes: its Popen reads
-    it in poll() with no lock, and of two threads that both saw it ready one read the code and the
-    other the pipe's end, which multiprocessing takes for a dead forkserver and reports as exit code
-    255. The cockpit's chat window closing did it (its closer joined while the event reader asked
-    is_alive): 157 exits of 200 read as 255 with two threads polling beside a join, on 2 cores. The
-    read is made under a lock; a blocking wait for the exit comes before it, outside the lock, so
-    other threads still poll meanwhile."""
+class _PolledOnce:
+    """A Popen whose exit code any number of threads may ask for. The forkserver sends a child's
+    exit code once, on a pipe that then closes, and multiprocessing's Popen reads it in poll() with
+    no lock: of two threads that both saw it ready, one read the code and the other the pipe's end,
+    which multiprocessing takes for a dead forkserver and reports as exit code 255. The cockpit's
+    chat window closing did it (its closer joined while the event reader asked is_alive): 157 exits
+    of 200 read as 255 with two threads polling beside a join, on 2 cores. A forked child's waitpid
+    has the same race (the loser's ECHILD reads as "still running"). The read is made under a lock;
+    a blocking wait for the exit comes before it, outside the lock, so other threads still poll."""
 
     def __init__(self, process_obj):
         self._read_once = threading.Lock()
@@ -79,6 +73,67 @@ class _Popen(popen_forkserver.Popen):
             connection.wait([self.sentinel])
         with self._read_once:
             return super().poll(os.WNOHANG)
+
+
+class _ForkServerPopen(_PolledOnce, popen_forkserver.Popen):
+    pass
+
+
+class _ForkPopen(_PolledOnce, popen_fork.Popen):
+    pass
+
+
+class Process(ForkServerProcess):
+    """A fork of the forkserver, its exit code safe to ask for from any thread."""
+
+    @staticmethod
+    def _Popen(process_obj):
+        return _ForkServerPopen(process_obj)
+
+
+class ForkedProcess(ForkProcess):
+    """A plain fork of this process (the run host's engine: the host holds the forkserver's
+    imports and has no thread yet when it forks), its exit code safe to ask for from any thread."""
+
+    @staticmethod
+    def _Popen(process_obj):
+        return _ForkPopen(process_obj)
+
+
+@contextlib.contextmanager
+def starting(helpers: bool = True):
+    """Around a process's start and its queues' making, in a front-end: what it starts sees the real
+    standard streams, SIGINT ignored and multiprocessing's helpers deaf (each below says why).
+    `helpers`: false for a plain fork, which starts neither a forkserver nor a resource tracker."""
+    with _real_streams(), _sigint_ignored(), deaf_helpers() if helpers else contextlib.nullcontext():
+        yield
+
+
+@contextlib.contextmanager
+def _real_streams():
+    """Textual replaces sys.stdout/stderr with objects whose fileno() is -1, and multiprocessing
+    hands sys.stderr's descriptor to the processes it starts: give it the real streams."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """A process started while SIGINT is ignored starts with it ignored (exec keeps SIG_IGN, and
+    Python then installs no KeyboardInterrupt handler): Ctrl-C in the child's first second, while
+    it imports, would otherwise kill it before it can ignore SIGINT itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; the app starts processes from it
+        return
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, saved)
 
 
 @contextlib.contextmanager
@@ -97,6 +152,10 @@ def deaf_helpers():
     safe_path = os.environ.get("PYTHONSAFEPATH")
     os.environ["PYTHONSAFEPATH"] = "1"
     try:
+        # The tracker first: starting, it unblocks SIGTERM in this thread once it is spawned
+        # (bpo-33613), and a forkserver started after it in the same block heard SIGTERM.
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, DEAF)
         yield
     finally:
         if safe_path is None:
@@ -112,9 +171,17 @@ class Inherited:
     descriptors (multiprocessing passes them to the forkserver beside the process); one the
     front-end has closed stays the forkserver's."""
 
+    def __init__(self):
+        # A plain fork (the host's engine) is never pickled: it has the streams already
+        self.env, self.umask, self.hup_ignored, self.streams = *self._now(), [None for _ in STREAMS]
+
+    @staticmethod
+    def _now() -> tuple:
+        return dict(os.environ), current_umask(), signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+
     def __getstate__(self) -> tuple:
         streams = [reduction.DupFd(fd) if _is_open(fd) else None for fd in STREAMS]
-        return dict(os.environ), current_umask(), signal.getsignal(signal.SIGHUP) is signal.SIG_IGN, streams
+        return *self._now(), streams
 
     def __setstate__(self, state: tuple) -> None:
         self.env, self.umask, self.hup_ignored, streams = state
@@ -134,7 +201,7 @@ def _is_open(fd: int) -> bool:
 
 def as_if_spawned(inherited: Inherited, target, *args) -> None:
     """The process's target, with the front-end's environment, umask and signal dispositions."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under runner._sigint_ignored: the target takes it over
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under _sigint_ignored: the target takes it over
     signal.signal(signal.SIGHUP, signal.SIG_IGN if inherited.hup_ignored else signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, DEAF)

@@ -1,0 +1,92 @@
+"""A run host is detached (core/process/detached.py): forked from the front-end's warm forkserver
+into a session of its own, nobody's child, its own engine a fork of it; the front-end learns its
+pid, whether it runs and its exit code."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lmcockpit.core.process import detached, live
+
+from .child_probe import exits_when_told
+from .helpers import detached as detached_run
+from .helpers import engine_of, last_step, stop, wait_until
+
+pytestmark = pytest.mark.slow  # a forkserver is a process: the first start imports torch in it
+
+
+def start(tmp_path: Path, code: int) -> tuple[detached.Detached, int]:
+    told_r, told = os.pipe()
+    log = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        proc = detached.start(exits_when_told, (code,), log, passed=(told_r,))
+    finally:
+        os.close(told_r)
+        os.close(log)
+    return proc, told
+
+
+def test_a_detached_process_is_nobody_s_child_and_says_its_exit_code(tmp_path):
+    proc, told = start(tmp_path, 7)
+    try:
+        wait_until(lambda: (tmp_path / "log").read_text(), 30, "its first line")
+        me = psutil.Process(proc.pid)
+        assert me.ppid() != os.getpid() and me.pid not in [c.pid for c in psutil.Process().children(recursive=True)]
+        assert os.getsid(proc.pid) != os.getsid(0)  # a session of its own: no terminal's hang-up reaches it
+        assert (tmp_path / "log").read_text() == "standard input: /dev/null\n"  # nothing of this terminal's
+        assert proc.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(0.2)
+    finally:
+        os.write(told, b"!")
+        os.close(told)
+    assert proc.wait(30) == 7 and proc.poll() == 7 and proc.returncode == 7
+    proc.kill()  # ended: nothing to signal, and no other process that took its pid is
+
+
+def test_a_detached_process_that_is_killed_ended_without_saying_its_code(tmp_path):
+    proc, told = start(tmp_path, 0)
+    wait_until(lambda: (tmp_path / "log").read_text(), 30, "its first line")
+    proc.kill()
+    assert proc.wait(30) == detached.KILLED
+    os.close(told)
+
+
+def test_a_run_host_comes_from_the_front_end_s_forkserver_and_forks_its_engine(tmp_path):
+    """What each run saved: a host of its own that imported torch in a forkserver of its own
+    (2.4-3.2 CPU-s on 2 Xeon cores) before its engine's first step. Now the host is a fork of the
+    front-end's forkserver, which holds those imports, and its engine is its child."""
+    run = detached_run(tmp_path, "run")
+    try:
+        host = psutil.Process(live.LiveRecord.read(run).pid)
+        engine = engine_of(run)
+        assert engine.ppid() == host.pid and os.getsid(host.pid) != os.getsid(0)
+        assert "multiprocessing.forkserver" in " ".join(host.cmdline())  # a fork of one, not `python -m`
+        assert [c.pid for c in host.children()] == [engine.pid]  # no forkserver of its own
+    finally:
+        stop(run)
+
+
+def test_a_piped_detach_ends_with_its_command_and_the_run_trains_on(tmp_path):
+    """The host once held its front-end's forkserver alive (its "alive" pipe), and that forkserver
+    held the command's output: `lmcockpit PRESET --detach | cat` (or ssh capturing it) never ended.
+    Its standard input here is a pipe, as a terminal's would be."""
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "lmcockpit.tui.cli", "debug", "--detach", "--out", str(out),
+                           "--set", "training.max_steps=100000", "--set", "eval.every=0", "--set", "sample.prompts=[]"],
+                          capture_output=True, text=True, timeout=90, input="")
+    try:
+        assert done.returncode == 0 and "training in the background" in done.stdout, done.stderr
+        wait_until(lambda: last_step(out) >= 2, what="steps after the command ended")
+        host = live.LiveRecord.read(out).pid
+        assert live.alive(host)
+        # nor its standard input (a fork of the forkserver had it: a terminal, held open by the run)
+        assert [os.readlink(f"/proc/{pid}/fd/0") for pid in (host, engine_of(out).pid)] == ["/dev/null"] * 2
+    finally:
+        stop(out)
