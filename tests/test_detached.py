@@ -68,7 +68,9 @@ def test_a_run_host_comes_from_the_front_end_s_forkserver_and_forks_its_engine(t
         engine = engine_of(run)
         assert engine.ppid() == host.pid and os.getsid(host.pid) != os.getsid(0)
         assert "multiprocessing.forkserver" in " ".join(host.cmdline())  # a fork of one, not `python -m`
-        assert [c.pid for c in host.children()] == [engine.pid]  # no forkserver of its own
+        forkservers = [c for c in host.children()  # the engine's command line is one's too: it is a fork
+                       if c.pid != engine.pid and "multiprocessing.forkserver import main" in " ".join(c.cmdline())]
+        assert forkservers == []  # no forkserver of its own (its queues' resource tracker, maybe)
     finally:
         stop(run)
 

@@ -8,7 +8,6 @@ reported as a `Failure` like any other.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import queue
 import signal
 from pathlib import Path
@@ -31,10 +30,11 @@ class ProcessHandle:
     def __init__(self, target, args: tuple, fork: bool = False):
         """`fork`: a plain fork of this process rather than of the forkserver, for the run host,
         which is itself a fork of a front-end's forkserver (its imports) and has no thread yet."""
-        self.fork = fork
-        ctx = mp.get_context("fork") if fork else warm_start.context(self.preload)
+        ctx = warm_start.context(self.preload)
         # A queue's semaphore starts multiprocessing's resource tracker, deaf as the forkserver is.
-        with warm_start.starting(helpers=not fork):
+        # The forkserver's queues even for a plain fork: they travel on to torchrun's ranks, forks
+        # of a forkserver, and one made for a fork may not ("A SemLock created in a fork context").
+        with warm_start.starting():
             self.events = ctx.Queue()
             self.commands = ctx.Queue()
         kind = warm_start.ForkedProcess if fork else warm_start.Process
@@ -44,7 +44,7 @@ class ProcessHandle:
         self.failure: P.Failure | None = None
 
     def start(self) -> None:
-        with warm_start.starting(helpers=not self.fork):
+        with warm_start.starting():
             self.process.start()
 
     @property

@@ -101,11 +101,10 @@ class ForkedProcess(ForkProcess):
 
 
 @contextlib.contextmanager
-def starting(helpers: bool = True):
+def starting():
     """Around a process's start and its queues' making, in a front-end: what it starts sees the real
-    standard streams, SIGINT ignored and multiprocessing's helpers deaf (each below says why).
-    `helpers`: false for a plain fork, which starts neither a forkserver nor a resource tracker."""
-    with _real_streams(), _sigint_ignored(), deaf_helpers() if helpers else contextlib.nullcontext():
+    standard streams, SIGINT ignored and multiprocessing's helpers deaf (each below says why)."""
+    with _real_streams(), _sigint_ignored(), deaf_helpers():
         yield
 
 
