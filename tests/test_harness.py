@@ -264,3 +264,65 @@ def test_a_task_file_another_account_can_change_is_refused_in_one_line(trained_r
     assert error.endswith("so its files must be ones no other account can change: copy them into a folder of "
                           "your own"), error
     assert list(scratch.iterdir()) == []  # the private copies made before the refusal are gone
+
+
+# ------------------------------------------------------------------- lm-eval's tasks, indexed once
+@pytest.mark.slow
+def test_a_built_in_task_is_found_by_its_folder_once_lm_eval_s_tasks_were_indexed(tmp_path, monkeypatch):
+    """Naming one of lm-eval's tasks read all 14,683 of its task files, every call (seconds of
+    CPU before the first item). The first call keeps each name's folder; the next ones index the
+    named task's folder alone, and refuse a typo from the names kept, without the index."""
+    from lmcockpit.core.config import ConfigError
+    from lmcockpit.core.infer import harness, harness_index
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    said = []
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="--harness hellaswagg: not a task lm-eval knows; did you mean hellaswag"):
+            harness.resolve(["hellaswagg"], said.append)
+    assert said == ["eval: indexing lm-eval's tasks…"]  # the first call alone
+    manager = harness.task_manager(["hellaswag", "arc_easy"], [], said.append)
+    assert said == ["eval: indexing lm-eval's tasks…"]
+    assert {"hellaswag", "arc_easy", "arc_challenge"} <= set(manager.all_tasks) and len(manager.all_tasks) < 100
+    root = harness_index.tasks_root()
+    assert Path(manager.task_index["hellaswag"].yaml_path).parent == root / "hellaswag"
+    # a group's tasks may be in other folders: it still takes the whole index
+    assert "mmlu_stem" in harness.task_manager(["mmlu"], [], said.append).all_tasks
+    assert said == ["eval: indexing lm-eval's tasks…"] * 2
+
+
+def test_the_kept_index_is_lm_eval_s_own_as_installed_or_nothing(tmp_path, monkeypatch):
+    """Kept for this install only (its fingerprint), naming only folders inside lm-eval's tasks,
+    read only as the user's own: anything else is no index (and the whole one is read again)."""
+    from lmcockpit.core.infer import harness_index
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = tmp_path / "tasks"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "a.yaml").write_text("task: a\n")
+    print_ = harness_index.fingerprint(root)
+
+    def keep(tasks: dict, fingerprint: str = print_) -> None:
+        path = harness_index.cache_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"fingerprint": fingerprint, "tasks": tasks}))
+
+    keep({"a": ["task", "a"], "g": ["group", ""]})
+    kept = harness_index.load(root, print_)
+    assert kept.folder("a") == root / "a" and kept.folder("g") is None and kept.folder("b") is None
+    keep({"a": ["task", "a"]}, fingerprint="lm-eval 0.0 | elsewhere")
+    assert harness_index.load(root, print_) is None
+    keep({"a": ["task", "../../.."]})  # a folder outside lm-eval's: its YAML could name any Python
+    assert harness_index.load(root, print_) is None
+    keep({"a": ["task"]})
+    assert harness_index.load(root, print_) is None  # damaged
+    harness_index.cache_path().unlink()
+    harness_index.cache_path().symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"fingerprint": print_, "tasks": {"a": ["task", "a"]}}))
+    assert harness_index.load(root, print_) is None  # a link: not the user's own file
+
+    (root / "a" / "b.yaml").write_text("task: b\n")  # a task added by hand: another fingerprint
+    assert harness_index.fingerprint(root) != print_
+    again = harness_index.fingerprint(root)
+    os.utime(root / "a" / "a.yaml", ns=(10**19, 10**19))  # one edited
+    assert harness_index.fingerprint(root) != again

@@ -31,6 +31,7 @@ import yaml
 
 from ..config import ConfigError, shown
 from ..tasks import bounded_yaml, reading
+from . import harness_index
 
 INSTALL = "pip install 'lmcockpit[harness]'"
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -195,7 +196,7 @@ def resolve(specs: list[str], log: Callable[[str], None] = print) -> HarnessTask
             raise ConfigError(f"--harness {spec}: no such task file")
     try:
         import lm_eval  # noqa: F401 - imported for the check; the harness is an optional extra
-        from lm_eval.tasks import TaskManager, get_task_dict
+        from lm_eval.tasks import get_task_dict
     except ImportError:
         raise ConfigError(f"--harness: EleutherAI's lm-evaluation-harness is not installed; {INSTALL}") from None
     names, include, named, copier = [], [], {}, None
@@ -213,18 +214,11 @@ def resolve(specs: list[str], log: Callable[[str], None] = print) -> HarnessTask
                 raise ConfigError(f"--harness {spec}: its task {name!r} is {named[name]}'s too; rename one")
             named[name] = spec
             names.append(name)
-        # lm-eval's own 14,000 task files take ~12 s of CPU to index; the user's files alone need none
-        # of them (a file is one task, whose `include:`s are merged into its copy).
-        builtin = len(named) < len(names)
-        if builtin:
-            log("eval: indexing lm-eval's tasks…")
-        manager = TaskManager(include_path=include or None, include_defaults=builtin)
+        manager = task_manager([n for n in names if n not in named], include, log)
         known = set(manager.all_tasks)
         for name in names:
             if name not in known:
-                near = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.7)
-                hint = f"; did you mean {', '.join(near)}?" if near else "; `lm-eval ls tasks` lists them"
-                raise ConfigError(f"--harness {name}: not a task lm-eval knows{hint}")
+                raise ConfigError(f"--harness {name}: not a task lm-eval knows{_near(name, known)}")
         for name in names:
             log(f"eval: loading {name}'s dataset…")
             try:
@@ -238,6 +232,36 @@ def resolve(specs: list[str], log: Callable[[str], None] = print) -> HarnessTask
         HarnessTasks(names, include, None).close()
         raise
     return HarnessTasks(names, include, manager)
+
+
+def task_manager(builtin: list[str], include: list[str], log: Callable[[str], None]):
+    """A TaskManager over the user's task files (`include`) and lm-eval's tasks named in `builtin`.
+    lm-eval's own 14,683 task files take seconds of CPU to index (harness_index): the user's files
+    alone need none of them (a file is one task, whose `include:`s are merged into its copy), and
+    a named task, once they were indexed, needs only its folder's."""
+    from lm_eval.tasks import TaskManager
+
+    if not builtin:
+        return TaskManager(include_path=include or None, include_defaults=False)
+    root = harness_index.tasks_root()
+    print_ = harness_index.fingerprint(root)
+    kept = harness_index.load(root, print_)
+    if kept is not None:
+        for name in builtin:
+            if name not in kept.kinds:
+                raise ConfigError(f"--harness {name}: not a task lm-eval knows{_near(name, set(kept.kinds))}")
+        folders = [kept.folder(name) for name in builtin]
+        if None not in folders:
+            return TaskManager(include_path=[*map(str, dict.fromkeys(folders)), *include], include_defaults=False)
+    log("eval: indexing lm-eval's tasks…")
+    manager = TaskManager(include_path=include or None, include_defaults=True)
+    harness_index.save(manager, root, print_)
+    return manager
+
+
+def _near(name: str, known: set[str]) -> str:
+    near = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.7)
+    return f"; did you mean {', '.join(near)}?" if near else "; `lm-eval ls tasks` lists them"
 
 
 def _metrics(row: dict) -> dict[str, float]:
