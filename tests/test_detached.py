@@ -4,6 +4,7 @@ pid, whether it runs and its exit code."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -32,7 +33,18 @@ def start(tmp_path: Path, code: int) -> tuple[detached.Detached, int]:
     return proc, told
 
 
-def test_a_detached_process_is_nobody_s_child_and_says_its_exit_code(tmp_path):
+@pytest.fixture(params=["pidfd", "pid polled"])
+def kernel(request, monkeypatch):
+    """This kernel, and one before 5.3 (no process descriptors: the pid is polled instead)."""
+    if request.param == "pid polled":
+        def no_pidfd(pid: int, flags: int = 0) -> int:
+            raise OSError(errno.ENOSYS, "Function not implemented")
+
+        monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    return request.param
+
+
+def test_a_detached_process_is_nobody_s_child_and_says_its_exit_code(tmp_path, kernel):
     proc, told = start(tmp_path, 7)
     try:
         wait_until(lambda: (tmp_path / "log").read_text(), 30, "its first line")
@@ -50,7 +62,7 @@ def test_a_detached_process_is_nobody_s_child_and_says_its_exit_code(tmp_path):
     proc.kill()  # ended: nothing to signal, and no other process that took its pid is
 
 
-def test_a_detached_process_that_is_killed_ended_without_saying_its_code(tmp_path):
+def test_a_detached_process_that_is_killed_ended_without_saying_its_code(tmp_path, kernel):
     proc, told = start(tmp_path, 0)
     wait_until(lambda: (tmp_path / "log").read_text(), 30, "its first line")
     proc.kill()

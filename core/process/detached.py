@@ -24,11 +24,12 @@ import signal
 import struct
 import subprocess
 import threading
+import time
 import traceback
 import weakref
 from multiprocessing import reduction
 
-from . import warm_start
+from . import live, warm_start
 
 KILLED = -1  # the exit code of a host that ended without saying its own (killed: only init learns how)
 STARTED_WITHIN = 120.0  # seconds for the forkserver (its first start imports torch) and the fork
@@ -57,10 +58,14 @@ class Detached:
         self.returncode: int | None = None
         self._said = said  # the pipe's read end: its exit code comes there
         self._lock = threading.Lock()  # the cockpit asks from its UI thread and its event reader
+        self._pidfd: int | None = None
+        self._reaped = False
         try:
-            self._pidfd: int | None = os.pidfd_open(pid)
+            self._pidfd = os.pidfd_open(pid)
         except ProcessLookupError:  # already ended and reaped
-            self._pidfd = None
+            self._reaped = True
+        except OSError:  # a kernel before 5.3 has no process descriptors: its pid is polled
+            pass
         else:  # open as long as this handle is: a thread may be waiting on it
             weakref.finalize(self, os.close, self._pidfd)
 
@@ -75,18 +80,34 @@ class Detached:
 
     def send_signal(self, sig: int) -> None:
         with self._lock:
-            if self.returncode is None and self._pidfd is not None:  # a pidfd: never another's process
-                with contextlib.suppress(ProcessLookupError):
+            if self.returncode is not None or self._reaped:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                if self._pidfd is not None:  # never another's process, whatever became of the pid
                     signal.pidfd_send_signal(self._pidfd, sig)
+                elif live.alive(self.pid):
+                    os.kill(self.pid, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def _gone(self, timeout: float | None) -> bool:
+        """Whether it has ended, waiting `timeout` seconds at most."""
+        if self._reaped:
+            return True
+        if self._pidfd is not None:
+            return bool(select.select([self._pidfd], [], [], timeout)[0])  # readable once it has ended
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while live.alive(self.pid):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)  # no descriptor to wait on: the pid, polled
+        return True
+
     def _ended(self, timeout: float | None) -> int | None:
-        if self.returncode is None and self._pidfd is not None:
-            select.select([self._pidfd], [], [], timeout)  # readable once the process has ended
+        gone = self.returncode is None and self._gone(timeout)
         with self._lock:
-            if self.returncode is None and (self._pidfd is None or select.select([self._pidfd], [], [], 0)[0]):
+            if self.returncode is None and gone:
                 try:
                     code = os.read(self._said, 1)  # written before it ended: there if it was said
                 except BlockingIOError:
