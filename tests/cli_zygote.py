@@ -102,15 +102,12 @@ def _adopt_forkserver(shared: bool) -> None:
     forget it and the resource tracker, for the command to start its own."""
     from multiprocessing import forkserver, resource_tracker
 
-    server, tracker = forkserver._forkserver, resource_tracker._resource_tracker
+    from lmcockpit.core.process import warm_start
+
     if shared:
-        server.ensure_running = resource_tracker.ensure_running
+        forkserver._forkserver.ensure_running = resource_tracker.ensure_running
         return
-    for fd in (server._forkserver_alive_fd, tracker._fd):
-        if fd is not None:
-            os.close(fd)
-    server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
-    tracker._fd = tracker._pid = None
+    warm_start.forget_helpers()
 
 
 def _serve(path: str):

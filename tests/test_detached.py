@@ -4,6 +4,7 @@ pid, whether it runs and its exit code."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from lmcockpit.core.process import detached, live
+from lmcockpit.core.process import detached, host, live
 
 from .child_probe import exits_when_told
 from .helpers import detached as detached_run
@@ -76,11 +77,11 @@ def test_a_run_host_comes_from_the_front_end_s_forkserver_and_forks_its_engine(t
     front-end's forkserver, which holds those imports, and its engine is its child."""
     run = detached_run(tmp_path, "run")
     try:
-        host = psutil.Process(live.LiveRecord.read(run).pid)
+        the_host = psutil.Process(live.LiveRecord.read(run).pid)
         engine = engine_of(run)
-        assert engine.ppid() == host.pid and os.getsid(host.pid) != os.getsid(0)
-        assert "multiprocessing.forkserver" in " ".join(host.cmdline())  # a fork of one, not `python -m`
-        forkservers = [c for c in host.children()  # the engine's command line is one's too: it is a fork
+        assert engine.ppid() == the_host.pid and os.getsid(the_host.pid) != os.getsid(0)
+        assert "multiprocessing.forkserver" in " ".join(the_host.cmdline())  # a fork of one, not `python -m`
+        forkservers = [c for c in the_host.children()  # the engine's command line is one's too: it is a fork
                        if c.pid != engine.pid and "multiprocessing.forkserver import main" in " ".join(c.cmdline())]
         assert forkservers == []  # no forkserver of its own (its queues' resource tracker, maybe)
     finally:
@@ -104,3 +105,33 @@ def test_a_piped_detach_ends_with_its_command_and_the_run_trains_on(tmp_path):
         assert [os.readlink(f"/proc/{pid}/fd/0") for pid in (host, engine_of(out).pid)] == ["/dev/null"] * 2
     finally:
         stop(out)
+
+
+def test_a_host_that_cannot_serve_ends_its_engine_at_once_and_says_why(tmp_path, monkeypatch):
+    """The host forks its engine before it serves (before it has a thread): when it then cannot
+    serve (here the registry of live runs cannot be made: its folder's name is a file's), the
+    engine goes with it, untrained, and the front-end says why. Left alone, the host's exit
+    waited on the engine (multiprocessing joins its children), which trained on, unseen."""
+    from lmcockpit.core.run.folder import create_run_dir, read_metrics
+
+    from .helpers import shrunk_cpu
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "lmcockpit").write_text("a file where the registry's folder goes\n")
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    run = create_run_dir(shrunk_cpu("training.max_steps=100000", "training.log_every=1"), "cpu", str(tmp_path / "run"))
+    with pytest.raises(host.HostError, match="did not start: .*Not a directory"):
+        host.start(run, label="cpu")
+    this_test = os.environ["PYTEST_CURRENT_TEST"]
+
+    def started_here() -> list[psutil.Process]:  # the host and its engine (not this worker's own helpers)
+        found = []
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if p.ppid() != os.getpid() and p.pid != os.getpid() and p.environ().get("PYTEST_CURRENT_TEST") == this_test:
+                    found.append(p)
+        return found
+
+    wait_until(lambda: not started_here(), 30, "the host and its engine to end")
+    assert not read_metrics(run, "step")  # it never trained

@@ -165,7 +165,10 @@ def _go_between(descriptors: Descriptors, target, *args) -> None:
     for fd in (1, 2):
         os.dup2(log, fd)
     os.close(log)
-    _let_go_of_the_front_end()
+    # The front-end's forkserver and resource tracker live while anyone holds their pipes, and
+    # write to its terminal: held by the host, they stayed for the whole run (a piped --detach
+    # never ended). The host and its engine start their own if they need one.
+    warm_start.forget_helpers()
     if os.fork():
         os._exit(0)  # the go-between ends here: the process below is nobody's child but init's
     from .child import exit_now
@@ -184,17 +187,3 @@ def _go_between(descriptors: Descriptors, target, *args) -> None:
             os.write(said, bytes([code & 0xFF]))
     exit_now(code)
 
-
-def _let_go_of_the_front_end() -> None:
-    """A fork of the forkserver holds two pipes of its front-end's: the forkserver's "alive" pipe
-    and the resource tracker's, each of which keeps that process alive while anyone holds it, and
-    both of those write where the front-end's terminal is. A host that held them kept them for the
-    whole run: a piped `lmcockpit PRESET --detach` never ended (its output pipe stayed open), and
-    a closed SSH session left them behind. The host and its engine start their own if they need
-    one. Both are multiprocessing's private state: it has no public way to let go of them."""
-    from multiprocessing import forkserver, resource_tracker
-
-    for holder, name in ((forkserver._forkserver, "_forkserver_alive_fd"), (resource_tracker._resource_tracker, "_fd")):
-        if (fd := getattr(holder, name)) is not None:
-            os.close(fd)
-            setattr(holder, name, None)

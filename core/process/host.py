@@ -4,9 +4,9 @@
 the front-end's forkserver in a session of its own, nobody's child (detached.py: so a closed
 terminal or a dropped SSH connection sends it no SIGHUP, and the front-end may quit), which starts
 the engine as a front-end would (runner.EngineProcess, multiprocessing queues; a plain fork of
-the host, which holds the forkserver's imports) and stays its parent: the engine's "my front-end is gone" rule now means
-"the host is gone". The host serves the run on a Unix socket (live.py says where, and how a viewer
-proves it may attach):
+the host, which holds the forkserver's imports) and stays its parent: the engine's "my front-end
+is gone" rule now means "the host is gone". The host serves the run on a Unix socket (live.py
+says where, and how a viewer proves it may attach):
 
 * the host keeps the run's one fold of its events (core/run/state.py's RunState, started from the
   run folder: a resumed run's history), which live.json's summary, the stall watch and the
@@ -394,12 +394,16 @@ def host(run_dir: Path, resume_from: Path | None, rendezvous: Rendezvous | None,
             fh.write(line + "\n")
         server.broadcast(P.LogLine(line))
 
-    server = RunServer(run_dir, engine.send, log, run, began=started)
-    record = live.LiveRecord(str(run_dir.resolve()), os.getpid(), socket.gethostname(), str(server.path),
-                             preset=label or run_dir.name, max_steps=cfg.training.max_steps, started=started)
-    summary = Summary(record, run)
-    summary.write(0, force=True)
-    live.register(run_dir)
+    try:
+        server = RunServer(run_dir, engine.send, log, run, began=started)
+        record = live.LiveRecord(str(run_dir.resolve()), os.getpid(), socket.gethostname(), str(server.path),
+                                 preset=label or run_dir.name, max_steps=cfg.training.max_steps, started=started)
+        summary = Summary(record, run)
+        summary.write(0, force=True)
+        live.register(run_dir)
+    except BaseException:  # not served, so not started: its engine goes first (the front-end reports why)
+        engine.close()
+        raise
     report.ready()  # serving: the front-end that started us may connect
     stopping = False
     watch = StallWatch(cfg.notify.stall_after, run)

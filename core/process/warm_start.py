@@ -62,7 +62,8 @@ class _PolledOnce:
     chat window closing did it (its closer joined while the event reader asked is_alive): 157 exits
     of 200 read as 255 with two threads polling beside a join, on 2 cores. A forked child's waitpid
     has the same race (the loser's ECHILD reads as "still running"). The read is made under a lock;
-    a blocking wait for the exit comes before it, outside the lock, so other threads still poll."""
+    a blocking wait for the exit comes before it, outside the lock, so other threads still poll.
+    (The read itself stays as asked: a fork's pipe reads as ended a moment before its waitpid does.)"""
 
     def __init__(self, process_obj):
         self._read_once = threading.Lock()
@@ -72,7 +73,7 @@ class _PolledOnce:
         if flag != os.WNOHANG and self.returncode is None:
             connection.wait([self.sentinel])
         with self._read_once:
-            return super().poll(os.WNOHANG)
+            return super().poll(flag)
 
 
 class _ForkServerPopen(_PolledOnce, popen_forkserver.Popen):
@@ -162,6 +163,21 @@ def deaf_helpers():
         else:
             os.environ["PYTHONSAFEPATH"] = safe_path
         signal.pthread_sigmask(signal.SIG_SETMASK, saved)
+
+
+def forget_helpers() -> None:
+    """In a fork (of the forkserver, or of a process that has them): close and forget the pipes
+    that keep multiprocessing's forkserver and resource tracker of the process it came from
+    alive, so that this one holds neither and starts its own when it needs one. Both are
+    multiprocessing's private state: it has no public way to let go of them."""
+    from multiprocessing import forkserver
+
+    server, tracker = forkserver._forkserver, resource_tracker._resource_tracker
+    for fd in (server._forkserver_alive_fd, tracker._fd):
+        if fd is not None:
+            os.close(fd)
+    server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+    tracker._fd = tracker._pid = None
 
 
 class Inherited:
