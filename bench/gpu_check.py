@@ -52,7 +52,9 @@ Parts, in the order they run (each appends its own section, so they can also run
   device properties, as RunStarted carries it) against the NVML GPU the front-end's mapping picks
   for it, and one Telemetry reading with every GPU's name and memory present;
 * glance: issue 22's dashboard on the real card: the cockpit (App.run_test, real NVML telemetry)
-  trains the `debug` preset on the GPU at 80x24, 100x30 and 120x40; the step line must show MFU
+  trains the `debug` preset on the GPU at 80x24, 100x30 and 120x40 (through a run host: since
+  session 30 the engine is a plain fork of its host, itself a fork of the cockpit's forkserver, so
+  CUDA first starts in such a fork here); the step line must show MFU
   and the GPU bar the card's own NVML utilisation and VRAM used/total, all on screen without
   scrolling; each size's screen is kept as an SVG beside the runs;
 * data: issue 19 on the lent machine's 16 cores, where this project's machines have 2:
