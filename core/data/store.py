@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Config, ConfigError, shown
+from ..run.safe_files import cache_home
 from . import pretrained
 from .chat_template import RESERVED
 from .sources import Source
@@ -42,8 +43,7 @@ BUILD_PREFIX = ".build-"  # a build under way, or one a kill left behind: the ne
 def cache_root(cfg: Config) -> Path:
     if cfg.data.cache_dir:
         return Path(cfg.data.cache_dir).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "lmcockpit"
+    return cache_home()
 
 
 def dtype_name(vocab_size: int) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import platform
 import statistics
 import time
@@ -25,7 +24,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable
 
-from ..run.safe_files import write_whole
+from ..run.safe_files import cache_home, write_whole
 
 MARGIN = 1.15  # bf16 must be this much faster: a closer call is within run-to-run noise
 PROBE_TOKENS = 4096  # a micro-batch's tokens at most: enough to time matmuls at their real width
@@ -96,7 +95,7 @@ def cache_key(cpu: str | None = None, torch: str | None = None) -> str:
 
 def cache_path() -> Path:
     """In the cache folder the token caches default to ($XDG_CACHE_HOME/lmcockpit)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lmcockpit" / CACHE_FILE
+    return cache_home() / CACHE_FILE
 
 
 def cached(key: str | None = None) -> Verdict | None:

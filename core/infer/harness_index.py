@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..run.safe_files import read_own, write_whole
+from ..run.safe_files import cache_home, read_own, write_whole
 
 CACHE_FILE = "lm-eval-tasks.json"
 TASK = "task"  # the kind of a name defined by one task file (the others: group, tag, python task)
@@ -28,7 +28,7 @@ TASK = "task"  # the kind of a name defined by one task file (the others: group,
 
 def cache_path() -> Path:
     """In the folder the token caches default to ($XDG_CACHE_HOME/lmcockpit)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lmcockpit" / CACHE_FILE
+    return cache_home() / CACHE_FILE
 
 
 def tasks_root() -> Path:

@@ -160,6 +160,12 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def cache_home() -> Path:
+    """Where lmcockpit keeps what it can make again (token caches, the CPU's precision verdict,
+    lm-eval's task index): `$XDG_CACHE_HOME/lmcockpit`, else `~/.cache/lmcockpit`."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lmcockpit"
+
+
 def runtime_dir() -> Path:
     """A folder of this user's alone for sockets: `$XDG_RUNTIME_DIR/lmcockpit`, else
     `/tmp/lmcockpit-UID` when it is (or can be made) the user's own, else a fresh `mkdtemp`
