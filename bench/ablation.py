@@ -100,6 +100,21 @@ def chosen(names: str | None) -> list[Technique]:
     return [t for t in every if t.name in wanted]
 
 
+def stacks(specs: list[str]) -> list[Variant]:
+    """`--stack` runs: each spec names techniques joined by "+", trained together on the base recipe
+    (a candidate preset's options in one run, without the cumulative rows leading up to it)."""
+    every = {t.name: t for t in TECHNIQUES + ALONE_ONLY}
+    runs = []
+    for spec in specs:
+        names = [n.strip() for n in spec.split("+") if n.strip()]
+        unknown = [n for n in names if n not in every]
+        if unknown or not names:
+            raise SystemExit(f"--stack {spec!r}: unknown {', '.join(map(repr, unknown)) or 'nothing named'}; "
+                             f"expected names from: {', '.join(every)}, joined by +")
+        runs.append(Variant(" + ".join(names), "stack", tuple(every[n] for n in names)))
+    return runs
+
+
 def variants(techniques: list[Technique]) -> list[Variant]:
     """The cumulative runs (ALONE_ONLY's left out), then the alone ones, of `techniques`."""
     stacked = [t for t in techniques if t not in ALONE_ONLY]

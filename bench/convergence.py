@@ -21,13 +21,14 @@ steps and at equal wall time, and the wall time each needs to reach the baseline
 validation loss — lmcockpit's against the baseline's is the headline (issue 23's target: ≤ 0.4×).
 
 `--ablation` adds lmcockpit's recipe with modded-nanogpt's techniques, cumulative and each alone
-(bench/ablation.py holds the table of them; `--techniques` picks some), and their table: final
+(bench/ablation.py holds the table of them; `--techniques` picks some; `--stack A+B+...` adds a
+run with those together, a candidate preset's options), and their table: final
 loss, loss at equal time, time to the baseline's quality and its ratio (issue 55's target: ≤ 0.2×).
 A run whose rows are drawn otherwise (data.bos_aligned) gets its own batches of the same steps.
 
     python bench/convergence.py [--preset cpu] [--steps N] [--lrs 1e-3,3e-3,6e-3] [--adamw-lrs ...]
                                 [--eval-every 25] [--device cpu|cuda] [--results PATH]
-                                [--ablation [--techniques relu2,zero-init,...]]
+                                [--ablation [--techniques relu2,zero-init,...]] [--stack relu2+zero-init ...]
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ MILESTONES = (0.25, 0.5, 0.75, 1.0)  # equal wall time: these shares of the base
 @dataclass(eq=False)  # a run is itself: compared by identity
 class Run:
     name: str
-    kind: str  # "baseline", "adamw" or "muon": the best of each kind is compared; "cumulative" or "alone": ablation
+    kind: str  # "baseline", "adamw" or "muon": the best of each kind is compared; "cumulative", "alone" or "stack": ablation
     lr: str
     model: torch.nn.Module
     loss: Callable  # (x, y) -> mean loss, through the compiled module when compiling
@@ -163,6 +164,9 @@ def main(argv: list[str] | None = None) -> list[Run]:
     ap.add_argument("--results", type=Path, default=RESULTS, help="where the entry is appended")
     ap.add_argument("--ablation", action="store_true", help="add runs with the speedrun's techniques (bench/ablation.py)")
     ap.add_argument("--techniques", help="with --ablation: these only, comma-separated (default: all)")
+    ap.add_argument("--stack", action="append", default=[], metavar="A+B+...",
+                    help="a run with these techniques together on the base recipe (repeatable; alone, no --ablation "
+                         "runs are added)")
     args = ap.parse_args(argv)
     if args.techniques and not args.ablation:
         ap.error("--techniques picks the runs of --ablation: add --ablation")
@@ -181,8 +185,8 @@ def main(argv: list[str] | None = None) -> list[Run]:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
 
-    variants = ablation.configs(ablation.variants(ablation.chosen(args.techniques)),
-                                lambda extra: load_config(args.preset, overrides + extra)[0]) if args.ablation else []
+    picked = (ablation.variants(ablation.chosen(args.techniques)) if args.ablation else []) + ablation.stacks(args.stack)
+    variants = ablation.configs(picked, lambda extra: load_config(args.preset, overrides + extra)[0])
     # Prepared unaligned once; each run's rows drawn as its own config says (a feed per way of drawing).
     data = prepare(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, bos_aligned=False)),
                    lambda line: print(line, flush=True), lambda *a: None)
@@ -364,16 +368,16 @@ def ablation_lines(variants: list[ablation.Variant], runs: list[Run], ours: Run,
     whose final loss is the target and whose training time is the equal time."""
     target, by_name = base.final, {r.name: r for r in runs}
     lines = ["", f"The speedrun's techniques (bench/ablation.py), cumulative (each added to the rows above it) and "
-             f"alone (each on the base recipe), against the baseline's best final loss {target:.3f}. Loss at equal "
+             f"alone (each on the base recipe), or stacked (`--stack`: together on the base recipe), against the baseline's best final loss {target:.3f}. Loss at equal "
              f"time: at the baseline's best run's training time, {secs(base.seconds)}. Δ: the final loss against "
-             "the run it adds to (the row above for a cumulative row, the base for an alone one).", "",
+             "the run it adds to (the row above for a cumulative row, the base for an alone or stacked one).", "",
              "| run | overrides | record | final val loss | Δ | loss at equal time | time to quality "
              "| vs the baseline | tokens/s |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
 
-    def row(name: str, run: Run, technique: ablation.Technique | None = None, before: Run | None = None) -> str:
+    def row(name: str, run: Run, techniques: tuple[ablation.Technique, ...] = (), before: Run | None = None) -> str:
         s = seconds_to_reach(run, target)
         ratio = fmt(s / base_s, ".2f") + "×" if s is not None and base_s else "not reached"
-        what = (", ".join(f"`{o}`" for o in technique.overrides), technique.record) if technique else ("", "")
+        what = (", ".join(f"`{o}`" for t in techniques for o in t.overrides), ", ".join(dict.fromkeys(t.record for t in techniques)))
         return (f"| {name} | {what[0]} | {what[1]} | {run.final:.3f} | {fmt(before and run.final - before.final, '+.3f')} "
                 f"| {fmt(loss_at(run, base.seconds))} | {secs(s)} | {ratio} | {tokens / run.seconds:,.0f} |")
 
@@ -381,7 +385,8 @@ def ablation_lines(variants: list[ablation.Variant], runs: list[Run], ours: Run,
     above = ours
     for v in variants:
         run = by_name[v.name]
-        lines.append(row(v.name, run, v.techniques[-1], above if v.kind == "cumulative" else ours))
+        lines.append(row(v.name, run, v.techniques if v.kind == "stack" else v.techniques[-1:],
+                         above if v.kind == "cumulative" else ours))
         above = run if v.kind == "cumulative" else above
     reached = [(s / base_s, v.name) for v in variants if (s := seconds_to_reach(by_name[v.name], target)) and base_s]
     fastest = (f"{min(reached)[1]} reaches it in {min(reached)[0]:.2f}× the baseline's time" if reached

@@ -82,6 +82,17 @@ def test_the_ablation_stacks_each_technique_and_runs_each_alone_once():
     assert [t.name for t in ablation.chosen(None)] == [t.name for t in ablation.TECHNIQUES + ablation.ALONE_ONLY]
 
 
+def test_a_stack_trains_its_techniques_together_on_the_base_recipe():
+    [both, one] = ablation.stacks(["relu2 + value embeds", "NorMuon"])
+    assert (both.name, both.kind, both.overrides) == (
+        "relu2 + value embeds", "stack", ['model.mlp="relu2"', "model.mlp_hidden=0", "model.value_embeds=1"])
+    assert (one.name, one.overrides) == ("NorMuon", ["optimizer.normuon=true"])
+    [(_, cfg)] = ablation.configs([both], lambda extra: load_config("debug", extra)[0])
+    assert (cfg.model.mlp, cfg.model.value_embeds, cfg.optimizer.normuon) == ("relu2", 1, False)
+    with pytest.raises(SystemExit, match=r"--stack 'relu2\+relu3': unknown 'relu3'; expected names from: relu2, "):
+        ablation.stacks(["relu2+relu3"])
+
+
 def test_each_technique_reaches_the_model_it_trains_at_the_cpu_presets_context():
     # The cpu preset's layers and context (the windows are sized to them), narrower and a smaller vocabulary.
     shrink = ["model.d_model=64", "tokenizer.vocab_size=512", "training.compile=false"]
