@@ -16,8 +16,10 @@ the model, the optimizer and its schedule, and whether rows start at a document'
 rest (the batch's shape, the steps, clipping, precision, the data itself) is one for all runs, so a
 technique setting any other key would train as if it were not there; it is refused before
 anything trains. Muon's options (Polar Express coefficients, NorMuon) are rows like the
-model's; batch and sequence-length schedules (training.*) need the harness to draw each run's
-batches by its own schedule first.
+model's. The batch and sequence-length schedules are honoured as the engine honours them: a step
+of such a run takes the first micro-batches its share says, each cut to the step's length, of the
+batches every run draws (its other shapes compiled before the clock too); a batch share of a half
+needs two micro-batches, so with it every run's step is split in two (`split`).
 
 The table convergence.py adds to bench/RESULTS.md for them: per run, its final validation loss,
 its loss at the baseline's best run's training time (equal time), the time it takes to reach the
@@ -26,10 +28,11 @@ baseline's best final loss and that time's ratio to the baseline's own.
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass
 from typing import Callable
 
-from lmcockpit.core.config import Config
+from lmcockpit.core.config import Config, ConfigError
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class Technique:
     overrides: tuple[str, ...]
     record: str  # where it came from: modded-nanogpt's record (docs/training.md gives the same numbers)
     why: str = ""  # a value chosen for the cpu preset's scale rather than the record's, and why
+    accum: int = 1  # the micro-batches a step must have for its batch shares to be whole ones
 
 
 TECHNIQUES = (
@@ -63,6 +67,12 @@ TECHNIQUES = (
     Technique("BOS-aligned", ("data.bos_aligned=true",), "later records (docs/data.md)"),
     Technique("Polar Express", ('optimizer.muon_coefficients="polar_express"',), "later records (docs/training.md)"),
     Technique("NorMuon", ("optimizer.normuon=true",), "later records (docs/training.md)"),
+    # Half the step's sequences for the first half: the shares must make whole micro-batches, so
+    # with it every run of the harness splits its step in two (`split`), the same rows a step.
+    Technique("batch schedule", ("training.batch_schedule=[[0.0, 0.5], [0.5, 1.0]]",), "later records",
+              "half the sequences for the first half of the steps (the record grows its batch in stages)", accum=2),
+    Technique("seq schedule", ("training.seq_len_schedule=[[0.0, 128], [0.5, 256]]",), "later records",
+              "a context of 128 for the first half of the steps, then the preset's 256"),
 )
 
 # Alone on the base only: a variant of a technique above at the record's own value.
@@ -71,7 +81,43 @@ ALONE_ONLY = (
 )
 
 # The keys (or sections, ending in ".") the harness reads from each run's own config.
-HONOURED = ("model.", "optimizer.", "data.bos_aligned")
+HONOURED = ("model.", "optimizer.", "data.bos_aligned", "training.batch_schedule", "training.seq_len_schedule")
+
+
+def before(cfg: Config) -> list[str]:
+    """The overrides that take `cfg` back to the recipe before the speedrun's techniques: each
+    technique's key at its default, and a SwiGLU of ¾ a ReLU² preset's hidden width (the parameters
+    it had: the cpu preset's 768 against ReLU²'s 1024). The baseline's shape is always this one, and
+    the ablation's base run this recipe, whatever of it a preset has switched on since."""
+    m = cfg.model
+    off = ['model.mlp="swiglu"', f"model.mlp_hidden={round(cfg.mlp_hidden * 3 / 4 / 64) * 64}"] if m.mlp == "relu2" else []
+    return off + ["model.zero_init_proj=false", "model.tie_embeddings=true", "model.logit_softcap=0",
+                  "model.value_embeds=0", "model.unet_skips=false", "model.window=0", "model.short_window=0",
+                  "data.bos_aligned=false", 'optimizer.muon_coefficients="quintic"', "optimizer.normuon=false",
+                  "training.batch_schedule=[]", "training.seq_len_schedule=[]"]
+
+
+def switched_on(cfg: Config) -> list[str]:
+    """The techniques `cfg` has on, as the table sets them (a width beside ReLU² aside)."""
+    def holds(override: str) -> bool:
+        key, value = (part.strip() for part in override.split("=", 1))
+        section, name = key.split(".")
+        return key == "model.mlp_hidden" or getattr(getattr(cfg, section), name) == tomllib.loads(f"v = {value}")["v"]
+    return [t.name for t in TECHNIQUES if all(holds(o) for o in t.overrides)]
+
+
+def split(techniques, cfg: Config) -> list[str]:
+    """The overrides that give every run the micro-batches `techniques`' batch shares need (the
+    same rows a step, in more micro-batches of fewer rows), or none where the preset has them."""
+    need = max([t.accum for t in techniques] + [1])
+    t = cfg.training
+    if t.grad_accum_steps % need == 0:
+        return []
+    rows = t.micro_batch_size * t.grad_accum_steps
+    if rows % need:
+        raise SystemExit(f"--ablation: a batch schedule needs {need} micro-batches a step; the preset's "
+                         f"{rows} rows a step do not split so")
+    return [f"training.micro_batch_size={rows // need}", f"training.grad_accum_steps={need}"]
 
 
 @dataclass(frozen=True)
@@ -133,5 +179,8 @@ def configs(variants_: list[Variant], configure: Callable[[list[str]], Config]) 
                 raise SystemExit(f"--ablation: {v.name} sets {key}, which every run of the harness shares (the "
                                  f"same batches, steps, clipping and precision); a technique may set "
                                  f"{', '.join(k + '*' if k.endswith('.') else k for k in HONOURED)}")
-    return [(v, configure(v.overrides)) for v in variants_]
+    try:
+        return [(v, configure(v.overrides)) for v in variants_]
+    except ConfigError as e:  # the technique's value does not suit this preset: the config's own words
+        raise SystemExit(f"--ablation: {v.name}: {e}") from None
 

@@ -58,6 +58,7 @@ from lmcockpit.core.hardware import cpu_precision
 from lmcockpit.core.hardware.device import autocast_dtype, expands_kv, resolve_device, resolve_precision
 from lmcockpit.core.infer.export import qwen3_config
 from lmcockpit.core.model.gpt import GPT, shape_from_config
+from lmcockpit.core.step_schedules import Schedules
 from lmcockpit.core.train.optim import build_optimizers, lr_multiplier, set_lr
 
 WEIGHT_DECAY = 0.1  # the AdamW runs' (the baseline's, as the transformers Trainer's docs suggest)
@@ -87,6 +88,16 @@ class Run:
     def final(self) -> float:
         return self.evals[-1][2]
 
+    @property
+    def plan(self) -> Schedules:
+        """What each step takes: its micro-batches and length (a schedule's run's own)."""
+        return Schedules.of(self.cfg)
+
+    @property
+    def tokens(self) -> int:
+        """Every token its steps trained on."""
+        return self.plan.tokens_before(self.cfg.training.max_steps)
+
 
 def baseline_model(cfg: Config) -> torch.nn.Module:
     """The model a user would build with transformers: Qwen3ForCausalLM from the config
@@ -112,7 +123,10 @@ def baseline_adamw(model: torch.nn.Module, lr: float, cfg: Config, fused: bool) 
 
 
 def build_runs(cfg: Config, device: torch.device, precision: str, lrs: list[float], adamw_lrs: list[float],
-               variants: list[tuple[ablation.Variant, Config]] = ()) -> list[Run]:
+               variants: list[tuple[ablation.Variant, Config]] = (), baseline_cfg: Config | None = None) -> list[Run]:
+    """Ours from `cfg`, the baseline's Qwen3 from `baseline_cfg` (the same shape and recipe
+    before the speedrun's techniques: `cfg` where not given), each variant from its own."""
+    bcfg = baseline_cfg or cfg
     compile_ = cfg.training.compile
     runs = []
 
@@ -126,7 +140,7 @@ def build_runs(cfg: Config, device: torch.device, precision: str, lrs: list[floa
 
     def theirs(lr: float) -> Run:
         torch.manual_seed(cfg.training.seed)
-        model = baseline_model(cfg).to(device).train()
+        model = baseline_model(bcfg).to(device).train()
         call = torch.compile(model, dynamic=False) if compile_ else model
         V = cfg.tokenizer.vocab_size
 
@@ -137,7 +151,7 @@ def build_runs(cfg: Config, device: torch.device, precision: str, lrs: list[floa
         # use_cache=False: a training forward builds no key/value cache (ours builds none)
         loss = lambda x, y: F.cross_entropy(call(input_ids=x, use_cache=False).logits.float().view(-1, V), y.reshape(-1))  # noqa: E731 - a one-line function, defined where it is used
         return Run(f"transformers Qwen3 + AdamW, lr {lr:g}", "baseline", f"{lr:g}", model, loss, token_losses,
-                   [baseline_adamw(model, lr, cfg, device.type == "cuda")], cfg=cfg)
+                   [baseline_adamw(model, lr, cfg, device.type == "cuda")], cfg=bcfg)
 
     o = cfg.optimizer
     runs.append(ours("lmcockpit, Muon + AdamW", "muon", f"{o.muon_lr:g} / {o.lr:g}", o))
@@ -147,8 +161,10 @@ def build_runs(cfg: Config, device: torch.device, precision: str, lrs: list[floa
     runs.extend(theirs(lr) for lr in lrs)
     for v, rcfg in variants:
         runs.append(ours(v.name, v.kind, f"{rcfg.optimizer.muon_lr:g} / {rcfg.optimizer.lr:g}", rcfg.optimizer, rcfg))
-    if compile_:  # each model variant is a graph of its own: past dynamo's limit the rest would run eager, unseen
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(runs) + 8)
+    if compile_:  # each model variant and each length a schedule adds is a graph of its own: past dynamo's
+        # limit the rest would run eager, unseen
+        graphs = sum(len({r.plan.seq_len(step) for step in range(cfg.training.max_steps)}) for r in runs)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, graphs + 8)
     return runs
 
 
@@ -173,6 +189,12 @@ def main(argv: list[str] | None = None) -> list[Run]:
 
     overrides = list(args.set) + ([f"training.max_steps={args.steps}"] if args.steps else [])
     cfg, _ = load_config(args.preset, overrides)
+    picked = (ablation.variants(ablation.chosen(args.techniques)) if args.ablation else []) + ablation.stacks(args.stack)
+    overrides += ablation.split([t for v in picked for t in v.techniques], cfg)  # every run alike
+    plain = overrides + ablation.before(cfg)  # the recipe before the speedrun's techniques: the baseline's shape
+    baseline_cfg, _ = load_config(args.preset, plain)
+    # Ours: the preset as it ships; with techniques to compare, the base they are added to.
+    cfg = baseline_cfg if picked else load_config(args.preset, overrides)[0]
     t = cfg.training
     device = resolve_device(args.device)
     verdict = cpu_precision.choose(cfg, print) if device.type == "cpu" and t.precision == "auto" else None
@@ -185,13 +207,12 @@ def main(argv: list[str] | None = None) -> list[Run]:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
 
-    picked = (ablation.variants(ablation.chosen(args.techniques)) if args.ablation else []) + ablation.stacks(args.stack)
-    variants = ablation.configs(picked, lambda extra: load_config(args.preset, overrides + extra)[0])
+    variants = ablation.configs(picked, lambda extra: load_config(args.preset, plain + extra)[0])
     # Prepared unaligned once; each run's rows drawn as its own config says (a feed per way of drawing).
     data = prepare(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, bos_aligned=False)),
                    lambda line: print(line, flush=True), lambda *a: None)
     val_starts = batches.eval_windows(len(data.val), cfg.eval.batches, t.micro_batch_size, t.seq_len)
-    runs = build_runs(cfg, device, precision, lrs, adamw_lrs, variants)
+    runs = build_runs(cfg, device, precision, lrs, adamw_lrs, variants, baseline_cfg)
     feeds = feeds_for(runs, data)
 
     def autocast():
@@ -207,11 +228,12 @@ def main(argv: list[str] | None = None) -> list[Run]:
         return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
 
     x0, y0 = batch(0, 0, next(iter(feeds)))
-    for run in runs:  # compile outside the clock: a forward and backward, no update
+    for run in runs:  # compile outside the clock: a forward and backward of each length it takes, no update
         sync()
         t0 = time.perf_counter()
-        with autocast():
-            run.loss(x0, y0).backward()
+        for length in sorted({run.plan.seq_len(step) for step in range(t.max_steps)}):
+            with autocast():
+                run.loss(x0[:, :length], y0[:, :length]).backward()
         for opt in run.opts:
             opt.zero_grad(set_to_none=True)
         sync()
@@ -234,12 +256,13 @@ def main(argv: list[str] | None = None) -> list[Run]:
         micro_batches = {feed: [batch(step, micro, feed) for micro in range(t.grad_accum_steps)] for feed in feeds}
         for run in runs:
             multiplier = lr_multiplier(step, t.max_steps, run.cfg.optimizer)
+            rows = step_rows(run, step, micro_batches[run.feed])
             sync()
             t0 = time.perf_counter()
             set_lr(run.opts, multiplier)
-            for x, y in micro_batches[run.feed]:
+            for x, y in rows:
                 with autocast():
-                    loss = run.loss(x, y) / t.grad_accum_steps
+                    loss = run.loss(x, y) / len(rows)
                 loss.backward()
             if t.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(run.model.parameters(), t.grad_clip)
@@ -256,6 +279,14 @@ def main(argv: list[str] | None = None) -> list[Run]:
 
     report(args, cfg, device, precision, runs, [v for v, _ in variants])
     return runs
+
+
+def step_rows(run: Run, step: int, micro_batches: list) -> list:
+    """The (inputs, targets) `run` trains on at `step`, of the micro-batches every run of its feed
+    draws: as the engine's step plan, the first ones its batch share takes, each cut to its length."""
+    plan = run.plan
+    length = plan.seq_len(step)
+    return [(x[:, :length], y[:, :length]) for x, y in micro_batches[:plan.accum_at(step)]]
 
 
 def feeds_for(runs: list[Run], data) -> dict:
@@ -313,7 +344,10 @@ def report(args, cfg: Config, device: torch.device, precision: str, runs: list[R
     lines = [
         f"Preset `{args.preset}`{' with ' + ', '.join(args.set) if args.set else ''}: {m.n_layer} layers, "
         f"d_model {m.d_model}, {m.n_head}/{m.n_kv_head} heads, vocab {cfg.tokenizer.vocab_size}, "
-        f"{runs[0].model.num_params() / 1e6:.2f}M parameters; batch {t.micro_batch_size}×{t.seq_len} tokens"
+        f"{runs[0].model.num_params() / 1e6:.2f}M parameters"
+        f"{' (' + ', '.join(on) + ')' if (on := ablation.switched_on(cfg)) else ''}; the baseline's Qwen3 "
+        f"{sum(p.numel() for p in base.model.parameters()) / 1e6:.2f}M, SwiGLU of {base.cfg.mlp_hidden}; "
+        f"batch {t.micro_batch_size}×{t.seq_len} tokens"
         f"{f' × {t.grad_accum_steps} micro-batches' if t.grad_accum_steps > 1 else ''}, "
         f"{t.max_steps} steps, {cfg.optimizer.schedule} schedule with {cfg.optimizer.warmup_steps} warmup steps, "
         f"grad clip {t.grad_clip:g}; {precision}, compile {'on' if t.compile else 'off'}, on {device}{threads}; "
@@ -325,11 +359,10 @@ def report(args, cfg: Config, device: torch.device, precision: str, runs: list[R
         "| run | lr | final val loss | train time | tokens/s | compile |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
-    tokens = t.max_steps * cfg.tokens_per_step
     for r in runs:
         star = (" **(best of its kind)**" if (r is base or r is adamw) and sum(x.kind == r.kind for x in runs) > 1
                 else "")
-        lines.append(f"| {r.name}{star} | {r.lr} | {r.final:.3f} | {secs(r.seconds)} | {tokens / r.seconds:,.0f} "
+        lines.append(f"| {r.name}{star} | {r.lr} | {r.final:.3f} | {secs(r.seconds)} | {r.tokens / r.seconds:,.0f} "
                      f"| {secs(r.compile_s)} |")
     trio = [("transformers + AdamW (best lr)", base), ("lmcockpit AdamW (best lr)", adamw),
             ("lmcockpit Muon + AdamW", muon)]
@@ -357,13 +390,13 @@ def report(args, cfg: Config, device: torch.device, precision: str, runs: list[R
                if ours_s is not None and base_s else "lmcockpit does not reach it")
     lines += ["", f"**Headline: {verdict}.**"]
     if variants:
-        lines += ablation_lines(variants, runs, muon, base, base_s, tokens)
+        lines += ablation_lines(variants, runs, muon, base, base_s)
     record("convergence: time to quality against transformers + AdamW"
            + (", the speedrun's techniques one by one" if variants else ""), lines, args.results)
 
 
-def ablation_lines(variants: list[ablation.Variant], runs: list[Run], ours: Run, base: Run, base_s: float | None,
-                   tokens: int) -> list[str]:
+def ablation_lines(variants: list[ablation.Variant], runs: list[Run], ours: Run, base: Run, base_s: float | None
+                   ) -> list[str]:
     """The ablation's table: `ours`, the recipe with no technique; `base`, the baseline's best run,
     whose final loss is the target and whose training time is the equal time."""
     target, by_name = base.final, {r.name: r for r in runs}
@@ -379,7 +412,7 @@ def ablation_lines(variants: list[ablation.Variant], runs: list[Run], ours: Run,
         ratio = fmt(s / base_s, ".2f") + "×" if s is not None and base_s else "not reached"
         what = (", ".join(f"`{o}`" for t in techniques for o in t.overrides), ", ".join(dict.fromkeys(t.record for t in techniques)))
         return (f"| {name} | {what[0]} | {what[1]} | {run.final:.3f} | {fmt(before and run.final - before.final, '+.3f')} "
-                f"| {fmt(loss_at(run, base.seconds))} | {secs(s)} | {ratio} | {tokens / run.seconds:,.0f} |")
+                f"| {fmt(loss_at(run, base.seconds))} | {secs(s)} | {ratio} | {run.tokens / run.seconds:,.0f} |")
 
     lines += [row("transformers + AdamW (best lr)", base), row("base: lmcockpit Muon + AdamW", ours)]
     above = ours

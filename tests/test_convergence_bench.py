@@ -96,6 +96,11 @@ def test_a_stack_trains_its_techniques_together_on_the_base_recipe():
 def test_each_technique_reaches_the_model_it_trains_at_the_cpu_presets_context():
     # The cpu preset's layers and context (the windows are sized to them), narrower and a smaller vocabulary.
     shrink = ["model.d_model=64", "tokenizer.vocab_size=512", "training.compile=false"]
+    every_technique = ablation.TECHNIQUES + ablation.ALONE_ONLY
+    # The batch schedule's halves need two micro-batches: every run gets them, the same 16 rows a step.
+    assert ablation.split(every_technique, load_config("cpu", shrink)[0]) == [
+        "training.micro_batch_size=8", "training.grad_accum_steps=2"]
+    shrink += ablation.split(every_technique, load_config("cpu", shrink)[0])
     base, _ = load_config("cpu", shrink)
     variants = ablation.configs(ablation.variants(ablation.chosen(None)),
                                 lambda extra: load_config("cpu", shrink + extra)[0])
@@ -114,15 +119,50 @@ def test_each_technique_reaches_the_model_it_trains_at_the_cpu_presets_context()
                 "windows": [layer.self_attn.window for layer in model.layers] == [0, 128, 128, 0],
                 "BOS-aligned": run.feed,
                 "Polar Express": muon["coefficients"] == "polar_express",
-                "NorMuon": muon["normuon"]}[name]
+                "NorMuon": muon["normuon"],
+                "batch schedule": [run.plan.accum_at(s) for s in (0, 149, 150, 299)] == [1, 1, 2, 2],
+                "seq schedule": [run.plan.seq_len(s) for s in (0, 149, 150, 299)] == [128, 128, 256, 256]}[name]
 
-    every = [t.name for t in ablation.TECHNIQUES + ablation.ALONE_ONLY]
+    every = [t.name for t in every_technique]
     assert not any(has(runs["lmcockpit, Muon + AdamW"], name) for name in every)
     for i, name in enumerate(t.name for t in ablation.TECHNIQUES):  # each stacked run has its own and those above
         run = runs[f"+{name}" + (" (= alone)" if i == 0 else "")]
         assert [has(run, n) for n in every] == [j <= i and n != "softcap 30" for j, n in enumerate(every)], name
     for name in every[1:]:  # each alone run has its own only
         assert [has(runs[f"{name} alone"], n) for n in every] == [n == name for n in every], name
+
+
+def test_the_baseline_and_the_ablations_base_are_the_recipe_before_the_techniques():
+    shrink = ["model.d_model=64", "tokenizer.vocab_size=512", "training.compile=false"]
+    stacked = ['model.mlp="relu2"', "model.mlp_hidden=1024", "model.zero_init_proj=true", "model.value_embeds=1",
+               "model.unet_skips=true", "optimizer.normuon=true"]
+    cfg, _ = load_config("cpu", shrink + stacked)
+    assert ablation.switched_on(cfg) == ["relu2", "zero-init", "value embeds", "U-net skips", "NorMuon"]
+    plain, _ = load_config("cpu", shrink + stacked + ablation.before(cfg))
+    old, _ = load_config("cpu", shrink)  # the cpu preset as it was: SwiGLU of 768, no technique
+    assert ablation.switched_on(plain) == ablation.switched_on(old) == []
+    assert plain == old
+    ours, theirs = convergence.build_runs(cfg, torch.device("cpu"), "fp32", [1e-3], [], baseline_cfg=plain)
+    assert not hasattr(ours.model.layers[0].mlp, "gate_proj")  # ours: the preset as it ships
+    assert theirs.model.config.intermediate_size == 768 and theirs.cfg is plain
+
+
+def test_a_scheduled_run_trains_on_its_steps_share_and_length_of_the_shared_batches():
+    shrink = ["model.d_model=64", "tokenizer.vocab_size=512", "training.compile=false"]
+    base_cfg, _ = load_config("cpu", shrink)
+    shrink += ablation.split(ablation.chosen("batch schedule"), base_cfg)
+    base, _ = load_config("cpu", shrink)
+    variants = ablation.configs(ablation.stacks(["batch schedule+seq schedule"]),
+                                lambda extra: load_config("cpu", shrink + extra)[0])
+    plain, scheduled = convergence.build_runs(base, torch.device("cpu"), "fp32", [], [], variants)
+    micro = [(torch.zeros(8, 256, dtype=torch.long) + i, torch.ones(8, 256, dtype=torch.long)) for i in range(2)]
+    for step, (accum, length) in [(0, (1, 128)), (149, (1, 128)), (150, (2, 256)), (299, (2, 256))]:
+        rows = convergence.step_rows(scheduled, step, micro)
+        assert [(int(x[0, 0]), tuple(x.shape), tuple(y.shape)) for x, y in rows] == [
+            (i, (8, length), (8, length)) for i in range(accum)]
+        assert [tuple(x.shape) for x, _ in convergence.step_rows(plain, step, micro)] == [(8, 256), (8, 256)]
+    # Its tokens: a quarter of the full steps' in the first half (half the rows of half the length).
+    assert (plain.tokens, scheduled.tokens) == (300 * 16 * 256, 150 * 8 * 128 + 150 * 16 * 256)
 
 
 def test_an_unknown_technique_or_one_the_harness_would_not_honour_is_refused():
@@ -132,7 +172,8 @@ def test_an_unknown_technique_or_one_the_harness_would_not_honour_is_refused():
     longer = ablation.Variant("+longer", "cumulative", (ablation.Technique("longer", ("training.seq_len=32",), "-"),))
     with pytest.raises(SystemExit, match=r"--ablation: \+longer sets training.seq_len, which every run of the "
                                          r"harness shares .*; a technique may set model.\*, optimizer.\*, "
-                                         r"data.bos_aligned$"):
+                                         r"data.bos_aligned, training.batch_schedule, "
+                                         r"training.seq_len_schedule$"):
         ablation.configs([longer], lambda extra: load_config("debug", extra)[0])
     muon = ablation.Technique("muon lr", ("optimizer.muon_lr=0.02",), "-")
     [(_, cfg)] = ablation.configs([ablation.Variant("+muon lr", "cumulative", (muon,))],
