@@ -316,8 +316,35 @@ def test_an_untied_head_zero_init_and_one_window_size_export_with_the_same_logit
     assert (theirs - mine).abs().max().item() <= 1e-4
 
 
+def test_a_relu2_mlp_exports_as_relu_of_a_gate_that_is_its_up_projection(run_copy, tmp_path):
+    """relu(u) · u = relu(u)²: Qwen3's gated MLP with hidden_act "relu" and gate_proj = up_proj
+    computes ReLU²; the logits match ours (the trained run's weights, less its gates)."""
+    from safetensors.torch import load_file, save_file
+
+    from lmcockpit.core.infer.export import export
+    from lmcockpit.core.infer.load import load
+
+    ckpt = _latest(run_copy)
+    tensors = {k: v for k, v in load_file(str(ckpt / "model.safetensors")).items() if "gate_proj" not in k}
+    save_file(tensors, str(ckpt / "model.safetensors"))
+    _set_model_keys(ckpt, mlp='"relu2"', mlp_hidden=str(tensors["layers.0.mlp.up_proj.weight"].shape[0]))
+    out = tmp_path / "hf"
+    done = export(str(run_copy), str(out))
+    assert done.n_params == sum(t.numel() for t in tensors.values())  # the model's own, not the copies
+
+    assert json.loads((out / "config.json").read_text())["hidden_act"] == "relu"
+    written = load_file(str(out / "model.safetensors"))
+    assert torch.equal(written["model.layers.0.mlp.gate_proj.weight"], written["model.layers.0.mlp.up_proj.weight"])
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ours = load(ckpt, "cpu")
+    assert not hasattr(ours.model.layers[0].mlp, "gate_proj")
+    ids = torch.randint(0, ours.cfg.tokenizer.vocab_size, (2, ours.cfg.max_seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        theirs, mine = model(ids).logits, ours.model.float()(ids)
+    assert (theirs - mine).abs().max().item() <= 1e-4
+
+
 @pytest.mark.parametrize("keys, named", [
-    ({"mlp": '"relu2"'}, 'model.mlp = "relu2"'),
     ({"logit_softcap": "15.0"}, "model.logit_softcap = 15.0"),
     ({"value_embeds": "1"}, "model.value_embeds = 1"),
     ({"unet_skips": "true"}, "model.unet_skips = true"),
@@ -336,7 +363,7 @@ def test_an_option_qwen3_cannot_express_is_refused_naming_it(run_copy, tmp_path,
 
 @pytest.mark.slow
 def test_the_refusal_is_one_line_and_exit_2(run_copy, tmp_path):
-    _set_model_keys(_latest(run_copy), mlp='"relu2"')
+    _set_model_keys(_latest(run_copy), value_embeds="1")
     r = cli("export", str(run_copy), str(tmp_path / "out"))
-    _refused(r, 'model.mlp = "relu2" has no Qwen3ForCausalLM equivalent')
+    _refused(r, "model.value_embeds = 1 has no Qwen3ForCausalLM equivalent")
     assert r.stderr.count("\n") == 1, r.stderr

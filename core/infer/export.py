@@ -5,7 +5,7 @@ Our model is Qwen3's math with Qwen3's parameter names (core/model/gpt.py), so t
 
     lmcockpit            Qwen3Config
     d_model              hidden_size
-    mlp_hidden           intermediate_size          (SwiGLU: hidden_act "silu")
+    mlp_hidden           intermediate_size          (SwiGLU: hidden_act "silu"; ReLU²: "relu", below)
     n_layer              num_hidden_layers
     n_head / n_kv_head   num_attention_heads / num_key_value_heads
     head_dim             head_dim                   (explicit: Qwen3 does not derive it)
@@ -18,10 +18,13 @@ Our model is Qwen3's math with Qwen3's parameter names (core/model/gpt.py), so t
                                                        sliding layers, the others full attention)
 
 The speedrun's options (docs/training.md) are exported where Qwen3 says the same thing: an untied
-head, zero-initialised projections (only weights), and sliding windows of one size (a window on
-every layer, or full long layers and short windowed ones). The rest change the math Qwen3 runs:
-model.mlp = "relu2", a logit soft-cap, value embeddings, U-net skips, and long and short windows
-of two sizes; each is refused with one line naming the option, before anything is read or written.
+head, zero-initialised projections (only weights), sliding windows of one size (a window on every
+layer, or full long layers and short windowed ones), and the ReLU² MLP: Qwen3's MLP is
+down(act(gate(x)) · up(x)), and relu(u) · u = relu(u)² exactly (both 0 where u ≤ 0), so with
+hidden_act "relu" and gate_proj a copy of up_proj it computes down(relu(up(x))²), at the cost of
+one more matrix per layer in the file. The rest change the math Qwen3 runs: a logit soft-cap, value
+embeddings, U-net skips, and long and short windows of two sizes; each is refused with one line
+naming the option, before anything is read or written.
 
 What Qwen3 cannot say is refused before anything is written, with the reason: a rotary base or
 norm epsilon that is not a finite positive number (our config does not check them; Qwen3's rotary
@@ -96,12 +99,21 @@ def inexpressible(cfg: Config) -> str | None:
     """The first option of the model that Qwen3ForCausalLM has no equivalent of, as "model.KEY = VALUE"; None if none."""
     m = cfg.model
     default = type(m)()
-    for key in ("mlp", "logit_softcap", "value_embeds", "unet_skips"):
+    for key in ("logit_softcap", "value_embeds", "unet_skips"):
         if getattr(m, key) != getattr(default, key):
             return f"model.{key} = {json.dumps(getattr(m, key))}"
     if len(set(cfg.layer_windows) - {0}) > 1:
         return f"model.window = {m.window} with model.short_window = {m.short_window}"  # one size in Qwen3
     return None
+
+
+def qwen3_tensors(tensors: dict, cfg: Config) -> dict:
+    """The export's tensors under Qwen3's names; a ReLU² MLP's up_proj also as its gate_proj."""
+    out = {exported_name(k): t.contiguous() for k, t in tensors.items()}
+    if cfg.model.mlp == "relu2":
+        for i in range(cfg.model.n_layer):
+            out[f"{PREFIX}layers.{i}.mlp.gate_proj.weight"] = out[f"{PREFIX}layers.{i}.mlp.up_proj.weight"].clone()
+    return out
 
 
 def exported_name(name: str) -> str:
@@ -123,7 +135,7 @@ def qwen3_config(cfg: Config, eos: int | None, dtype: str) -> dict:
         "num_attention_heads": m.n_head,
         "num_key_value_heads": m.n_kv_head,
         "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
+        "hidden_act": "relu" if m.mlp == "relu2" else "silu",  # ReLU² as relu(gate) · up, gate = up
         "max_position_embeddings": cfg.max_seq_len,
         "initializer_range": m.init_std,
         "rms_norm_eps": float(m.norm_eps),
@@ -243,7 +255,7 @@ def export(spec: str, out_dir: str, log: Callable[[str], None] = lambda s: None)
         ends = eos if chat_end is None else [chat_end, *([eos] if eos is not None else [])]
         generation = {"bos_token_id": eos, "eos_token_id": ends, "pad_token_id": eos, "do_sample": False}
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-        save_file({exported_name(k): t.contiguous() for k, t in tensors.items()}, str(tmp / "model.safetensors"),
+        save_file(qwen3_tensors(tensors, cfg), str(tmp / "model.safetensors"),
                   metadata={"format": "pt", "lmcockpit_checkpoint": str(ckpt), "lmcockpit_step": str(step)})
         _write_tokenizer(tok_path, tok, tmp, log)
         if chat_end is not None:
