@@ -154,7 +154,8 @@ def record_seconds_to(loss: float) -> float | None:
 
 
 # ---------------------------------------------------------------------------------- the run
-CPU_SETS = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=4", "model.max_seq_len=64",
+CPU_SETS = ["model.n_layer=2", "model.value_embeds=1", "model.d_model=64", "model.n_head=4", "model.n_kv_head=4",
+            "model.max_seq_len=64",
             "training.seq_len=64", "training.micro_batch_size=8", "training.grad_accum_steps=1",
             "training.compile=false", "optimizer.warmup_steps=3", "eval.batches=4", "tokenizer.vocab_size=64",
             'hardware.device="cpu"', "data.val_tokens=4000", "training.log_every=5"]

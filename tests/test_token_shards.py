@@ -104,7 +104,8 @@ def test_a_stream_without_a_separator_is_refused_by_name():
 
 # The preset at the debug preset's sizes, on shards written here (no network): its data format, its
 # validation shard's first tokens, BOS-aligned rows and everything else as shipped.
-SMALL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=4", "model.max_seq_len=64",
+SMALL = ["model.n_layer=2", "model.value_embeds=1", "model.d_model=64", "model.n_head=4", "model.n_kv_head=4",
+         "model.max_seq_len=64",
          "training.seq_len=64", "training.micro_batch_size=8", "training.grad_accum_steps=1",
          "training.max_steps=10", "training.compile=false", "training.log_every=5", "optimizer.warmup_steps=3",
          "eval.every=5", "eval.batches=4", "checkpoint.every=0", "checkpoint.keep=1", 'hardware.device="cpu"',
