@@ -344,20 +344,22 @@ def test_a_relu2_mlp_exports_as_relu_of_a_gate_that_is_its_up_projection(run_cop
     assert (theirs - mine).abs().max().item() <= 1e-4
 
 
-@pytest.mark.parametrize("keys, named", [
-    ({"logit_softcap": "15.0"}, "model.logit_softcap = 15.0"),
-    ({"value_embeds": "1"}, "model.value_embeds = 1"),
-    ({"unet_skips": "true"}, "model.unet_skips = true"),
-    ({"n_layer": "3", "window": "16", "short_window": "8"}, "model.window = 16 with model.short_window = 8"),
+@pytest.mark.parametrize("keys, named, without", [
+    ({"logit_softcap": "15.0"}, "model.logit_softcap = 15.0", "model.logit_softcap=0.0"),
+    ({"value_embeds": "1"}, "model.value_embeds = 1", "model.value_embeds=0"),
+    ({"unet_skips": "true"}, "model.unet_skips = true", "model.unet_skips=false"),
+    ({"n_layer": "3", "window": "16", "short_window": "8"}, "model.window = 16 with model.short_window = 8",
+     "model.short_window=0"),
 ])
-def test_an_option_qwen3_cannot_express_is_refused_naming_it(run_copy, tmp_path, keys, named):
+def test_an_option_qwen3_cannot_express_is_refused_naming_it(run_copy, tmp_path, keys, named, without):
     from lmcockpit.core.config import ConfigError
     from lmcockpit.core.infer.export import export
 
     _set_model_keys(_latest(run_copy), **keys)
     with pytest.raises(ConfigError) as e:
         export(str(run_copy), str(tmp_path / "out"))
-    assert str(e.value) == f"export: {named} has no Qwen3ForCausalLM equivalent"
+    assert str(e.value) == (f"export: {named} has no Qwen3ForCausalLM equivalent; a run trained without it "
+                            f"(--set {without}) exports")
     assert [p.name for p in tmp_path.iterdir()] == ["run"], "something was written"
 
 

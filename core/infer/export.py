@@ -95,15 +95,16 @@ def expected_tensors(cfg: Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def inexpressible(cfg: Config) -> str | None:
-    """The first option of the model that Qwen3ForCausalLM has no equivalent of, as "model.KEY = VALUE"; None if none."""
+def inexpressible(cfg: Config) -> tuple[str, str] | None:
+    """The first option of the model that Qwen3ForCausalLM has no equivalent of, as ("model.KEY =
+    VALUE", the --set that trains without it); None if none."""
     m = cfg.model
     default = type(m)()
     for key in ("logit_softcap", "value_embeds", "unet_skips"):
         if getattr(m, key) != getattr(default, key):
-            return f"model.{key} = {json.dumps(getattr(m, key))}"
-    if len(set(cfg.layer_windows) - {0}) > 1:
-        return f"model.window = {m.window} with model.short_window = {m.short_window}"  # one size in Qwen3
+            return f"model.{key} = {json.dumps(getattr(m, key))}", f"model.{key}={json.dumps(getattr(default, key))}"
+    if len(set(cfg.layer_windows) - {0}) > 1:  # one size in Qwen3
+        return f"model.window = {m.window} with model.short_window = {m.short_window}", "model.short_window=0"
     return None
 
 
@@ -231,8 +232,10 @@ def export(spec: str, out_dir: str, log: Callable[[str], None] = lambda s: None)
     ckpt = find_checkpoint(spec)
     step = check_checkpoint(ckpt)
     cfg = checkpoint_config(ckpt)
-    if option := inexpressible(cfg):
-        raise ConfigError(f"export: {option} has no Qwen3ForCausalLM equivalent")
+    if refused := inexpressible(cfg):  # the cpu preset's value embeddings and U-net skips, for one
+        option, without = refused
+        raise ConfigError(f"export: {option} has no Qwen3ForCausalLM equivalent; a run trained without it "
+                          f"(--set {without}) exports")
     where = str(ckpt)
     tok_path, tok, eos = _tokenizer(ckpt, cfg)
     tensors = _read_weights(ckpt, cfg)
