@@ -4,7 +4,10 @@ A record of the two replies, not a timing.
 
     python bench/chat_reply.py RUN [--prompt TEXT] [--max-new-tokens 64]
 
-RUN: a fine-tuning run folder (`lmcockpit --run chat-cpu --from ...`). The export goes to a
+RUN: a fine-tuning run folder (`lmcockpit --run chat-cpu --from ...`), its base trained with
+`--set model.value_embeds=0 --set model.unet_skips=false` (the cpu preset's value embeddings and
+U-net skips have no Qwen3 equivalent, so a run with them does not export; chat-cpu then needs the
+same two sets). The export goes to a
 temporary folder. Appends the request, both replies, whether they are equal and whether the
 model ended its turn (<|assistant_end|>) before the limit, with the machine, to bench/RESULTS.md.
 """

@@ -36,9 +36,9 @@ def test_shipped_presets_load_and_are_named():
                 assert got[section][key] == written.get(section, {}).get(key, default), (name, section, key)
     # the README's figures for the embedded default
     cpu, _ = load_config("cpu")
-    assert memory_estimate.param_counts(cpu).total == 5_245_696 and cpu.tokens_per_step == 4096
+    assert memory_estimate.param_counts(cpu).total == 6_032_134 and cpu.tokens_per_step == 4096
     assert (cpu.model.n_layer, cpu.model.d_model, cpu.model.n_head, cpu.model.n_kv_head) == (4, 256, 4, 2)
-    assert (cpu.training.max_steps, cpu.training.compile, cpu.hardware.device) == (300, True, "auto")
+    assert (cpu.training.max_steps, cpu.training.compile, cpu.hardware.device) == (360, True, "auto")
 
 
 def test_preset_by_relative_path_works_from_any_folder(tmp_path, monkeypatch):

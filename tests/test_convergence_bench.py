@@ -93,14 +93,24 @@ def test_a_stack_trains_its_techniques_together_on_the_base_recipe():
         ablation.stacks(["relu2+relu3"])
 
 
+# The cpu preset's layers and context (the windows are sized to them), narrower, a smaller vocabulary
+# and 300 steps (the schedules' stages below are counted in them).
+SHRINK = ["model.d_model=64", "tokenizer.vocab_size=512", "training.compile=false", "training.max_steps=300"]
+
+
+def plain_cpu(techniques=()) -> list[str]:
+    """The shrunk cpu preset's overrides as main() makes them: the micro-batches `techniques` need,
+    then back to the recipe before the techniques (the preset ships some of them on)."""
+    shrink = SHRINK + ablation.split(techniques, load_config("cpu", SHRINK)[0])
+    return shrink + ablation.before(load_config("cpu", shrink)[0])
+
+
 def test_each_technique_reaches_the_model_it_trains_at_the_cpu_presets_context():
-    # The cpu preset's layers and context (the windows are sized to them), narrower and a smaller vocabulary.
-    shrink = ["model.d_model=64", "tokenizer.vocab_size=512", "training.compile=false"]
     every_technique = ablation.TECHNIQUES + ablation.ALONE_ONLY
     # The batch schedule's halves need two micro-batches: every run gets them, the same 16 rows a step.
-    assert ablation.split(every_technique, load_config("cpu", shrink)[0]) == [
+    assert ablation.split(every_technique, load_config("cpu", SHRINK)[0]) == [
         "training.micro_batch_size=8", "training.grad_accum_steps=2"]
-    shrink += ablation.split(every_technique, load_config("cpu", shrink)[0])
+    shrink = plain_cpu(every_technique)
     base, _ = load_config("cpu", shrink)
     variants = ablation.configs(ablation.variants(ablation.chosen(None)),
                                 lambda extra: load_config("cpu", shrink + extra)[0])
@@ -133,24 +143,20 @@ def test_each_technique_reaches_the_model_it_trains_at_the_cpu_presets_context()
 
 
 def test_the_baseline_and_the_ablations_base_are_the_recipe_before_the_techniques():
-    shrink = ["model.d_model=64", "tokenizer.vocab_size=512", "training.compile=false"]
-    stacked = ['model.mlp="relu2"', "model.mlp_hidden=1024", "model.zero_init_proj=true", "model.value_embeds=1",
-               "model.unet_skips=true", "optimizer.normuon=true"]
-    cfg, _ = load_config("cpu", shrink + stacked)
-    assert ablation.switched_on(cfg) == ["relu2", "zero-init", "value embeds", "U-net skips", "NorMuon"]
-    plain, _ = load_config("cpu", shrink + stacked + ablation.before(cfg))
-    old, _ = load_config("cpu", shrink)  # the cpu preset as it was: SwiGLU of 768, no technique
-    assert ablation.switched_on(plain) == ablation.switched_on(old) == []
-    assert plain == old
+    cfg, _ = load_config("cpu", SHRINK)  # as it ships (#55)
+    assert ablation.switched_on(cfg) == ["relu2", "zero-init", "value embeds", "U-net skips", "NorMuon", "seq schedule"]
+    plain, _ = load_config("cpu", SHRINK + ablation.before(cfg))
+    # The cpu preset as it was before them: SwiGLU of 768, the whole context from the first step.
+    assert ablation.switched_on(plain) == [] and (plain.model.mlp, plain.mlp_hidden) == ("swiglu", 768)
+    assert plain.training.seq_len_schedule == [] and not plain.optimizer.normuon
+    assert (plain.data, plain.tokenizer, plain.training.max_steps) == (cfg.data, cfg.tokenizer, cfg.training.max_steps)
     ours, theirs = convergence.build_runs(cfg, torch.device("cpu"), "fp32", [1e-3], [], baseline_cfg=plain)
     assert not hasattr(ours.model.layers[0].mlp, "gate_proj")  # ours: the preset as it ships
     assert theirs.model.config.intermediate_size == 768 and theirs.cfg is plain
 
 
 def test_a_scheduled_run_trains_on_its_steps_share_and_length_of_the_shared_batches():
-    shrink = ["model.d_model=64", "tokenizer.vocab_size=512", "training.compile=false"]
-    base_cfg, _ = load_config("cpu", shrink)
-    shrink += ablation.split(ablation.chosen("batch schedule"), base_cfg)
+    shrink = plain_cpu(ablation.chosen("batch schedule"))
     base, _ = load_config("cpu", shrink)
     variants = ablation.configs(ablation.stacks(["batch schedule+seq schedule"]),
                                 lambda extra: load_config("cpu", shrink + extra)[0])

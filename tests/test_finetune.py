@@ -40,7 +40,8 @@ BASE = ["training.max_steps=6", "checkpoint.every=3", "eval.every=3", "eval.batc
 FINE_TUNE = ["model.n_layer=2", "model.d_model=64", "model.mlp_hidden=0", "model.max_seq_len=64", "training.seq_len=64",
              "training.micro_batch_size=8", "training.compile=false", "training.max_steps=8",
              "optimizer.warmup_steps=2", "checkpoint.every=4", "checkpoint.keep=5", "eval.every=4", "eval.batches=2",
-             "data.val_fraction=0.2", 'hardware.device="cpu"', "sample.prompts=[]"]
+             "data.val_fraction=0.2", 'hardware.device="cpu"', "sample.prompts=[]",
+             'model.mlp="swiglu"', "model.value_embeds=0", "model.unet_skips=false"]
 
 
 @pytest.fixture(scope="module")

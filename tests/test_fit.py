@@ -6,7 +6,7 @@ import torch
 from lmcockpit.core import protocol as P
 from lmcockpit.core.config import load_config
 from lmcockpit.core.hardware import attention, memory_estimate
-from lmcockpit.core.model.gpt import GPT, GPTShape
+from lmcockpit.core.model.gpt import GPT, shape_from_config
 from lmcockpit.core.model.muon import Muon
 from lmcockpit.core.train import memory_probe
 from lmcockpit.core.train.optim import split_params
@@ -15,10 +15,7 @@ from .helpers import cpu_bytes_held, drive_engine, tiny_config
 
 
 def model_of(cfg) -> GPT:
-    m = cfg.model
-    return GPT(GPTShape(vocab_size=cfg.tokenizer.vocab_size, n_layer=m.n_layer, d_model=m.d_model, n_head=m.n_head,
-                        n_kv_head=m.n_kv_head, head_dim=cfg.head_dim, mlp_hidden=cfg.mlp_hidden,
-                        max_seq_len=m.max_seq_len))
+    return GPT(shape_from_config(cfg))  # every option of the config's model (the cpu preset's since #55)
 
 
 @pytest.mark.parametrize("preset, overrides", [

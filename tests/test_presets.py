@@ -174,3 +174,35 @@ def test_presets_command_says_how_long_each_preset_should_train():
     assert line.startswith("Training time on the card each was sized for") and "49% on h100 (measured), else 40% MFU" in line
     h100 = load_config("h100")[0]
     assert f"h100 {training_time(h100, 'H100').short()}" in line and "cpu –" in line
+
+
+@pytest.mark.slow
+def test_the_cpu_preset_trains_with_every_option_it_ships(tmp_path):
+    """The speedrun's options the cpu preset has (#55), at a narrow width, through the real engine:
+    the 128-token context for the first half of the steps, then 256; its value embedding, skip
+    weights and ReLU² MLP in the checkpoint."""
+    from safetensors.numpy import load_file
+
+    from lmcockpit.core import protocol as P
+    from lmcockpit.core.run.folder import latest_checkpoint
+
+    from .helpers import drive_engine
+
+    cfg, _ = load_config("cpu", [
+        "model.d_model=64", "tokenizer.vocab_size=512", "tokenizer.train_bytes=300_000", "data.max_bytes=1_000_000",
+        "training.max_steps=4", "training.micro_batch_size=2", "training.compile=false", "eval.every=0",
+        "eval.tasks=[]", "checkpoint.every=4", "sample.prompts=[]", 'hardware.device="cpu"'])
+    m = cfg.model
+    assert (m.mlp, m.zero_init_proj, m.value_embeds, m.unet_skips, cfg.optimizer.normuon) == ("relu2", True, 1, True, True)
+    engine, events = drive_engine(cfg, tmp_path / "run")
+    assert engine.final_state == P.FINISHED
+    said = [e.text for e in events if isinstance(e, P.LogLine)]
+    assert any("from step 1, 1 micro-batch(es) a process (1 of the step's sequences), sequence length 128" in s
+               for s in said), said
+    assert any("from step 3, 1 micro-batch(es) a process (1 of the step's sequences), sequence length 256" in s
+               for s in said), said
+    steps = [e for e in events if isinstance(e, P.StepMetrics)]
+    assert [e.tokens_seen for e in steps] == [256, 512, 1024, 1536]  # 2 rows of 128, then of 256
+    weights = load_file(str(latest_checkpoint(tmp_path / "run") / "model.safetensors"))
+    assert "value_embeds.0.weight" in weights and "skip_weights" in weights
+    assert not any("gate_proj" in k for k in weights) and weights["layers.0.mlp.up_proj.weight"].shape == (1024, 64)

@@ -314,15 +314,15 @@ def test_an_unknown_spike_policy_is_one_error_line(tmp_path):
 
 
 def test_a_healthy_cpu_preset_run_never_trips_the_default_thresholds():
-    """The 300 steps of a real `lmcockpit --run cpu` (tests/data/cpu_preset_curve.json, recorded
-    with the machine it ran on) judged as the trainer judges them, at the preset's own settings:
+    """The 360 steps of a real `lmcockpit --run cpu` (tests/data/cpu_preset_curve.json, recorded
+    with the machine it ran on; its context doubles at step 181) judged as the trainer judges them, at the preset's own settings:
     no spike, its largest z-score far below the threshold; the same run's losses with one step
     made a spike as the learning-rate surge made one (3.69 to 22.1) is caught."""
     from lmcockpit.core.config import load_config
     from lmcockpit.core.train.spikes import zscore
 
     curve = json.loads((Path(__file__).parent / "data" / "cpu_preset_curve.json").read_text())
-    assert len(curve["loss"]) == 300
+    assert len(curve["loss"]) == 360
     t = load_config("cpu", [])[0].training
     watch, largest = SpikeWatch(t.spike_window, t.spike_zscore, t.spike_grad_zscore), 0.0
     for loss, norm in zip(curve["loss"], curve["grad_norm"]):
