@@ -94,6 +94,11 @@ class Run:
         return Schedules.of(self.cfg)
 
     @property
+    def lengths(self) -> set[int]:
+        """The sequence lengths its steps take: each a graph of its own when compiled."""
+        return {self.plan.seq_len(step) for step in range(self.cfg.training.max_steps)}
+
+    @property
     def tokens(self) -> int:
         """Every token its steps trained on."""
         return self.plan.tokens_before(self.cfg.training.max_steps)
@@ -163,7 +168,7 @@ def build_runs(cfg: Config, device: torch.device, precision: str, lrs: list[floa
         runs.append(ours(v.name, v.kind, f"{rcfg.optimizer.muon_lr:g} / {rcfg.optimizer.lr:g}", rcfg.optimizer, rcfg))
     if compile_:  # each model variant and each length a schedule adds is a graph of its own: past dynamo's
         # limit the rest would run eager, unseen
-        graphs = sum(len({r.plan.seq_len(step) for step in range(cfg.training.max_steps)}) for r in runs)
+        graphs = sum(len(r.lengths) for r in runs)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, graphs + 8)
     return runs
 
@@ -231,7 +236,7 @@ def main(argv: list[str] | None = None) -> list[Run]:
     for run in runs:  # compile outside the clock: a forward and backward of each length it takes, no update
         sync()
         t0 = time.perf_counter()
-        for length in sorted({run.plan.seq_len(step) for step in range(t.max_steps)}):
+        for length in sorted(run.lengths):
             with autocast():
                 run.loss(x0[:, :length], y0[:, :length]).backward()
         for opt in run.opts:
