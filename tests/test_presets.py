@@ -206,3 +206,11 @@ def test_the_cpu_preset_trains_with_every_option_it_ships(tmp_path):
     weights = load_file(str(latest_checkpoint(tmp_path / "run") / "model.safetensors"))
     assert "value_embeds.0.weight" in weights and "skip_weights" in weights
     assert not any("gate_proj" in k for k in weights) and weights["layers.0.mlp.up_proj.weight"].shape == (1024, 64)
+
+
+def test_chat_cpu_fine_tunes_the_cpu_presets_model_as_shipped():
+    """chat-cpu repeats the cpu preset's [model] (a fine-tune keeps its base's shape, --from checks
+    it): a change to one that misses the other would refuse every `--run chat-cpu --from` a cpu run."""
+    from lmcockpit.core.data.base_model import shape
+
+    assert shape(load_config("chat-cpu")[0]) == shape(load_config("cpu")[0])
