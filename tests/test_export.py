@@ -364,8 +364,9 @@ def test_an_option_qwen3_cannot_express_is_refused_naming_it(run_copy, tmp_path,
 
 
 @pytest.mark.slow
-def test_the_refusal_is_one_line_and_exit_2(run_copy, tmp_path):
-    _set_model_keys(_latest(run_copy), value_embeds="1")
+def test_the_refusal_is_one_line_and_exit_2_naming_every_option_at_once(run_copy, tmp_path):
+    _set_model_keys(_latest(run_copy), value_embeds="1", unet_skips="true")  # the cpu preset's pair
     r = cli("export", str(run_copy), str(tmp_path / "out"))
-    _refused(r, "model.value_embeds = 1 has no Qwen3ForCausalLM equivalent")
+    _refused(r, "model.value_embeds = 1, model.unet_skips = true have no Qwen3ForCausalLM equivalent; a run trained "
+                "without them (--set model.value_embeds=0 --set model.unet_skips=false) exports")
     assert r.stderr.count("\n") == 1, r.stderr

@@ -95,17 +95,16 @@ def expected_tensors(cfg: Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def inexpressible(cfg: Config) -> tuple[str, str] | None:
-    """The first option of the model that Qwen3ForCausalLM has no equivalent of, as ("model.KEY =
-    VALUE", the --set that trains without it); None if none."""
+def inexpressible(cfg: Config) -> list[tuple[str, str]]:
+    """Every option of the model that Qwen3ForCausalLM has no equivalent of, as ("model.KEY =
+    VALUE", the --set that trains without it): all at once, so one retraining is enough."""
     m = cfg.model
     default = type(m)()
-    for key in ("logit_softcap", "value_embeds", "unet_skips"):
-        if getattr(m, key) != getattr(default, key):
-            return f"model.{key} = {json.dumps(getattr(m, key))}", f"model.{key}={json.dumps(getattr(default, key))}"
+    found = [(f"model.{key} = {json.dumps(getattr(m, key))}", f"model.{key}={json.dumps(getattr(default, key))}")
+             for key in ("logit_softcap", "value_embeds", "unet_skips") if getattr(m, key) != getattr(default, key)]
     if len(set(cfg.layer_windows) - {0}) > 1:  # one size in Qwen3
-        return f"model.window = {m.window} with model.short_window = {m.short_window}", "model.short_window=0"
-    return None
+        found.append((f"model.window = {m.window} with model.short_window = {m.short_window}", "model.short_window=0"))
+    return found
 
 
 def qwen3_tensors(tensors: dict, cfg: Config) -> dict:
@@ -233,9 +232,10 @@ def export(spec: str, out_dir: str, log: Callable[[str], None] = lambda s: None)
     step = check_checkpoint(ckpt)
     cfg = checkpoint_config(ckpt)
     if refused := inexpressible(cfg):  # the cpu preset's value embeddings and U-net skips, for one
-        option, without = refused
-        raise ConfigError(f"export: {option} has no Qwen3ForCausalLM equivalent; a run trained without it "
-                          f"(--set {without}) exports")
+        options, sets = ", ".join(o for o, _ in refused), " ".join(f"--set {s}" for _, s in refused)
+        one = len(refused) == 1
+        raise ConfigError(f"export: {options} {'has' if one else 'have'} no Qwen3ForCausalLM equivalent; a run "
+                          f"trained without {'it' if one else 'them'} ({sets}) exports")
     where = str(ckpt)
     tok_path, tok, eos = _tokenizer(ckpt, cfg)
     tensors = _read_weights(ckpt, cfg)
