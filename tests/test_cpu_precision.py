@@ -1,11 +1,13 @@
 """precision = "auto" on a CPU: a probe's verdict, cached per CPU model and torch version."""
 
+import dataclasses
 import json
 import math
 
 import pytest
 
 from lmcockpit.core import protocol as P
+from lmcockpit.core.config import load_config
 from lmcockpit.core.hardware import cpu_precision as cp
 from lmcockpit.core.hardware import memory_estimate
 from lmcockpit.core.hardware.device import choose_precision
@@ -34,6 +36,26 @@ def test_the_verdict_says_what_was_measured():
     assert cp.decide(0.921, 0.582).note() == "auto: 1.58× fp32 on this CPU"
     assert cp.decide(0.720, 1.150).note() == "auto: bf16 measured 0.63× fp32 on this CPU, under 1.15×"
     assert cp.Verdict("fp32", why="no bf16 instructions in this CPU").note() == "auto: no bf16 instructions in this CPU"
+
+
+def test_a_verdict_probed_at_one_shape_does_not_decide_another(tmp_path, monkeypatch):
+    """A first run of the debug preset (bf16 0.64x fp32 on a Xeon with AMX) must not keep the cpu
+    preset (2.0x there) in fp32: each shape is probed once, its verdict kept under it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    debug, cpu = tiny_config(), load_config("cpu")[0]
+    assert cp.probe_shape(debug) == "8×64 tokens, d_model 64, 4/2 heads, swiglu 192, vocab 512"
+    assert cp.probe_shape(cpu) == "16×256 tokens, d_model 256, 4/2 heads, relu2 1024, vocab 8192"
+    cp.store(cp.decide(0.00589, 0.00918), cp.cache_key(shape=cp.probe_shape(debug)))
+    assert cp.known(debug).precision == "fp32"
+    assert cp.known(cpu) is None or cp.has_bf16() is False  # to be probed at its own shape
+    cp.store(cp.decide(0.120, 0.060), cp.cache_key(shape=cp.probe_shape(cpu)))
+    assert (cp.known(debug).precision, cp.known(cpu).precision) == ("fp32", "bf16")
+    # An older lmcockpit's entry, one per CPU and torch whatever shape probed it, is not read.
+    (tmp_path / "lmcockpit" / "cpu-precision.json").write_text(json.dumps(
+        {f"{cp.cpu_model()} | torch {cp.torch_version()}": dataclasses.asdict(cp.decide(0.1, 0.2))}))
+    assert cp.known(cpu) is None or cp.has_bf16() is False
+    cp.store(cp.Verdict("fp32", why="pinned"))  # for any shape (the suite's pin): every shape's
+    assert cp.known(debug) == cp.known(cpu) == cp.Verdict("fp32", why="pinned")
 
 
 def test_the_cache_is_kept_per_cpu_model_and_torch_version(tmp_path, monkeypatch):
@@ -67,10 +89,10 @@ def test_a_first_run_probes_once_and_later_ones_read_the_verdict(tmp_path, monke
     assert len(log) == 1 and "timing fp32 against bf16 on this CPU" in log[0]
     assert first.speedup == pytest.approx(first.fp32_ms / first.bf16_ms, rel=1e-2)
     assert first.precision == ("bf16" if first.speedup >= cp.MARGIN else "fp32")
-    assert "1 block, 8×64 tokens, d_model 64, vocab 512" in first.probe
+    assert "1 block, 8×64 tokens, d_model 64, 4/2 heads, swiglu 192, vocab 512" in first.probe
     again = []
     assert cp.choose(cfg, again.append) == first and not again  # read, not measured
-    assert cp.cached() == first
+    assert cp.cached(cp.cache_key(shape=cp.probe_shape(cfg))) == first and cp.cached() is None  # its shape's only
 
 
 def test_the_memory_estimate_follows_the_cached_verdict():
@@ -115,7 +137,7 @@ def test_a_run_with_nothing_cached_probes_and_says_what_it_chose(tmp_path):
     with cpu_verdict(None):
         proc = cli("--run", "debug", "--out", str(tmp_path / "run"), "--set", "training.max_steps=2",
                    "--set", "eval.every=0", "--set", "sample.prompts=[]", "--set", 'hardware.device="cpu"')
-        verdict = cp.known()
+        verdict = cp.known(load_config("debug")[0])
     assert proc.returncode == 0, proc.stderr
     header = next(line for line in proc.stdout.splitlines() if "model:" in line)
     assert f"precision {verdict.precision} ({verdict.note()})," in header
@@ -131,11 +153,11 @@ def test_doctor_with_nothing_cached_measures_and_says_what_it_chose():
 
     with cpu_verdict(None):  # nothing cached: the doctor probes at the cpu preset's shape, as a first run would
         facts = cpu_precision_facts()
-        verdict = cp.known()
+        verdict = cp.known(load_config("cpu")[0])
     check = cpu_precision_check(facts)
     if verdict.speedup is None:
         assert (check.status, check.detail) == ("info", f"fp32 ({verdict.why})")
     else:
         assert check.status == "ok" and "measured now" in check.detail
         assert check.detail.startswith(f'precision "auto" trains in {verdict.precision}:')
-        assert "16×256 tokens, d_model 256, vocab 8192" in check.detail
+        assert "16×256 tokens, d_model 256, 4/2 heads, relu2 1024, vocab 8192" in check.detail

@@ -89,8 +89,29 @@ def torch_version() -> str:
         return "unknown"
 
 
-def cache_key(cpu: str | None = None, torch: str | None = None) -> str:
-    return f"{cpu or cpu_model()} | torch {torch or torch_version()}"
+# A verdict stored for every shape of a CPU and torch (how the test suite pins fp32); a probe's
+# own is kept under the shape it measured.
+ANY_SHAPE = "any shape"
+
+
+def cache_key(cpu: str | None = None, torch: str | None = None, shape: str = ANY_SHAPE) -> str:
+    # Keyed by the probe's shape as well as the CPU: on a Xeon with AMX, bf16 measured 0.64x fp32
+    # for the debug preset's 8x64 tokens of width 64 and 2.0x for the cpu preset's 16x256 of 256,
+    # so a first run of a tiny model must not decide every later run's precision.
+    return f"{cpu or cpu_model()} | torch {torch or torch_version()} | {shape}"
+
+
+def probe_shape(cfg) -> str:
+    """The shape measure() times for `cfg`: its tokens and the widths of its matrices."""
+    T, B = _probe_tokens(cfg)
+    m = cfg.model
+    return (f"{B}×{T} tokens, d_model {m.d_model}, {m.n_head}/{m.n_kv_head} heads, {m.mlp} {cfg.mlp_hidden}, "
+            f"vocab {cfg.tokenizer.vocab_size}")
+
+
+def _probe_tokens(cfg) -> tuple[int, int]:
+    T = min(cfg.training.seq_len, PROBE_TOKENS)
+    return T, max(1, min(cfg.training.micro_batch_size, PROBE_TOKENS // T))
 
 
 def cache_path() -> Path:
@@ -99,7 +120,8 @@ def cache_path() -> Path:
 
 
 def cached(key: str | None = None) -> Verdict | None:
-    """This CPU's and torch's verdict, if one was measured; a damaged file counts as none."""
+    """The verdict stored under `key` (default: this CPU's and torch's for any shape), if any; a
+    damaged file counts as none."""
     try:
         entry = json.loads(cache_path().read_text())[key or cache_key()]
         return Verdict(**entry)
@@ -126,12 +148,14 @@ def store(verdict: Verdict, key: str | None = None) -> None:
         pass
 
 
-def known() -> Verdict | None:
-    """What "auto" means on this CPU without probing: the cached verdict (a measurement of this CPU
-    model and torch, which outranks its flags), fp32 on a CPU without bf16 instructions, None where
-    it is still to be measured."""
-    if (verdict := cached()) is not None:
-        return verdict
+def known(cfg) -> Verdict | None:
+    """What "auto" means for `cfg`'s shape on this CPU without probing: the cached verdict (a
+    measurement of this CPU model and torch at that shape, or one stored for any shape, which
+    outrank its flags), fp32 on a CPU without bf16 instructions, None where it is still to be
+    measured."""
+    for key in (cache_key(shape=probe_shape(cfg)), cache_key()):
+        if (verdict := cached(key)) is not None:
+            return verdict
     if has_bf16() is False:
         return Verdict("fp32", why="no bf16 instructions in this CPU")
     return None
@@ -139,11 +163,12 @@ def known() -> Verdict | None:
 
 def choose(cfg, log: Callable[[str], None] = lambda line: None) -> Verdict:
     """`known`, or a probe at `cfg`'s shape whose verdict is cached for the next runs."""
-    verdict = known()
+    verdict = known(cfg)
     if verdict is None:
-        log(f"precision: timing fp32 against bf16 on this CPU (once; the verdict is kept in {cache_path()})")
+        log(f"precision: timing fp32 against bf16 on this CPU (once for this shape; the verdict is kept in "
+            f"{cache_path()})")
         verdict = measure(cfg)
-        store(verdict)
+        store(verdict, cache_key(shape=probe_shape(cfg)))
     return verdict
 
 
@@ -156,8 +181,7 @@ def measure(cfg) -> Verdict:
 
     shape = shape_from_config(cfg)
     one_block = GPT(type(shape)(**{**asdict(shape), "n_layer": 1}))
-    T = min(cfg.training.seq_len, PROBE_TOKENS)
-    B = max(1, min(cfg.training.micro_batch_size, PROBE_TOKENS // T))
+    T, B = _probe_tokens(cfg)
     gen = torch.Generator().manual_seed(0)
     x, y = (torch.randint(0, shape.vocab_size, (B, T), generator=gen) for _ in range(2))
 
@@ -175,5 +199,5 @@ def measure(cfg) -> Verdict:
     while len(times["fp32"]) < 3 or (time.perf_counter() - start < PROBE_SECONDS and len(times["fp32"]) < 20):
         for dtype in times:
             times[dtype].append(step(dtype))
-    probe = f"1 block, {B}×{T} tokens, d_model {shape.d_model}, vocab {shape.vocab_size}, {torch.get_num_threads()} threads"
+    probe = f"1 block, {probe_shape(cfg)}, {torch.get_num_threads()} threads"
     return decide(statistics.median(times["fp32"]), statistics.median(times["bf16"]), probe)

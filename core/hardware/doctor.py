@@ -111,8 +111,9 @@ def cpu_precision_facts() -> dict:
     from ..config import load_config
     from .cpu_precision import cache_path, choose, known
 
-    probed = known() is None
-    verdict = choose(load_config("cpu")[0])
+    cfg = load_config("cpu")[0]
+    probed = known(cfg) is None
+    verdict = choose(cfg)
     return {**dataclasses.asdict(verdict), "probed": probed, "cache": str(cache_path())}
 
 

@@ -147,7 +147,7 @@ def amp_bytes(cfg: Config, device_type: str) -> int:
     if p == "auto":
         if device_type == "cuda":
             return 2
-        verdict = cpu_precision.known()
+        verdict = cpu_precision.known(cfg)
         return 2 if verdict is not None and verdict.precision == "bf16" else 4
     return 4 if p == "fp32" else 2
 

@@ -182,7 +182,7 @@ class Trainer:
         g = self.group
         verdict = cpu_precision.choose(self.cfg, self.log) if g.local_rank == 0 else None
         g.barrier()
-        verdict = verdict or cpu_precision.known() or cpu_precision.Verdict(
+        verdict = verdict or cpu_precision.known(self.cfg) or cpu_precision.Verdict(
             "fp32", why="this machine's first process left no verdict to read")
         verdicts = g.gather(verdict)
         if verdicts[0].precision == "fp32" or all(v.precision == "bf16" for v in verdicts):
