@@ -73,11 +73,18 @@ TECHNIQUES = (
               "half the sequences for the first half of the steps (the record grows its batch in stages)", accum=2),
     Technique("seq schedule", ("training.seq_len_schedule=[[0.0, 128], [0.5, 256]]",), "later records",
               "a context of 128 for the first half of the steps, then the preset's 256"),
+    # The records' learning rate where llm.c's baseline warmed up and decayed by a cosine: Muon's
+    # runs start at the peak, which holds until a linear cooldown over the last 40 % to a tenth.
+    Technique("no warmup", ("optimizer.warmup_steps=0",), "#4 (warmup_iters = 0)"),
+    Technique("stable-decay", ('optimizer.schedule="wsd"', "optimizer.decay_fraction=0.4"),
+              "#2 (trapezoidal), cooldown_frac 0.4 from 2025"),
 )
 
-# Alone on the base only: a variant of a technique above at the record's own value.
+# Alone on the base only (or in a --stack): a variant of a technique above.
 ALONE_ONLY = (
     Technique("softcap 30", ("model.logit_softcap=30",), "#9", "the record's own value (the cumulative runs take 15)"),
+    Technique("seq schedule 64", ("training.seq_len_schedule=[[0.0, 64], [0.25, 128], [0.5, 256]]",), "later records",
+              "the first quarter of the steps at a context of 64, the second at 128, then 256"),
 )
 
 # The keys (or sections, ending in ".") the harness reads from each run's own config.
@@ -94,6 +101,7 @@ def before(cfg: Config) -> list[str]:
     return off + ["model.zero_init_proj=false", "model.tie_embeddings=true", "model.logit_softcap=0",
                   "model.value_embeds=0", "model.unet_skips=false", "model.window=0", "model.short_window=0",
                   "data.bos_aligned=false", 'optimizer.muon_coefficients="quintic"', "optimizer.normuon=false",
+                  "optimizer.warmup_steps=20", 'optimizer.schedule="cosine"', "optimizer.decay_fraction=0.2",
                   "training.batch_schedule=[]", "training.seq_len_schedule=[]"]
 
 

@@ -18,6 +18,7 @@ import convergence  # noqa: E402
 from lmcockpit.core.config import load_config  # noqa: E402
 from lmcockpit.core.data import batches  # noqa: E402
 from lmcockpit.core.data.prepare import prepare  # noqa: E402
+from lmcockpit.core.train.optim import lr_multiplier  # noqa: E402
 
 
 def run_of(kind: str, evals: list[tuple[int, float, float]]) -> convergence.Run:
@@ -131,13 +132,19 @@ def test_each_technique_reaches_the_model_it_trains_at_the_cpu_presets_context()
                 "Polar Express": muon["coefficients"] == "polar_express",
                 "NorMuon": muon["normuon"],
                 "batch schedule": [run.plan.accum_at(s) for s in (0, 149, 150, 299)] == [1, 1, 2, 2],
-                "seq schedule": [run.plan.seq_len(s) for s in (0, 149, 150, 299)] == [128, 128, 256, 256]}[name]
+                "seq schedule": [run.plan.seq_len(s) for s in (0, 149, 150, 299)] == [128, 128, 256, 256],
+                "seq schedule 64": [run.plan.seq_len(s) for s in (0, 74, 75, 149, 150)] == [64, 64, 128, 128, 256],
+                # the learning rate the harness steps `run` at (of 300 steps): at the peak from the
+                # first step; held at it until the last 40 % (a cosine is at 0.45 by step 179)
+                "no warmup": lr_multiplier(0, 300, run.cfg.optimizer) == 1.0,
+                "stable-decay": [lr_multiplier(s, 300, run.cfg.optimizer) for s in (179, 299)] == [1.0, 0.1]}[name]
 
     every = [t.name for t in every_technique]
     assert not any(has(runs["lmcockpit, Muon + AdamW"], name) for name in every)
     for i, name in enumerate(t.name for t in ablation.TECHNIQUES):  # each stacked run has its own and those above
         run = runs[f"+{name}" + (" (= alone)" if i == 0 else "")]
-        assert [has(run, n) for n in every] == [j <= i and n != "softcap 30" for j, n in enumerate(every)], name
+        stacked = [j <= i and t not in ablation.ALONE_ONLY for j, t in enumerate(every_technique)]
+        assert [has(run, n) for n in every] == stacked, name
     for name in every[1:]:  # each alone run has its own only
         assert [has(runs[f"{name} alone"], n) for n in every] == [n == name for n in every], name
 
@@ -149,6 +156,7 @@ def test_the_baseline_and_the_ablations_base_are_the_recipe_before_the_technique
     # The cpu preset as it was before them: SwiGLU of 768, the whole context from the first step.
     assert ablation.switched_on(plain) == [] and (plain.model.mlp, plain.mlp_hidden) == ("swiglu", 768)
     assert plain.training.seq_len_schedule == [] and not plain.optimizer.normuon
+    assert (plain.optimizer.schedule, plain.optimizer.warmup_steps) == ("cosine", 20)  # llm.c's, as before the records
     assert (plain.data, plain.tokenizer, plain.training.max_steps) == (cfg.data, cfg.tokenizer, cfg.training.max_steps)
     ours, theirs = convergence.build_runs(cfg, torch.device("cpu"), "fp32", [1e-3], [], baseline_cfg=plain)
     assert not hasattr(ours.model.layers[0].mlp, "gate_proj")  # ours: the preset as it ships
