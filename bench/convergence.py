@@ -93,6 +93,10 @@ class Run:
         """What each step takes: its micro-batches and length (a schedule's run's own)."""
         return Schedules.of(self.cfg)
 
+    def lr_multiplier(self, step: int) -> float:
+        """The share of its peak rates it steps at: its own schedule (an ablation's may differ)."""
+        return lr_multiplier(step, self.cfg.training.max_steps, self.cfg.optimizer)
+
     @property
     def lengths(self) -> set[int]:
         """The sequence lengths its steps take: each a graph of its own when compiled."""
@@ -260,7 +264,7 @@ def main(argv: list[str] | None = None) -> list[Run]:
     for step in range(t.max_steps):
         micro_batches = {feed: [batch(step, micro, feed) for micro in range(t.grad_accum_steps)] for feed in feeds}
         for run in runs:
-            multiplier = lr_multiplier(step, t.max_steps, run.cfg.optimizer)
+            multiplier = run.lr_multiplier(step)
             rows = step_rows(run, step, micro_batches[run.feed])
             sync()
             t0 = time.perf_counter()

@@ -18,7 +18,6 @@ import convergence  # noqa: E402
 from lmcockpit.core.config import load_config  # noqa: E402
 from lmcockpit.core.data import batches  # noqa: E402
 from lmcockpit.core.data.prepare import prepare  # noqa: E402
-from lmcockpit.core.train.optim import lr_multiplier  # noqa: E402
 
 
 def run_of(kind: str, evals: list[tuple[int, float, float]]) -> convergence.Run:
@@ -136,8 +135,8 @@ def test_each_technique_reaches_the_model_it_trains_at_the_cpu_presets_context()
                 "seq schedule 64": [run.plan.seq_len(s) for s in (0, 74, 75, 149, 150)] == [64, 64, 128, 128, 256],
                 # the learning rate the harness steps `run` at (of 300 steps): at the peak from the
                 # first step; held at it until the last 40 % (a cosine is at 0.45 by step 179)
-                "no warmup": lr_multiplier(0, 300, run.cfg.optimizer) == 1.0,
-                "stable-decay": [lr_multiplier(s, 300, run.cfg.optimizer) for s in (179, 299)] == [1.0, 0.1]}[name]
+                "no warmup": run.lr_multiplier(0) == 1.0,
+                "stable-decay": [run.lr_multiplier(s) for s in (179, 299)] == [1.0, 0.1]}[name]
 
     every = [t.name for t in every_technique]
     assert not any(has(runs["lmcockpit, Muon + AdamW"], name) for name in every)
