@@ -1,4 +1,4 @@
-"""precision = "auto" on a CPU: a probe's verdict, cached per CPU model and torch version."""
+"""precision = "auto" on a CPU: a probe's verdict, cached per CPU model, torch version and shape."""
 
 import dataclasses
 import json

@@ -5,8 +5,9 @@ bf16 against fp32 was 2.4× faster on a Xeon with AMX-BF16, 1.5–1.6× on an AM
 AVX512-BF16, and 0.66× (slower) on a Xeon with AVX512-BF16 but no AMX. So the first CPU run with
 "auto" times forward and backward of a one-block model of its own shape in both precisions (a
 second or two), takes bf16 only when it is at least MARGIN faster, and keeps the verdict in the
-cache folder under the CPU model and the torch version: later runs, `lmcockpit presets` and the
-launch screen read it without probing. A CPU without bf16 instructions is not probed (autocast
+cache folder under the CPU model, the torch version and the probe's shape (a tiny model's verdict
+can be the opposite of the cpu preset's on the same CPU): later runs of that shape, `lmcockpit
+presets` and the launch screen read it without probing. A CPU without bf16 instructions is not probed (autocast
 would emulate bf16, slowly).
 
 No torch at import: the front-end reads cached verdicts (the memory estimate) without it.
